@@ -1,0 +1,330 @@
+/*
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.0.
+ *
+ * This header is the contract between the Gantry engine host (inside
+ * `gantry-node`) and an engine plugin (a shared library that runs models).
+ * It is pure C99 and is the single source of truth: the Rust mirrors in
+ * `engines/abi/src/ffi.rs` are checked against it by a test.
+ *
+ * COMPATIBILITY POLICY
+ *   - A plugin exports exactly one symbol, `gantry_engine_entry`, returning a
+ *     pointer to a static `gantry_engine_entry_t` = {abi_major, abi_minor,
+ *     struct_size, vtable}.
+ *   - The host calls `gantry_engine_entry` first and nothing else until it has
+ *     checked `abi_major`. A plugin whose major differs from the host's
+ *     `GANTRY_ABI_MAJOR` is refused ("ABI version mismatch: expected X, got Y")
+ *     without calling any other function.
+ *   - Minor versions are backwards compatible. New functions are only ever
+ *     APPENDED to the end of `gantry_engine_vtable_t`; new fields are only ever
+ *     APPENDED to the end of structs that carry a leading `struct_size`.
+ *     A host reads a vtable slot only when `vtable->struct_size` covers it, and
+ *     a plugin reads a struct field only when that struct's `struct_size` covers
+ *     it. Nothing is ever removed or reordered within a major version.
+ *   - Enum values are fixed forever once published; the status codes below are
+ *     exactly the ten codes of the Gantry engine specification.
+ *
+ * OWNERSHIP AND LIFETIMES (the rule for every function below)
+ *   - Memory is freed by whoever allocated it. The host never frees plugin
+ *     memory and the plugin never frees host memory.
+ *   - Pointers passed INTO a function (`const` inputs) are owned by the host
+ *     and valid only for the duration of that call; copy what you keep.
+ *   - Output buffers (`out`, `*_buf`, `err`) are allocated by the host with the
+ *     capacity given; the plugin writes at most that much.
+ *   - Strings returned BY the plugin inside `gantry_engine_info_t` live until
+ *     the library is unloaded; inside `gantry_model_info_t` they live until
+ *     that model is unloaded.
+ *   - Handles (`gantry_engine_t*`, `gantry_model_t*`) are opaque, allocated by
+ *     the plugin in `create` / `load_model` and released by the host exactly
+ *     once through `destroy` / `unload_model`.
+ *
+ * THREADING
+ *   - `create`, `destroy`, `load_model` and `unload_model` on one engine are
+ *     serialized by the host.
+ *   - `seq_open`, `seq_release`, `step` and `embed` on one model are never
+ *     called concurrently with each other (the host's scheduler owns them), but
+ *     different models may be stepped concurrently from different threads.
+ *   - `model_info`, `tokenize` and `detokenize` may be called from any thread
+ *     at any time while the model is loaded, concurrently with `step`.
+ *   - The log callback may be invoked from any plugin thread.
+ *
+ * ERRORS
+ *   Every fallible function returns a `gantry_status_t` and takes a
+ *   `gantry_error_t* err` (never NULL). On a non-OK status the plugin writes a
+ *   NUL-terminated, human-readable message into `err->message` (truncated to
+ *   GANTRY_ERROR_MESSAGE_MAX - 1 bytes). A plugin must never unwind (C++
+ *   exception, Rust panic) across this boundary: it catches and returns
+ *   GANTRY_INTERNAL with the message instead.
+ */
+#ifndef GANTRY_ENGINE_H
+#define GANTRY_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GANTRY_ABI_MAJOR 1
+#define GANTRY_ABI_MINOR 0
+
+/* Name of the one exported symbol. */
+#define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
+
+/* Capacity of the message buffer in gantry_error_t, including the NUL. */
+#define GANTRY_ERROR_MESSAGE_MAX 1024
+/* Most alternatives step can return per sampled token (OpenAI's limit). */
+#define GANTRY_MAX_TOP_LOGPROBS 20
+
+/* ---- status codes (HTTP mapping is the host's, documented in docs/abi.md) ---- */
+typedef int32_t gantry_status_t;
+#define GANTRY_OK 0
+#define GANTRY_OOM_VRAM 1
+#define GANTRY_OOM_RAM 2
+#define GANTRY_MODEL_CORRUPT 3
+#define GANTRY_TIMEOUT 4
+#define GANTRY_CANCELLED 5
+#define GANTRY_UNSUPPORTED 6
+#define GANTRY_INTERNAL 7
+#define GANTRY_ABI_MISMATCH 8
+#define GANTRY_LOAD_FAILED 9
+
+/* ---- small enums, fixed-width on the wire ---- */
+typedef uint32_t gantry_backend_t;
+#define GANTRY_BACKEND_CPU 0
+#define GANTRY_BACKEND_CUDA 1
+
+typedef uint32_t gantry_format_t;
+#define GANTRY_FORMAT_GGUF 0
+#define GANTRY_FORMAT_SAFETENSORS 1
+
+typedef uint32_t gantry_log_level_t;
+#define GANTRY_LOG_ERROR 0
+#define GANTRY_LOG_WARN 1
+#define GANTRY_LOG_INFO 2
+#define GANTRY_LOG_DEBUG 3
+
+/* Bit set of what a loaded model can do. */
+typedef uint32_t gantry_modality_t;
+#define GANTRY_MODALITY_COMPLETION 1u
+#define GANTRY_MODALITY_EMBEDDING 2u
+
+/* ---- opaque handles, allocated by the plugin ---- */
+typedef struct gantry_engine gantry_engine_t;
+typedef struct gantry_model gantry_model_t;
+
+/* Error out-parameter: allocated by the host, written by the plugin on failure. */
+typedef struct gantry_error {
+    char message[GANTRY_ERROR_MESSAGE_MAX];
+} gantry_error_t;
+
+/* Static description of the plugin. Strings are owned by the plugin and live
+ * until the library is unloaded. */
+typedef struct gantry_engine_info {
+    uint32_t struct_size;
+    const char* engine_id;      /* e.g. "llama_cpp"; must equal manifest.json `id` */
+    const char* engine_version; /* semantic version, e.g. "0.1.0" */
+    gantry_backend_t backend;   /* backend this build was compiled for */
+    const char* description;    /* one line, may be NULL */
+} gantry_engine_info_t;
+
+/* Host services handed to `create`. Owned by the host; the pointer and its
+ * `ctx` stay valid until `destroy` returns. */
+typedef struct gantry_host_api {
+    uint32_t struct_size;
+    void* ctx;
+    /* Log one line. `message` is NUL-terminated, valid only during the call,
+     * and carries no trailing newline requirement. The host prefixes the line
+     * with the plugin id. */
+    void (*log)(void* ctx, gantry_log_level_t level, const char* message);
+} gantry_host_api_t;
+
+/* Engine-wide configuration, read during `create` only. */
+typedef struct gantry_engine_config {
+    uint32_t struct_size;
+    gantry_backend_t backend;
+    const int32_t* device_ids; /* n_device_ids entries; NULL when 0 */
+    size_t n_device_ids;
+    uint64_t vram_limit_bytes; /* 0 = no limit beyond the device */
+    uint32_t n_threads;        /* 0 = plugin's choice */
+    uint32_t max_batch_size;   /* most sequences open at once per model */
+    uint32_t context_length;   /* default per-sequence context; 0 = model's trained length */
+} gantry_engine_config_t;
+
+/* What to load. Strings are host-owned and valid during `load_model` only. */
+typedef struct gantry_model_desc {
+    uint32_t struct_size;
+    const char* model_id;     /* the host's name for the model */
+    const char* model_dir;    /* directory holding the artifacts */
+    const char* primary_file; /* absolute path of the .gguf or .safetensors index */
+    gantry_format_t format;
+    const char* quantization; /* e.g. "Q4_K_M"; NULL when not applicable */
+    const char* mmproj;       /* absolute path of a projector; NULL when none */
+    uint32_t context_length;  /* per-sequence context; 0 = config default */
+} gantry_model_desc_t;
+
+/* Facts about a loaded model. Strings and arrays are owned by the plugin and
+ * live until `unload_model`. A token id of -1 means "none". */
+typedef struct gantry_model_info {
+    uint32_t struct_size;
+    const char* architecture;        /* e.g. "llama", "gemma3" */
+    uint32_t vocab_size;
+    uint32_t context_length;         /* effective per-sequence context */
+    uint32_t trained_context_length; /* from the model's metadata */
+    uint64_t kv_capacity_tokens;     /* KV cells shared by all open sequences */
+    uint32_t max_sequences;          /* most sequences open at once */
+    int32_t bos_token;
+    int32_t eos_token;
+    const int32_t* eog_tokens; /* every end-of-generation token (EOS, EOT, ...) */
+    size_t n_eog_tokens;
+    const char* bos_text; /* text of BOS, for chat templates; NULL when none */
+    const char* eos_text; /* text of EOS; NULL when none */
+    const char* chat_template; /* embedded Jinja template; NULL when none */
+    uint64_t bytes_used;       /* weights + KV + compute buffers */
+    gantry_modality_t modalities;
+    uint32_t embedding_dims; /* output size of `embed`; 0 if not an embedding model */
+    bool add_bos;            /* the model expects BOS prepended to prompts */
+} gantry_model_info_t;
+
+/* One logit bias entry. */
+typedef struct gantry_logit_bias {
+    int32_t token;
+    float bias; /* added to the logit; -INFINITY bans the token */
+} gantry_logit_bias_t;
+
+/* Sampling parameters. Host-owned, valid during `step` only. The host sends
+ * the same parameters for a sequence on every step; a plugin may build its
+ * sampler state on the first step and keep it until `seq_release`.
+ * temperature <= 0 means greedy (argmax). */
+typedef struct gantry_sampling {
+    uint32_t struct_size;
+    float temperature;
+    float top_p;  /* 1.0 = off */
+    int32_t top_k; /* 0 = off */
+    float min_p;  /* 0.0 = off */
+    float repetition_penalty; /* 1.0 = off */
+    float presence_penalty;   /* 0.0 = off */
+    float frequency_penalty;  /* 0.0 = off */
+    int32_t penalty_last_n;   /* tokens considered by the penalties; -1 = whole context */
+    uint64_t seed;
+    const gantry_logit_bias_t* logit_bias;
+    size_t n_logit_bias;
+    uint32_t top_logprobs; /* alternatives wanted, 0..GANTRY_MAX_TOP_LOGPROBS */
+    bool want_logprob;     /* fill `logprob` of the sampled token */
+} gantry_sampling_t;
+
+/* Flags of a step entry. */
+#define GANTRY_STEP_SAMPLE 1u /* sample a token after this entry's tokens */
+
+/* One sequence's share of a step: new tokens to feed (a prefill chunk or the
+ * previous decode token) and whether to sample after them. Host-owned. */
+typedef struct gantry_step_entry {
+    uint64_t seq;
+    const int32_t* tokens;
+    size_t n_tokens;
+    uint32_t flags;
+    const gantry_sampling_t* sampling; /* required when GANTRY_STEP_SAMPLE is set */
+} gantry_step_entry_t;
+
+typedef struct gantry_token_logprob {
+    int32_t token;
+    float logprob;
+} gantry_token_logprob_t;
+
+/* Result for one entry, in a host-allocated array parallel to the entries.
+ * Written only for entries with GANTRY_STEP_SAMPLE. */
+typedef struct gantry_step_result {
+    int32_t token;
+    float logprob; /* natural log probability under the model; NaN when not wanted */
+    uint32_t n_top;
+    gantry_token_logprob_t top[GANTRY_MAX_TOP_LOGPROBS];
+} gantry_step_result_t;
+
+/* The function table. `struct_size` is sizeof(gantry_engine_vtable_t) as the
+ * plugin was compiled; slots beyond it do not exist. */
+typedef struct gantry_engine_vtable {
+    uint32_t struct_size;
+
+    /* Fill `out` (host-allocated). Infallible. */
+    void (*info)(gantry_engine_info_t* out);
+
+    /* Create an engine instance. `config` is read during the call only; `host`
+     * stays valid until `destroy`. On success `*out` is a plugin-owned handle. */
+    gantry_status_t (*create)(const gantry_engine_config_t* config,
+                              const gantry_host_api_t* host, gantry_engine_t** out,
+                              gantry_error_t* err);
+
+    /* Release an engine. All its models have been unloaded before. */
+    void (*destroy)(gantry_engine_t* engine);
+
+    /* Load a model. On failure nothing stays allocated (no partial loads): a
+     * load that does not fit returns GANTRY_OOM_VRAM or GANTRY_OOM_RAM. */
+    gantry_status_t (*load_model)(gantry_engine_t* engine, const gantry_model_desc_t* desc,
+                                  gantry_model_t** out, gantry_error_t* err);
+
+    /* Fill `out` (host-allocated; plugin-owned strings inside, see above). */
+    gantry_status_t (*model_info)(gantry_model_t* model, gantry_model_info_t* out,
+                                  gantry_error_t* err);
+
+    /* Tokenize `text_len` bytes of UTF-8. Writes min(*n_tokens, capacity) ids
+     * to `tokens` (host-owned) and sets `*n_tokens` to the full count; the host
+     * calls again with a larger buffer when the count exceeds the capacity.
+     * `add_special` prepends BOS when the model wants it; `parse_special`
+     * turns special-token text (e.g. "<|im_start|>") into its id. */
+    gantry_status_t (*tokenize)(gantry_model_t* model, const char* text, size_t text_len,
+                                bool add_special, bool parse_special, int32_t* tokens,
+                                size_t capacity, size_t* n_tokens, gantry_error_t* err);
+
+    /* Write the bytes of `n` tokens into `buf` (host-owned, `capacity` bytes).
+     * Bytes may end inside a UTF-8 character; the host reassembles. Sets
+     * `*len` to the full byte count; the host retries with a larger buffer
+     * when it exceeds the capacity. `render_special` renders control tokens
+     * as their text instead of nothing. */
+    gantry_status_t (*detokenize)(gantry_model_t* model, const int32_t* tokens, size_t n,
+                                  bool render_special, char* buf, size_t capacity,
+                                  size_t* len, gantry_error_t* err);
+
+    /* Open a sequence with empty KV. `*seq` is a plugin-chosen id. Fails with
+     * GANTRY_OOM_VRAM when max_sequences are open. */
+    gantry_status_t (*seq_open)(gantry_model_t* model, uint64_t* seq, gantry_error_t* err);
+
+    /* Release a sequence: its KV cells and sampler state are freed at once.
+     * Releasing an unknown id is a no-op. */
+    void (*seq_release)(gantry_model_t* model, uint64_t seq);
+
+    /* One forward pass over a batch: every entry's tokens are appended to its
+     * sequence's KV, and for each entry with GANTRY_STEP_SAMPLE one token is
+     * sampled with that entry's parameters into `results[i]`. On failure no
+     * entry's KV has advanced past the failing pass; the host releases the
+     * affected sequences. */
+    gantry_status_t (*step)(gantry_model_t* model, const gantry_step_entry_t* entries,
+                            size_t n_entries, gantry_step_result_t* results,
+                            gantry_error_t* err);
+
+    /* Embed one input. Writes min(capacity, dims) floats to `out` (host-owned)
+     * and sets `*dims`. Only for models with GANTRY_MODALITY_EMBEDDING;
+     * others return GANTRY_UNSUPPORTED. */
+    gantry_status_t (*embed)(gantry_model_t* model, const int32_t* tokens, size_t n_tokens,
+                             float* out, size_t capacity, size_t* dims, gantry_error_t* err);
+
+    /* Free everything the model holds. The handle is invalid afterwards. */
+    void (*unload_model)(gantry_model_t* model);
+} gantry_engine_vtable_t;
+
+/* What the entry symbol returns; static, owned by the plugin. */
+typedef struct gantry_engine_entry {
+    uint32_t abi_major;
+    uint32_t abi_minor;
+    uint32_t struct_size; /* sizeof(gantry_engine_entry_t) */
+    const gantry_engine_vtable_t* vtable;
+} gantry_engine_entry_t;
+
+/* The one exported symbol. Must not allocate, block or fail. */
+typedef const gantry_engine_entry_t* (*gantry_engine_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GANTRY_ENGINE_H */

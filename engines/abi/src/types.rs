@@ -1,0 +1,381 @@
+//! Engine ABI, safe side: the values the host and plugins exchange, free of raw pointers.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::ffi;
+
+/// The ten status codes of the engine specification. Values are fixed forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum Status {
+    Ok = ffi::GANTRY_OK,
+    OomVram = ffi::GANTRY_OOM_VRAM,
+    OomRam = ffi::GANTRY_OOM_RAM,
+    ModelCorrupt = ffi::GANTRY_MODEL_CORRUPT,
+    Timeout = ffi::GANTRY_TIMEOUT,
+    Cancelled = ffi::GANTRY_CANCELLED,
+    Unsupported = ffi::GANTRY_UNSUPPORTED,
+    Internal = ffi::GANTRY_INTERNAL,
+    AbiMismatch = ffi::GANTRY_ABI_MISMATCH,
+    LoadFailed = ffi::GANTRY_LOAD_FAILED,
+}
+
+impl Status {
+    pub const ALL: [Status; 10] = [
+        Status::Ok,
+        Status::OomVram,
+        Status::OomRam,
+        Status::ModelCorrupt,
+        Status::Timeout,
+        Status::Cancelled,
+        Status::Unsupported,
+        Status::Internal,
+        Status::AbiMismatch,
+        Status::LoadFailed,
+    ];
+
+    /// Decode a wire value; unknown codes (a buggy plugin) become `Internal`.
+    pub fn from_raw(raw: ffi::gantry_status_t) -> Status {
+        Status::ALL
+            .into_iter()
+            .find(|s| *s as i32 == raw)
+            .unwrap_or(Status::Internal)
+    }
+
+    pub fn as_raw(self) -> ffi::gantry_status_t {
+        self as i32
+    }
+
+    /// Stable upper-case name, as in the specification (`OOM_VRAM`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::OomVram => "OOM_VRAM",
+            Status::OomRam => "OOM_RAM",
+            Status::ModelCorrupt => "MODEL_CORRUPT",
+            Status::Timeout => "TIMEOUT",
+            Status::Cancelled => "CANCELLED",
+            Status::Unsupported => "UNSUPPORTED",
+            Status::Internal => "INTERNAL",
+            Status::AbiMismatch => "ABI_MISMATCH",
+            Status::LoadFailed => "LOAD_FAILED",
+        }
+    }
+
+    /// The specification's HTTP status for this code. This is the only place
+    /// the mapping lives; the node's error responses call it.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Status::Ok => 200,
+            Status::OomVram | Status::OomRam => 507,
+            Status::ModelCorrupt => 500,
+            Status::Timeout => 504,
+            Status::Cancelled => 499,
+            Status::Unsupported => 400,
+            Status::Internal | Status::AbiMismatch | Status::LoadFailed => 500,
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed engine call: the code plus the plugin's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineError {
+    pub status: Status,
+    pub message: String,
+}
+
+impl EngineError {
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Status::Internal, message)
+    }
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(Status::Unsupported, message)
+    }
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// Compute backend a plugin build targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    pub fn from_raw(raw: ffi::gantry_backend_t) -> Option<Backend> {
+        match raw {
+            ffi::GANTRY_BACKEND_CPU => Some(Backend::Cpu),
+            ffi::GANTRY_BACKEND_CUDA => Some(Backend::Cuda),
+            _ => None,
+        }
+    }
+    pub fn as_raw(self) -> ffi::gantry_backend_t {
+        match self {
+            Backend::Cpu => ffi::GANTRY_BACKEND_CPU,
+            Backend::Cuda => ffi::GANTRY_BACKEND_CUDA,
+        }
+    }
+    /// The manifest spelling: `cpu` or `cuda`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Backend> {
+        match s {
+            "cpu" => Some(Backend::Cpu),
+            "cuda" => Some(Backend::Cuda),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Weight format of a registered model. Fixed at registration; never switched at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    Gguf,
+    Safetensors,
+}
+
+impl Format {
+    pub fn from_raw(raw: ffi::gantry_format_t) -> Option<Format> {
+        match raw {
+            ffi::GANTRY_FORMAT_GGUF => Some(Format::Gguf),
+            ffi::GANTRY_FORMAT_SAFETENSORS => Some(Format::Safetensors),
+            _ => None,
+        }
+    }
+    pub fn as_raw(self) -> ffi::gantry_format_t {
+        match self {
+            Format::Gguf => ffi::GANTRY_FORMAT_GGUF,
+            Format::Safetensors => ffi::GANTRY_FORMAT_SAFETENSORS,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Gguf => "gguf",
+            Format::Safetensors => "safetensors",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "gguf" => Some(Format::Gguf),
+            "safetensors" => Some(Format::Safetensors),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Log severity of a plugin line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl LogLevel {
+    pub fn from_raw(raw: ffi::gantry_log_level_t) -> LogLevel {
+        match raw {
+            ffi::GANTRY_LOG_ERROR => LogLevel::Error,
+            ffi::GANTRY_LOG_WARN => LogLevel::Warn,
+            ffi::GANTRY_LOG_INFO => LogLevel::Info,
+            _ => LogLevel::Debug,
+        }
+    }
+    pub fn as_raw(self) -> ffi::gantry_log_level_t {
+        match self {
+            LogLevel::Error => ffi::GANTRY_LOG_ERROR,
+            LogLevel::Warn => ffi::GANTRY_LOG_WARN,
+            LogLevel::Info => ffi::GANTRY_LOG_INFO,
+            LogLevel::Debug => ffi::GANTRY_LOG_DEBUG,
+        }
+    }
+}
+
+/// What the plugin says about itself (from `info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineInfo {
+    pub engine_id: String,
+    pub engine_version: String,
+    pub backend: Option<Backend>,
+    pub description: Option<String>,
+}
+
+/// Engine-wide settings handed to `create`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub backend: Backend,
+    pub device_ids: Vec<i32>,
+    /// 0 = no limit beyond the device.
+    pub vram_limit_bytes: u64,
+    /// 0 = the plugin's choice.
+    pub n_threads: u32,
+    /// Most sequences open at once per model.
+    pub max_batch_size: u32,
+    /// Default per-sequence context; 0 = the model's trained length.
+    pub context_length: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Cpu,
+            device_ids: Vec::new(),
+            vram_limit_bytes: 0,
+            n_threads: 0,
+            max_batch_size: 8,
+            context_length: 4096,
+        }
+    }
+}
+
+/// What to load (`load_model`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelDescriptor {
+    pub model_id: String,
+    pub model_dir: PathBuf,
+    pub primary_file: PathBuf,
+    pub format: Format,
+    pub quantization: Option<String>,
+    pub mmproj: Option<PathBuf>,
+    /// Per-sequence context; 0 = the engine config's default.
+    pub context_length: u32,
+}
+
+/// Facts about a loaded model (`model_info`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub vocab_size: u32,
+    pub context_length: u32,
+    pub trained_context_length: u32,
+    pub kv_capacity_tokens: u64,
+    pub max_sequences: u32,
+    pub bos_token: Option<i32>,
+    pub eos_token: Option<i32>,
+    pub eog_tokens: Vec<i32>,
+    pub bos_text: Option<String>,
+    pub eos_text: Option<String>,
+    pub chat_template: Option<String>,
+    pub bytes_used: u64,
+    /// Bit set of `ffi::GANTRY_MODALITY_*`.
+    pub modalities: u32,
+    pub embedding_dims: u32,
+    pub add_bos: bool,
+}
+
+impl ModelInfo {
+    pub fn supports_completion(&self) -> bool {
+        self.modalities & ffi::GANTRY_MODALITY_COMPLETION != 0
+    }
+    pub fn supports_embedding(&self) -> bool {
+        self.modalities & ffi::GANTRY_MODALITY_EMBEDDING != 0
+    }
+}
+
+/// Per-sequence sampling parameters. Validated by the node before they get here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// <= 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub penalty_last_n: i32,
+    pub seed: u64,
+    pub logit_bias: Vec<(i32, f32)>,
+    pub top_logprobs: u32,
+    pub want_logprob: bool,
+}
+
+impl Sampling {
+    /// Argmax decoding with every filter and penalty off.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+            logit_bias: Vec::new(),
+            top_logprobs: 0,
+            want_logprob: false,
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Debug)]
+pub struct StepEntry<'a> {
+    pub seq: u64,
+    pub tokens: &'a [i32],
+    /// `Some` when a token must be sampled after `tokens`.
+    pub sample: Option<&'a Sampling>,
+}
+
+/// A sampled token with its log probability and the top alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledToken {
+    pub token: i32,
+    /// NaN when not asked for.
+    pub logprob: f32,
+    pub top: Vec<(i32, f32)>,
+}

@@ -1,0 +1,45 @@
+//! Build step of the llama.cpp plugin: lays out `<target>/<profile>/engines/llama_cpp/<backend>/`
+//! so the node's default plugin directory finds the library this build produces.
+//!
+//! The manifest is copied (with the backend of this build) and the library is
+//! linked by a relative symlink, which resolves once cargo links the cdylib.
+
+use std::path::{Path, PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-changed=manifest.json");
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_CUDA");
+    let backend = if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        "cuda"
+    } else {
+        "cpu"
+    };
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
+    let Some(profile_dir) = out_dir.ancestors().nth(3) else {
+        return;
+    };
+    let dir = profile_dir.join("engines").join("llama_cpp").join(backend);
+    if let Err(e) = lay_out(&dir, backend) {
+        println!(
+            "cargo:warning=could not lay out the dev plugin directory {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let manifest = std::fs::read_to_string("manifest.json")?;
+    let manifest = manifest.replace(
+        "\"gpu_backend\": \"cpu\"",
+        &format!("\"gpu_backend\": \"{backend}\""),
+    );
+    std::fs::write(dir.join("manifest.json"), manifest)?;
+    let lib = "libgantry_engine_llama_cpp.so";
+    let link = dir.join(lib);
+    let _ = std::fs::remove_file(&link);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(Path::new("../../..").join(lib), &link)?;
+    Ok(())
+}

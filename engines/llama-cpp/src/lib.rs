@@ -1,0 +1,495 @@
+//! llama.cpp engine plugin (engine layer, below the engine host): runs GGUF models for the node.
+//!
+//! One llama.cpp context per loaded model, with one llama.cpp sequence slot
+//! per open Gantry sequence and a unified KV cache shared by all slots. `step`
+//! packs every entry's tokens into one `llama_batch`, decodes once and samples
+//! each sequence that asked for a token with its own sampler chain. Releasing
+//! a sequence removes its cells from the KV cache at once.
+#![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
+
+mod logging;
+mod sampler;
+
+use std::mem::ManuallyDrop;
+use std::num::NonZeroU32;
+use std::sync::{Mutex, OnceLock};
+
+use gantry_engine_abi::ffi::{GANTRY_MODALITY_COMPLETION, GANTRY_MODALITY_EMBEDDING};
+use gantry_engine_abi::sdk::{Engine, HostLog, Model};
+use gantry_engine_abi::{
+    Backend, EngineConfig, EngineError, Format, LogLevel, ModelDescriptor, ModelInfo, SampledToken,
+    Status, StepEntry,
+};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::sampler::SeqSampler;
+
+#[cfg(not(feature = "cuda"))]
+const BACKEND: Backend = Backend::Cpu;
+#[cfg(feature = "cuda")]
+const BACKEND: Backend = Backend::Cuda;
+
+/// llama.cpp's backend may be initialised once per process (per copy of this library).
+static LLAMA_BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+
+fn backend() -> Result<&'static LlamaBackend, EngineError> {
+    if let Some(b) = LLAMA_BACKEND.get() {
+        return Ok(b);
+    }
+    let b =
+        LlamaBackend::init().map_err(|e| EngineError::internal(format!("llama backend: {e}")))?;
+    Ok(LLAMA_BACKEND.get_or_init(|| b))
+}
+
+/// The engine: settings shared by every model it loads.
+pub struct LlamaEngine {
+    config: EngineConfig,
+    log: HostLog,
+}
+
+impl Engine for LlamaEngine {
+    type Model = LlamaLoaded;
+
+    const ID: &'static str = "llama_cpp";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const BACKEND: Backend = BACKEND;
+    const DESCRIPTION: &'static str = "GGUF models through llama.cpp";
+
+    fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError> {
+        if config.backend != BACKEND {
+            return Err(EngineError::unsupported(format!(
+                "this build of llama_cpp runs on {BACKEND}, the host asked for {}",
+                config.backend
+            )));
+        }
+        logging::route_to_host(log);
+        backend()?;
+        log.log(
+            LogLevel::Info,
+            &format!("llama_cpp engine ready ({BACKEND})"),
+        );
+        Ok(Self { config, log })
+    }
+
+    fn load_model(&self, desc: &ModelDescriptor) -> Result<LlamaLoaded, EngineError> {
+        if desc.format != Format::Gguf {
+            return Err(EngineError::unsupported(format!(
+                "llama_cpp loads GGUF only, model {} is {}",
+                desc.model_id, desc.format
+            )));
+        }
+        LlamaLoaded::load(&self.config, desc, self.log)
+    }
+}
+
+/// One open sequence: its llama.cpp slot, next position and sampler state.
+struct Seq {
+    slot: i32,
+    n_past: i32,
+    sampler: Option<SeqSampler>,
+}
+
+/// Everything `step` mutates, behind one lock.
+struct Exec {
+    ctx: ManuallyDrop<LlamaContext<'static>>,
+    batch: LlamaBatch<'static>,
+    seqs: std::collections::HashMap<u64, Seq>,
+    free_slots: Vec<i32>,
+    next_id: u64,
+}
+
+// SAFETY: a llama_context may be used from any thread as long as calls are not
+// concurrent; `Exec` is only reached through `LlamaLoaded::exec`'s mutex.
+unsafe impl Send for Exec {}
+
+/// A loaded model. The weights are shared read-only (tokenize/detokenize run
+/// beside `step`); the context and sequences sit behind `exec`.
+pub struct LlamaLoaded {
+    exec: Mutex<Exec>,
+    /// Leaked `Box<LlamaModel>`; freed in `Drop` after the context.
+    model: &'static LlamaModel,
+    info: ModelInfo,
+    n_vocab: i32,
+    n_batch: usize,
+    embedding: bool,
+}
+
+impl Drop for LlamaLoaded {
+    fn drop(&mut self) {
+        let exec = self.exec.get_mut().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the context borrows the model, so it must go first; it is
+        // dropped exactly once, here.
+        unsafe { ManuallyDrop::drop(&mut exec.ctx) };
+        // SAFETY: `model` came from Box::leak in `load`; the context that
+        // borrowed it is gone and nothing else holds the reference.
+        drop(unsafe { Box::from_raw(std::ptr::from_ref(self.model).cast_mut()) });
+    }
+}
+
+fn meta(model: &LlamaModel, key: &str) -> Option<String> {
+    model.meta_val_str(key).ok().filter(|s| !s.is_empty())
+}
+
+fn to_i32(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+impl LlamaLoaded {
+    fn load(cfg: &EngineConfig, desc: &ModelDescriptor, log: HostLog) -> Result<Self, EngineError> {
+        let backend = backend()?;
+        let path = &desc.primary_file;
+        if !path.is_file() {
+            return Err(EngineError::new(
+                Status::LoadFailed,
+                format!("model file not found: {}", path.display()),
+            ));
+        }
+        let max_seqs = cfg.max_batch_size.max(1);
+        let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if cfg.vram_limit_bytes > 0 && file_bytes > cfg.vram_limit_bytes {
+            // Refuse before allocating anything: no partial loads, no CPU offload.
+            return Err(oom(format!(
+                "model {} needs at least {file_bytes} bytes for weights, limit is {} bytes",
+                desc.model_id, cfg.vram_limit_bytes
+            )));
+        }
+
+        let mut mparams = LlamaModelParams::default();
+        if BACKEND == Backend::Cuda {
+            mparams = mparams.with_n_gpu_layers(u32::MAX / 2);
+            if let Some(dev) = cfg.device_ids.first() {
+                mparams = mparams.with_main_gpu(*dev);
+            }
+        }
+        let model = LlamaModel::load_from_file(backend, path, &mparams).map_err(|e| {
+            EngineError::new(
+                Status::ModelCorrupt,
+                format!("llama.cpp could not load {}: {e}", path.display()),
+            )
+        })?;
+        let model: &'static LlamaModel = Box::leak(Box::new(model));
+        // From here on, any failure must free the leaked model.
+        let free_model = || {
+            // SAFETY: `model` was leaked above and nothing else refers to it yet.
+            drop(unsafe { Box::from_raw(std::ptr::from_ref(model).cast_mut()) })
+        };
+
+        let arch = meta(model, "general.architecture").unwrap_or_else(|| "unknown".into());
+        let pooling = meta(model, &format!("{arch}.pooling_type"))
+            .and_then(|v| v.parse::<i32>().ok())
+            .unwrap_or(0);
+        let embedding = pooling > 0;
+        let trained = model.n_ctx_train();
+        let wanted = match desc.context_length {
+            0 => cfg.context_length,
+            n => n,
+        };
+        let per_seq = if wanted == 0 {
+            trained
+        } else {
+            wanted.min(trained.max(1))
+        };
+        let n_ctx = per_seq.saturating_mul(max_seqs);
+        let kv_bytes = estimate_kv_bytes(model, &arch, n_ctx);
+        if cfg.vram_limit_bytes > 0 && model.size() + kv_bytes > cfg.vram_limit_bytes {
+            free_model();
+            return Err(oom(format!(
+                "model {} needs ~{} bytes (weights {} + KV {}), limit is {} bytes",
+                desc.model_id,
+                model.size() + kv_bytes,
+                model.size(),
+                kv_bytes,
+                cfg.vram_limit_bytes
+            )));
+        }
+
+        let threads = match cfg.n_threads {
+            0 => std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
+            n => n,
+        };
+        let n_batch: u32 = 2048;
+        let mut cparams = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(if embedding { n_batch } else { 512 })
+            .with_n_seq_max(max_seqs)
+            .with_n_threads(to_i32(threads))
+            .with_n_threads_batch(to_i32(threads))
+            .with_kv_unified(true)
+            .with_no_perf(true);
+        if embedding {
+            cparams = cparams
+                .with_embeddings(true)
+                .with_pooling_type(LlamaPoolingType::from(pooling));
+        }
+        let ctx = match model.new_context(backend, cparams) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                free_model();
+                return Err(oom(format!(
+                    "could not allocate a context of {n_ctx} tokens: {e}"
+                )));
+            }
+        };
+
+        let vocab = model.vocab();
+        let tok = |t: LlamaToken| (t.0 >= 0).then_some(t.0);
+        let n_vocab = vocab.n_tokens();
+        let eog_tokens: Vec<i32> = (0..n_vocab)
+            .filter(|t| vocab.is_eog(LlamaToken(*t)))
+            .collect();
+        let text_of = |t: Option<i32>| {
+            t.map(|t| {
+                String::from_utf8_lossy(&vocab.token_to_piece(LlamaToken(t), true, None))
+                    .into_owned()
+            })
+        };
+        let bos = tok(vocab.bos());
+        let eos = tok(vocab.eos());
+        let info = ModelInfo {
+            architecture: arch.clone(),
+            vocab_size: n_vocab.max(0) as u32,
+            context_length: per_seq,
+            trained_context_length: trained,
+            kv_capacity_tokens: u64::from(ctx.n_ctx()),
+            max_sequences: max_seqs,
+            bos_token: bos,
+            eos_token: eos,
+            eog_tokens,
+            bos_text: text_of(bos),
+            eos_text: text_of(eos),
+            chat_template: meta(model, "tokenizer.chat_template"),
+            bytes_used: model.size() + kv_bytes,
+            modalities: if embedding {
+                GANTRY_MODALITY_EMBEDDING
+            } else {
+                GANTRY_MODALITY_COMPLETION
+            },
+            embedding_dims: if embedding {
+                model.n_embd().max(0) as u32
+            } else {
+                0
+            },
+            add_bos: vocab.should_add_bos(),
+        };
+        log.log(
+            LogLevel::Info,
+            &format!(
+                "loaded {} ({arch}, {} params, ctx {per_seq} x {max_seqs} seqs, {} threads)",
+                desc.model_id,
+                model.n_params(),
+                threads
+            ),
+        );
+        let ctx: LlamaContext<'static> = ctx;
+        Ok(Self {
+            exec: Mutex::new(Exec {
+                ctx: ManuallyDrop::new(ctx),
+                batch: LlamaBatch::new(n_batch as usize, 1),
+                seqs: Default::default(),
+                free_slots: (0..to_i32(max_seqs)).rev().collect(),
+                next_id: 1,
+            }),
+            model,
+            info,
+            n_vocab,
+            n_batch: n_batch as usize,
+            embedding,
+        })
+    }
+
+    fn exec(&self) -> std::sync::MutexGuard<'_, Exec> {
+        // A panic inside step poisons the lock; the state it guards is still
+        // consistent enough to release sequences, so keep going.
+        self.exec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn oom(message: String) -> EngineError {
+    let status = if BACKEND == Backend::Cuda {
+        Status::OomVram
+    } else {
+        Status::OomRam
+    };
+    EngineError::new(status, message)
+}
+
+/// KV bytes for `n_ctx` cells at f16: 2 (K and V) x layers x kv heads x head size x 2 bytes.
+fn estimate_kv_bytes(model: &LlamaModel, arch: &str, n_ctx: u32) -> u64 {
+    let head_dim = meta(model, &format!("{arch}.attention.key_length"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| (model.n_embd().max(1) as u64) / u64::from(model.n_head().max(1)));
+    2 * u64::from(model.n_layer()) * u64::from(model.n_head_kv()) * head_dim * 2 * u64::from(n_ctx)
+}
+
+impl Model for LlamaLoaded {
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn tokenize(
+        &self,
+        text: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        let toks = self
+            .model
+            .vocab()
+            .tokenize(text, add_special, parse_special);
+        Ok(toks.into_iter().map(|t| t.0).collect())
+    }
+
+    fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        let vocab = self.model.vocab();
+        let mut out = Vec::with_capacity(tokens.len() * 4);
+        for &t in tokens {
+            if t < 0 || t >= self.n_vocab {
+                return Err(EngineError::unsupported(format!(
+                    "token id {t} is outside the vocabulary"
+                )));
+            }
+            out.extend_from_slice(&vocab.token_to_piece(LlamaToken(t), render_special, None));
+        }
+        Ok(out)
+    }
+
+    fn seq_open(&self) -> Result<u64, EngineError> {
+        let mut ex = self.exec();
+        let slot = ex.free_slots.pop().ok_or_else(|| {
+            oom(format!(
+                "all {} sequence slots are in use",
+                self.info.max_sequences
+            ))
+        })?;
+        let id = ex.next_id;
+        ex.next_id += 1;
+        ex.seqs.insert(
+            id,
+            Seq {
+                slot,
+                n_past: 0,
+                sampler: None,
+            },
+        );
+        Ok(id)
+    }
+
+    fn seq_release(&self, seq: u64) {
+        let mut ex = self.exec();
+        if let Some(s) = ex.seqs.remove(&seq) {
+            // Free the sequence's KV cells now, so the capacity is back for the next step.
+            let _ = ex.ctx.clear_kv_cache_seq(Some(s.slot as u32), None, None);
+            ex.free_slots.push(s.slot);
+        }
+    }
+
+    fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+        if total == 0 {
+            return Ok(vec![None; entries.len()]);
+        }
+        if total > self.n_batch {
+            return Err(EngineError::internal(format!(
+                "step carries {total} tokens, the batch holds {}",
+                self.n_batch
+            )));
+        }
+        // Position in the batch whose logits each sampling entry reads.
+        let mut logits_at: Vec<Option<i32>> = Vec::with_capacity(entries.len());
+        ex.batch.clear();
+        for e in entries {
+            let s = ex.seqs.get(&e.seq).ok_or_else(|| {
+                EngineError::internal(format!("step on unknown sequence {}", e.seq))
+            })?;
+            if e.sample.is_some() && e.tokens.is_empty() {
+                return Err(EngineError::internal(format!(
+                    "sequence {} asks for a sample without tokens",
+                    e.seq
+                )));
+            }
+            let last = e.tokens.len().saturating_sub(1);
+            for (i, &t) in e.tokens.iter().enumerate() {
+                let want = e.sample.is_some() && i == last;
+                ex.batch
+                    .add(LlamaToken(t), s.n_past + i as i32, &[s.slot], want)
+                    .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+            }
+            logits_at.push(e.sample.map(|_| ex.batch.n_tokens() - 1));
+        }
+        ex.ctx.decode(&mut ex.batch).map_err(|err| match err {
+            llama_cpp_2::DecodeError::NoKvCacheSlot => oom("KV cache is full".to_string()),
+            other => EngineError::internal(format!("llama_decode failed: {other}")),
+        })?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (e, at) in entries.iter().zip(logits_at) {
+            let seq = ex
+                .seqs
+                .get_mut(&e.seq)
+                .ok_or_else(|| EngineError::internal("sequence vanished"))?;
+            seq.n_past += e.tokens.len() as i32;
+            let (Some(params), Some(idx)) = (e.sample, at) else {
+                out.push(None);
+                continue;
+            };
+            let sampler = seq
+                .sampler
+                .get_or_insert_with(|| SeqSampler::new(params, self.n_vocab));
+            out.push(Some(sampler.sample(&ex.ctx, idx, params)));
+        }
+        Ok(out)
+    }
+
+    fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        if !self.embedding {
+            return Err(EngineError::unsupported(format!(
+                "{} is not an embedding model",
+                self.info.architecture
+            )));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::unsupported("cannot embed an empty input"));
+        }
+        if tokens.len() > self.n_batch {
+            return Err(EngineError::unsupported(format!(
+                "input has {} tokens, the most an embedding takes is {}",
+                tokens.len(),
+                self.n_batch
+            )));
+        }
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        let slot = *ex
+            .free_slots
+            .last()
+            .ok_or_else(|| oom("no free sequence slot for embedding".into()))?;
+        ex.batch.clear();
+        for (i, &t) in tokens.iter().enumerate() {
+            ex.batch
+                .add(LlamaToken(t), i as i32, &[slot], true)
+                .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+        }
+        let result = ex
+            .ctx
+            .decode(&mut ex.batch)
+            .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
+            .and_then(|()| {
+                ex.ctx
+                    .embeddings_seq_ith(slot)
+                    .map(<[f32]>::to_vec)
+                    .map_err(|err| EngineError::internal(format!("no pooled embedding: {err}")))
+            });
+        let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+        result
+    }
+}
+
+gantry_engine_abi::declare_engine!(LlamaEngine);

@@ -1,0 +1,68 @@
+//! llama.cpp engine, logging: routes llama.cpp's and ggml's log output through the host's log callback.
+//!
+//! llama.cpp logs in fragments (a line may arrive in several calls, the later
+//! ones at level CONT), so fragments are buffered until a newline and each
+//! whole line goes to the host once, which prefixes it with the plugin id.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use gantry_engine_abi::LogLevel;
+use gantry_engine_abi::sdk::HostLog;
+use llama_cpp_sys_2::ggml_log_level;
+
+struct Router {
+    host: HostLog,
+    pending: Mutex<(LogLevel, String)>,
+}
+
+static ROUTER: OnceLock<Router> = OnceLock::new();
+
+/// Install the callback once per library copy; later engines reuse the first host logger.
+pub(crate) fn route_to_host(host: HostLog) {
+    let router = ROUTER.get_or_init(|| Router {
+        host,
+        pending: Mutex::new((LogLevel::Info, String::new())),
+    });
+    let user = std::ptr::from_ref(router).cast_mut().cast::<c_void>();
+    // SAFETY: `router` is a static that outlives every callback; the callback
+    // only reads it through a shared reference.
+    unsafe {
+        llama_cpp_sys_2::llama_log_set(Some(on_log), user);
+        llama_cpp_sys_2::ggml_log_set(Some(on_log), user);
+    }
+}
+
+fn level_of(level: ggml_log_level) -> Option<LogLevel> {
+    match level {
+        llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR => Some(LogLevel::Error),
+        llama_cpp_sys_2::GGML_LOG_LEVEL_WARN => Some(LogLevel::Warn),
+        llama_cpp_sys_2::GGML_LOG_LEVEL_INFO => Some(LogLevel::Info),
+        llama_cpp_sys_2::GGML_LOG_LEVEL_DEBUG => Some(LogLevel::Debug),
+        _ => None, // CONT (and NONE) continue the previous line's level
+    }
+}
+
+unsafe extern "C" fn on_log(level: ggml_log_level, text: *const c_char, user: *mut c_void) {
+    if text.is_null() || user.is_null() {
+        return;
+    }
+    // SAFETY: `user` is the static Router installed in route_to_host.
+    let router = unsafe { &*user.cast::<Router>() };
+    // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut pending = router.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = level_of(level) {
+            pending.0 = l;
+        }
+        pending.1.push_str(&text);
+        while let Some(nl) = pending.1.find('\n') {
+            let line: String = pending.1.drain(..=nl).collect();
+            let line = line.trim_end();
+            if !line.is_empty() {
+                router.host.log(pending.0, line);
+            }
+        }
+    }));
+}

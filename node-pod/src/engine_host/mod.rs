@@ -1,0 +1,327 @@
+//! Engine host (below the scheduler): discovers, validates and loads engine plugins, and resolves
+//! which plugin serves a model.
+//!
+//! Discovery scans `<plugins>/{engine_id}/{gpu_backend}/manifest.json` in
+//! directory order (sorted, so it is the same on every node). Each manifest
+//! passes the specification's validation table ([`manifest`]), then the
+//! library is opened and its ABI checked ([`plugin`]). A refused plugin is
+//! recorded with its reason and logged as an alert; the node keeps going.
+#![allow(unsafe_code)] // The engine host is one of the three places allowed to call plugin code.
+
+pub mod manifest;
+pub mod plugin;
+
+use std::path::{Path, PathBuf};
+
+use gantry_api::{EngineVerdict, Rejection, RejectionKind};
+use gantry_engine_abi::{Backend, EngineConfig, Format};
+use serde::Serialize;
+
+pub use manifest::{ManifestError, PluginManifest};
+pub use plugin::{ModelExec, ModelShared, OpenError, Plugin};
+
+/// One discovered plugin directory and what became of it.
+#[derive(Debug)]
+pub struct PluginRecord {
+    pub manifest_path: PathBuf,
+    /// `None` when the manifest itself could not be parsed.
+    pub manifest: Option<PluginManifest>,
+    pub state: PluginState,
+}
+
+#[derive(Debug)]
+pub enum PluginState {
+    Loaded(Plugin),
+    Refused { label: &'static str, reason: String },
+}
+
+impl PluginRecord {
+    /// The id to show: the manifest's, or the directory's when unreadable.
+    pub fn id(&self) -> String {
+        match &self.manifest {
+            Some(m) => m.id.clone(),
+            None => self
+                .manifest_path
+                .parent()
+                .and_then(Path::parent)
+                .and_then(Path::file_name)
+                .map_or_else(
+                    || self.manifest_path.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                ),
+        }
+    }
+
+    pub fn plugin(&self) -> Option<&Plugin> {
+        match &self.state {
+            PluginState::Loaded(p) => Some(p),
+            PluginState::Refused { .. } => None,
+        }
+    }
+
+    /// A JSON-friendly summary for `engines list --json` and the status endpoint.
+    pub fn summary(&self) -> PluginSummary {
+        let m = self.manifest.as_ref();
+        let (status, reason) = match &self.state {
+            PluginState::Loaded(_) => ("loaded", None),
+            PluginState::Refused { reason, .. } => ("refused", Some(reason.clone())),
+        };
+        PluginSummary {
+            id: self.id(),
+            version: m.map(|m| m.version.clone()),
+            abi_version: m.map(|m| m.abi_version.clone()),
+            gpu_backend: m.map(|m| m.gpu_backend.clone()),
+            formats: m.map(|m| m.formats.clone()).unwrap_or_default(),
+            architectures: m.map(|m| m.architectures.clone()).unwrap_or_default(),
+            modalities: m.map(|m| m.modalities.clone()).unwrap_or_default(),
+            license: m.and_then(|m| m.license.clone()),
+            manifest: self.manifest_path.display().to_string(),
+            status,
+            reason,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginSummary {
+    pub id: String,
+    pub version: Option<String>,
+    pub abi_version: Option<String>,
+    pub gpu_backend: Option<String>,
+    pub formats: Vec<String>,
+    pub architectures: Vec<String>,
+    pub modalities: Vec<String>,
+    pub license: Option<String>,
+    pub manifest: String,
+    pub status: &'static str,
+    pub reason: Option<String>,
+}
+
+/// Every plugin this node found, loaded or refused, and the resolution rules.
+#[derive(Debug)]
+pub struct EngineRegistry {
+    pub plugins_dir: PathBuf,
+    pub backend: Backend,
+    pub records: Vec<PluginRecord>,
+}
+
+/// `<plugins>/*/*/manifest.json`, sorted by path.
+fn manifest_paths(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let sorted = |d: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(d)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    for engine_dir in sorted(dir) {
+        for backend_dir in sorted(&engine_dir) {
+            let m = backend_dir.join("manifest.json");
+            if m.is_file() {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(hex::encode(h.finalize()))
+}
+
+impl EngineRegistry {
+    /// Scan `plugins_dir`, validate every manifest and load what passes.
+    pub fn discover(plugins_dir: &Path, config: &EngineConfig) -> EngineRegistry {
+        let mut records: Vec<PluginRecord> = Vec::new();
+        for manifest_path in manifest_paths(plugins_dir) {
+            let record = Self::load_one(&manifest_path, config, &records);
+            match &record.state {
+                PluginState::Loaded(p) => tracing::info!(
+                    plugin = %record.id(),
+                    version = %p.info().engine_version,
+                    manifest = %manifest_path.display(),
+                    "engine plugin loaded"
+                ),
+                PluginState::Refused { label, reason } => tracing::error!(
+                    target: "gantry::alert",
+                    plugin = %record.id(),
+                    manifest = %manifest_path.display(),
+                    reason = %label,
+                    "engine plugin refused: {reason}"
+                ),
+            }
+            records.push(record);
+        }
+        if records.is_empty() {
+            tracing::warn!(dir = %plugins_dir.display(), "no engine plugins found");
+        }
+        EngineRegistry {
+            plugins_dir: plugins_dir.to_path_buf(),
+            backend: config.backend,
+            records,
+        }
+    }
+
+    fn load_one(
+        manifest_path: &Path,
+        config: &EngineConfig,
+        earlier: &[PluginRecord],
+    ) -> PluginRecord {
+        let refuse =
+            |manifest: Option<PluginManifest>, label: &'static str, reason: String| PluginRecord {
+                manifest_path: manifest_path.to_path_buf(),
+                manifest,
+                state: PluginState::Refused { label, reason },
+            };
+        let manifest = match PluginManifest::read(manifest_path) {
+            Ok(m) => m,
+            Err(e) => return refuse(None, e.metric_label(), e.to_string()),
+        };
+        let loaded: Vec<String> = earlier
+            .iter()
+            .filter(|r| r.plugin().is_some())
+            .filter_map(|r| r.manifest.as_ref().map(|m| m.id.clone()))
+            .collect();
+        let dir = manifest_path.parent().unwrap_or(Path::new("."));
+        let binary = match manifest.validate(dir, config.backend, &loaded) {
+            Ok(b) => b,
+            Err(e) => return refuse(Some(manifest), e.metric_label(), e.to_string()),
+        };
+        if let Some(want) = &manifest.sha256 {
+            match sha256_file(&binary) {
+                Ok(got) if &got == want => {}
+                Ok(got) => {
+                    let e = ManifestError::Sha256Mismatch {
+                        path: binary,
+                        expected: want.clone(),
+                        got,
+                    };
+                    return refuse(Some(manifest), e.metric_label(), e.to_string());
+                }
+                Err(e) => {
+                    return refuse(
+                        Some(manifest),
+                        "binary_unreadable",
+                        format!("cannot hash {}: {e}", binary.display()),
+                    );
+                }
+            }
+        }
+        match Plugin::open(&binary, &manifest.id, config) {
+            Ok(p) => PluginRecord {
+                manifest_path: manifest_path.to_path_buf(),
+                manifest: Some(manifest),
+                state: PluginState::Loaded(p),
+            },
+            Err(e) => refuse(Some(manifest), e.metric_label(), e.to_string()),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&PluginRecord> {
+        self.records
+            .iter()
+            .find(|r| r.id() == id && r.plugin().is_some())
+            .or_else(|| self.records.iter().find(|r| r.id() == id))
+    }
+
+    /// Which plugin serves a model of `format` and `architecture`, honouring
+    /// an engine pin. Candidates are tried in id order (no benchmark scores
+    /// yet, so the name breaks ties); the first that passes every rule wins.
+    /// Otherwise every candidate is listed with its reason. Never falls back
+    /// to another format, and a pin is never overridden.
+    pub fn resolve(&self, format: Format, architecture: &str, pin: Option<&str>) -> EngineVerdict {
+        let mut candidates: Vec<&PluginRecord> = self.records.iter().collect();
+        candidates.sort_by_key(|r| r.id());
+        let mut rejections = Vec::new();
+        for r in candidates {
+            let id = r.id();
+            let reject = |kind, reason: String| Rejection {
+                plugin: id.clone(),
+                kind,
+                reason,
+            };
+            if let Some(pin) = pin {
+                if pin != id {
+                    rejections.push(reject(
+                        RejectionKind::Pin,
+                        format!("model is pinned to engine {pin}"),
+                    ));
+                    continue;
+                }
+            }
+            let (m, plugin) = match (&r.manifest, &r.state) {
+                (Some(m), PluginState::Loaded(p)) => (m, p),
+                (_, PluginState::Refused { label, reason }) => {
+                    let kind = match *label {
+                        "abi_mismatch" => RejectionKind::Abi,
+                        "gpu_backend_mismatch" => RejectionKind::Backend,
+                        _ => RejectionKind::LoadError,
+                    };
+                    rejections.push(reject(kind, format!("plugin not loaded: {reason}")));
+                    continue;
+                }
+                (None, PluginState::Loaded(_)) => continue, // unreachable by construction
+            };
+            if !m.supports_format(format) {
+                rejections.push(reject(
+                    RejectionKind::Format,
+                    format!(
+                        "format {format} not supported (plugin formats: {})",
+                        m.formats.join(", ")
+                    ),
+                ));
+                continue;
+            }
+            if !m.supports_architecture(architecture) {
+                rejections.push(reject(
+                    RejectionKind::Architecture,
+                    format!("architecture {architecture} is not in the plugin's list"),
+                ));
+                continue;
+            }
+            return EngineVerdict::Supported {
+                plugin: id,
+                version: plugin.info().engine_version.clone(),
+            };
+        }
+        if let Some(pin) = pin {
+            if !self.records.iter().any(|r| r.id() == pin) {
+                rejections.push(Rejection {
+                    plugin: pin.to_string(),
+                    kind: RejectionKind::Pin,
+                    reason: format!("pinned engine {pin} is not installed on this node"),
+                });
+            }
+        }
+        EngineVerdict::Unsupported { rejections }
+    }
+
+    /// The loaded plugin behind a `Supported` verdict.
+    pub fn plugin(&self, id: &str) -> Option<&Plugin> {
+        self.records
+            .iter()
+            .filter(|r| r.id() == id)
+            .find_map(PluginRecord::plugin)
+    }
+}
+
+/// Default plugin directory: `engines/` beside the running binary. A cargo
+/// build of `gantry-engine-llama-cpp` lays out `target/<profile>/engines/`,
+/// so `target/release/gantry-node` finds the plugins built in this workspace.
+pub fn default_plugins_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("engines")))
+        .unwrap_or_else(|| PathBuf::from("engines"))
+}

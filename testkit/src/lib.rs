@@ -1,0 +1,16 @@
+//! Test support (outside the request path): writers for the tiny GGUF models that inference tests run.
+//!
+//! [`write_tiny_gguf`] writes a deterministic, random-weight `llama` model (about 0.6 MB, all F32)
+//! with a SentencePiece-style vocabulary and a ChatML template that real llama.cpp loads and runs;
+//! [`read_gguf_metadata`] reads the KV metadata of any GGUF file back as JSON values.
+
+pub mod gguf;
+pub mod tiny;
+
+pub use gguf::{
+    GgufHeader, GgufTensorInfo, GgufValue, GgufWriter, read_gguf_header, read_gguf_metadata,
+};
+pub use tiny::{
+    BOS_ID, CHATML_TEMPLATE, EOS_ID, FIRST_BYTE_ID, FIRST_NORMAL_ID, IM_END_ID, IM_START_ID,
+    TinyModelSpec, UNK_ID, VocabEntry, tiny_gguf_writer, tiny_vocab, write_tiny_gguf,
+};

@@ -1,0 +1,81 @@
+//! Test support CLI: `gantry-testkit tiny-gguf --out PATH ...` writes a tiny GGUF model for
+//! scripts and Python tests; `gantry-testkit metadata PATH` prints a GGUF file's metadata as JSON.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use gantry_testkit::{TinyModelSpec, read_gguf_metadata, write_tiny_gguf};
+
+#[derive(Parser)]
+#[command(name = "gantry-testkit", about = "Gantry test support tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a tiny random-weight llama GGUF model.
+    TinyGguf {
+        /// Where to write the file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Weight RNG seed; the same seed gives the same bytes.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write an embedding model (llama.pooling_type = mean).
+        #[arg(long)]
+        embedding: bool,
+        /// Write this as general.architecture instead of "llama" (weights stay llama-shaped).
+        #[arg(long)]
+        arch: Option<String>,
+        /// Omit tokenizer.chat_template.
+        #[arg(long)]
+        no_template: bool,
+        /// llama.context_length.
+        #[arg(long)]
+        context_length: Option<u32>,
+        /// general.name.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Print the KV metadata of a GGUF file as one JSON object.
+    Metadata { path: PathBuf },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::TinyGguf {
+            out,
+            seed,
+            embedding,
+            arch,
+            no_template,
+            context_length,
+            name,
+        } => {
+            let mut spec = TinyModelSpec {
+                seed,
+                embedding,
+                architecture_name_override: arch,
+                ..TinyModelSpec::default()
+            };
+            if no_template {
+                spec.chat_template = None;
+            }
+            if let Some(n) = context_length {
+                spec.context_length = n;
+            }
+            if let Some(name) = name {
+                spec.name = name;
+            }
+            write_tiny_gguf(&out, &spec)?;
+        }
+        Command::Metadata { path } => {
+            let metadata = read_gguf_metadata(&path)?;
+            println!("{}", serde_json::to_string_pretty(&metadata)?);
+        }
+    }
+    Ok(())
+}
