@@ -50,6 +50,107 @@ impl EngineVerdict {
     }
 }
 
+/// Path of the node's status document.
+pub const NODE_STATUS_PATH: &str = "/v1/status";
+
+/// The node's status document (`GET /v1/status`): what the operator reads to
+/// fill `Model` and `EnginePlugin` status, and what people read when debugging.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// `gantry-node` version.
+    pub version: String,
+    /// Compute backend of this node: `cpu` or `cuda`.
+    pub backend: String,
+    /// Same answer as `/readyz`.
+    pub ready: bool,
+    /// SIGTERM received: finishing in-flight work, refusing new requests.
+    pub draining: bool,
+    pub plugins: Vec<PluginStatus>,
+    pub models: Vec<ModelStatus>,
+}
+
+/// One discovered plugin and whether it loaded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginStatus {
+    pub id: String,
+    pub version: Option<String>,
+    pub abi_version: Option<String>,
+    pub gpu_backend: Option<String>,
+    pub loaded: bool,
+    /// Stable reason label when refused (`abi_mismatch`, `id_conflict`,
+    /// `binary_not_found`, `sha256_mismatch`, `gpu_backend_mismatch`, ...).
+    pub reason: Option<String>,
+    /// Human-readable refusal message.
+    pub message: Option<String>,
+}
+
+/// One model assigned to this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelStatus {
+    /// The OpenAI model id.
+    pub id: String,
+    pub format: String,
+    /// From `config.json` or the GGUF header; `None` until artifacts are read.
+    pub architecture: Option<String>,
+    /// `None` until the architecture is known.
+    pub verdict: Option<EngineVerdict>,
+    pub artifact: ArtifactStatus,
+    pub load: LoadStatus,
+    pub queue: QueueStatus,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ArtifactState {
+    #[default]
+    Pending,
+    Downloading,
+    Ready,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactStatus {
+    pub state: ArtifactState,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub bytes_per_second: f64,
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LoadState {
+    #[default]
+    Unloaded,
+    Loading,
+    Loaded,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadStatus {
+    pub state: LoadState,
+    pub plugin: Option<String>,
+    pub message: Option<String>,
+    pub bytes_used: u64,
+}
+
+/// Scheduler figures, the same numbers `/metrics` exports as gauges.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    pub waiting: u64,
+    pub running: u64,
+    pub kv_capacity_tokens: u64,
+    pub kv_used_tokens: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
