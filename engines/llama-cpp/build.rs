@@ -9,6 +9,11 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-changed=manifest.json");
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_CUDA");
+    // The manifest test compares against this exact llama.cpp version's sources.
+    println!(
+        "cargo:rustc-env=LLAMA_CPP_SYS_VERSION={}",
+        llama_sys_version()
+    );
     let backend = if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         "cuda"
     } else {
@@ -42,4 +47,20 @@ fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::symlink(Path::new("../../..").join(lib), &link)?;
     Ok(())
+}
+
+/// The resolved llama-cpp-sys-2 version, read from Cargo.lock beside the workspace.
+fn llama_sys_version() -> String {
+    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let text = std::fs::read_to_string(lock).unwrap_or_default();
+    let mut lines = text.lines();
+    while let Some(l) = lines.next() {
+        if l == "name = \"llama-cpp-sys-2\""
+            && let Some(v) = lines.next().and_then(|v| v.strip_prefix("version = \""))
+        {
+            return v.trim_end_matches('"').to_string();
+        }
+    }
+    "unknown".to_string()
 }

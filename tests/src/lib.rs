@@ -1,2 +1,2 @@
-//! End-to-end test support (outside the request path): locating built binaries and plugins.
+//! End-to-end test support (outside the request path): the workspace-level tests live in `tests/`.
 #![forbid(unsafe_code)]

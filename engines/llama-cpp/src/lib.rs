@@ -35,22 +35,23 @@ const BACKEND: Backend = Backend::Cpu;
 #[cfg(feature = "cuda")]
 const BACKEND: Backend = Backend::Cuda;
 
-/// llama.cpp's backend may be initialised once per process (per copy of this library).
-static LLAMA_BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+/// llama.cpp's backend may be initialised once per process (per copy of this
+/// library); the cell makes concurrent first calls wait for the one init.
+static LLAMA_BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
 
 fn backend() -> Result<&'static LlamaBackend, EngineError> {
-    if let Some(b) = LLAMA_BACKEND.get() {
-        return Ok(b);
-    }
-    let b =
-        LlamaBackend::init().map_err(|e| EngineError::internal(format!("llama backend: {e}")))?;
-    Ok(LLAMA_BACKEND.get_or_init(|| b))
+    LLAMA_BACKEND
+        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| EngineError::internal(format!("llama backend: {e}")))
 }
 
 /// The engine: settings shared by every model it loads.
 pub struct LlamaEngine {
     config: EngineConfig,
     log: HostLog,
+    /// Keeps llama.cpp's log lines flowing to this engine's host until drop.
+    _logs: logging::Registration,
 }
 
 impl Engine for LlamaEngine {
@@ -68,13 +69,17 @@ impl Engine for LlamaEngine {
                 config.backend
             )));
         }
-        logging::route_to_host(log);
+        let logs = logging::route_to_host(log);
         backend()?;
         log.log(
             LogLevel::Info,
             &format!("llama_cpp engine ready ({BACKEND})"),
         );
-        Ok(Self { config, log })
+        Ok(Self {
+            config,
+            log,
+            _logs: logs,
+        })
     }
 
     fn load_model(&self, desc: &ModelDescriptor) -> Result<LlamaLoaded, EngineError> {

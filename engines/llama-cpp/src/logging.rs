@@ -3,8 +3,14 @@
 //! llama.cpp logs in fragments (a line may arrive in several calls, the later
 //! ones at level CONT), so fragments are buffered until a newline and each
 //! whole line goes to the host once, which prefixes it with the plugin id.
+//!
+//! llama.cpp's log hook is global to this copy of the library while engines
+//! come and go, so every engine registers its host logger and unregisters it
+//! on drop; lines go to the newest live one. A logger is never used after its
+//! engine is destroyed (the host frees the callback's context then).
 
 use std::ffi::{CStr, c_char, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use gantry_engine_abi::LogLevel;
@@ -12,18 +18,41 @@ use gantry_engine_abi::sdk::HostLog;
 use llama_cpp_sys_2::ggml_log_level;
 
 struct Router {
-    host: HostLog,
+    /// Live engines' loggers, newest last, keyed by a registration id.
+    hosts: Mutex<Vec<(u64, HostLog)>>,
     pending: Mutex<(LogLevel, String)>,
+    next: AtomicU64,
 }
 
 static ROUTER: OnceLock<Router> = OnceLock::new();
 
-/// Install the callback once per library copy; later engines reuse the first host logger.
-pub(crate) fn route_to_host(host: HostLog) {
-    let router = ROUTER.get_or_init(|| Router {
-        host,
+fn router() -> &'static Router {
+    ROUTER.get_or_init(|| Router {
+        hosts: Mutex::new(Vec::new()),
         pending: Mutex::new((LogLevel::Info, String::new())),
-    });
+        next: AtomicU64::new(1),
+    })
+}
+
+/// Keeps an engine's logger registered; unregisters it on drop.
+pub(crate) struct Registration(u64);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut hosts = router().hosts.lock().unwrap_or_else(|p| p.into_inner());
+        hosts.retain(|(id, _)| *id != self.0);
+    }
+}
+
+/// Route llama.cpp's logs to `host` until the returned registration is dropped.
+pub(crate) fn route_to_host(host: HostLog) -> Registration {
+    let router = router();
+    let id = router.next.fetch_add(1, Ordering::Relaxed);
+    router
+        .hosts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((id, host));
     let user = std::ptr::from_ref(router).cast_mut().cast::<c_void>();
     // SAFETY: `router` is a static that outlives every callback; the callback
     // only reads it through a shared reference.
@@ -31,6 +60,7 @@ pub(crate) fn route_to_host(host: HostLog) {
         llama_cpp_sys_2::llama_log_set(Some(on_log), user);
         llama_cpp_sys_2::ggml_log_set(Some(on_log), user);
     }
+    Registration(id)
 }
 
 fn level_of(level: ggml_log_level) -> Option<LogLevel> {
@@ -61,7 +91,10 @@ unsafe extern "C" fn on_log(level: ggml_log_level, text: *const c_char, user: *m
             let line: String = pending.1.drain(..=nl).collect();
             let line = line.trim_end();
             if !line.is_empty() {
-                router.host.log(pending.0, line);
+                let hosts = router.hosts.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((_, host)) = hosts.last() {
+                    host.log(pending.0, line);
+                }
             }
         }
     }));

