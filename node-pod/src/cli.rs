@@ -1,4 +1,4 @@
-//! Command line (outside the request path): `gantry-node engines list|info`.
+//! Command line (outside the request path): `gantry-node serve` and `gantry-node engines list|info`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +7,11 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use gantry_engine_abi::{Backend, EngineConfig};
 
+use std::sync::Arc;
+
+use crate::config::NodeConfig;
 use crate::engine_host::{EngineRegistry, PluginState, default_plugins_dir};
+use crate::node::Node;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,9 +26,51 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve models through the OpenAI API.
+    Serve(Box<ServeArgs>),
     /// Inspect the engine plugins this node can load.
     #[command(subcommand)]
     Engines(EnginesCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// YAML file listing the models to serve (see docs/node.md).
+    #[arg(long, env = "GANTRY_CONFIG", conflicts_with = "model")]
+    pub config: Option<PathBuf>,
+    /// Serve one model file (`.gguf`) or directory; the format follows from the path.
+    #[arg(long, env = "GANTRY_MODEL")]
+    pub model: Option<PathBuf>,
+    /// OpenAI model id for `--model` (default: the file name without extension).
+    #[arg(long, env = "GANTRY_MODEL_ID", requires = "model")]
+    pub model_id: Option<String>,
+    /// Address to listen on.
+    #[arg(long, env = "GANTRY_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: String,
+    /// Directory holding `{engine_id}/{gpu_backend}/manifest.json` (default: `engines/` beside this binary).
+    #[arg(long, env = "GANTRY_PLUGINS_DIR")]
+    pub plugins_dir: Option<PathBuf>,
+    /// Compute backend of this node: `cpu` or `cuda`.
+    #[arg(long, env = "GANTRY_BACKEND", default_value = "cpu", value_parser = parse_backend)]
+    pub backend: Backend,
+    /// Engine threads (0 = all cores).
+    #[arg(long, env = "GANTRY_THREADS")]
+    pub threads: Option<u32>,
+    /// Per-sequence context length for `--model` (default: min(trained, 4096)).
+    #[arg(long, env = "GANTRY_CONTEXT_LENGTH")]
+    pub context_length: Option<u32>,
+    /// Sequences decoded together for `--model`.
+    #[arg(long, env = "GANTRY_MAX_BATCH_SIZE")]
+    pub max_batch_size: Option<u32>,
+    /// Request deadline in seconds (0 = none); overrides the config's default.
+    #[arg(long, env = "GANTRY_REQUEST_TIMEOUT")]
+    pub request_timeout: Option<u64>,
+    /// Device memory limit in bytes handed to engines (0 = no limit).
+    #[arg(long, env = "GANTRY_VRAM_LIMIT", default_value_t = 0)]
+    pub vram_limit: u64,
+    /// Disable the temperature-0 response cache.
+    #[arg(long, env = "GANTRY_NO_RESPONSE_CACHE")]
+    pub no_response_cache: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,8 +123,57 @@ fn registry(args: &EngineArgs) -> EngineRegistry {
     EngineRegistry::discover(&dir, &config)
 }
 
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut config = match (&args.config, &args.model) {
+        (Some(path), _) => NodeConfig::read(path)?,
+        (None, Some(model)) => {
+            let mut c = NodeConfig::single(model, args.model_id.clone())?;
+            let m = &mut c.models[0];
+            m.context_length = args.context_length.or(Some(crate::node::DEFAULT_CONTEXT));
+            m.max_batch_size = args.max_batch_size;
+            c
+        }
+        (None, None) => anyhow::bail!("give --config FILE or --model PATH"),
+    };
+    if let Some(t) = args.request_timeout {
+        config.scheduler.request_timeout_seconds = t;
+    }
+    if let Some(t) = args.threads {
+        config.scheduler.threads = t;
+    }
+    if args.no_response_cache {
+        config.scheduler.response_cache_ram_fraction = 0.0;
+    }
+    config.validate()?;
+    let engine_config = EngineConfig {
+        backend: args.backend,
+        n_threads: config.scheduler.threads,
+        vram_limit_bytes: args.vram_limit,
+        max_batch_size: crate::node::DEFAULT_MAX_BATCH,
+        context_length: crate::node::DEFAULT_CONTEXT,
+        ..EngineConfig::default()
+    };
+    let plugins_dir = args.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        // Listen first: /healthz answers before any plugin or model is loaded.
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let node = Arc::new(Node::new(config, plugins_dir, engine_config));
+        let starter = node.clone();
+        tokio::task::spawn_blocking(move || starter.start());
+        crate::http::serve(node, listener).await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Serve(args) => serve(*args),
         Command::Engines(EnginesCommand::List(args)) => {
             let reg = registry(&args);
             let rows: Vec<_> = reg.records.iter().map(|r| r.summary()).collect();

@@ -1,9 +1,24 @@
 //! The Gantry node (`gantry-node`): everything between an OpenAI request and an engine plugin.
 //!
-//! Request path, one module per step: `engine_host` (plugin discovery, ABI
-//! checks, safe calls into plugins) is the bottom of it; `cli` is the
-//! command-line front.
+//! Request path, one module per step (docs/architecture.md walks it):
+//! `http` (axum; JSON only here) → `http::validate` → `template` (chat
+//! templates) → `tokenizer` → `cache` (temperature-0 answers) → `scheduler`
+//! (continuous batching, one owner per model) → `engine_host` (plugin calls)
+//! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
+//! (model lifecycle and readiness), `config`, `gguf` (metadata), `metrics`,
+//! `error` (the one OpenAI-shaped error type) and `cli`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
+pub mod cache;
 pub mod cli;
+pub mod config;
 pub mod engine_host;
+pub mod error;
+pub mod gguf;
+pub mod http;
+pub mod metrics;
+pub mod node;
+pub mod scheduler;
+pub mod template;
+pub mod text;
+pub mod tokenizer;

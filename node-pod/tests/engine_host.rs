@@ -39,6 +39,7 @@ fn toy_desc(stem: &str) -> ModelDescriptor {
         quantization: None,
         mmproj: None,
         context_length: 0,
+        max_sequences: 0,
     }
 }
 
@@ -346,7 +347,9 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
     let dir = root.path().join("echo/cpu");
     std::fs::create_dir_all(&dir).expect("dir");
     let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=c99", "-Wall", "-Werror", "-O2", "-shared", "-fPIC", "-I"])
+        .args([
+            "-std=c99", "-Wall", "-Werror", "-O2", "-shared", "-fPIC", "-I",
+        ])
         .arg(abi.join("include"))
         .arg(abi.join("examples/c/echo_engine.c"))
         .arg("-o")
@@ -357,18 +360,36 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
     let mut m = faulty_manifest("echo");
     m["version"] = "1.0.0".into();
     m["binary"] = "libecho_engine.so".into();
-    std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&m).expect("json")).expect("manifest");
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_vec(&m).expect("json"),
+    )
+    .expect("manifest");
     let reg = EngineRegistry::discover(root.path(), &cpu_config());
-    let plugin = reg.plugin("echo").unwrap_or_else(|| panic!("echo refused: {:?}", reg.records[0].summary().reason));
-    assert_eq!(plugin.info().description.as_deref(), Some("byte echo engine written in C"));
+    let plugin = reg
+        .plugin("echo")
+        .unwrap_or_else(|| panic!("echo refused: {:?}", reg.records[0].summary().reason));
+    assert_eq!(
+        plugin.info().description.as_deref(),
+        Some("byte echo engine written in C")
+    );
     let (shared, mut exec) = plugin.load_model(&toy_desc("echo")).expect("load");
     assert_eq!(shared.info().architecture, "toy");
     let toks = shared.tokenize("hi", false, false).expect("tokenize");
     assert_eq!(toks, vec![104, 105]);
     let seq = exec.seq_open().expect("seq");
     let g = Sampling::greedy();
-    let out = exec.step(&[StepEntry { seq, tokens: &toks, sample: Some(&g) }]).expect("step");
+    let out = exec
+        .step(&[StepEntry {
+            seq,
+            tokens: &toks,
+            sample: Some(&g),
+        }])
+        .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(106));
     let err = exec.embed(&toks).expect_err("no embeddings");
-    assert_eq!((err.status, err.message.as_str()), (Status::Unsupported, "echo has no embeddings"));
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (Status::Unsupported, "echo has no embeddings")
+    );
 }

@@ -20,6 +20,7 @@ fn desc(id: &str, path: &Path) -> ModelDescriptor {
         quantization: None,
         mmproj: None,
         context_length: 0,
+        max_sequences: 0,
     }
 }
 

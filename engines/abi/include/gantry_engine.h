@@ -162,6 +162,7 @@ typedef struct gantry_model_desc {
     const char* quantization; /* e.g. "Q4_K_M"; NULL when not applicable */
     const char* mmproj;       /* absolute path of a projector; NULL when none */
     uint32_t context_length;  /* per-sequence context; 0 = config default */
+    uint32_t max_sequences;   /* sequences open at once; 0 = config's max_batch_size */
 } gantry_model_desc_t;
 
 /* Facts about a loaded model. Strings and arrays are owned by the plugin and

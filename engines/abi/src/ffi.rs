@@ -100,6 +100,7 @@ pub struct gantry_model_desc_t {
     pub quantization: *const c_char,
     pub mmproj: *const c_char,
     pub context_length: u32,
+    pub max_sequences: u32,
 }
 
 #[repr(C)]

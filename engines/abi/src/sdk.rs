@@ -387,6 +387,7 @@ unsafe extern "C" fn shim_load_model<E: Engine>(
                 quantization: opt_str(d.quantization),
                 mmproj: opt_str(d.mmproj).map(PathBuf::from),
                 context_length: d.context_length,
+                max_sequences: d.max_sequences,
             };
             let model = engine.load_model(&desc)?;
             let info = CModelInfo::new(model.info());

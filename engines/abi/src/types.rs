@@ -275,6 +275,8 @@ pub struct ModelDescriptor {
     pub mmproj: Option<PathBuf>,
     /// Per-sequence context; 0 = the engine config's default.
     pub context_length: u32,
+    /// Sequences open at once; 0 = the engine config's `max_batch_size`.
+    pub max_sequences: u32,
 }
 
 /// Facts about a loaded model (`model_info`).

@@ -77,6 +77,7 @@ fn rust_layout() -> Vec<(String, usize)> {
             architecture,
             vocab_size,
             context_length,
+            max_sequences,
             trained_context_length,
             kv_capacity_tokens,
             max_sequences,

@@ -155,7 +155,11 @@ impl LlamaLoaded {
                 format!("model file not found: {}", path.display()),
             ));
         }
-        let max_seqs = cfg.max_batch_size.max(1);
+        let max_seqs = match desc.max_sequences {
+            0 => cfg.max_batch_size,
+            n => n,
+        }
+        .max(1);
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         if cfg.vram_limit_bytes > 0 && file_bytes > cfg.vram_limit_bytes {
             // Refuse before allocating anything: no partial loads, no CPU offload.

@@ -67,7 +67,8 @@ fn level_of(level: ggml_log_level) -> Option<LogLevel> {
     match level {
         llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR => Some(LogLevel::Error),
         llama_cpp_sys_2::GGML_LOG_LEVEL_WARN => Some(LogLevel::Warn),
-        llama_cpp_sys_2::GGML_LOG_LEVEL_INFO => Some(LogLevel::Info),
+        // llama.cpp's INFO is a per-tensor, per-key dump on every load: debug for the node.
+        llama_cpp_sys_2::GGML_LOG_LEVEL_INFO => Some(LogLevel::Debug),
         llama_cpp_sys_2::GGML_LOG_LEVEL_DEBUG => Some(LogLevel::Debug),
         _ => None, // CONT (and NONE) continue the previous line's level
     }

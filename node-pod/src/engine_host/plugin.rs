@@ -339,6 +339,7 @@ impl Plugin {
             quantization: quant.as_ref().map_or(std::ptr::null(), |q| q.as_ptr()),
             mmproj: mmproj.as_ref().map_or(std::ptr::null(), |m| m.as_ptr()),
             context_length: desc.context_length,
+            max_sequences: desc.max_sequences,
         };
         let mut handle: *mut ffi::gantry_model_t = std::ptr::null_mut();
         let mut err = new_err();

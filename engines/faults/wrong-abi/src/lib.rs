@@ -15,7 +15,11 @@ pub fn trace_path() -> std::path::PathBuf {
 }
 
 fn trace(what: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(trace_path()) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(trace_path())
+    {
         let _ = writeln!(f, "{what}");
     }
 }

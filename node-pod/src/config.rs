@@ -1,0 +1,282 @@
+//! Node configuration (before the request path): the YAML model list and the `serve` flags that shorthand it.
+//!
+//! ```yaml
+//! models:
+//!   - id: gemma-3-270m            # the OpenAI model id
+//!     path: /models/gemma.gguf    # a local file or directory
+//!     format: gguf                # fixed at registration; never switched at run time
+//!     engine: llama_cpp           # optional pin
+//!     contextLength: 4096         # per-sequence context
+//!     maxBatchSize: 8             # sequences decoded together
+//!     requestTimeoutSeconds: 30   # 0 = no deadline
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gantry_engine_abi::Format;
+use serde::{Deserialize, Serialize};
+
+/// The whole node configuration file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeConfig {
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Where downloaded artifacts go.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+}
+
+/// How a model is loaded relative to readiness.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum LoadPolicy {
+    /// Load at start; the node is ready only once loaded (the Kubernetes default).
+    #[default]
+    Eager,
+    /// Load on first request (multi-model nodes only).
+    Lazy,
+}
+
+/// One model this node serves.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelConfig {
+    /// OpenAI model id.
+    pub id: String,
+    /// Local file (a `.gguf`) or directory.
+    pub path: PathBuf,
+    /// `gguf` or `safetensors`.
+    pub format: String,
+    /// Pin an engine id (`llama_cpp`).
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// Per-sequence context length; 0 or absent = the model's trained length, capped at 8192.
+    #[serde(default)]
+    pub context_length: Option<u32>,
+    /// Sequences decoded together.
+    #[serde(default)]
+    pub max_batch_size: Option<u32>,
+    /// Overrides the model's own chat template.
+    #[serde(default)]
+    pub chat_template: Option<String>,
+    /// Request deadline in seconds (0 = none); a request may ask for less, or more up to `maxRequestTimeoutSeconds`.
+    #[serde(default)]
+    pub request_timeout_seconds: Option<u64>,
+    /// The most a request may ask for with `timeout` (0 = unlimited).
+    #[serde(default)]
+    pub max_request_timeout_seconds: Option<u64>,
+    #[serde(default)]
+    pub load: LoadPolicy,
+}
+
+impl ModelConfig {
+    pub fn format(&self) -> Result<Format, ConfigError> {
+        Format::parse(&self.format).ok_or_else(|| ConfigError::Invalid {
+            field: format!("models[{}].format", self.id),
+            reason: format!("must be `gguf` or `safetensors`, got {:?}", self.format),
+        })
+    }
+
+    pub fn request_timeout(&self, defaults: &SchedulerConfig) -> Option<Duration> {
+        match self
+            .request_timeout_seconds
+            .unwrap_or(defaults.request_timeout_seconds)
+        {
+            0 => None,
+            s => Some(Duration::from_secs(s)),
+        }
+    }
+}
+
+/// Scheduler and watchdog settings; defaults are the specification's numbers.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Request deadline (seconds, 0 = none).
+    pub request_timeout_seconds: u64,
+    /// A stream that got its first token and then none for this long is ended.
+    pub stall_timeout_seconds: u64,
+    /// An engine step slower than this marks the engine hung (`/healthz` fails).
+    pub step_timeout_seconds: u64,
+    /// Most prompt tokens fed per step across prefilling sequences.
+    pub prefill_chunk_tokens: u32,
+    /// Share of RAM for the temperature-0 response cache (0 disables it).
+    pub response_cache_ram_fraction: f64,
+    /// Seconds to let in-flight streams finish after SIGTERM.
+    pub shutdown_grace_seconds: u64,
+    /// Threads per engine (0 = all cores).
+    pub threads: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            request_timeout_seconds: 30,
+            stall_timeout_seconds: 5,
+            step_timeout_seconds: 30,
+            prefill_chunk_tokens: 512,
+            response_cache_ram_fraction: 0.05,
+            shutdown_grace_seconds: 30,
+            threads: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("invalid `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+impl NodeConfig {
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: NodeConfig = serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Rules that the YAML shape cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field: String, reason: String| Err(ConfigError::Invalid { field, reason });
+        let mut seen = std::collections::HashSet::new();
+        for m in &self.models {
+            if m.id.trim().is_empty() {
+                return invalid("models[].id".into(), "must not be empty".into());
+            }
+            if !seen.insert(m.id.as_str()) {
+                return invalid(format!("models[{}].id", m.id), "appears twice".into());
+            }
+            m.format()?;
+            if m.max_batch_size == Some(0) {
+                return invalid(
+                    format!("models[{}].maxBatchSize", m.id),
+                    "must be >= 1".into(),
+                );
+            }
+            if m.load == LoadPolicy::Lazy && self.models.len() < 2 {
+                return invalid(
+                    format!("models[{}].load", m.id),
+                    "`lazy` is allowed only on nodes serving several models".into(),
+                );
+            }
+        }
+        let s = &self.scheduler;
+        if s.prefill_chunk_tokens == 0 {
+            return invalid("scheduler.prefillChunkTokens".into(), "must be >= 1".into());
+        }
+        if !(0.0..=0.5).contains(&s.response_cache_ram_fraction) {
+            return invalid(
+                "scheduler.responseCacheRamFraction".into(),
+                format!(
+                    "must be within [0, 0.5], got {}",
+                    s.response_cache_ram_fraction
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The single-model shorthand: `--model PATH` (format from the file name).
+    pub fn single(path: &Path, id: Option<String>) -> Result<Self, ConfigError> {
+        let format = if path.is_dir() || path.extension().is_some_and(|e| e == "safetensors") {
+            "safetensors"
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            "gguf"
+        } else {
+            return Err(ConfigError::Invalid {
+                field: "--model".into(),
+                reason: format!(
+                    "{} is neither a .gguf file nor a model directory",
+                    path.display()
+                ),
+            });
+        };
+        let id = id.unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
+        });
+        let cfg = NodeConfig {
+            models: vec![ModelConfig {
+                id,
+                path: path.to_path_buf(),
+                format: format.into(),
+                engine: None,
+                context_length: None,
+                max_batch_size: None,
+                chat_template: None,
+                request_timeout_seconds: None,
+                max_request_timeout_seconds: None,
+                load: LoadPolicy::Eager,
+            }],
+            ..NodeConfig::default()
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_with_defaults_parses_and_unknown_keys_are_refused() {
+        let cfg: NodeConfig =
+            serde_yaml::from_str("models:\n  - id: a\n    path: /m/a.gguf\n    format: gguf\n")
+                .expect("yaml");
+        assert_eq!(cfg.models[0].load, LoadPolicy::Eager);
+        assert_eq!(cfg.scheduler.request_timeout_seconds, 30);
+        assert_eq!(cfg.scheduler.stall_timeout_seconds, 5);
+        let err = serde_yaml::from_str::<NodeConfig>(
+            "models:\n  - id: a\n    path: x\n    format: gguf\n    bogus: 1\n",
+        )
+        .expect_err("unknown key");
+        assert!(err.to_string().contains("unknown field `bogus`"), "{err}");
+    }
+
+    #[test]
+    fn lazy_loading_needs_several_models_and_formats_are_checked() {
+        let mut cfg = NodeConfig::single(Path::new("/m/x.gguf"), None).expect("single");
+        assert_eq!(cfg.models[0].id, "x");
+        cfg.models[0].load = LoadPolicy::Lazy;
+        assert!(
+            cfg.validate()
+                .expect_err("lazy alone")
+                .to_string()
+                .contains("several models")
+        );
+        cfg.models[0].load = LoadPolicy::Eager;
+        cfg.models[0].format = "onnx".into();
+        assert!(
+            cfg.validate()
+                .expect_err("format")
+                .to_string()
+                .contains("`gguf` or `safetensors`")
+        );
+        assert!(NodeConfig::single(Path::new("/m/x.bin"), None).is_err());
+    }
+}

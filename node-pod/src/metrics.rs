@@ -1,0 +1,210 @@
+//! Metrics (beside the request path): every Prometheus series the node exports, with stable names.
+//!
+//! The scheduler and the HTTP layer update these; `/metrics` renders them.
+//! `gantry_num_requests_waiting`, `gantry_num_requests_running` and
+//! `gantry_kv_cache_usage_perc` are the three gauges the Gateway API
+//! Inference Extension's endpoint picker reads (see docs/observability.md).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    core::{AtomicF64, GenericGaugeVec},
+};
+
+pub type GaugeVec = GenericGaugeVec<AtomicF64>;
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests_waiting: GaugeVec,
+    pub requests_running: GaugeVec,
+    pub kv_cache_usage: GaugeVec,
+    pub kv_cache_capacity_tokens: GaugeVec,
+    pub vram_used_bytes: GaugeVec,
+    pub vram_total_bytes: GaugeVec,
+    pub ttft: HistogramVec,
+    pub inter_token: HistogramVec,
+    pub e2e: HistogramVec,
+    pub prompt_tokens: IntCounterVec,
+    pub generation_tokens: IntCounterVec,
+    pub requests: IntCounterVec,
+    pub model_load_seconds: GaugeVec,
+    pub response_cache_hits: IntCounterVec,
+    pub response_cache_misses: IntCounterVec,
+    pub response_cache_bytes: IntGauge,
+    pub engine_hung: IntGauge,
+    pub steps: IntCounterVec,
+    pub step_tokens: HistogramVec,
+}
+
+fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    reg.register(Box::new(g.clone())).expect("unique gauge");
+    g
+}
+
+fn counter(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    reg.register(Box::new(c.clone())).expect("unique counter");
+    c
+}
+
+fn histogram(
+    reg: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("valid histogram");
+    reg.register(Box::new(h.clone())).expect("unique histogram");
+    h
+}
+
+impl Metrics {
+    #[allow(clippy::expect_used)] // metric definitions are static; a bad one is a programming error at start-up
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let m = ["model"];
+        let latency = vec![
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
+        let itl = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0,
+        ];
+        let e2e = vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+        let engine_hung = IntGauge::new(
+            "gantry_engine_hung",
+            "1 when an engine step overran the watchdog; /healthz fails",
+        )
+        .expect("gauge");
+        r.register(Box::new(engine_hung.clone())).expect("unique");
+        let cache_bytes = IntGauge::new(
+            "gantry_response_cache_bytes",
+            "Bytes held by the temperature-0 response cache",
+        )
+        .expect("gauge");
+        r.register(Box::new(cache_bytes.clone())).expect("unique");
+        Self {
+            requests_waiting: gauge(
+                &r,
+                "gantry_num_requests_waiting",
+                "Requests queued for admission",
+                &m,
+            ),
+            requests_running: gauge(
+                &r,
+                "gantry_num_requests_running",
+                "Requests holding a sequence in the engine",
+                &m,
+            ),
+            kv_cache_usage: gauge(
+                &r,
+                "gantry_kv_cache_usage_perc",
+                "Fraction of KV-cache cells in use (0-1)",
+                &m,
+            ),
+            kv_cache_capacity_tokens: gauge(
+                &r,
+                "gantry_kv_cache_capacity_tokens",
+                "KV-cache capacity reported by the engine",
+                &m,
+            ),
+            vram_used_bytes: gauge(
+                &r,
+                "gantry_vram_used_bytes",
+                "Device memory held by the model (weights, KV, buffers)",
+                &m,
+            ),
+            vram_total_bytes: gauge(
+                &r,
+                "gantry_vram_total_bytes",
+                "Device memory limit the engine was given (0 = whole device)",
+                &m,
+            ),
+            ttft: histogram(
+                &r,
+                "gantry_time_to_first_token_seconds",
+                "Arrival to first generated token",
+                latency,
+                &m,
+            ),
+            inter_token: histogram(
+                &r,
+                "gantry_inter_token_latency_seconds",
+                "Time between consecutive tokens of a stream",
+                itl,
+                &m,
+            ),
+            e2e: histogram(
+                &r,
+                "gantry_request_duration_seconds",
+                "Arrival to last token",
+                e2e,
+                &m,
+            ),
+            prompt_tokens: counter(
+                &r,
+                "gantry_prompt_tokens_total",
+                "Prompt tokens processed",
+                &m,
+            ),
+            generation_tokens: counter(
+                &r,
+                "gantry_generation_tokens_total",
+                "Tokens generated",
+                &m,
+            ),
+            requests: counter(
+                &r,
+                "gantry_requests_total",
+                "Requests by endpoint and outcome (HTTP status code)",
+                &["model", "endpoint", "code"],
+            ),
+            model_load_seconds: gauge(
+                &r,
+                "gantry_model_load_seconds",
+                "Seconds the last load of the model took",
+                &m,
+            ),
+            response_cache_hits: counter(
+                &r,
+                "gantry_response_cache_hits_total",
+                "Temperature-0 requests answered from the response cache",
+                &m,
+            ),
+            response_cache_misses: counter(
+                &r,
+                "gantry_response_cache_misses_total",
+                "Temperature-0 requests the cache could not answer",
+                &m,
+            ),
+            response_cache_bytes: cache_bytes,
+            engine_hung,
+            steps: counter(&r, "gantry_engine_steps_total", "Engine forward passes", &m),
+            step_tokens: histogram(
+                &r,
+                "gantry_engine_step_tokens",
+                "Tokens per engine forward pass",
+                vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
+                ],
+                &m,
+            ),
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,537 @@
+//! Node state (under the HTTP layer): the models this node serves, their lifecycle and verdicts.
+//!
+//! For each configured model: find its primary artifact, read its metadata
+//! without loading weights (GGUF header or `config.json`), ask the engine
+//! registry for a verdict, and — when supported — load it and start its
+//! scheduler. The state of every model is what `/readyz`, `/v1/models` and
+//! `/v1/status` report; there is no silent fallback to another engine.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Instant;
+
+use gantry_api::{
+    ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, ModelStatus, NodeStatus,
+    PluginStatus, QueueStatus,
+};
+use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor};
+
+use crate::cache::ResponseCache;
+use crate::config::{LoadPolicy, ModelConfig, NodeConfig};
+use crate::engine_host::{EngineRegistry, ModelShared, PluginState};
+use crate::metrics::Metrics;
+use crate::scheduler::{SchedulerHandle, SchedulerSettings};
+use crate::template::{ChatTemplate, TemplateSource};
+use crate::tokenizer::Tokenizer;
+
+/// Default per-sequence context when neither the config nor a smaller trained length says otherwise.
+pub const DEFAULT_CONTEXT: u32 = 4096;
+/// Default sequences decoded together.
+pub const DEFAULT_MAX_BATCH: u32 = 8;
+
+/// A model ready to serve.
+pub struct ReadyModel {
+    pub shared: Arc<ModelShared>,
+    pub scheduler: SchedulerHandle,
+    pub template: ChatTemplate,
+    pub tokenizer: Tokenizer,
+    pub plugin: String,
+}
+
+impl ReadyModel {
+    pub fn template_source(&self) -> TemplateSource {
+        self.template.source()
+    }
+}
+
+/// Where a model is in its life.
+#[derive(Clone)]
+pub enum ModelState {
+    /// Not inspected yet.
+    Pending,
+    /// Supported, waiting for its first request (`load: lazy`).
+    Idle,
+    Loading,
+    Ready(Arc<ReadyModel>),
+    /// No engine can serve it; the verdict says why.
+    Unsupported,
+    /// Artifacts missing or the load failed.
+    Failed(String),
+}
+
+pub struct ServedModel {
+    pub config: ModelConfig,
+    pub format: Format,
+    pub state: RwLock<ModelState>,
+    pub verdict: RwLock<Option<EngineVerdict>>,
+    pub architecture: RwLock<Option<String>>,
+    pub primary: RwLock<Option<PathBuf>>,
+    /// Serializes loads (eager start-up and lazy first requests).
+    load_lock: std::sync::Mutex<()>,
+}
+
+impl ServedModel {
+    pub fn state(&self) -> ModelState {
+        self.state
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or(ModelState::Pending)
+    }
+    fn set(&self, s: ModelState) {
+        if let Ok(mut g) = self.state.write() {
+            *g = s;
+        }
+    }
+    pub fn ready(&self) -> Option<Arc<ReadyModel>> {
+        match self.state() {
+            ModelState::Ready(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// Everything the HTTP handlers share.
+pub struct Node {
+    pub config: NodeConfig,
+    pub models: BTreeMap<String, Arc<ServedModel>>,
+    pub registry: OnceLock<EngineRegistry>,
+    pub engine_config: EngineConfig,
+    pub plugins_dir: PathBuf,
+    pub metrics: Metrics,
+    pub hung: Arc<AtomicBool>,
+    pub draining: AtomicBool,
+    pub inflight: AtomicUsize,
+    pub cache: ResponseCache,
+    pub started: Instant,
+}
+
+impl Node {
+    pub fn new(config: NodeConfig, plugins_dir: PathBuf, engine_config: EngineConfig) -> Self {
+        let models = config
+            .models
+            .iter()
+            .map(|m| {
+                let format = m.format().unwrap_or(Format::Gguf); // validated by NodeConfig::validate
+                (
+                    m.id.clone(),
+                    Arc::new(ServedModel {
+                        config: m.clone(),
+                        format,
+                        state: RwLock::new(ModelState::Pending),
+                        verdict: RwLock::new(None),
+                        architecture: RwLock::new(None),
+                        primary: RwLock::new(None),
+                        load_lock: std::sync::Mutex::new(()),
+                    }),
+                )
+            })
+            .collect();
+        let metrics = Metrics::new();
+        let cache = ResponseCache::with_ram_fraction(
+            config.scheduler.response_cache_ram_fraction,
+            metrics.clone(),
+        );
+        Self {
+            config,
+            models,
+            registry: OnceLock::new(),
+            engine_config,
+            plugins_dir,
+            metrics,
+            hung: Arc::new(AtomicBool::new(false)),
+            draining: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+            cache,
+            started: Instant::now(),
+        }
+    }
+
+    /// Discover plugins, then inspect and (eagerly) load every model.
+    /// Blocking: run it off the async runtime.
+    pub fn start(&self) {
+        let reg = self
+            .registry
+            .get_or_init(|| EngineRegistry::discover(&self.plugins_dir, &self.engine_config));
+        for m in self.models.values() {
+            self.inspect(reg, m);
+            if m.config.load == LoadPolicy::Eager && matches!(m.state(), ModelState::Idle) {
+                self.load(m);
+            }
+        }
+    }
+
+    /// Find the artifact, read its architecture, and record the verdict.
+    fn inspect(&self, reg: &EngineRegistry, m: &ServedModel) {
+        let primary = match primary_artifact(&m.config.path, m.format) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(model = %m.config.id, "{e}");
+                m.set(ModelState::Failed(e));
+                return;
+            }
+        };
+        let arch = match read_architecture(&primary, m.format) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(model = %m.config.id, "{e}");
+                m.set(ModelState::Failed(e));
+                return;
+            }
+        };
+        let verdict = reg.resolve(m.format, &arch, m.config.engine.as_deref());
+        if let EngineVerdict::Unsupported { rejections } = &verdict {
+            let why: Vec<String> = rejections
+                .iter()
+                .map(|r| format!("{}: {}", r.plugin, r.reason))
+                .collect();
+            tracing::error!(target: "gantry::alert", model = %m.config.id, architecture = %arch, "no engine supports this model: {}", if why.is_empty() { "no plugins installed".to_string() } else { why.join("; ") });
+            m.set(ModelState::Unsupported);
+        } else {
+            m.set(ModelState::Idle);
+        }
+        *m.architecture.write().unwrap_or_else(|p| p.into_inner()) = Some(arch);
+        *m.primary.write().unwrap_or_else(|p| p.into_inner()) = Some(primary);
+        *m.verdict.write().unwrap_or_else(|p| p.into_inner()) = Some(verdict);
+    }
+
+    /// Load a supported model and start its scheduler. Blocking.
+    pub fn load(&self, m: &ServedModel) {
+        let _serial = m.load_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(m.state(), ModelState::Idle) {
+            return;
+        }
+        let Some(reg) = self.registry.get() else {
+            return;
+        };
+        let plugin_id = match m.verdict.read().ok().and_then(|v| v.clone()) {
+            Some(EngineVerdict::Supported { plugin, .. }) => plugin,
+            _ => return,
+        };
+        let Some(plugin) = reg.plugin(&plugin_id) else {
+            return;
+        };
+        let Some(primary) = m.primary.read().ok().and_then(|p| p.clone()) else {
+            return;
+        };
+        m.set(ModelState::Loading);
+        let t0 = Instant::now();
+        let desc = ModelDescriptor {
+            model_id: m.config.id.clone(),
+            model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            primary_file: primary.clone(),
+            format: m.format,
+            quantization: None,
+            mmproj: None,
+            context_length: m.config.context_length.unwrap_or(0),
+            max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
+        };
+        let (shared, exec) = match plugin.load_model(&desc) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(model = %m.config.id, error = %e, "model load failed");
+                m.set(ModelState::Failed(format!("load failed: {e}")));
+                return;
+            }
+        };
+        let load_s = t0.elapsed().as_secs_f64();
+        self.metrics
+            .model_load_seconds
+            .with_label_values(&[&m.config.id])
+            .set(load_s);
+        let info = shared.info().clone();
+        self.metrics
+            .vram_used_bytes
+            .with_label_values(&[&m.config.id])
+            .set(info.bytes_used as f64);
+        self.metrics
+            .vram_total_bytes
+            .with_label_values(&[&m.config.id])
+            .set(self.engine_config.vram_limit_bytes as f64);
+        let model_dir = primary.parent().unwrap_or(Path::new("."));
+        let template = match choose_template(&m.config, &info, model_dir) {
+            Ok(t) => t,
+            Err(e) => {
+                m.set(ModelState::Failed(format!("chat template: {e}")));
+                return;
+            }
+        };
+        if template.source() == TemplateSource::DefaultChatml {
+            tracing::warn!(model = %m.config.id, "the model has no chat template; using the default ChatML template");
+        }
+        let tokenizer = match Tokenizer::for_model(model_dir, shared.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                m.set(ModelState::Failed(format!("tokenizer: {e}")));
+                return;
+            }
+        };
+        let sched = &self.config.scheduler;
+        let settings = SchedulerSettings {
+            prefill_chunk_tokens: sched.prefill_chunk_tokens as usize,
+            step_timeout: std::time::Duration::from_secs(sched.step_timeout_seconds.max(1)),
+        };
+        let scheduler = match crate::scheduler::spawn(
+            m.config.id.clone(),
+            exec,
+            self.metrics.clone(),
+            settings,
+            self.hung.clone(),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                m.set(ModelState::Failed(format!(
+                    "cannot start the scheduler: {e}"
+                )));
+                return;
+            }
+        };
+        tracing::info!(model = %m.config.id, plugin = %plugin_id, load_s, ctx = info.context_length, kv = info.kv_capacity_tokens, template = template.source().as_str(), "model ready");
+        m.set(ModelState::Ready(Arc::new(ReadyModel {
+            shared,
+            scheduler,
+            template,
+            tokenizer,
+            plugin: plugin_id,
+        })));
+    }
+
+    /// `/readyz`: every model has a supporting engine and its artifacts, and
+    /// eager models are loaded; never while draining.
+    pub fn is_ready(&self) -> bool {
+        if self.draining.load(Ordering::SeqCst) || self.registry.get().is_none() {
+            return false;
+        }
+        self.models.values().all(|m| match m.state() {
+            ModelState::Ready(_) => true,
+            ModelState::Idle => m.config.load == LoadPolicy::Lazy,
+            _ => false,
+        })
+    }
+
+    pub fn is_live(&self) -> bool {
+        !self.hung.load(Ordering::SeqCst)
+    }
+
+    /// The document served at `/v1/status`.
+    pub fn status(&self) -> NodeStatus {
+        let plugins = self
+            .registry
+            .get()
+            .map(|reg| {
+                reg.records
+                    .iter()
+                    .map(|r| {
+                        let s = r.summary();
+                        let (reason, message) = match &r.state {
+                            PluginState::Loaded(_) => (None, None),
+                            PluginState::Refused { label, reason } => {
+                                (Some(label.to_string()), Some(reason.clone()))
+                            }
+                        };
+                        PluginStatus {
+                            id: s.id,
+                            version: s.version,
+                            abi_version: s.abi_version,
+                            gpu_backend: s.gpu_backend,
+                            loaded: r.plugin().is_some(),
+                            reason,
+                            message,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let models = self.models.values().map(|m| self.model_status(m)).collect();
+        NodeStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: self.engine_config.backend.as_str().to_string(),
+            ready: self.is_ready(),
+            draining: self.draining.load(Ordering::SeqCst),
+            plugins,
+            models,
+        }
+    }
+
+    fn model_status(&self, m: &ServedModel) -> ModelStatus {
+        let state = m.state();
+        let artifact_ready = m.primary.read().map(|p| p.is_some()).unwrap_or(false);
+        let size = m
+            .primary
+            .read()
+            .ok()
+            .and_then(|p| p.as_ref().and_then(|p| std::fs::metadata(p).ok()))
+            .map_or(0, |md| md.len());
+        let (load_state, message) = match &state {
+            ModelState::Pending | ModelState::Idle | ModelState::Unsupported => {
+                (LoadState::Unloaded, None)
+            }
+            ModelState::Loading => (LoadState::Loading, None),
+            ModelState::Ready(_) => (LoadState::Loaded, None),
+            ModelState::Failed(msg) => (LoadState::Failed, Some(msg.clone())),
+        };
+        let (plugin, bytes_used, queue) = match &state {
+            ModelState::Ready(r) => {
+                let f = &r.scheduler.figures;
+                (
+                    Some(r.plugin.clone()),
+                    r.shared.info().bytes_used,
+                    QueueStatus {
+                        waiting: f.waiting.load(Ordering::Relaxed),
+                        running: f.running.load(Ordering::Relaxed),
+                        kv_capacity_tokens: r.scheduler.kv_capacity,
+                        kv_used_tokens: f.kv_used.load(Ordering::Relaxed),
+                    },
+                )
+            }
+            _ => (None, 0, QueueStatus::default()),
+        };
+        ModelStatus {
+            id: m.config.id.clone(),
+            format: m.format.as_str().to_string(),
+            architecture: m.architecture.read().ok().and_then(|a| a.clone()),
+            verdict: m.verdict.read().ok().and_then(|v| v.clone()),
+            artifact: ArtifactStatus {
+                state: if artifact_ready {
+                    ArtifactState::Ready
+                } else if matches!(state, ModelState::Failed(_)) {
+                    ArtifactState::Failed
+                } else {
+                    ArtifactState::Pending
+                },
+                bytes_done: size,
+                bytes_total: size,
+                bytes_per_second: 0.0,
+                message: None,
+            },
+            load: LoadStatus {
+                state: load_state,
+                plugin,
+                message,
+                bytes_used,
+            },
+            queue,
+        }
+    }
+}
+
+/// The file an engine loads: the `.gguf` itself, or the only `.gguf` in a
+/// directory; for safetensors, the directory's index or single shard.
+pub fn primary_artifact(path: &Path, format: Format) -> Result<PathBuf, String> {
+    if path.is_file() {
+        let ext_ok = match format {
+            Format::Gguf => path.extension().is_some_and(|e| e == "gguf"),
+            Format::Safetensors => path
+                .extension()
+                .is_some_and(|e| e == "safetensors" || e == "json"),
+        };
+        if !ext_ok {
+            return Err(format!(
+                "{} is not a {format} file (the registered format is fixed)",
+                path.display()
+            ));
+        }
+        return Ok(path.to_path_buf());
+    }
+    if !path.is_dir() {
+        return Err(format!("model path {} does not exist", path.display()));
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| format!("cannot list {}: {e}", path.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| match format {
+            Format::Gguf => p.extension().is_some_and(|e| e == "gguf") && !is_mmproj(p),
+            Format::Safetensors => {
+                p.file_name()
+                    .is_some_and(|n| n == "model.safetensors.index.json")
+                    || p.extension().is_some_and(|e| e == "safetensors")
+            }
+        })
+        .collect();
+    found.sort();
+    if format == Format::Safetensors {
+        if let Some(index) = found.iter().find(|p| {
+            p.file_name()
+                .is_some_and(|n| n == "model.safetensors.index.json")
+        }) {
+            return Ok(index.clone());
+        }
+    }
+    match found.len() {
+        0 => Err(format!("no {format} artifact in {}", path.display())),
+        1 => Ok(found.remove(0)),
+        _ => Err(format!(
+            "several {format} candidates in {}, name one: {}",
+            path.display(),
+            found
+                .iter()
+                .filter_map(|p| p.file_name())
+                .map(|n| n.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+fn is_mmproj(p: &Path) -> bool {
+    p.file_name()
+        .is_some_and(|n| n.to_string_lossy().to_ascii_lowercase().contains("mmproj"))
+}
+
+/// Architecture from metadata, without loading weights: the GGUF header's
+/// `general.architecture`, or `config.json`'s `model_type`.
+pub fn read_architecture(primary: &Path, format: Format) -> Result<String, String> {
+    match format {
+        Format::Gguf => {
+            let h = crate::gguf::read_header(primary)
+                .map_err(|e| format!("{}: {e}", primary.display()))?;
+            h.architecture()
+                .map(str::to_string)
+                .ok_or_else(|| format!("{} has no general.architecture", primary.display()))
+        }
+        Format::Safetensors => {
+            let cfg = primary
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join("config.json");
+            let text = std::fs::read_to_string(&cfg)
+                .map_err(|e| format!("cannot read {}: {e}", cfg.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", cfg.display()))?;
+            v.get("model_type")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+                .ok_or_else(|| format!("{} has no model_type", cfg.display()))
+        }
+    }
+}
+
+/// Override > the model's own (GGUF or tokenizer_config.json) > ChatML.
+fn choose_template(
+    cfg: &ModelConfig,
+    info: &gantry_engine_abi::ModelInfo,
+    model_dir: &Path,
+) -> Result<ChatTemplate, crate::template::TemplateError> {
+    let bos = info.bos_text.clone();
+    let eos = info.eos_text.clone();
+    if let Some(t) = &cfg.chat_template {
+        return ChatTemplate::new(TemplateSource::Override, t, bos, eos);
+    }
+    if let Some(t) = &info.chat_template {
+        return ChatTemplate::new(TemplateSource::Model, t, bos, eos);
+    }
+    let tc = model_dir.join("tokenizer_config.json");
+    if tc.is_file() {
+        if let Ok(t) = ChatTemplate::from_tokenizer_config(&tc) {
+            return Ok(t);
+        }
+    }
+    ChatTemplate::new(
+        TemplateSource::DefaultChatml,
+        crate::template::CHATML,
+        bos,
+        eos,
+    )
+}

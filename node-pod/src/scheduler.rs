@@ -1,0 +1,605 @@
+//! Scheduler (between validation and the engine host): one owner per model, continuous batching.
+//!
+//! Each loaded model gets one OS thread that owns its [`ModelExec`] and all
+//! scheduling state; HTTP handlers talk to it over a channel and receive
+//! their tokens on a per-request channel. Every iteration:
+//!
+//! 1. takes new jobs (FIFO);
+//! 2. releases sequences whose client went away (a closed event channel) or
+//!    whose deadline passed — before the next step, without touching others;
+//! 3. admits waiting jobs while a sequence slot and KV cells are free;
+//! 4. builds one step: one decode token for every generating sequence plus at
+//!    most `prefill_chunk_tokens` prompt tokens, so a long prompt is fed in
+//!    chunks and never stalls the running streams for more than one chunk;
+//! 5. runs the engine step, then turns each sampled token into text
+//!    (incremental UTF-8, stop sequences, EOS, `max_tokens`) and sends it.
+//!
+//! The step runs on this thread; a watchdog thread reads the step's start
+//! time and marks the engine hung when a step overruns (`/healthz` fails).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use gantry_engine_abi::{EngineError, Sampling, Status, StepEntry};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine_host::{ModelExec, ModelShared};
+use crate::metrics::Metrics;
+use crate::text::{StopMatcher, StopScan, Utf8Stream};
+
+/// Why a generation ended (OpenAI's `finish_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    /// The request deadline passed; a stream ends with what it has.
+    Deadline,
+}
+
+impl FinishReason {
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::Deadline => "length",
+        }
+    }
+}
+
+/// Log probability of one token, with its text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: i32,
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(i32, String, Vec<u8>, f32)>,
+}
+
+/// What a job's event channel carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    /// One generated token: the text it completes (possibly empty while a
+    /// multi-byte character or a possible stop sequence is pending).
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end, with usage.
+    Done {
+        reason: FinishReason,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+    },
+    /// The engine failed; no more events follow.
+    Error(EngineError),
+}
+
+/// A generation request, validated and tokenized.
+#[derive(Debug)]
+pub struct GenerateJob {
+    pub prompt: Vec<i32>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    /// `Some(n)`: report logprobs with `n` alternatives.
+    pub logprobs: Option<u32>,
+    pub deadline: Option<Instant>,
+    pub arrived: Instant,
+    pub events: mpsc::UnboundedSender<GenEvent>,
+}
+
+/// An embedding request.
+#[derive(Debug)]
+pub struct EmbedJob {
+    pub tokens: Vec<i32>,
+    pub reply: oneshot::Sender<Result<Vec<f32>, EngineError>>,
+}
+
+#[derive(Debug)]
+pub enum Job {
+    Generate(GenerateJob),
+    Embed(EmbedJob),
+}
+
+/// Live figures for `/v1/status` and the gauges.
+#[derive(Debug, Default)]
+pub struct Figures {
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    pub kv_used: AtomicU64,
+    /// Start of the step in flight (ms since the scheduler's epoch + 1), 0 when idle.
+    pub step_started_ms: AtomicU64,
+}
+
+/// The HTTP side's handle on a model's scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedulerHandle {
+    tx: Sender<Job>,
+    pub figures: Arc<Figures>,
+    pub kv_capacity: u64,
+    pub context_length: u32,
+}
+
+impl SchedulerHandle {
+    /// Queue a job; fails only when the scheduler thread is gone.
+    pub fn submit(&self, job: Job) -> Result<(), EngineError> {
+        self.figures.waiting.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(job).map_err(|_| {
+            self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+            EngineError::internal("the model's scheduler has stopped")
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SchedulerSettings {
+    pub prefill_chunk_tokens: usize,
+    pub step_timeout: Duration,
+}
+
+/// A sequence in the engine.
+struct Running {
+    job: GenerateJob,
+    seq: u64,
+    /// Prompt tokens fed so far.
+    fed: usize,
+    /// Token to feed next step once decoding.
+    next: Option<i32>,
+    /// Sampled tokens fed back into the KV cache.
+    fed_decode: usize,
+    /// Tokens delivered to the client (`usage.completion_tokens`).
+    generated: u32,
+    utf8: Utf8Stream,
+    stops: StopMatcher,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+impl Running {
+    fn kv_tokens(&self) -> u64 {
+        (self.fed + self.fed_decode) as u64
+    }
+    fn decoding(&self) -> bool {
+        self.fed == self.job.prompt.len()
+    }
+}
+
+struct Scheduler {
+    model_id: String,
+    exec: ModelExec,
+    shared: Arc<ModelShared>,
+    rx: Receiver<Job>,
+    waiting: VecDeque<GenerateJob>,
+    running: Vec<Running>,
+    figures: Arc<Figures>,
+    metrics: Metrics,
+    settings: SchedulerSettings,
+    eog: Vec<i32>,
+    epoch: Instant,
+    max_seqs: usize,
+    kv_capacity: u64,
+}
+
+/// Start the scheduler thread of a loaded model.
+pub fn spawn(
+    model_id: String,
+    exec: ModelExec,
+    metrics: Metrics,
+    settings: SchedulerSettings,
+    hung: Arc<AtomicBool>,
+) -> std::io::Result<SchedulerHandle> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let shared = exec.shared().clone();
+    let info = shared.info().clone();
+    let figures = Arc::new(Figures::default());
+    let handle = SchedulerHandle {
+        tx,
+        figures: figures.clone(),
+        kv_capacity: info.kv_capacity_tokens,
+        context_length: info.context_length,
+    };
+    let epoch = Instant::now();
+    metrics
+        .kv_cache_capacity_tokens
+        .with_label_values(&[&model_id])
+        .set(info.kv_capacity_tokens as f64);
+    let s = Scheduler {
+        model_id: model_id.clone(),
+        exec,
+        shared,
+        rx,
+        waiting: VecDeque::new(),
+        running: Vec::new(),
+        figures: figures.clone(),
+        metrics: metrics.clone(),
+        settings: settings.clone(),
+        eog: info.eog_tokens.clone(),
+        epoch,
+        max_seqs: info.max_sequences.max(1) as usize,
+        kv_capacity: info.kv_capacity_tokens,
+    };
+    std::thread::Builder::new()
+        .name(format!("sched-{model_id}"))
+        .spawn(move || s.run())?;
+    spawn_watchdog(
+        model_id,
+        figures,
+        epoch,
+        settings.step_timeout,
+        hung,
+        metrics,
+    )?;
+    Ok(handle)
+}
+
+/// Marks the engine hung when one step runs longer than `limit`. A hung
+/// plugin cannot be interrupted in-process; failing `/healthz` lets
+/// Kubernetes restart the pod, as the specification asks.
+fn spawn_watchdog(
+    model_id: String,
+    figures: Arc<Figures>,
+    epoch: Instant,
+    limit: Duration,
+    hung: Arc<AtomicBool>,
+    metrics: Metrics,
+) -> std::io::Result<()> {
+    let weak = Arc::downgrade(&figures);
+    drop(figures);
+    std::thread::Builder::new().name(format!("watchdog-{model_id}")).spawn(move || {
+        let tick = (limit / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        while let Some(f) = weak.upgrade() {
+            let started = f.step_started_ms.load(Ordering::Relaxed);
+            if started > 0 {
+                let now_ms = epoch.elapsed().as_millis() as u64 + 1;
+                if Duration::from_millis(now_ms.saturating_sub(started)) > limit && !hung.swap(true, Ordering::SeqCst) {
+                    metrics.engine_hung.set(1);
+                    tracing::error!(target: "gantry::alert", model = %model_id, limit_s = limit.as_secs_f64(), "engine step overran the watchdog; marking the engine hung");
+                }
+            }
+            drop(f);
+            std::thread::sleep(tick);
+        }
+    })?;
+    Ok(())
+}
+
+impl Scheduler {
+    fn run(mut self) {
+        loop {
+            if !self.intake() {
+                break; // every sender dropped: the model is being unloaded
+            }
+            self.drop_abandoned();
+            self.admit();
+            self.publish();
+            if !self.running.is_empty() {
+                self.step();
+                self.publish();
+            }
+        }
+        for r in std::mem::take(&mut self.running) {
+            self.exec.seq_release(r.seq);
+        }
+    }
+
+    /// Take queued jobs; block while idle. Returns false when the channel closed.
+    fn intake(&mut self) -> bool {
+        let idle = self.running.is_empty() && self.waiting.is_empty();
+        if idle {
+            match self.rx.recv_timeout(Duration::from_millis(250)) {
+                Ok(job) => self.accept(job),
+                Err(RecvTimeoutError::Timeout) => return true,
+                Err(RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+        loop {
+            match self.rx.try_recv() {
+                Ok(job) => self.accept(job),
+                Err(std::sync::mpsc::TryRecvError::Empty) => return true,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    return !(self.running.is_empty() && self.waiting.is_empty());
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, job: Job) {
+        match job {
+            Job::Generate(g) => self.waiting.push_back(g),
+            Job::Embed(e) => {
+                // Embeddings run between steps, in arrival order with the rest.
+                self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+                let _ = e.reply.send(self.exec.embed(&e.tokens));
+            }
+        }
+    }
+
+    /// Release sequences nobody listens to, and end those past their deadline.
+    fn drop_abandoned(&mut self) {
+        let now = Instant::now();
+        let before = self.waiting.len();
+        self.waiting
+            .retain(|j| !j.events.is_closed() && j.deadline.is_none_or(|d| d > now));
+        let dropped = before - self.waiting.len();
+        self.figures
+            .waiting
+            .fetch_sub(dropped as u64, Ordering::Relaxed);
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &self.running[i];
+            if r.job.events.is_closed() {
+                let r = self.running.swap_remove(i);
+                self.exec.seq_release(r.seq);
+                tracing::debug!(model = %self.model_id, seq = r.seq, "client gone; sequence released");
+            } else if r.job.deadline.is_some_and(|d| d <= now) {
+                let r = self.running.swap_remove(i);
+                self.finish(r, FinishReason::Deadline);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn kv_used(&self) -> u64 {
+        self.running.iter().map(Running::kv_tokens).sum()
+    }
+
+    /// FIFO admission: the head of the queue waits for a slot and enough KV
+    /// for its prompt; nobody overtakes it.
+    fn admit(&mut self) {
+        while let Some(head) = self.waiting.front() {
+            if self.running.len() >= self.max_seqs
+                || self.kv_used() + head.prompt.len() as u64 > self.kv_capacity
+            {
+                break;
+            }
+            let seq = match self.exec.seq_open() {
+                Ok(s) => s,
+                Err(e) if matches!(e.status, Status::OomVram | Status::OomRam) => break,
+                Err(e) => {
+                    if let Some(job) = self.waiting.pop_front() {
+                        self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+                        let _ = job.events.send(GenEvent::Error(e));
+                    }
+                    continue;
+                }
+            };
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.metrics
+                .prompt_tokens
+                .with_label_values(&[&self.model_id])
+                .inc_by(job.prompt.len() as u64);
+            let stops = StopMatcher::new(job.stop.clone());
+            self.running.push(Running {
+                job,
+                seq,
+                fed: 0,
+                next: None,
+                fed_decode: 0,
+                generated: 0,
+                utf8: Utf8Stream::default(),
+                stops,
+                first_token_at: None,
+                last_token_at: None,
+            });
+        }
+    }
+
+    fn publish(&self) {
+        let kv = self.kv_used();
+        self.figures
+            .running
+            .store(self.running.len() as u64, Ordering::Relaxed);
+        self.figures.kv_used.store(kv, Ordering::Relaxed);
+        let m = [self.model_id.as_str()];
+        self.metrics
+            .requests_running
+            .with_label_values(&m)
+            .set(self.running.len() as f64);
+        self.metrics
+            .requests_waiting
+            .with_label_values(&m)
+            .set(self.figures.waiting.load(Ordering::Relaxed) as f64);
+        let usage = if self.kv_capacity == 0 {
+            0.0
+        } else {
+            kv as f64 / self.kv_capacity as f64
+        };
+        self.metrics.kv_cache_usage.with_label_values(&m).set(usage);
+    }
+
+    fn step(&mut self) {
+        // Which running sequence each entry belongs to, and how many prompt tokens it feeds.
+        let mut plan: Vec<(usize, usize)> = Vec::with_capacity(self.running.len());
+        let mut budget = self.settings.prefill_chunk_tokens;
+        for (i, r) in self.running.iter().enumerate() {
+            if r.decoding() {
+                if r.next.is_some() {
+                    plan.push((i, 0));
+                }
+            } else if budget > 0 {
+                let n = (r.job.prompt.len() - r.fed).min(budget);
+                budget -= n;
+                plan.push((i, n));
+            }
+        }
+        if plan.is_empty() {
+            return;
+        }
+        let mut decode_tokens: Vec<[i32; 1]> = Vec::with_capacity(plan.len());
+        for &(i, n) in &plan {
+            if n == 0 {
+                decode_tokens.push([self.running[i].next.unwrap_or_default()]);
+            }
+        }
+        let mut d = 0;
+        let mut entries: Vec<StepEntry<'_>> = Vec::with_capacity(plan.len());
+        let mut total = 0usize;
+        for &(i, n) in &plan {
+            let r = &self.running[i];
+            let (tokens, sample): (&[i32], bool) = if n == 0 {
+                d += 1;
+                (&decode_tokens[d - 1], true)
+            } else {
+                // Sample only once the chunk completes the prompt.
+                (
+                    &r.job.prompt[r.fed..r.fed + n],
+                    r.fed + n == r.job.prompt.len(),
+                )
+            };
+            total += tokens.len();
+            entries.push(StepEntry {
+                seq: r.seq,
+                tokens,
+                sample: sample.then_some(&r.job.sampling),
+            });
+        }
+        let model = [self.model_id.as_str()];
+        self.metrics.steps.with_label_values(&model).inc();
+        self.metrics
+            .step_tokens
+            .with_label_values(&model)
+            .observe(total as f64);
+        self.figures.step_started_ms.store(
+            self.epoch.elapsed().as_millis() as u64 + 1,
+            Ordering::Relaxed,
+        );
+        let result = self.exec.step(&entries);
+        self.figures.step_started_ms.store(0, Ordering::Relaxed);
+        drop(entries);
+
+        let results = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // The header's rule: on failure the host releases the affected sequences.
+                tracing::warn!(model = %self.model_id, error = %e, "engine step failed");
+                let mut idx: Vec<usize> = plan.iter().map(|(i, _)| *i).collect();
+                idx.sort_unstable_by(|a, b| b.cmp(a));
+                for i in idx {
+                    let r = self.running.swap_remove(i);
+                    self.exec.seq_release(r.seq);
+                    let _ = r.job.events.send(GenEvent::Error(e.clone()));
+                }
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut finished: Vec<(usize, FinishReason)> = Vec::new();
+        for (&(i, n), sampled) in plan.iter().zip(results) {
+            let r = &mut self.running[i];
+            r.fed += n;
+            if n == 0 {
+                r.next = None;
+                r.fed_decode += 1;
+            }
+            let Some(tok) = sampled else { continue };
+            if let Some(reason) = Self::on_token(
+                &self.shared,
+                &self.metrics,
+                &self.model_id,
+                &self.eog,
+                r,
+                tok,
+                now,
+            ) {
+                finished.push((i, reason));
+            }
+        }
+        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for (i, reason) in finished {
+            let r = self.running.swap_remove(i);
+            self.finish(r, reason);
+        }
+    }
+
+    /// Handle one sampled token; `Some` when the sequence is done.
+    fn on_token(
+        shared: &ModelShared,
+        metrics: &Metrics,
+        model_id: &str,
+        eog: &[i32],
+        r: &mut Running,
+        tok: gantry_engine_abi::SampledToken,
+        now: Instant,
+    ) -> Option<FinishReason> {
+        let m = [model_id];
+        match r.last_token_at {
+            None => metrics
+                .ttft
+                .with_label_values(&m)
+                .observe((now - r.job.arrived).as_secs_f64()),
+            Some(prev) => metrics
+                .inter_token
+                .with_label_values(&m)
+                .observe((now - prev).as_secs_f64()),
+        }
+        r.first_token_at.get_or_insert(now);
+        r.last_token_at = Some(now);
+        if eog.contains(&tok.token) {
+            return Some(FinishReason::Stop);
+        }
+        metrics.generation_tokens.with_label_values(&m).inc();
+        let bytes = shared.detokenize(&[tok.token], false).unwrap_or_default();
+        let logprob = r.job.logprobs.map(|_| TokenLogprob {
+            token: tok.token,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes: bytes.clone(),
+            logprob: tok.logprob,
+            top: tok
+                .top
+                .iter()
+                .map(|&(t, lp)| {
+                    let b = shared.detokenize(&[t], false).unwrap_or_default();
+                    (t, String::from_utf8_lossy(&b).into_owned(), b, lp)
+                })
+                .collect(),
+        });
+        let text = r.utf8.push(&bytes);
+        let (text, stopped) = match r.stops.push(&text) {
+            StopScan::Emit(t) => (t, false),
+            StopScan::Stopped(t) => (t, true),
+        };
+        r.generated += 1;
+        let _ = r.job.events.send(GenEvent::Token { text, logprob });
+        if stopped {
+            return Some(FinishReason::Stop);
+        }
+        if r.generated >= r.job.max_tokens {
+            return Some(FinishReason::Length);
+        }
+        r.next = Some(tok.token);
+        None
+    }
+
+    /// Flush held text, report usage, release the sequence.
+    fn finish(&mut self, mut r: Running, reason: FinishReason) {
+        self.exec.seq_release(r.seq);
+        let tail = r.utf8.finish();
+        let mut rest = match r.stops.push(&tail) {
+            StopScan::Emit(t) | StopScan::Stopped(t) => t,
+        };
+        // Held text that never became a stop sequence belongs to the output.
+        rest.push_str(&r.stops.finish());
+        if !rest.is_empty() {
+            let _ = r.job.events.send(GenEvent::Token {
+                text: rest,
+                logprob: None,
+            });
+        }
+        self.metrics
+            .e2e
+            .with_label_values(&[&self.model_id])
+            .observe(r.job.arrived.elapsed().as_secs_f64());
+        let _ = r.job.events.send(GenEvent::Done {
+            reason,
+            prompt_tokens: r.job.prompt.len() as u32,
+            completion_tokens: r.generated,
+        });
+    }
+}
