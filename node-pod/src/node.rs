@@ -451,13 +451,13 @@ pub fn primary_artifact(path: &Path, format: Format) -> Result<PathBuf, String> 
         })
         .collect();
     found.sort();
-    if format == Format::Safetensors {
-        if let Some(index) = found.iter().find(|p| {
+    if format == Format::Safetensors
+        && let Some(index) = found.iter().find(|p| {
             p.file_name()
                 .is_some_and(|n| n == "model.safetensors.index.json")
-        }) {
-            return Ok(index.clone());
-        }
+        })
+    {
+        return Ok(index.clone());
     }
     match found.len() {
         0 => Err(format!("no {format} artifact in {}", path.display())),
@@ -523,10 +523,10 @@ fn choose_template(
         return ChatTemplate::new(TemplateSource::Model, t, bos, eos);
     }
     let tc = model_dir.join("tokenizer_config.json");
-    if tc.is_file() {
-        if let Ok(t) = ChatTemplate::from_tokenizer_config(&tc) {
-            return Ok(t);
-        }
+    if tc.is_file()
+        && let Ok(t) = ChatTemplate::from_tokenizer_config(&tc)
+    {
+        return Ok(t);
     }
     ChatTemplate::new(
         TemplateSource::DefaultChatml,

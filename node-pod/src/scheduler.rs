@@ -511,7 +511,7 @@ impl Scheduler {
                 finished.push((i, reason));
             }
         }
-        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason) in finished {
             let r = self.running.swap_remove(i);
             self.finish(r, reason);

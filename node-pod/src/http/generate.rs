@@ -415,11 +415,10 @@ impl Source {
                 };
                 if let Some((key, events)) = record {
                     events.push(ev.clone());
-                    if matches!(ev, GenEvent::Done { .. }) {
-                        if let Some(answer) = CachedAnswer::new(key.clone(), std::mem::take(events))
-                        {
-                            state.node.cache.put(answer);
-                        }
+                    if matches!(ev, GenEvent::Done { .. })
+                        && let Some(answer) = CachedAnswer::new(key.clone(), std::mem::take(events))
+                    {
+                        state.node.cache.put(answer);
                     }
                 }
                 Next::Event(ev)

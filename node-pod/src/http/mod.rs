@@ -235,16 +235,16 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
             format!("model `{}` does not produce embeddings", req.model),
         ));
     }
-    if let Some(d) = req.dimensions {
-        if d != i64::from(info.embedding_dims) {
-            return Err(ApiError::unsupported(
-                "dimensions",
-                format!(
-                    "`dimensions` must be {} for this model (no truncation), got {d}",
-                    info.embedding_dims
-                ),
-            ));
-        }
+    if let Some(d) = req.dimensions
+        && d != i64::from(info.embedding_dims)
+    {
+        return Err(ApiError::unsupported(
+            "dimensions",
+            format!(
+                "`dimensions` must be {} for this model (no truncation), got {d}",
+                info.embedding_dims
+            ),
+        ));
     }
     let inputs: Vec<Vec<i32>> = match &req.input {
         EmbeddingInput::Text(t) => vec![embed_text(&ready, t, 0)?],

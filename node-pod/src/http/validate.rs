@@ -47,13 +47,13 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
     if c.model.trim().is_empty() {
         return Err(ApiError::invalid("model", "`model` must name a model"));
     }
-    if let Some(n) = c.n {
-        if n != 1 {
-            return Err(ApiError::unsupported(
-                "n",
-                format!("`n` must be 1 (one choice per request), got {n}"),
-            ));
-        }
+    if let Some(n) = c.n
+        && n != 1
+    {
+        return Err(ApiError::unsupported(
+            "n",
+            format!("`n` must be 1 (one choice per request), got {n}"),
+        ));
     }
     let temperature = range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(1.0);
     let top_p = range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(1.0);
@@ -145,7 +145,7 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
                 format!("`timeout` must be >= 0 seconds, got {t}"),
             ));
         }
-        Some(t) if t == 0.0 => Some(None),
+        Some(0.0) => Some(None),
         Some(t) => Some(Some(Duration::from_secs_f64(t))),
     };
     Ok(ValidParams {
@@ -375,13 +375,13 @@ pub fn completion(req: &CompletionRequest) -> Result<ValidParams, ApiError> {
             "`echo: true` is not supported",
         ));
     }
-    if let Some(b) = req.best_of {
-        if b != 1 {
-            return Err(ApiError::unsupported(
-                "best_of",
-                format!("`best_of` must be 1, got {b}"),
-            ));
-        }
+    if let Some(b) = req.best_of
+        && b != 1
+    {
+        return Err(ApiError::unsupported(
+            "best_of",
+            format!("`best_of` must be 1, got {b}"),
+        ));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported(

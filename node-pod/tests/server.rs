@@ -1,0 +1,660 @@
+//! Node server tests: the real `gantry-node` binary on loopback with real plugins — batching,
+//! disconnects, deadlines, the watchdog, fault isolation, SIGTERM drain, readiness and metrics.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
+use serde_json::{Value, json};
+
+/// A running node; killed on drop.
+struct NodeProc {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// Start the node with a YAML config written from `models` (each `{id, file, ...}`).
+fn start(config: Value, plugins: &Path, dir: tempfile::TempDir) -> NodeProc {
+    let port = free_port();
+    let cfg_path = dir.path().join("node.yaml");
+    std::fs::write(&cfg_path, serde_yaml::to_string(&config).expect("yaml")).expect("write config");
+    let child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
+        .args(["serve", "--config"])
+        .arg(&cfg_path)
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
+        .arg(plugins)
+        .env("GANTRY_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn gantry-node");
+    NodeProc {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+async fn wait_ready(node: &NodeProc) {
+    let c = http();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        if let Ok(r) = c.get(format!("{}/readyz", node.base)).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("node did not become ready within 60 s");
+}
+
+fn tiny_dir(spec: TinyModelSpec) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&p, &spec).expect("tiny gguf");
+    (dir, p)
+}
+
+fn tiny_node(extra_model: Value, scheduler: Value) -> NodeProc {
+    let (dir, p) = tiny_dir(TinyModelSpec::default());
+    let mut model = json!({"id": "tiny", "path": p, "format": "gguf", "contextLength": 2048, "maxBatchSize": 8});
+    if let (Some(m), Some(e)) = (model.as_object_mut(), extra_model.as_object()) {
+        m.extend(e.clone());
+    }
+    let config = json!({"models": [model], "scheduler": scheduler});
+    start(config, &profile_dir().join("engines"), dir)
+}
+
+async fn post(node: &NodeProc, path: &str, body: Value) -> (u16, Value) {
+    let r = http()
+        .post(format!("{}{path}", node.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn status(node: &NodeProc) -> Value {
+    http()
+        .get(format!("{}/v1/status", node.base))
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_concurrent_greedy_requests_return_what_eight_sequential_ones_do() {
+    let node = tiny_node(json!({}), json!({"responseCacheRamFraction": 0.0}));
+    wait_ready(&node).await;
+    let prompts: Vec<String> = (0..8).map(|i| format!("Request number {i} says")).collect();
+    let body = |p: &str| json!({"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0});
+    let mut sequential = Vec::new();
+    for p in &prompts {
+        let (s, v) = post(&node, "/v1/completions", body(p)).await;
+        assert_eq!(s, 200, "{v}");
+        sequential.push(v["choices"][0]["text"].as_str().expect("text").to_string());
+    }
+    let concurrent = futures::future::join_all(
+        prompts
+            .iter()
+            .map(|p| post(&node, "/v1/completions", body(p))),
+    )
+    .await;
+    for (i, (s, v)) in concurrent.iter().enumerate() {
+        assert_eq!(*s, 200);
+        assert_eq!(
+            v["choices"][0]["text"].as_str(),
+            Some(sequential[i].as_str()),
+            "request {i}"
+        );
+        assert_eq!(v["usage"]["completion_tokens"], 24);
+    }
+    // They really ran together: some step carried more than one sequence.
+    let metrics = http()
+        .get(format!("{}/metrics", node.base))
+        .send()
+        .await
+        .expect("m")
+        .text()
+        .await
+        .expect("t");
+    let one_token_steps = metric_value(
+        &metrics,
+        "gantry_engine_step_tokens_bucket{model=\"tiny\",le=\"1\"}",
+    );
+    let steps = metric_value(&metrics, "gantry_engine_steps_total{model=\"tiny\"}");
+    assert!(one_token_steps < steps, "no batched step among {steps}");
+}
+
+fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .map(|v| v.trim().parse::<f64>().expect("number"))
+        })
+        .unwrap_or_else(|| panic!("{series} missing"))
+}
+
+/// Read SSE `data:` payloads from a streaming response.
+async fn sse_lines(resp: reqwest::Response, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+    let mut buf = String::new();
+    let mut body = resp.bytes_stream();
+    while let Some(Ok(chunk)) = body.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(i) = buf.find("\n\n") {
+            let ev: String = buf.drain(..i + 2).collect();
+            if let Some(d) = ev.trim().strip_prefix("data: ")
+                && tx.send(d.to_string()).is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+async fn open_stream(
+    node: &NodeProc,
+    max_tokens: u32,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let resp = http()
+        .post(format!("{}/v1/chat/completions", node.base))
+        .json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "Tell me a long story"}],
+                     "max_tokens": max_tokens, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(resp.status(), 200);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(sse_lines(resp, tx));
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disconnected_stream_frees_its_sequence_while_the_others_continue() {
+    // Two sequence slots: A and B hold them, C waits for one.
+    let node = tiny_node(
+        json!({"requestTimeoutSeconds": 0, "maxBatchSize": 2}),
+        json!({"responseCacheRamFraction": 0.0}),
+    );
+    wait_ready(&node).await;
+    let mut a = open_stream(&node, 1800).await;
+    let mut b = open_stream(&node, 1800).await;
+    for _ in 0..3 {
+        a.recv().await.expect("a chunk");
+        b.recv().await.expect("b chunk");
+    }
+    let c = tokio::spawn({
+        let base = node.base.clone();
+        async move {
+            http()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"model": "tiny", "prompt": "C", "max_tokens": 5, "temperature": 0}))
+                .send()
+                .await
+                .expect("c")
+                .status()
+                .as_u16()
+        }
+    });
+    let t0 = Instant::now();
+    let held = loop {
+        let s = status(&node).await;
+        if s["models"][0]["queue"]["waiting"] == 1 {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "C never queued: {s}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(held["models"][0]["queue"]["running"], 2, "{held}");
+    let kv_both = held["models"][0]["queue"]["kvUsedTokens"]
+        .as_u64()
+        .expect("kv");
+    assert!(kv_both > 0);
+    drop(a); // the client goes away: its slot and KV go to C at the next step
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), c)
+            .await
+            .expect("C admitted")
+            .expect("join"),
+        200
+    );
+    // The scheduler publishes its figures after each step: poll briefly.
+    let t0 = Instant::now();
+    loop {
+        let s = status(&node).await;
+        if s["models"][0]["queue"]["running"] == 1 && s["models"][0]["queue"]["waiting"] == 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "only B should be left: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // B is untouched and runs to its end.
+    let mut chunks = 0;
+    let mut last = String::new();
+    while let Some(d) = b.recv().await {
+        chunks += 1;
+        last = d;
+    }
+    assert_eq!(last, "[DONE]");
+    assert!(chunks > 1000, "B streamed all its tokens ({chunks} events)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504() {
+    let node = tiny_node(
+        json!({"requestTimeoutSeconds": 1, "contextLength": 2048}),
+        json!({"responseCacheRamFraction": 0.0}),
+    );
+    wait_ready(&node).await;
+    // The tiny model is fast; ask for more than a second's worth.
+    let (s, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "x", "max_tokens": 2000, "temperature": 0, "timeout": 1}),
+    )
+    .await;
+    assert_eq!(s, 504, "{v}");
+    assert_eq!(v["error"]["code"], "timeout");
+    let mut rx = {
+        let resp = http()
+            .post(format!("{}/v1/completions", node.base))
+            .json(&json!({"model": "tiny", "prompt": "x", "max_tokens": 2000, "temperature": 0, "stream": true, "timeout": 1}))
+            .send()
+            .await
+            .expect("stream");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(sse_lines(resp, tx));
+        rx
+    };
+    let mut chunks = Vec::new();
+    while let Some(d) = rx.recv().await {
+        chunks.push(d);
+    }
+    assert_eq!(chunks.last().map(String::as_str), Some("[DONE]"));
+    let fin: Value = serde_json::from_str(&chunks[chunks.len() - 2]).expect("final chunk");
+    assert_eq!(fin["choices"][0]["finish_reason"], "length");
+    assert!(chunks.len() > 3, "the stream returned the tokens it had");
+    // A per-request timeout above the model's maximum is refused.
+    let (s, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "x", "max_tokens": 2, "timeout": 0}),
+    )
+    .await;
+    assert_eq!(
+        s, 200,
+        "no maximum configured: `timeout: 0` is allowed: {v}"
+    );
+}
+
+fn faulty_plugins(root: &Path) -> PathBuf {
+    let plugins = root.join("plugins");
+    let mut m = faulty_manifest("faulty");
+    m["architectures"] = json!(["toy"]);
+    install_plugin(
+        &plugins,
+        "faulty",
+        "cpu",
+        m,
+        Some(&built_lib("gantry_fault_faulty")),
+    );
+    plugins
+}
+
+fn toy_gguf(dir: &Path, stem: &str) -> PathBuf {
+    let p = dir.join(format!("{stem}.gguf"));
+    let spec = TinyModelSpec {
+        architecture_name_override: Some("toy".into()),
+        ..TinyModelSpec::default()
+    };
+    write_tiny_gguf(&p, &spec).expect("toy gguf");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_engine_step_fails_healthz_and_the_request_times_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = faulty_plugins(dir.path());
+    let hang = toy_gguf(dir.path(), "hang-model");
+    let config = json!({
+        "models": [{"id": "hang", "path": hang, "format": "gguf", "requestTimeoutSeconds": 1}],
+        "scheduler": {"stepTimeoutSeconds": 1, "responseCacheRamFraction": 0.0}
+    });
+    let node = start(config, &plugins, dir);
+    wait_ready(&node).await;
+    let c = http();
+    assert_eq!(
+        c.get(format!("{}/healthz", node.base))
+            .send()
+            .await
+            .expect("h")
+            .status(),
+        200
+    );
+    let (s, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "hang", "prompt": "hi", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(s, 504, "{v}");
+    let t0 = Instant::now();
+    loop {
+        let r = c
+            .get(format!("{}/healthz", node.base))
+            .send()
+            .await
+            .expect("h");
+        if r.status() == 503 {
+            assert!(r.text().await.expect("t").contains("engine hung"));
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "healthz never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_model_answers_500_and_the_node_keeps_serving_the_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = faulty_plugins(dir.path());
+    let config = json!({
+        "models": [
+            {"id": "panicky", "path": toy_gguf(dir.path(), "panic-model"), "format": "gguf"},
+            {"id": "healthy", "path": toy_gguf(dir.path(), "healthy-model"), "format": "gguf"}
+        ]
+    });
+    let node = start(config, &plugins, dir);
+    wait_ready(&node).await;
+    let (s, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "panicky", "prompt": "hi", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(s, 500, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("plugin panicked"),
+        "{v}"
+    );
+    let (s, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "healthy", "prompt": "ab", "max_tokens": 3, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["text"], "cde",
+        "the toy engine counts up from the last byte"
+    );
+    let h = http()
+        .get(format!("{}/healthz", node.base))
+        .send()
+        .await
+        .expect("h");
+    assert_eq!(h.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unsupported_architecture_keeps_the_node_unready_and_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("mystery.gguf");
+    let spec = TinyModelSpec {
+        architecture_name_override: Some("mysteryarch".into()),
+        ..TinyModelSpec::default()
+    };
+    write_tiny_gguf(&p, &spec).expect("gguf");
+    let config = json!({"models": [{"id": "mystery", "path": p, "format": "gguf"}]});
+    let node = start(config, &profile_dir().join("engines"), dir);
+    let c = http();
+    let t0 = Instant::now();
+    let s = loop {
+        let s = match c.get(format!("{}/v1/status", node.base)).send().await {
+            Ok(r) => r.json::<Value>().await.expect("json"),
+            Err(_) => Value::Null, // not listening yet
+        };
+        if !s["models"][0]["verdict"].is_null() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(s["ready"], false);
+    assert_eq!(s["models"][0]["verdict"]["verdict"], "unsupported");
+    assert_eq!(
+        s["models"][0]["verdict"]["rejections"][0]["kind"],
+        "architecture"
+    );
+    assert!(
+        s["models"][0]["verdict"]["rejections"][0]["reason"]
+            .as_str()
+            .expect("r")
+            .contains("mysteryarch")
+    );
+    let r = c
+        .get(format!("{}/readyz", node.base))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(r.status(), 503);
+    let (code, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "mystery", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(code, 503);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("m")
+            .contains("no engine on this node supports")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_pass_promtool_and_name_the_endpoint_picker_gauges() {
+    let node = tiny_node(json!({}), json!({}));
+    wait_ready(&node).await;
+    let (s, _) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let text = http()
+        .get(format!("{}/metrics", node.base))
+        .send()
+        .await
+        .expect("m")
+        .text()
+        .await
+        .expect("t");
+    for name in [
+        "gantry_num_requests_waiting",
+        "gantry_num_requests_running",
+        "gantry_kv_cache_usage_perc",
+        "gantry_time_to_first_token_seconds_bucket",
+        "gantry_inter_token_latency_seconds_bucket",
+        "gantry_model_load_seconds",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    assert_eq!(
+        metric_value(&text, "gantry_response_cache_hits_total{model=\"tiny\"}"),
+        1.0,
+        "the second greedy request was a cache hit"
+    );
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/setup.sh installs it)");
+    std::io::Write::write_all(promtool.stdin.as_mut().expect("stdin"), text.as_bytes())
+        .expect("write");
+    let out = promtool.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_fails_readiness_at_once_and_lets_inflight_streams_finish() {
+    let node = tiny_node(
+        json!({"requestTimeoutSeconds": 0}),
+        json!({"responseCacheRamFraction": 0.0, "shutdownGraceSeconds": 30}),
+    );
+    wait_ready(&node).await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(open_stream(&node, 600).await);
+    }
+    for s in &mut streams {
+        s.recv().await.expect("first chunk");
+    }
+    let pid = node.child.id().to_string();
+    let ok = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+    let c = http();
+    let t0 = Instant::now();
+    loop {
+        let r = c
+            .get(format!("{}/readyz", node.base))
+            .send()
+            .await
+            .expect("readyz while draining");
+        if r.status() == 503 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "readyz still 200 after SIGTERM"
+        );
+    }
+    let (code, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "late", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(code, 503, "{v}");
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let mut chunks = Vec::new();
+        while let Some(d) = s.recv().await {
+            chunks.push(d);
+        }
+        assert_eq!(
+            chunks.last().map(String::as_str),
+            Some("[DONE]"),
+            "stream {i} lost"
+        );
+        let fin: Value = serde_json::from_str(&chunks[chunks.len() - 2]).expect("final");
+        assert_eq!(
+            fin["choices"][0]["finish_reason"], "length",
+            "stream {i} ran to max_tokens"
+        );
+    }
+    let mut node = node;
+    let exit = tokio::task::spawn_blocking(move || {
+        let st = node.child.wait().expect("wait");
+        (st, node)
+    })
+    .await
+    .expect("join");
+    assert!(exit.0.success(), "exit status {:?}", exit.0);
+}
+
+#[test]
+fn the_node_answers_healthz_right_after_start() {
+    // Listening comes first; plugin discovery and model loads happen behind it.
+    // The time it takes is measured by bench/cold_start.sh, not asserted here.
+    let (_dir, p) = tiny_dir(TinyModelSpec::default());
+    let port = free_port();
+    let t0 = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
+        .args(["serve", "--model"])
+        .arg(&p)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--plugins-dir")
+        .arg(profile_dir().join("engines"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut healthy_at = None;
+    while t0.elapsed() < Duration::from_secs(10) {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
+            let mut resp = String::new();
+            let _ = s.read_to_string(&mut resp);
+            if resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200") {
+                healthy_at = Some(t0.elapsed());
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let healthy_at = healthy_at.expect("no 200 from /healthz within 10 s of exec");
+    eprintln!("healthz answered {healthy_at:?} after exec");
+}
