@@ -1,0 +1,105 @@
+"""Fixtures for the OpenAI-compatibility suite: a real gantry-node on loopback.
+
+The node serves three models: `tiny` (a random-weight llama GGUF written by
+gantry-testkit, with a ChatML template), `tiny-emb` (the same, as an
+embedding model) and `gemma` (Gemma 3 270M Q4_K_M from its PyPI package).
+"""
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import json
+import urllib.error
+import urllib.request
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gemma() -> Path:
+    p = Path(os.environ.get("GANTRY_GEMMA_GGUF", Path.home() / ".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
+    if not p.is_file():
+        pytest.fail(f"Gemma 3 270M not found at {p}: run scripts/fetch-model.sh (scripts/test.sh does)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def node():
+    node_bin = TARGET / "gantry-node"
+    testkit = TARGET / "gantry-testkit"
+    for b in (node_bin, testkit):
+        if not b.is_file():
+            pytest.fail(f"{b} is missing: run `cargo build --release --workspace` (scripts/test.sh does)")
+    work = Path(tempfile.mkdtemp(prefix="gantry-py-"))
+    subprocess.run([testkit, "tiny-gguf", "--out", work / "tiny.gguf"], check=True)
+    subprocess.run([testkit, "tiny-gguf", "--out", work / "tiny-emb.gguf", "--embedding"], check=True)
+    config = work / "node.yaml"
+    config.write_text(
+        "models:\n"
+        f"  - {{id: tiny, path: {work / 'tiny.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 8}}\n"
+        f"  - {{id: tiny-emb, path: {work / 'tiny-emb.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 2}}\n"
+        f"  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 1024, maxBatchSize: 4}}\n"
+        "scheduler: {responseCacheRamFraction: 0.0}\n"
+    )
+    port = _free_port()
+    log = open(work / "node.log", "w")
+    proc = subprocess.Popen(
+        [node_bin, "serve", "--config", config, "--listen", f"127.0.0.1:{port}", "--threads", "2",
+         "--plugins-dir", TARGET / "engines"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"gantry-node exited early:\n{(work / 'node.log').read_text()}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"gantry-node not ready in 120 s:\n{(work / 'node.log').read_text()}")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def client(node):
+    return openai.OpenAI(base_url=f"{node}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+class Http:
+    """Plain JSON calls for the endpoints the OpenAI client has no method for."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def post(self, path, body):
+        req = urllib.request.Request(
+            self.base + path, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.load(r)
+
+
+@pytest.fixture(scope="session")
+def http(node):
+    return Http(node)

@@ -1,0 +1,184 @@
+"""OpenAI wire compatibility, checked with the official `openai` Python client."""
+import base64
+import struct
+
+import openai
+import pytest
+
+CAPITAL = "Question: What is the capital of France?\nAnswer:"
+
+
+def test_models_lists_every_model_with_its_template_source(client):
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {"tiny", "tiny-emb", "gemma"}
+    assert models["gemma"].owned_by == "gantry"
+    # Gemma from PyPI is a base model without a template: the default is reported.
+    assert models["gemma"].model_extra["chat_template"] == "default-chatml"
+    assert models["tiny"].model_extra["chat_template"] == "model"
+
+
+def test_chat_non_streaming(client):
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+    )
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 8
+
+
+def test_chat_streaming_sends_one_event_per_token_and_usage(client):
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=10, temperature=0,
+            stream=True, stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    token_chunks = [c for c in chunks if c.choices and c.choices[0].finish_reason is None][1:]
+    assert len(token_chunks) == 10
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason][0]
+    assert final.choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    plain = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=10, temperature=0
+    )
+    assert streamed == plain.choices[0].message.content
+
+
+def test_completions_streaming_and_not(client):
+    plain = client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=6, temperature=0)
+    assert plain.object == "text_completion"
+    assert plain.choices[0].text.startswith(" Paris")
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=6, temperature=0, stream=True)
+        if c.choices
+    )
+    assert streamed == plain.choices[0].text
+
+
+def test_gemma_chat_answers_through_the_default_template(client):
+    r = client.chat.completions.create(
+        model="gemma", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=16, temperature=0
+    )
+    assert r.choices[0].message.content
+    assert r.usage.prompt_tokens > 5
+
+
+def test_usage_matches_the_tokenizer(client, http):
+    r = client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=5, temperature=0)
+    tokens = http.post("/v1/tokenize", {"model": "gemma", "content": CAPITAL, "add_special": True})["tokens"]
+    assert r.usage.prompt_tokens == len(tokens)
+    events = [c for c in client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=5, temperature=0, stream=True,
+                                                   stream_options={"include_usage": True})]
+    token_events = [c for c in events if c.choices and c.choices[0].finish_reason is None]
+    assert events[-1].usage.completion_tokens == len(token_events) == 5
+
+
+def test_stop_sequences_end_generation_and_are_not_emitted(client):
+    r = client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=40, temperature=0, stop=["\n"])
+    assert r.choices[0].finish_reason == "stop"
+    assert "\n" not in r.choices[0].text
+    assert r.choices[0].text.startswith(" Paris")
+    # Across token boundaries: a two-token stop string.
+    r2 = client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=40, temperature=0, stop=["aris"])
+    assert r2.choices[0].text == " P" and r2.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_in_chat_and_completions(client):
+    r = client.chat.completions.create(
+        model="gemma", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    for t in content:
+        assert t.logprob <= 0
+        assert len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-4)
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token
+    c = client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=3, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    assert lp.tokens[0] == " Paris"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model="tiny", prompt="Once upon a time", max_tokens=12, temperature=0.9, seed=1234)
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    assert a == b
+
+
+def test_embeddings_float_and_base64(client):
+    r = client.embeddings.create(model="tiny-emb", input=["hello there", "something else"], encoding_format="float")
+    assert len(r.data) == 2 and len(r.data[0].embedding) == 64
+    assert r.data[0].embedding != r.data[1].embedding
+    assert r.usage.prompt_tokens > 0
+    b = client.embeddings.create(model="tiny-emb", input="hello there", encoding_format="base64")
+    raw = b.data[0].embedding
+    vec = list(struct.unpack("<64f", base64.b64decode(raw))) if isinstance(raw, str) else raw
+    assert vec == pytest.approx(r.data[0].embedding, rel=1e-6)
+
+
+def test_a_text_model_refuses_embeddings_and_an_embedding_model_refuses_chat(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="tiny", input="x")
+    assert "does not produce embeddings" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-emb", messages=[{"role": "user", "content": "x"}])
+    assert "embedding model" in e.value.message
+
+
+VALIDATION_CASES = [
+    (dict(temperature=3), "temperature", "`temperature` must be within [0, 2], got 3"),
+    (dict(top_p=1.5), "top_p", "`top_p` must be within [0, 1], got 1.5"),
+    (dict(presence_penalty=-3), "presence_penalty", "`presence_penalty` must be within [-2, 2], got -3"),
+    (dict(frequency_penalty=2.5), "frequency_penalty", "`frequency_penalty` must be within [-2, 2], got 2.5"),
+    (dict(n=2), "n", "`n` must be 1 (one choice per request), got 2"),
+    (dict(max_tokens=0), "max_tokens", "`max_tokens` must be >= 1, got 0"),
+    (dict(max_tokens=100000), "max_tokens", "`max_tokens` must be <= "),
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs", "`top_logprobs` must be within [0, 20], got 21"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop", "`stop` may hold at most 4 sequences, got 5"),
+    (dict(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (dict(logit_bias={"5": 200}), "logit_bias", "`logit_bias[5]` must be within [-100, 100], got 200"),
+    (dict(extra_body={"top_k": -1}), "top_k", "`top_k` must be >= 0, got -1"),
+    (dict(extra_body={"min_p": 2}), "min_p", "`min_p` must be within [0, 1], got 2"),
+    (dict(extra_body={"mystery": 1}), "mystery", "unknown parameter `mystery`"),
+]
+
+
+@pytest.mark.parametrize("kwargs,param,message", VALIDATION_CASES, ids=[c[1] for c in VALIDATION_CASES])
+def test_every_validation_error_names_the_field_and_limit(client, kwargs, param, message):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], **kwargs)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == param
+    assert message in e.value.message
+
+
+def test_empty_prompts_images_and_unknown_models_are_refused(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "   "}])
+    assert "empty" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="")
+    assert "empty" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
+        )
+    assert "text-only" in e.value.message
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_a_prompt_over_the_context_is_refused(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="word " * 2000, max_tokens=5)
+    assert e.value.body["code"] == "context_length_exceeded"
+    assert "context length is 512" in e.value.message
