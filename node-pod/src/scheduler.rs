@@ -321,8 +321,21 @@ impl Scheduler {
     fn drop_abandoned(&mut self) {
         let now = Instant::now();
         let before = self.waiting.len();
-        self.waiting
-            .retain(|j| !j.events.is_closed() && j.deadline.is_none_or(|d| d > now));
+        self.waiting.retain(|j| {
+            if j.events.is_closed() {
+                return false;
+            }
+            if j.deadline.is_some_and(|d| d <= now) {
+                // Expired in the queue: the answer is empty, cut by the deadline.
+                let _ = j.events.send(GenEvent::Done {
+                    reason: FinishReason::Deadline,
+                    prompt_tokens: j.prompt.len() as u32,
+                    completion_tokens: 0,
+                });
+                return false;
+            }
+            true
+        });
         let dropped = before - self.waiting.len();
         self.figures
             .waiting
