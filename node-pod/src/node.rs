@@ -523,10 +523,13 @@ fn choose_template(
         return ChatTemplate::new(TemplateSource::Model, t, bos, eos);
     }
     let tc = model_dir.join("tokenizer_config.json");
-    if tc.is_file()
-        && let Ok(t) = ChatTemplate::from_tokenizer_config(&tc)
-    {
-        return Ok(t);
+    if tc.is_file() {
+        match ChatTemplate::from_tokenizer_config(&tc) {
+            Ok(t) => return Ok(t),
+            Err(e) => {
+                tracing::warn!(path = %tc.display(), error = %e, "cannot use the template in tokenizer_config.json")
+            }
+        }
     }
     ChatTemplate::new(
         TemplateSource::DefaultChatml,

@@ -1224,6 +1224,84 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_and_tool_messages_pass_through() {
+        let template = ChatTemplate::new(
+            TemplateSource::Model,
+            "{% for m in messages %}{{ m.role }}:\
+             {% for call in m.tool_calls or [] %}{{ call.function.name }}({{ call.function.arguments }}){% endfor %}\
+             {% if m.role == 'tool' %}{{ m.tool_call_id }}={{ m.content }}{% endif %};{% endfor %}\
+             {% for tool in tools %}{{ tool.function.name }}{{ tool.function.parameters | tojson }}{% endfor %}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        let messages = [
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}
+            ]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}),
+        ];
+        let tools = [json!({"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}})];
+        assert_eq!(
+            template
+                .render(&messages, Some(&tools), false, None)
+                .expect("renders"),
+            "assistant:f({\"x\": 1});tool:c1=ok;\
+             f{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"integer\"}}}"
+        );
+    }
+
+    #[test]
+    fn type_tests_and_string_filters_follow_jinja2() {
+        let template = ChatTemplate::new(
+            TemplateSource::Model,
+            "{{ tools is iterable }} {{ 'ab' is sequence }} {{ true is number }} {{ undefined_var is iterable }}|\
+             {{ messages | trim }}|{{ messages | join(', ', attribute='role') }}|{{ [1, none, 'a'] | join('-') }}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        let out = template
+            .render(
+                &[json!({"role": "user"}), json!({"role": "assistant"})],
+                None,
+                false,
+                None,
+            )
+            .expect("renders");
+        assert_eq!(
+            out,
+            "False True True True|[{'role': 'user'}, {'role': 'assistant'}]|user, assistant|1-None-a"
+        );
+    }
+
+    #[test]
+    fn generation_blocks_render_their_body() {
+        let template = ChatTemplate::new(
+            TemplateSource::Model,
+            "{% for m in messages %}{%- generation -%}\n  [{{ m.content }}]{% set local = 1 %}\n{%- endgeneration %}{% endfor %}{{ local is defined }}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        let messages = [json!({"content": "a"}), json!({"content": "b"})];
+        assert_eq!(
+            template
+                .render(&messages, None, false, None)
+                .expect("renders"),
+            "[a][b]False"
+        );
+        // Only the tags are rewritten, not the word elsewhere.
+        assert_eq!(
+            translate_generation_tags(
+                "{{ add_generation_prompt }}{%+ generation %}x{% endgeneration -%}"
+            ),
+            "{{ add_generation_prompt }}{%+ call __gantry_generation() %}x{% endcall -%}"
+        );
+    }
+
+    #[test]
     fn tokenizer_config_string_form_with_added_tokens() {
         let config = TokenizerConfig::from_json_str(
             r#"{"chat_template": "{{ bos_token }}", "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},

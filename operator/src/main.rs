@@ -1,7 +1,21 @@
-//! Operator binary entry point (reconcile path starts here).
+//! Operator binary entry point (before any reconcile): parse the command line, start logging,
+//! hand over to `cli::dispatch`.
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("gantry-operator: not built yet");
-    std::process::exit(2);
+use std::process::ExitCode;
+
+use clap::Parser;
+use gantry_operator::cli::{Cli, dispatch, init_logging};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gantry-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -5,11 +5,16 @@
 use std::path::{Path, PathBuf};
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in rd.filter_map(Result::ok) {
         let p = e.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -31,7 +36,11 @@ fn sources() -> Vec<(String, String)> {
     files
         .into_iter()
         .map(|p| {
-            let rel = p.strip_prefix(&root).expect("under root").to_string_lossy().into_owned();
+            let rel = p
+                .strip_prefix(&root)
+                .expect("under root")
+                .to_string_lossy()
+                .into_owned();
             (rel, std::fs::read_to_string(&p).expect("read source"))
         })
         .collect()
@@ -57,12 +66,19 @@ fn unsafe_code_appears_only_in_the_abi_engine_and_engine_host_crates() {
             continue;
         }
         for (i, line) in code_lines(&src) {
-            if line.contains("unsafe ") || line.contains("unsafe{") || line.contains("allow(unsafe_code)") {
+            if line.contains("unsafe ")
+                || line.contains("unsafe{")
+                || line.contains("allow(unsafe_code)")
+            {
                 offenders.push(format!("{rel}:{}: {}", i + 1, line.trim()));
             }
         }
     }
-    assert!(offenders.is_empty(), "unsafe outside the allowed crates:\n{}", offenders.join("\n"));
+    assert!(
+        offenders.is_empty(),
+        "unsafe outside the allowed crates:\n{}",
+        offenders.join("\n")
+    );
 }
 
 #[test]
@@ -90,7 +106,11 @@ fn every_unsafe_block_and_impl_carries_a_safety_note() {
             }
         }
     }
-    assert!(missing.is_empty(), "unsafe without a `// SAFETY:` note:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "unsafe without a `// SAFETY:` note:\n{}",
+        missing.join("\n")
+    );
 }
 
 #[test]
@@ -102,5 +122,9 @@ fn every_module_opens_with_a_doc_header() {
             missing.push(rel);
         }
     }
-    assert!(missing.is_empty(), "modules without a `//!` header:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "modules without a `//!` header:\n{}",
+        missing.join("\n")
+    );
 }

@@ -25,6 +25,7 @@ use crate::cache::{CacheKey, CachedAnswer};
 use crate::error::ApiError;
 use crate::node::{ModelState, ReadyModel, ServedModel};
 use crate::scheduler::{FinishReason, GenEvent, GenerateJob, Job, TokenLogprob};
+use crate::template::TemplateError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {
@@ -207,18 +208,17 @@ pub async fn chat(state: AppState, body: axum::body::Bytes) -> Response {
         let req: ChatRequest = super::openai::parse(&body)?;
         let params = validate::chat(&req)?;
         let (m, ready) = ready_model(&state, &req.model).await?;
+        let messages = parse_tool_call_arguments(&req.messages);
         let mut extra = req.chat_template_kwargs.clone().unwrap_or_default();
         if let Some(tc) = &req.tool_choice {
             extra.insert("tool_choice".into(), tc.clone());
         }
         let text = ready
             .template
-            .render(&req.messages, req.tools.as_deref(), true, Some(&extra))
-            .map_err(|e| {
-                ApiError::invalid(
-                    "messages",
-                    format!("the chat template refused the conversation: {e}"),
-                )
+            .render(&messages, req.tools.as_deref(), true, Some(&extra))
+            .map_err(|e| match e {
+                TemplateError::Raised(msg) => ApiError::invalid("messages", msg),
+                other => ApiError::invalid("messages", other.to_string()),
             })?;
         // Templates usually write BOS themselves; add it only when they do not.
         let info = ready.shared.info();
@@ -265,6 +265,32 @@ pub async fn completion(state: AppState, body: axum::body::Bytes) -> Response {
     }
     .await;
     finish(state, Flavor::Completion, result).await
+}
+
+/// OpenAI clients send `tool_calls[].function.arguments` as a JSON string;
+/// templates expect an object (they `tojson` it), so it is parsed first, as
+/// llama-server and vLLM do. Arguments that are not a JSON object stay as sent.
+fn parse_tool_call_arguments(messages: &[Value]) -> Vec<Value> {
+    let mut out = messages.to_vec();
+    for m in &mut out {
+        let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for call in calls {
+            let Some(args) = call
+                .get_mut("function")
+                .and_then(|f| f.get_mut("arguments"))
+            else {
+                continue;
+            };
+            if let Some(Ok(obj @ Value::Object(_))) =
+                args.as_str().map(serde_json::from_str::<Value>)
+            {
+                *args = obj;
+            }
+        }
+    }
+    out
 }
 
 pub fn token_ids(ids: &[i64], vocab: u32) -> Result<Vec<i32>, ApiError> {

@@ -1,0 +1,122 @@
+//! Command line (outside the reconcile path): `gantry-operator run` and `gantry-operator crdgen`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::context::{Settings, default_node_image};
+use crate::controller::{RunConfig, run};
+use crate::crd::generate;
+use crate::leader::LeaseConfig;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gantry-operator",
+    version,
+    about = "Gantry operator: Model and EnginePlugin controllers"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controllers against the cluster in KUBECONFIG or the in-cluster config.
+    Run(RunArgs),
+    /// Print the CRDs as YAML, or write them into one or more directories.
+    Crdgen {
+        /// Directory to write `gantry.dev_*.yaml` into (repeatable). Without it, print to stdout.
+        #[arg(long)]
+        out: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Image of the node pods.
+    #[arg(long, env = "GANTRY_NODE_IMAGE", default_value_t = default_node_image())]
+    pub node_image: String,
+    /// GPU resource name for Models that do not set one.
+    #[arg(long, env = "GANTRY_GPU_RESOURCE", default_value = "nvidia.com/gpu")]
+    pub gpu_resource: String,
+    /// Address of the metrics and health server.
+    #[arg(long, env = "GANTRY_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Reconciles in flight at once, per controller.
+    #[arg(long, env = "GANTRY_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: u16,
+    /// Run without leader election (one replica only).
+    #[arg(long, env = "GANTRY_NO_LEADER_ELECTION")]
+    pub no_leader_election: bool,
+    /// Namespace of the leader Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gantry-system")]
+    pub lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, env = "GANTRY_LEASE_NAME", default_value = "gantry-operator")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: the pod name, else the hostname).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GANTRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn identity(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("gantry-operator-{}", std::process::id()))
+}
+
+/// Run the parsed command.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Crdgen { out } if out.is_empty() => {
+            let yaml = generate::render_all()?;
+            // `crdgen | head` closing the pipe early is not an error.
+            match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
+        Command::Crdgen { out } => {
+            for dir in out {
+                for path in generate::write_dir(&dir)? {
+                    eprintln!("wrote {path}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => {
+            let settings = Settings {
+                node_image: args.node_image,
+                default_gpu_resource: args.gpu_resource,
+                ..Settings::default()
+            };
+            let lease = (!args.no_leader_election).then(|| {
+                LeaseConfig::new(
+                    args.lease_namespace,
+                    args.lease_name,
+                    identity(args.identity),
+                )
+            });
+            run(RunConfig {
+                settings,
+                metrics_addr: args.metrics_addr,
+                lease,
+                concurrency: args.concurrency,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Controller context (shared by every reconcile): the API client, operator settings, the
+//! EnginePlugin cache, the node status source, the event recorder, metrics and per-object backoff.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::core::DeserializeGuard;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+
+use crate::crd::EnginePlugin;
+use crate::metrics::Metrics;
+use crate::names::NODE_PORT;
+use crate::node_report::NodeStatusSource;
+
+/// Operator-wide settings (from flags and environment; see `cli`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Image of the node pods, e.g. `ghcr.io/gantry-dev/gantry-node:0.1.0`.
+    pub node_image: String,
+    /// GPU resource name when a Model does not set `resources.gpuResourceName`.
+    pub default_gpu_resource: String,
+    /// Port of the node's HTTP server (status endpoint, probes, OpenAI API).
+    pub node_port: u16,
+    /// Engine ABI major version the node image supports.
+    pub abi_major: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            node_image: default_node_image(),
+            default_gpu_resource: "nvidia.com/gpu".to_string(),
+            node_port: NODE_PORT as u16,
+            abi_major: gantry_engine_abi::ffi::GANTRY_ABI_MAJOR,
+        }
+    }
+}
+
+/// The node image matching this operator's version.
+pub fn default_node_image() -> String {
+    format!(
+        "ghcr.io/gantry-dev/gantry-node:{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The clock, injectable so that tests can pin `lastTransitionTime`.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// Everything a reconcile needs besides the object itself.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    /// Every EnginePlugin, kept current by a reflector. The Model controller starts only once
+    /// this cache has listed everything, so an empty cache never means "no plugins" by mistake.
+    pub plugins: Store<DeserializeGuard<EnginePlugin>>,
+    pub node_status: Arc<dyn NodeStatusSource>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub clock: Clock,
+    /// Consecutive transient failures per object, for exponential backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        plugins: Store<DeserializeGuard<EnginePlugin>>,
+        node_status: Arc<dyn NodeStatusSource>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: crate::names::FIELD_MANAGER.to_string(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings,
+            plugins,
+            node_status,
+            metrics,
+            clock: Arc::new(Timestamp::now),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Replace the clock (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    /// Every EnginePlugin that deserialized, sorted by name.
+    pub fn engine_plugins(&self) -> Vec<EnginePlugin> {
+        let mut plugins: Vec<EnginePlugin> = self
+            .plugins
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok().cloned())
+            .collect();
+        plugins.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        plugins
+    }
+
+    /// Record one more transient failure of `key` and return how long to wait:
+    /// 5 s, 10 s, 20 s, ... capped at 5 minutes.
+    pub fn backoff(&self, key: &str) -> Duration {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = failures.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        let secs = 5u64.saturating_mul(1u64 << (*n - 1).min(6));
+        Duration::from_secs(secs.min(300))
+    }
+
+    /// A reconcile of `key` succeeded: the next failure starts the backoff over.
+    pub fn reset_backoff(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
+    }
+}

@@ -1,0 +1,480 @@
+//! Custom resources, `Model` (namespaced): the types the read step deserializes and the status
+//! step writes; `crdgen` turns them into the CRD YAML.
+//!
+//! Every field carries a doc comment because it becomes the schema
+//! `description` that `kubectl explain model.spec...` prints. What the
+//! apiserver can check at admission lives here as schema validation
+//! (enums, patterns, ranges, CEL); the validate step re-checks the rest.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::schema::{conditions_schema, quantity_schema};
+
+/// `source.uri` pattern: one alternative per supported scheme.
+pub const SOURCE_URI_PATTERN: &str = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?|https://[^\s/]+(/\S*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S+|file:///\S+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$";
+/// OpenAI model ids as Gantry accepts them: no spaces or slashes-only names.
+pub const SERVED_NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$";
+/// Engine ids (the plugin manifest `id`), e.g. `llama_cpp`.
+pub const ENGINE_ID_PATTERN: &str = r"^[a-z0-9][a-z0-9_-]{0,62}$";
+/// Architecture names as GGUF `general.architecture` / `config.json` `model_type` spell them.
+pub const ARCHITECTURE_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
+/// Extended resource names such as `nvidia.com/gpu` or `amd.com/gpu`.
+pub const GPU_RESOURCE_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
+/// A Model's name names its Service, so it must be a DNS-1035 label.
+pub const MODEL_NAME_RULE: &str =
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63";
+
+/// A model served by Gantry: its weights, the engine that runs them and the
+/// node pods that serve them behind one OpenAI-compatible endpoint.
+// kube's printcolumn(...) repeats `type_ = ...` by design; clippy reads that as a duplicate.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "gantry.dev",
+    version = "v1alpha1",
+    kind = "Model",
+    namespaced,
+    status = "ModelStatus",
+    derive = "PartialEq",
+    shortname = "gm",
+    category = "gantry",
+    doc = "A model served by Gantry: where its weights come from, which engine runs them and how many node pods serve it. The operator owns a ConfigMap, a Deployment of node pods, a Service and (when replicas.min > 1) a PodDisruptionBudget for each Model.",
+    validation = Rule::new(MODEL_NAME_RULE).message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Model's Service)"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Whether the model answers requests"),
+    printcolumn(name = "Format", type_ = "string", json_path = ".spec.format", description = "Weight format"),
+    printcolumn(name = "Engine", type_ = "string", json_path = ".status.engine.id", description = "Resolved engine id"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas.ready", description = "Ready node pods"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint", description = "In-cluster OpenAI base URL", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Where the weights come from.
+    pub source: ModelSource,
+    /// Weight file format. Fixed when the Model is created: to change it, create a new Model.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("format is immutable; create a new Model to change it"))]
+    pub format: ModelFormat,
+    /// The OpenAI model id clients send in `model`. Defaults to the Model's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = SERVED_NAME_PATTERN))]
+    pub served_name: Option<String>,
+    /// The model architecture (GGUF `general.architecture` or `config.json` `model_type`, e.g. `gemma3`, `llama`).
+    /// Optional: when unset the operator mounts every plugin that fits format, backend and pin, and
+    /// learns the architecture from the first node pod's status report. Setting it selects the engine
+    /// before any pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = ARCHITECTURE_PATTERN))]
+    pub architecture: Option<String>,
+    /// Pin the engine id (an EnginePlugin `engineId`, e.g. `llama_cpp`). A pin is never overridden:
+    /// if the pinned engine cannot serve the model, the Model stays unresolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = ENGINE_ID_PATTERN))]
+    pub engine: Option<String>,
+    /// Compute resources of each node pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ModelResources>,
+    /// Where node pods may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<Scheduling>,
+    /// Bounds on the number of node pods. Without autoscaling the Deployment runs `min` pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Replicas>,
+    /// Autoscaling targets within `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+    /// Settings passed to the engine when the model is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_config: Option<EngineConfig>,
+    /// The volume node pods download weights into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<Cache>,
+    /// When the node loads the model: `eager` at start-up (the pod is ready only once loaded) or `lazy` on the first request.
+    #[serde(default)]
+    pub load: LoadPolicy,
+}
+
+/// Where the weights come from.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSource {
+    /// Location of the weights. Schemes: `hf://org/repo[@revision]` (Hugging Face),
+    /// `https://host/path`, `pvc://claim/path` (a PersistentVolumeClaim in the Model's namespace,
+    /// mounted read-only), `file:///path` (inside the node container), `s3://bucket/prefix`.
+    #[schemars(regex(pattern = SOURCE_URI_PATTERN), length(max = 2048))]
+    pub uri: String,
+    /// Files to fetch from the source, relative to it. Empty: the node picks what the format needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub files: Vec<String>,
+    /// GGUF quantization to pick from a repository holding several, matched exactly against the
+    /// file name (e.g. `Q4_K_M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_.-]{1,32}$"))]
+    pub quantization: Option<String>,
+    /// Secret holding a token for the source (Hugging Face or HTTP bearer token). Passed to the
+    /// node as `GANTRY_SOURCE_TOKEN` (and `HF_TOKEN` for `hf://`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret in the Model's namespace.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+        length(max = 253)
+    )]
+    pub name: String,
+    /// Key inside the Secret. Defaults to `token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[-._a-zA-Z0-9]{1,253}$"))]
+    pub key: Option<String>,
+}
+
+/// Weight file formats. There is never a fallback from one format to another.
+#[derive(JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelFormat {
+    /// A single GGUF file (llama.cpp and compatible engines).
+    Gguf,
+    /// Hugging Face safetensors with `config.json`.
+    Safetensors,
+}
+
+impl ModelFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelFormat::Gguf => "gguf",
+            ModelFormat::Safetensors => "safetensors",
+        }
+    }
+}
+
+/// Compute resources of each node pod.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelResources {
+    /// GPUs per node pod (requests = limits). 0 runs on CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 16))]
+    pub gpus: Option<i32>,
+    /// Extended resource name of the GPUs. Defaults to the operator's setting (`nvidia.com/gpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = GPU_RESOURCE_PATTERN), length(max = 253))]
+    pub gpu_resource_name: Option<String>,
+    /// Memory per node pod, requested and limited (e.g. `8Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "quantity_schema")]
+    pub memory: Option<Quantity>,
+    /// CPU per node pod, requested (not limited, to avoid throttling token generation), e.g. `4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "quantity_schema")]
+    pub cpu: Option<Quantity>,
+}
+
+/// Where node pods may run (copied to the pod template).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Scheduling {
+    /// Node labels a node must carry to run a node pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the node pods (e.g. for tainted GPU nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity and anti-affinity of the node pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// RuntimeClass of the node pods (e.g. `nvidia`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+        length(max = 253)
+    )]
+    pub runtime_class_name: Option<String>,
+}
+
+/// Bounds on the number of node pods.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("replicas.min must be <= replicas.max"))]
+pub struct Replicas {
+    /// Fewest node pods. 0 is allowed: the gateway holds requests while the first pod starts.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min: i32,
+    /// Most node pods.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+impl Default for Replicas {
+    fn default() -> Self {
+        Replicas { min: 1, max: 1 }
+    }
+}
+
+/// Autoscaling targets. The built-in autoscaler scales the Deployment within `replicas`.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Autoscaling {
+    /// `Builtin`: the operator scales from the node pods' metrics. `HPA`: an autoscaling/v2
+    /// HorizontalPodAutoscaler on the same metrics (needs a metrics adapter).
+    #[serde(default)]
+    pub mode: AutoscalingMode,
+    /// Waiting requests per node pod to aim for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub target_queue_depth: Option<i32>,
+    /// VRAM / KV-cache utilization per node pod to aim for, in percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub target_vram_utilization: Option<i32>,
+    /// Seconds the desired replica count must stay lower before scaling down. Defaults to 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub scale_down_stabilization_seconds: Option<i32>,
+}
+
+/// Who scales the node pods.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AutoscalingMode {
+    /// The operator's built-in autoscaler (default).
+    #[default]
+    Builtin,
+    /// A HorizontalPodAutoscaler.
+    #[serde(rename = "HPA")]
+    Hpa,
+}
+
+/// Settings passed to the engine when the model is loaded.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineConfig {
+    /// Context length in tokens. Defaults to the model's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub context_length: Option<i32>,
+    /// Most sequences in one batch step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_batch_size: Option<i32>,
+    /// CPU threads the engine uses. Defaults to the engine's choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: Option<i32>,
+}
+
+/// The volume node pods download weights into.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.type != 'PersistentVolumeClaim' || has(self.size)").message("cache.size is required when cache.type is PersistentVolumeClaim"))]
+pub struct Cache {
+    /// `EmptyDir` (default): per pod, lost with the pod. `PersistentVolumeClaim`: one claim the
+    /// operator creates and every node pod of this Model mounts.
+    #[serde(default, rename = "type")]
+    pub type_: CacheType,
+    /// Claim size, or the emptyDir size limit (e.g. `20Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "quantity_schema")]
+    pub size: Option<Quantity>,
+    /// StorageClass of the claim. Defaults to the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+        length(max = 253)
+    )]
+    pub storage_class: Option<String>,
+    /// Access mode of the claim. `ReadWriteOnce` (default) keeps all node pods of this Model on one
+    /// node; use `ReadWriteMany` when `replicas.max > 1` spans nodes.
+    #[serde(default)]
+    pub access_mode: CacheAccessMode,
+}
+
+/// Kind of cache volume.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CacheType {
+    /// An emptyDir per pod.
+    #[default]
+    EmptyDir,
+    /// One PersistentVolumeClaim shared by the Model's node pods.
+    PersistentVolumeClaim,
+}
+
+/// PersistentVolumeClaim access modes usable for the cache.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CacheAccessMode {
+    /// Mounted read-write by one node.
+    #[default]
+    ReadWriteOnce,
+    /// Mounted read-write by many nodes.
+    ReadWriteMany,
+}
+
+impl CacheAccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheAccessMode::ReadWriteOnce => "ReadWriteOnce",
+            CacheAccessMode::ReadWriteMany => "ReadWriteMany",
+        }
+    }
+}
+
+/// When the node loads the model.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadPolicy {
+    /// At start-up; the pod turns ready once the model is loaded.
+    #[default]
+    Eager,
+    /// On the first request.
+    Lazy,
+}
+
+impl LoadPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadPolicy::Eager => "eager",
+            LoadPolicy::Lazy => "lazy",
+        }
+    }
+}
+
+/// What the operator observed. Written only by the operator, only when it changes.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `EngineResolved`, `ArtifactReady`, `Progressing` and `Degraded`, with stable reasons (see docs/operator.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The engine serving this model, once resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<ResolvedEngine>,
+    /// The model architecture: from the node pods' report, else from `spec.architecture`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// The source (`uri`, with `@quantization` when set) that `architecture` and `download` describe.
+    /// When `spec.source` changes, what was learnt about the old source is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_source: Option<String>,
+    /// Node pod counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaStatus>,
+    /// Download progress of the weights, from the node pod furthest behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<DownloadStatus>,
+    /// In-cluster OpenAI base URL of this model's node pods (the gateway routes to the same pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// When no engine can serve the model: every candidate EnginePlugin and why it was rejected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<CandidateRejection>,
+}
+
+/// The engine serving a model.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedEngine {
+    /// Engine id (the plugin manifest `id`).
+    pub id: String,
+    /// Engine version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Name of the EnginePlugin object that provides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+}
+
+/// Node pod counts.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// Node pods wanted now (between `replicas.min` and `replicas.max`).
+    pub desired: i32,
+    /// Node pods that exist.
+    pub current: i32,
+    /// Node pods ready to serve.
+    pub ready: i32,
+}
+
+/// Download progress.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownloadStatus {
+    /// Bytes on disk.
+    pub bytes_done: i64,
+    /// Bytes in total (0 while unknown).
+    pub bytes_total: i64,
+}
+
+/// One EnginePlugin that cannot serve this model, and why.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateRejection {
+    /// EnginePlugin name (or engine id, when the rejection comes from a node pod).
+    pub plugin: String,
+    /// Stable category: `format`, `architecture`, `backend`, `abi`, `pin` or `load_error`.
+    pub kind: RejectionCategory,
+    /// Human-readable reason.
+    pub reason: String,
+}
+
+/// Rejection categories, the same as the node's (`gantry_api::RejectionKind`).
+#[derive(JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionCategory {
+    /// The plugin does not read the model's format.
+    Format,
+    /// The plugin does not list the model's architecture.
+    Architecture,
+    /// The plugin is built for another GPU backend.
+    Backend,
+    /// The plugin's ABI is not the node's.
+    Abi,
+    /// The model is pinned to another engine.
+    Pin,
+    /// The plugin is not usable (invalid, shadowed or failed to load).
+    LoadError,
+}
+
+impl From<gantry_api::RejectionKind> for RejectionCategory {
+    fn from(k: gantry_api::RejectionKind) -> Self {
+        use gantry_api::RejectionKind as K;
+        match k {
+            K::Format => RejectionCategory::Format,
+            K::Architecture => RejectionCategory::Architecture,
+            K::Backend => RejectionCategory::Backend,
+            K::Abi => RejectionCategory::Abi,
+            K::Pin => RejectionCategory::Pin,
+            K::LoadError => RejectionCategory::LoadError,
+        }
+    }
+}
+
+impl From<&gantry_api::Rejection> for CandidateRejection {
+    fn from(r: &gantry_api::Rejection) -> Self {
+        CandidateRejection {
+            plugin: r.plugin.clone(),
+            kind: r.kind.into(),
+            reason: r.reason.clone(),
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Custom resources, schema helpers: hand-written schema fragments where the derived ones would
+//! not validate at admission or would not merge well under server-side apply.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::{Schema, SchemaGenerator, json_schema};
+
+/// Kubernetes' quantity grammar (the same pattern controller-gen emits), so that `memory: lots`
+/// is refused at admission instead of failing later when the Deployment is applied.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// An optional `Quantity` field: int-or-string with the quantity pattern. `nullable: false` is
+/// explicit so that kube's `OptionalIntOrString` transform does not add `nullable: true` to a
+/// node without a `type` (the field is omitted when unset, never sent as `null`).
+pub fn quantity_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "pattern": QUANTITY_PATTERN,
+        "x-kubernetes-int-or-string": true,
+        "nullable": false,
+    })
+}
+
+/// `conditions`: a list map keyed by `type`, so server-side apply merges conditions by type
+/// rather than replacing the list wholesale.
+pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = generator.subschema_for::<Vec<Condition>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    schema
+}

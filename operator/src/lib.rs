@@ -1,0 +1,23 @@
+//! The Gantry operator (library half of the `gantry-operator` binary): CRD types, the Model and
+//! EnginePlugin reconcilers, leader election and controller metrics.
+//!
+//! A Model reconcile is a pipeline, each step its own module under [`model`]:
+//! read → validate → resolve + build (pure) → apply → status. The
+//! EnginePlugin reconcile ([`plugin`]) validates the spec and folds what node
+//! pods report about the plugin. docs/operator.md walks one reconcile through
+//! these files.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod conditions;
+pub mod context;
+pub mod controller;
+pub mod crd;
+pub mod leader;
+pub mod malformed;
+pub mod metrics;
+pub mod model;
+pub mod names;
+pub mod node_report;
+pub mod plugin;
+pub mod write;

@@ -1,0 +1,204 @@
+//! Model reconcile: the pipeline read → validate → resolve + build (pure) → apply → status,
+//! and the error policy that decides, per error kind, when to try again.
+//!
+//! Guarantees: the user's `spec` is never written; owned objects carry an
+//! ownerReference to the Model, so deleting the Model deletes them through the
+//! garbage collector (no finalizer: nothing outside the cluster needs cleanup);
+//! a reconcile of an unchanged world makes no write. Assumption: the
+//! EnginePlugin cache has listed everything before the first reconcile
+//! (`controller::run` waits for it).
+
+pub mod apply;
+pub mod build;
+pub mod read;
+pub mod resolve;
+pub mod status;
+pub mod validate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+
+use crate::conditions::{FALSE, TRUE, find, model as cond};
+use crate::context::Context;
+use crate::crd::Model;
+use crate::write::Retry;
+
+/// Controller name in metrics and logs.
+pub const CONTROLLER: &str = "model";
+
+/// Re-check a Ready, settled Model this often (node reports are polled, not watched).
+pub const RESYNC_SETTLED: Duration = Duration::from_secs(300);
+/// Re-check a Model that is still converging this often.
+pub const RESYNC_CONVERGING: Duration = Duration::from_secs(15);
+/// After the apiserver refused a write, try again this late (someone may fix RBAC or quota).
+pub const RETRY_REFUSED: Duration = Duration::from_secs(300);
+
+/// A failed Model reconcile, by pipeline step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Read(#[from] read::ReadError),
+    #[error(transparent)]
+    Build(#[from] build::BuildError),
+    #[error(transparent)]
+    Apply(#[from] apply::ApplyError),
+    #[error(transparent)]
+    Status(#[from] status::StatusError),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Read(e) => e.metric_label(),
+            Error::Build(e) => e.metric_label(),
+            Error::Apply(e) => e.metric_label(),
+            Error::Status(e) => e.metric_label(),
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            Error::Read(e) => e.retry(),
+            // A build failure is a bug in this operator; retrying slowly keeps the log readable.
+            Error::Build(_) => Retry::Permanent,
+            Error::Apply(e) => e.retry(),
+            Error::Status(e) => e.retry(),
+        }
+    }
+}
+
+fn key(ns: Option<String>, name: &str) -> String {
+    format!("Model/{}/{name}", ns.unwrap_or_default())
+}
+
+/// Entry point for the controller: unwraps the deserialization guard, times and counts.
+pub async fn reconcile(
+    obj: Arc<DeserializeGuard<Model>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let model = match &obj.0 {
+        Ok(model) => model,
+        Err(invalid) => {
+            // One malformed object must not stall the others: report it and wait for an edit.
+            crate::malformed::report(&ctx, CONTROLLER, "Model", invalid).await;
+            return Ok(Action::await_change());
+        }
+    };
+    let result = reconcile_model(model, &ctx).await;
+    match &result {
+        Ok(_) => ctx.reset_backoff(&key(model.namespace(), &model.name_any())),
+        Err(e) => ctx.metrics.reconcile_failed(CONTROLLER, e.metric_label()),
+    }
+    result
+}
+
+/// The pipeline for one Model.
+pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Error> {
+    if model.metadata.deletion_timestamp.is_some() {
+        // Owned objects go with the Model through ownerReferences; nothing to do.
+        return Ok(Action::await_change());
+    }
+    let observed = read::read(model, ctx).await?;
+
+    let valid = match validate::validate(model, &ctx.settings) {
+        Ok(valid) => valid,
+        Err(problems) => {
+            tracing::info!(model = %model.name_any(), problems = %validate::message(&problems), "invalid spec");
+            let status = status::fold_invalid(model, &problems, ctx.now());
+            status::publish(model, status, ctx).await?;
+            // Nothing will change until the user edits the spec.
+            return Ok(Action::await_change());
+        }
+    };
+
+    // Only pods running the current config speak for the Model.
+    let config_hash = build::config_hash(&valid)?;
+    let current: Vec<&crate::node_report::NodeReport> = observed
+        .reports
+        .iter()
+        .filter(|r| r.config_hash.as_deref() == Some(config_hash.as_str()))
+        .collect();
+    let architecture = status::observed_architecture(&valid, &current, model.status.as_ref());
+    let resolution = resolve::resolve(
+        &valid,
+        architecture.as_deref(),
+        &observed.plugins,
+        ctx.settings.abi_major,
+    );
+    let mounted = resolution.mounted();
+    let desired = if mounted.is_empty() {
+        None
+    } else {
+        Some(build::build(&valid, &mounted, &ctx.settings)?)
+    };
+
+    let (applied, apply_error) = match apply::apply(&valid, desired.as_ref(), &observed, ctx).await
+    {
+        Ok(applied) => (applied, None),
+        // A refusal is reported in status before the error goes to the error policy;
+        // a transient failure is retried without touching status (no churn).
+        Err(e) if e.retry() == Retry::Permanent => (
+            apply::Applied {
+                deployment: observed.deployment.clone(),
+                writes: Vec::new(),
+            },
+            Some(e),
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    if !applied.writes.is_empty() {
+        tracing::info!(model = %model.name_any(), writes = ?applied.writes, "applied");
+    }
+
+    // Pods being removed (no engine) no longer speak for the Model.
+    let reports: &[&crate::node_report::NodeReport] =
+        if desired.is_some() { &current } else { &[] };
+    let facts = status::Facts {
+        model,
+        valid: &valid,
+        architecture: architecture.as_deref(),
+        resolution: &resolution,
+        deployment: applied.deployment.as_ref(),
+        reports,
+        apply_error: apply_error.as_ref(),
+        now: ctx.now(),
+    };
+    let folded = status::fold(&facts);
+    let settled = find(&folded.conditions, cond::READY).is_some_and(|c| c.status == TRUE)
+        && find(&folded.conditions, cond::PROGRESSING).is_some_and(|c| c.status == FALSE);
+    let no_pods = desired.is_none();
+    status::publish(model, folded, ctx).await?;
+    if let Some(e) = apply_error {
+        return Err(e.into());
+    }
+    Ok(if no_pods {
+        // No pods to poll: only a Model or EnginePlugin change can alter the outcome.
+        Action::await_change()
+    } else if settled {
+        Action::requeue(RESYNC_SETTLED)
+    } else {
+        Action::requeue(RESYNC_CONVERGING)
+    })
+}
+
+/// Per error kind: refusals wait long (a change or an admin must fix them), transient errors
+/// back off exponentially per object.
+pub fn error_policy(obj: Arc<DeserializeGuard<Model>>, error: &Error, ctx: Arc<Context>) -> Action {
+    let (ns, name) = match &obj.0 {
+        Ok(m) => (m.namespace(), m.name_any()),
+        Err(invalid) => (
+            invalid.metadata.namespace.clone(),
+            invalid.metadata.name.clone().unwrap_or_default(),
+        ),
+    };
+    tracing::warn!(model = %name, error = %error, kind = error.metric_label(), "reconcile failed");
+    match error.retry() {
+        Retry::Permanent => Action::requeue(RETRY_REFUSED),
+        Retry::Transient => Action::requeue(ctx.backoff(&key(ns, &name))),
+    }
+}

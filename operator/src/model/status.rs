@@ -1,0 +1,614 @@
+//! Model reconcile, status step: folds the validation outcome, engine selection, the Deployment
+//! and the node pods' reports into `Model.status` (pure), then writes it only if it changed and
+//! records an Event for each notable condition transition.
+//!
+//! Nothing in the status changes on its own: no timestamps besides
+//! `lastTransitionTime` (kept when the condition's status is unchanged), no
+//! rates, no counters. So when the world is still, the folded status equals
+//! the stored one and the reconcile writes nothing.
+
+use gantry_api::{ArtifactState, EngineVerdict, LoadState, NodeStatus};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+
+use super::CONTROLLER;
+use super::apply::ApplyError;
+use super::resolve::Resolution;
+use super::validate::{self, Invalid, ValidModel};
+use crate::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
+use crate::context::Context;
+use crate::crd::{
+    CandidateRejection, DownloadStatus, Model, ModelStatus, ReplicaStatus, ResolvedEngine,
+};
+use crate::node_report::NodeReport;
+use crate::write;
+
+/// Why the status could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("cannot write the status of Model {model}: {source}")]
+    Patch {
+        model: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl StatusError {
+    pub fn metric_label(&self) -> &'static str {
+        "status_patch"
+    }
+
+    pub fn retry(&self) -> write::Retry {
+        match self {
+            StatusError::Patch { source, .. } => write::classify(source),
+        }
+    }
+}
+
+/// Everything the fold looks at, for a Model that passed validation.
+#[derive(Clone, Copy, Debug)]
+pub struct Facts<'a> {
+    pub model: &'a Model,
+    pub valid: &'a ValidModel,
+    pub architecture: Option<&'a str>,
+    pub resolution: &'a Resolution,
+    /// The Deployment after the apply step (`None`: no pods, by design or not yet).
+    pub deployment: Option<&'a Deployment>,
+    /// Reports of node pods running the current config.
+    pub reports: &'a [&'a NodeReport],
+    /// A refusal by the apiserver that retrying will not fix.
+    pub apply_error: Option<&'a ApplyError>,
+    pub now: Timestamp,
+}
+
+/// The architecture to select by: a node pod's report, else `spec.architecture`, else what an
+/// earlier report found for the same source.
+pub fn observed_architecture(
+    valid: &ValidModel,
+    reports: &[&NodeReport],
+    previous: Option<&ModelStatus>,
+) -> Option<String> {
+    let reported = reports
+        .iter()
+        .filter_map(|r| model_entry(r, &valid.served_name))
+        .find_map(|m| m.architecture.clone());
+    reported
+        .or_else(|| valid.declared_architecture.clone())
+        .or_else(|| {
+            previous
+                .filter(|p| p.observed_source.as_deref() == Some(valid.source.key().as_str()))
+                .and_then(|p| p.architecture.clone())
+        })
+}
+
+fn model_entry<'a>(report: &'a NodeReport, id: &str) -> Option<&'a gantry_api::ModelStatus> {
+    report
+        .status
+        .as_ref()
+        .ok()
+        .and_then(|s: &NodeStatus| s.models.iter().find(|m| m.id == id))
+}
+
+/// Status for a Model whose spec failed validation. Observations unrelated to the spec
+/// (replicas, engine, endpoint) are kept: the last good objects keep running.
+pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> ModelStatus {
+    let previous = model.status.clone().unwrap_or_default();
+    let msg = format!(
+        "the spec cannot be served as written: {}",
+        validate::message(problems)
+    );
+    let keep = |type_: &'static str| {
+        conditions::find(&previous.conditions, type_)
+            .and_then(|c| {
+                let status = [TRUE, FALSE, UNKNOWN]
+                    .into_iter()
+                    .find(|s| *s == c.status)?;
+                // Reasons are always ours (constants), but the stored copy is a String; keep
+                // it only when it is one we know, otherwise fall back to InvalidSpec.
+                let reason = known_reason(&c.reason)?;
+                Some(Decided::new(type_, status, reason, c.message.clone()))
+            })
+            .unwrap_or_else(|| {
+                Decided::new(type_, UNKNOWN, reason::INVALID_SPEC, "the spec is invalid")
+            })
+    };
+    let decided = [
+        Decided::new(cond::READY, FALSE, reason::INVALID_SPEC, msg.clone()),
+        keep(cond::ENGINE_RESOLVED),
+        keep(cond::ARTIFACT_READY),
+        keep(cond::PROGRESSING),
+        Decided::new(cond::DEGRADED, TRUE, reason::INVALID_SPEC, msg),
+    ];
+    ModelStatus {
+        observed_generation: model.metadata.generation,
+        conditions: conditions::with_times(
+            &decided,
+            &previous.conditions,
+            model.metadata.generation,
+            now,
+        ),
+        ..previous
+    }
+}
+
+fn known_reason(r: &str) -> Option<&'static str> {
+    const ALL: [&str; 17] = [
+        reason::READY,
+        reason::SCALED_TO_ZERO,
+        reason::REPLICAS_NOT_READY,
+        reason::INVALID_SPEC,
+        reason::ENGINE_UNRESOLVED,
+        reason::RESOLVED,
+        reason::ARCHITECTURE_PENDING,
+        reason::NO_MATCHING_ENGINE,
+        reason::REJECTED_BY_NODE,
+        reason::DOWNLOADED,
+        reason::DOWNLOADING,
+        reason::DOWNLOAD_FAILED,
+        reason::AWAITING_REPORT,
+        reason::ROLLING_OUT,
+        reason::ROLLOUT_COMPLETE,
+        reason::NOT_DEPLOYED,
+        reason::PROGRESS_DEADLINE_EXCEEDED,
+    ];
+    ALL.into_iter().find(|k| *k == r)
+}
+
+/// The engine part of the status: condition, resolved engine and rejected candidates.
+///
+/// Precedence: a node's verdict beats the operator's own selection, because the node knows
+/// what it actually loaded; a single refusing node is enough for `False`.
+fn fold_engine(f: &Facts<'_>) -> (Decided, Option<ResolvedEngine>, Vec<CandidateRejection>) {
+    let id = &f.valid.served_name;
+    let verdicts = f
+        .reports
+        .iter()
+        .filter_map(|r| Some((r, model_entry(r, id)?.verdict.as_ref()?)));
+    let mut confirmed = None;
+    for (report, verdict) in verdicts {
+        match verdict {
+            // One refusing node is enough to say so: its pods cannot serve.
+            EngineVerdict::Unsupported { rejections } => {
+                let candidates: Vec<CandidateRejection> =
+                    rejections.iter().map(Into::into).collect();
+                let msg = format!(
+                    "node pod {} found no loaded plugin that serves the model: {}",
+                    report.pod,
+                    summarize(&candidates)
+                );
+                return (
+                    Decided::new(cond::ENGINE_RESOLVED, FALSE, reason::REJECTED_BY_NODE, msg),
+                    None,
+                    candidates,
+                );
+            }
+            EngineVerdict::Supported { plugin, version } => {
+                confirmed.get_or_insert((report, plugin, version));
+            }
+        }
+    }
+    if let Some((report, engine_id, version)) = confirmed {
+        let object = f
+            .resolution
+            .mounted()
+            .into_iter()
+            .find(|p| &p.spec.engine_id == engine_id)
+            .map(ResourceExt::name_any);
+        let msg = format!(
+            "engine {engine_id} {version}{} serves architecture {}; confirmed by node pod {}",
+            object
+                .as_ref()
+                .map(|o| format!(" (EnginePlugin {o})"))
+                .unwrap_or_default(),
+            f.architecture.unwrap_or("unknown"),
+            report.pod
+        );
+        return (
+            Decided::new(cond::ENGINE_RESOLVED, TRUE, reason::RESOLVED, msg),
+            Some(ResolvedEngine {
+                id: engine_id.clone(),
+                version: Some(version.clone()),
+                plugin: object,
+            }),
+            Vec::new(),
+        );
+    }
+    match f.resolution {
+        Resolution::Resolved(p) => (
+            Decided::new(
+                cond::ENGINE_RESOLVED,
+                TRUE,
+                reason::RESOLVED,
+                format!(
+                    "EnginePlugin {} (engine {} {}) serves architecture {}",
+                    p.name_any(),
+                    p.spec.engine_id,
+                    p.spec.version,
+                    f.architecture.unwrap_or("unknown")
+                ),
+            ),
+            Some(ResolvedEngine {
+                id: p.spec.engine_id.clone(),
+                version: Some(p.spec.version.clone()),
+                plugin: Some(p.name_any()),
+            }),
+            Vec::new(),
+        ),
+        Resolution::Pending(ps) => (
+            Decided::new(
+                cond::ENGINE_RESOLVED,
+                UNKNOWN,
+                reason::ARCHITECTURE_PENDING,
+                format!(
+                    "the architecture is not known yet; mounted candidates {}; the first node report decides (set spec.architecture to decide before pods start)",
+                    ps.iter()
+                        .map(ResourceExt::name_any)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            None,
+            Vec::new(),
+        ),
+        Resolution::Unresolved(rejections) => {
+            let msg = format!(
+                "no EnginePlugin serves format {}, architecture {}, backend {}{}: {}",
+                f.valid.format.as_str(),
+                f.architecture.unwrap_or("(not known yet)"),
+                f.valid.backend.as_str(),
+                f.valid
+                    .pin
+                    .as_ref()
+                    .map(|p| format!(", engine pin {p}"))
+                    .unwrap_or_default(),
+                if rejections.is_empty() {
+                    "no EnginePlugin objects exist".to_string()
+                } else {
+                    summarize(rejections)
+                }
+            );
+            (
+                Decided::new(
+                    cond::ENGINE_RESOLVED,
+                    FALSE,
+                    reason::NO_MATCHING_ENGINE,
+                    msg,
+                ),
+                None,
+                rejections.clone(),
+            )
+        }
+    }
+}
+
+fn summarize(candidates: &[CandidateRejection]) -> String {
+    candidates
+        .iter()
+        .map(|c| format!("{}: {}", c.plugin, c.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Artifact condition and download progress from the reports.
+fn fold_artifact(f: &Facts<'_>) -> (Decided, Option<DownloadStatus>) {
+    let entries: Vec<(&NodeReport, &gantry_api::ModelStatus)> = f
+        .reports
+        .iter()
+        .filter_map(|r| Some((*r, model_entry(r, &f.valid.served_name)?)))
+        .collect();
+    // Progress of the pod furthest behind: the model is ready only when all are.
+    let download = entries
+        .iter()
+        .map(|(_, m)| &m.artifact)
+        .filter(|a| a.bytes_total > 0 || a.bytes_done > 0)
+        .min_by(|a, b| {
+            let frac = |x: &gantry_api::ArtifactStatus| {
+                if x.bytes_total == 0 {
+                    0.0
+                } else {
+                    x.bytes_done as f64 / x.bytes_total as f64
+                }
+            };
+            frac(a).total_cmp(&frac(b))
+        })
+        .map(|a| DownloadStatus {
+            bytes_done: i64::try_from(a.bytes_done).unwrap_or(i64::MAX),
+            bytes_total: i64::try_from(a.bytes_total).unwrap_or(i64::MAX),
+        });
+    if let Some((r, m)) = entries
+        .iter()
+        .find(|(_, m)| m.artifact.state == ArtifactState::Failed)
+    {
+        let msg = format!(
+            "node pod {}: {}",
+            r.pod,
+            m.artifact.message.as_deref().unwrap_or("download failed")
+        );
+        return (
+            Decided::new(cond::ARTIFACT_READY, FALSE, reason::DOWNLOAD_FAILED, msg),
+            download,
+        );
+    }
+    if entries.is_empty() {
+        let msg = if f.deployment.is_some() {
+            "waiting for a node pod to report"
+        } else {
+            "no node pod runs"
+        };
+        return (
+            Decided::new(cond::ARTIFACT_READY, UNKNOWN, reason::AWAITING_REPORT, msg),
+            None,
+        );
+    }
+    if entries
+        .iter()
+        .all(|(_, m)| m.artifact.state == ArtifactState::Ready)
+    {
+        return (
+            Decided::new(
+                cond::ARTIFACT_READY,
+                TRUE,
+                reason::DOWNLOADED,
+                format!("weights present on {} node pod(s)", entries.len()),
+            ),
+            download,
+        );
+    }
+    let msg = match &download {
+        Some(d) if d.bytes_total > 0 => format!(
+            "{} of {} bytes ({}%)",
+            d.bytes_done,
+            d.bytes_total,
+            d.bytes_done.saturating_mul(100) / d.bytes_total
+        ),
+        _ => "download starting".to_string(),
+    };
+    (
+        Decided::new(cond::ARTIFACT_READY, FALSE, reason::DOWNLOADING, msg),
+        download,
+    )
+}
+
+/// Rollout state of the Deployment: (Progressing condition, stuck?).
+fn fold_progress(deployment: Option<&Deployment>) -> (Decided, bool) {
+    let Some(d) = deployment else {
+        return (
+            Decided::new(
+                cond::PROGRESSING,
+                FALSE,
+                reason::NOT_DEPLOYED,
+                "no Deployment: the Model runs no node pods",
+            ),
+            false,
+        );
+    };
+    let status = d.status.clone().unwrap_or_default();
+    let stuck = status.conditions.iter().flatten().any(|c| {
+        c.type_.as_deref() == Some("Progressing")
+            && c.status.as_deref() == Some("False")
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    });
+    if stuck {
+        return (
+            Decided::new(
+                cond::PROGRESSING,
+                FALSE,
+                reason::PROGRESS_DEADLINE_EXCEEDED,
+                "the Deployment exceeded its progress deadline; see its pods' events",
+            ),
+            true,
+        );
+    }
+    let want = d.spec.replicas.unwrap_or(1);
+    let generation_seen = status.observed_generation >= d.metadata.generation;
+    let updated = status.updated_replicas.unwrap_or(0);
+    let ready = status.ready_replicas.unwrap_or(0);
+    let total = status.replicas.unwrap_or(0);
+    if !generation_seen || updated < want || ready < want || total > want {
+        return (
+            Decided::new(
+                cond::PROGRESSING,
+                TRUE,
+                reason::ROLLING_OUT,
+                format!("{updated} of {want} node pods updated, {ready} ready"),
+            ),
+            false,
+        );
+    }
+    (
+        Decided::new(
+            cond::PROGRESSING,
+            FALSE,
+            reason::ROLLOUT_COMPLETE,
+            format!("{want} node pod(s) at the current revision"),
+        ),
+        false,
+    )
+}
+
+/// Fold a validated Model's facts into its status.
+///
+/// `Degraded` takes the most actionable cause first (apply refused, no engine, download,
+/// load, stuck rollout); `Ready` is `False` whenever the engine is unresolved, even with
+/// pods running, because those pods cannot serve the model.
+pub fn fold(f: &Facts<'_>) -> ModelStatus {
+    let previous = f.model.status.clone().unwrap_or_default();
+    let generation = f.model.metadata.generation;
+    let (engine_cond, engine, candidates) = fold_engine(f);
+    let (artifact_cond, download) = fold_artifact(f);
+    let (progress_cond, stuck) = fold_progress(f.deployment);
+    let engine_failed = engine_cond.status == FALSE;
+
+    // Counts come from the Deployment, never from the reports: a silent pod still exists.
+    let replicas = match f.deployment {
+        Some(d) => {
+            let s = d.status.clone().unwrap_or_default();
+            ReplicaStatus {
+                desired: d.spec.replicas.unwrap_or(1),
+                current: s.replicas.unwrap_or(0),
+                ready: s.ready_replicas.unwrap_or(0),
+            }
+        }
+        None => ReplicaStatus::default(),
+    };
+
+    let load_failure = f.reports.iter().find_map(|r| {
+        let m = model_entry(r, &f.valid.served_name)?;
+        (m.load.state == LoadState::Failed).then(|| {
+            format!(
+                "node pod {}: {}",
+                r.pod,
+                m.load.message.as_deref().unwrap_or("model load failed")
+            )
+        })
+    });
+    let degraded = if let Some(e) = f.apply_error {
+        Decided::new(cond::DEGRADED, TRUE, reason::APPLY_FAILED, e.to_string())
+    } else if engine_failed {
+        Decided::new(
+            cond::DEGRADED,
+            TRUE,
+            reason::ENGINE_UNRESOLVED,
+            engine_cond.message.clone(),
+        )
+    } else if artifact_cond.reason == reason::DOWNLOAD_FAILED {
+        Decided::new(
+            cond::DEGRADED,
+            TRUE,
+            reason::DOWNLOAD_FAILED,
+            artifact_cond.message.clone(),
+        )
+    } else if let Some(msg) = load_failure {
+        Decided::new(cond::DEGRADED, TRUE, reason::LOAD_FAILED, msg)
+    } else if stuck {
+        Decided::new(
+            cond::DEGRADED,
+            TRUE,
+            reason::PROGRESS_DEADLINE_EXCEEDED,
+            progress_cond.message.clone(),
+        )
+    } else {
+        Decided::new(cond::DEGRADED, FALSE, reason::AS_EXPECTED, "")
+    };
+
+    let ready = if engine_failed {
+        Decided::new(
+            cond::READY,
+            FALSE,
+            reason::ENGINE_UNRESOLVED,
+            engine_cond.message.clone(),
+        )
+    } else if f.deployment.is_some() && replicas.desired == 0 {
+        Decided::new(
+            cond::READY,
+            TRUE,
+            reason::SCALED_TO_ZERO,
+            "replicas.min is 0 and no node pod runs; the gateway starts one on the first request",
+        )
+    } else if f.deployment.is_some() && replicas.ready >= replicas.desired {
+        Decided::new(
+            cond::READY,
+            TRUE,
+            reason::READY,
+            format!("{}/{} node pods ready", replicas.ready, replicas.desired),
+        )
+    } else {
+        Decided::new(
+            cond::READY,
+            FALSE,
+            reason::REPLICAS_NOT_READY,
+            format!("{}/{} node pods ready", replicas.ready, replicas.desired),
+        )
+    };
+
+    let decided = [ready, engine_cond, artifact_cond, progress_cond, degraded];
+    ModelStatus {
+        observed_generation: generation,
+        conditions: conditions::with_times(&decided, &previous.conditions, generation, f.now),
+        engine,
+        architecture: f.architecture.map(str::to_string),
+        observed_source: Some(f.valid.source.key()),
+        replicas: Some(replicas),
+        download,
+        endpoint: f
+            .deployment
+            .is_some()
+            .then(|| super::build::endpoint(f.valid)),
+        candidates,
+    }
+}
+
+/// Write `status` if it differs from the stored one, then record Events for its transitions.
+/// Returns whether anything was written.
+pub async fn publish(
+    model: &Model,
+    status: ModelStatus,
+    ctx: &Context,
+) -> Result<bool, StatusError> {
+    let previous = model.status.clone().unwrap_or_default();
+    // Compare as JSON: the same document is the same status, whatever the Rust representation.
+    if serde_json::to_value(&previous).ok() == serde_json::to_value(&status).ok() {
+        return Ok(false);
+    }
+    let ns = model.namespace().unwrap_or_default();
+    let api = Api::<Model>::namespaced(ctx.client.clone(), &ns);
+    write::apply_status(&api, &model.name_any(), &status, &ctx.metrics, CONTROLLER)
+        .await
+        .map_err(|source| StatusError::Patch {
+            model: format!("{ns}/{}", model.name_any()),
+            source,
+        })?;
+    let reference = model.object_ref(&());
+    for event in events(&previous, &status) {
+        // Events are best effort: the status already says everything they say.
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(model = %model.name_any(), error = %e, "cannot record event");
+        }
+        ctx.metrics.wrote(CONTROLLER, "Event", "create");
+    }
+    Ok(true)
+}
+
+/// The Events a status change deserves: one per notable condition transition.
+pub fn events(previous: &ModelStatus, current: &ModelStatus) -> Vec<Event> {
+    let mut out = Vec::new();
+    for c in conditions::transitions(&previous.conditions, &current.conditions) {
+        let was = conditions::find(&previous.conditions, &c.type_).map(|p| p.status.as_str());
+        let (type_, reason) = match (c.type_.as_str(), c.status.as_str()) {
+            (cond::READY, TRUE) => (EventType::Normal, c.reason.clone()),
+            (cond::READY, FALSE) if was == Some(TRUE) => (EventType::Warning, c.reason.clone()),
+            (cond::ENGINE_RESOLVED, TRUE) => (EventType::Normal, "EngineResolved".to_string()),
+            (cond::ENGINE_RESOLVED, FALSE) => (EventType::Warning, c.reason.clone()),
+            (cond::ARTIFACT_READY, TRUE) => (EventType::Normal, c.reason.clone()),
+            (cond::ARTIFACT_READY, FALSE) if c.reason == reason::DOWNLOAD_FAILED => {
+                (EventType::Warning, c.reason.clone())
+            }
+            (cond::DEGRADED, TRUE) => (EventType::Warning, c.reason.clone()),
+            (cond::DEGRADED, FALSE) if was == Some(TRUE) => {
+                (EventType::Normal, "Recovered".to_string())
+            }
+            _ => continue,
+        };
+        let mut note = c.message.clone();
+        // Events carry at most 1 kB of note.
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        out.push(Event {
+            type_,
+            reason,
+            note: (!note.is_empty()).then_some(note),
+            action: c.type_.clone(),
+            secondary: None,
+        });
+    }
+    out
+}

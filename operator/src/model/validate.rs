@@ -1,0 +1,512 @@
+//! Model reconcile, validate step (pure, no client): turns a `Model` into a [`ValidModel`] or
+//! lists every reason it cannot be served as written.
+//!
+//! The CRD schema already refuses most bad input at admission. This step
+//! re-checks what matters for building objects (the CRD installed in a
+//! cluster may be older than this operator) and adds what a schema cannot
+//! express: quantity grammar, path traversal in sources, quantization on a
+//! non-GGUF format. Each failure quotes the field, becomes part of the
+//! `InvalidSpec` condition message, and the reconcile waits for a change.
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+
+use crate::context::Settings;
+use crate::crd::{
+    Cache, CacheType, EngineConfig, GpuBackend, LoadPolicy, Model, ModelFormat, Replicas,
+    Scheduling,
+};
+
+/// A Model that passed validation, with every default filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidModel {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub generation: Option<i64>,
+    /// OpenAI model id: `spec.servedName` or the object name.
+    pub served_name: String,
+    pub source: ValidSource,
+    pub format: ModelFormat,
+    /// `spec.architecture`, when the user stated it.
+    pub declared_architecture: Option<String>,
+    /// `spec.engine`.
+    pub pin: Option<String>,
+    /// `cuda` when the Model asks for GPUs, `cpu` otherwise.
+    pub backend: GpuBackend,
+    pub gpus: i32,
+    pub gpu_resource: String,
+    pub memory: Option<Quantity>,
+    pub cpu: Option<Quantity>,
+    pub scheduling: Scheduling,
+    pub replicas: Replicas,
+    pub engine_config: EngineConfig,
+    pub cache: Cache,
+    pub load: LoadPolicy,
+}
+
+/// A validated source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidSource {
+    /// `spec.source.uri` as written.
+    pub uri: String,
+    /// What the node is told to fetch: the URI, except `pvc://claim/path`, which becomes
+    /// `file:///models/claim/path` on a read-only mount of the claim.
+    pub node_uri: String,
+    /// `pvc://` sources: the claim to mount.
+    pub claim: Option<String>,
+    pub files: Vec<String>,
+    pub quantization: Option<String>,
+    /// Secret name and key of the source token.
+    pub secret: Option<(String, String)>,
+}
+
+impl ValidSource {
+    /// What `status.observedSource` records: the URI plus `@quantization` when set.
+    pub fn key(&self) -> String {
+        match &self.quantization {
+            Some(q) => format!("{} ({q})", self.uri),
+            None => self.uri.clone(),
+        }
+    }
+
+    pub fn is_hugging_face(&self) -> bool {
+        self.uri.starts_with("hf://")
+    }
+}
+
+/// One reason a Model cannot be served as written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Invalid {
+    /// The offending field, as a path (`spec.source.uri`).
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(field: &'static str, message: impl Into<String>) -> Self {
+        Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// Stable label for the `reconcile_errors_total` metric.
+    pub fn metric_label(&self) -> &'static str {
+        "invalid_spec"
+    }
+}
+
+/// Every reason, joined for a condition message.
+pub fn message(problems: &[Invalid]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Validate a Model against everything the build step relies on.
+pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<Invalid>> {
+    let mut problems = Vec::new();
+    let spec = &model.spec;
+    let name = model.name_any();
+
+    if !is_dns1035_label(&name) {
+        problems.push(Invalid::new(
+            "metadata.name",
+            format!("must be a DNS-1035 label of at most 63 characters (it names the Service), got {name:?}"),
+        ));
+    }
+    let namespace = model.namespace().unwrap_or_default();
+    if namespace.is_empty() {
+        problems.push(Invalid::new("metadata.namespace", "must be set"));
+    }
+
+    let served_name = spec.served_name.clone().unwrap_or_else(|| name.clone());
+    if !is_served_name(&served_name) {
+        problems.push(Invalid::new(
+            "spec.servedName",
+            format!("must be 1-128 characters of letters, digits and . _ : / -, starting with a letter or digit, got {served_name:?}"),
+        ));
+    }
+
+    let source = match validate_source(model) {
+        Ok(s) => Some(s),
+        Err(mut p) => {
+            problems.append(&mut p);
+            None
+        }
+    };
+
+    // A GPU count selects the `cuda` backend for engine selection; 0 means CPU.
+    let resources = spec.resources.clone().unwrap_or_default();
+    let gpus = resources.gpus.unwrap_or(0);
+    if !(0..=16).contains(&gpus) {
+        problems.push(Invalid::new(
+            "spec.resources.gpus",
+            format!("must be between 0 and 16, got {gpus}"),
+        ));
+    }
+    let gpu_resource = resources
+        .gpu_resource_name
+        .clone()
+        .unwrap_or_else(|| settings.default_gpu_resource.clone());
+    if !is_resource_name(&gpu_resource) {
+        problems.push(Invalid::new(
+            "spec.resources.gpuResourceName",
+            format!(
+                "must be an extended resource name such as nvidia.com/gpu, got {gpu_resource:?}"
+            ),
+        ));
+    }
+    check_quantity(
+        &mut problems,
+        "spec.resources.memory",
+        resources.memory.as_ref(),
+        true,
+    );
+    check_quantity(
+        &mut problems,
+        "spec.resources.cpu",
+        resources.cpu.as_ref(),
+        true,
+    );
+
+    let replicas = spec.replicas.clone().unwrap_or_default();
+    if replicas.min < 0 {
+        problems.push(Invalid::new(
+            "spec.replicas.min",
+            format!("must be >= 0, got {}", replicas.min),
+        ));
+    }
+    if replicas.max < 1 {
+        problems.push(Invalid::new(
+            "spec.replicas.max",
+            format!("must be >= 1, got {}", replicas.max),
+        ));
+    }
+    if replicas.min > replicas.max {
+        problems.push(Invalid::new(
+            "spec.replicas",
+            format!("min ({}) must be <= max ({})", replicas.min, replicas.max),
+        ));
+    }
+
+    let engine_config = spec.engine_config.clone().unwrap_or_default();
+    for (field, value) in [
+        (
+            "spec.engineConfig.contextLength",
+            engine_config.context_length,
+        ),
+        (
+            "spec.engineConfig.maxBatchSize",
+            engine_config.max_batch_size,
+        ),
+        ("spec.engineConfig.threads", engine_config.threads),
+    ] {
+        if let Some(v) = value.filter(|v| *v < 1) {
+            problems.push(Invalid::new(field, format!("must be >= 1, got {v}")));
+        }
+    }
+
+    let cache = spec.cache.clone().unwrap_or_default();
+    if cache.type_ == CacheType::PersistentVolumeClaim && cache.size.is_none() {
+        problems.push(Invalid::new(
+            "spec.cache.size",
+            "is required when spec.cache.type is PersistentVolumeClaim",
+        ));
+    }
+    check_quantity(&mut problems, "spec.cache.size", cache.size.as_ref(), true);
+
+    if let Some(pin) = &spec.engine
+        && !crate::plugin::validate::is_engine_id(pin)
+    {
+        problems.push(Invalid::new(
+            "spec.engine",
+            format!("must be an engine id (lower-case letters, digits, _ and -), got {pin:?}"),
+        ));
+    }
+    if spec.format != ModelFormat::Gguf && source.as_ref().is_some_and(|s| s.quantization.is_some())
+    {
+        problems.push(Invalid::new(
+            "spec.source.quantization",
+            "only applies to format gguf",
+        ));
+    }
+
+    match source {
+        Some(source) if problems.is_empty() => Ok(ValidModel {
+            uid: model.uid().unwrap_or_default(),
+            generation: model.metadata.generation,
+            served_name,
+            source,
+            format: spec.format,
+            declared_architecture: spec.architecture.clone(),
+            pin: spec.engine.clone(),
+            backend: if gpus > 0 {
+                GpuBackend::Cuda
+            } else {
+                GpuBackend::Cpu
+            },
+            gpus,
+            gpu_resource,
+            memory: resources.memory,
+            cpu: resources.cpu,
+            scheduling: spec.scheduling.clone().unwrap_or_default(),
+            replicas,
+            engine_config,
+            cache,
+            load: spec.load,
+            name,
+            namespace,
+        }),
+        _ => Err(problems),
+    }
+}
+
+/// Per scheme: the admission pattern already guarantees the shape, this re-checks it and
+/// refuses `..` segments, which a pattern cannot express readably. `pvc://` sources are
+/// rewritten to a read-only mount of the claim, so the node only ever sees `file://`.
+fn validate_source(model: &Model) -> Result<ValidSource, Vec<Invalid>> {
+    let src = &model.spec.source;
+    let uri = src.uri.trim();
+    let mut problems = Vec::new();
+    let bad = |m: String| Invalid::new("spec.source.uri", m);
+    let mut claim = None;
+    let mut node_uri = uri.to_string();
+    if let Some(rest) = uri.strip_prefix("hf://") {
+        let (repo, rev) = match rest.split_once('@') {
+            Some((r, v)) => (r, Some(v)),
+            None => (rest, None),
+        };
+        let parts: Vec<&str> = repo.split('/').collect();
+        if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+            problems.push(bad(format!(
+                "hf:// sources are hf://org/repo[@revision], got {uri:?}"
+            )));
+        }
+        if rev.is_some_and(str::is_empty) {
+            problems.push(bad("the revision after @ is empty".to_string()));
+        }
+    } else if let Some(rest) = uri.strip_prefix("https://") {
+        if rest.is_empty() || rest.starts_with('/') {
+            problems.push(bad(format!("https:// sources need a host, got {uri:?}")));
+        }
+    } else if let Some(rest) = uri.strip_prefix("pvc://") {
+        match rest.split_once('/') {
+            Some((c, path)) if is_dns1123_subdomain(c) && !path.is_empty() => {
+                if has_parent_segment(path) {
+                    problems.push(bad("pvc:// paths must not contain `..`".to_string()));
+                }
+                claim = Some(c.to_string());
+                node_uri = format!("file://{}/{c}/{path}", crate::names::NODE_MODELS_DIR);
+            }
+            _ => problems.push(bad(format!(
+                "pvc:// sources are pvc://claim/path with a valid claim name, got {uri:?}"
+            ))),
+        }
+    } else if let Some(path) = uri.strip_prefix("file://") {
+        if !path.starts_with('/') || path.len() < 2 {
+            problems.push(bad(format!(
+                "file:// sources need an absolute path (file:///...), got {uri:?}"
+            )));
+        } else if has_parent_segment(path) {
+            problems.push(bad("file:// paths must not contain `..`".to_string()));
+        }
+    } else if let Some(rest) = uri.strip_prefix("s3://") {
+        let bucket = rest.split('/').next().unwrap_or_default();
+        if bucket.len() < 3 || !is_dns1123_subdomain(bucket) {
+            problems.push(bad(format!(
+                "s3:// sources are s3://bucket/prefix, got {uri:?}"
+            )));
+        }
+    } else {
+        problems.push(bad(format!(
+            "scheme must be one of hf://, https://, pvc://, file://, s3://, got {uri:?}"
+        )));
+    }
+    for f in &src.files {
+        if f.is_empty() || f.starts_with('/') || has_parent_segment(f) {
+            problems.push(Invalid::new(
+                "spec.source.files",
+                format!("entries are relative paths without `..`, got {f:?}"),
+            ));
+        }
+    }
+    let secret = src.secret_ref.as_ref().map(|r| {
+        (
+            r.name.clone(),
+            r.key.clone().unwrap_or_else(|| "token".to_string()),
+        )
+    });
+    if let Some((name, _)) = &secret
+        && !is_dns1123_subdomain(name)
+    {
+        problems.push(Invalid::new(
+            "spec.source.secretRef.name",
+            format!("must be a Secret name, got {name:?}"),
+        ));
+    }
+    if problems.is_empty() {
+        Ok(ValidSource {
+            uri: uri.to_string(),
+            node_uri,
+            claim,
+            files: src.files.clone(),
+            quantization: src.quantization.clone(),
+            secret,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
+fn has_parent_segment(path: &str) -> bool {
+    path.split('/').any(|s| s == "..")
+}
+
+fn check_quantity(
+    problems: &mut Vec<Invalid>,
+    field: &'static str,
+    q: Option<&Quantity>,
+    positive: bool,
+) {
+    if let Some(q) = q {
+        if !is_quantity(&q.0) {
+            problems.push(Invalid::new(
+                field,
+                format!(
+                    "must be a Kubernetes quantity such as 8Gi or 500m, got {:?}",
+                    q.0
+                ),
+            ));
+        } else if positive && (q.0.starts_with('-') || is_zero(&q.0)) {
+            problems.push(Invalid::new(
+                field,
+                format!("must be positive, got {:?}", q.0),
+            ));
+        }
+    }
+}
+
+/// True for `0`, `0.0`, `000m`...: a zero quantity requests nothing and limits to nothing.
+fn is_zero(s: &str) -> bool {
+    let digits: String = s
+        .trim_start_matches('+')
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.chars().all(|c| c == '0' || c == '.')
+}
+
+/// Kubernetes' quantity grammar: `[+-]number[suffix]`, suffix one of the binary-SI
+/// (`Ki`..`Ei`), decimal-SI (`n u m k M G T P E`) or an exponent (`e3`, `E-2`).
+pub fn is_quantity(s: &str) -> bool {
+    fn number(s: &str) -> Option<&str> {
+        let int_len = s.bytes().take_while(u8::is_ascii_digit).count();
+        let rest = &s[int_len..];
+        match rest.strip_prefix('.') {
+            Some(frac) => {
+                let frac_len = frac.bytes().take_while(u8::is_ascii_digit).count();
+                if int_len == 0 && frac_len == 0 {
+                    None
+                } else {
+                    Some(&frac[frac_len..])
+                }
+            }
+            None if int_len > 0 => Some(rest),
+            None => None,
+        }
+    }
+    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let Some(suffix) = number(s) else {
+        return false;
+    };
+    match suffix {
+        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T"
+        | "P" | "E" => true,
+        exp => match exp.strip_prefix(['e', 'E']) {
+            Some(e) => {
+                let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+                number(e) == Some("")
+            }
+            None => false,
+        },
+    }
+}
+
+/// `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+pub fn is_dns1035_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-'
+}
+
+/// Lower-case alphanumerics, `-` and `.`, starting and ending alphanumeric, at most 253.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+fn is_served_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._:/-".contains(c))
+}
+
+/// `[prefix/]name` as Kubernetes resource names are written (`nvidia.com/gpu`).
+fn is_resource_name(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    prefix.is_none_or(is_dns1123_subdomain)
+        && !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_follow_the_kubernetes_grammar() {
+        for ok in [
+            "1", "8Gi", "500m", "0.5", ".5", "1e3", "1E-2", "+2k", "1.5Gi", "12Mi",
+        ] {
+            assert!(is_quantity(ok), "{ok} should parse");
+        }
+        for bad in ["", "lots", "8GB", "1.2.3", "Gi", "1e", "1ee3", "--1", "."] {
+            assert!(!is_quantity(bad), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn names_follow_dns_rules() {
+        assert!(is_dns1035_label("gemma-3"));
+        assert!(!is_dns1035_label("3gemma"));
+        assert!(!is_dns1035_label("gemma.3"));
+        assert!(!is_dns1035_label(&"a".repeat(64)));
+        assert!(is_resource_name("nvidia.com/gpu"));
+        assert!(!is_resource_name("nvidia.com/"));
+    }
+}

@@ -1,0 +1,163 @@
+//! Model and EnginePlugin reconcile, read step: fetching node pods' status documents
+//! (`GET /v1/status`, [`gantry_api::NodeStatus`]) over HTTP.
+//!
+//! The source is a trait so that reconcile tests can serve fixed documents
+//! without a network; the HTTP implementation is tested against a real
+//! loopback server.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use gantry_api::{NODE_STATUS_PATH, NodeStatus};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::names::ANNOTATION_CONFIG_HASH;
+
+/// Why a node pod's status could not be read. Never fails a reconcile: the pod is
+/// reported as silent and the status says so.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot reach {url}: {message}")]
+    Unreachable { url: String, message: String },
+    #[error("{url} answered {status}")]
+    BadStatus { url: String, status: u16 },
+    #[error("{url} returned a document that is not a NodeStatus: {message}")]
+    Malformed { url: String, message: String },
+}
+
+impl ReportError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReportError::Unreachable { .. } => "unreachable",
+            ReportError::BadStatus { .. } => "bad_status",
+            ReportError::Malformed { .. } => "malformed",
+        }
+    }
+}
+
+/// Where node status documents come from.
+pub trait NodeStatusSource: Send + Sync {
+    /// The status document of the node pod at `pod_ip`.
+    fn fetch<'a>(&'a self, pod_ip: &'a str) -> BoxFuture<'a, Result<NodeStatus, ReportError>>;
+}
+
+/// Reads `http://{pod_ip}:{port}/v1/status` with a short timeout.
+pub struct HttpNodeStatus {
+    client: reqwest::Client,
+    port: u16,
+}
+
+impl HttpNodeStatus {
+    pub fn new(port: u16) -> Result<Self, reqwest::Error> {
+        // A slow node must not hold a reconcile for long; it is asked again next time.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(1))
+            .build()?;
+        Ok(HttpNodeStatus { client, port })
+    }
+}
+
+impl NodeStatusSource for HttpNodeStatus {
+    fn fetch<'a>(&'a self, pod_ip: &'a str) -> BoxFuture<'a, Result<NodeStatus, ReportError>> {
+        Box::pin(async move {
+            // IPv6 pod IPs need brackets in a URL.
+            let host = if pod_ip.contains(':') {
+                format!("[{pod_ip}]")
+            } else {
+                pod_ip.to_string()
+            };
+            let url = format!("http://{host}:{}{NODE_STATUS_PATH}", self.port);
+            let resp =
+                self.client
+                    .get(&url)
+                    .send()
+                    .await
+                    .map_err(|e| ReportError::Unreachable {
+                        url: url.clone(),
+                        message: e.to_string(),
+                    })?;
+            if !resp.status().is_success() {
+                return Err(ReportError::BadStatus {
+                    url,
+                    status: resp.status().as_u16(),
+                });
+            }
+            resp.json::<NodeStatus>()
+                .await
+                .map_err(|e| ReportError::Malformed {
+                    url,
+                    message: e.to_string(),
+                })
+        })
+    }
+}
+
+/// Fixed documents by pod IP: for tests and dry runs without node pods.
+#[derive(Clone, Debug, Default)]
+pub struct FixedNodeStatus(pub BTreeMap<String, NodeStatus>);
+
+impl NodeStatusSource for FixedNodeStatus {
+    fn fetch<'a>(&'a self, pod_ip: &'a str) -> BoxFuture<'a, Result<NodeStatus, ReportError>> {
+        let found = self.0.get(pod_ip).cloned();
+        Box::pin(async move {
+            found.ok_or_else(|| ReportError::Unreachable {
+                url: pod_ip.to_string(),
+                message: "no fixed status for this pod".to_string(),
+            })
+        })
+    }
+}
+
+/// One node pod and what it reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeReport {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The pod template's config hash, to tell current pods from ones still rolling out.
+    pub config_hash: Option<String>,
+    /// EnginePlugin names mounted into the pod.
+    pub plugins: Vec<String>,
+    pub status: Result<NodeStatus, ReportError>,
+}
+
+/// Running pods with an IP; the others cannot answer yet.
+pub fn reachable(pod: &Pod) -> Option<&str> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") || pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    status.pod_ip.as_deref().filter(|ip| !ip.is_empty())
+}
+
+/// Fetch the status of every reachable pod, concurrently, sorted by pod name.
+pub async fn collect(source: &dyn NodeStatusSource, pods: &[Pod]) -> Vec<NodeReport> {
+    let fetches = pods.iter().filter_map(|pod| {
+        let ip = reachable(pod)?;
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let annotations = pod.metadata.annotations.as_ref();
+        let config_hash = annotations.and_then(|a| a.get(ANNOTATION_CONFIG_HASH).cloned());
+        let plugins = annotations
+            .and_then(|a| a.get(crate::names::ANNOTATION_PLUGINS))
+            .map(|p| {
+                p.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(async move {
+            NodeReport {
+                pod: format!("{ns}/{name}"),
+                config_hash,
+                plugins,
+                status: source.fetch(ip).await,
+            }
+        })
+    });
+    let mut reports = futures::future::join_all(fetches).await;
+    reports.sort_by(|a, b| a.pod.cmp(&b.pod));
+    reports
+}

@@ -1,0 +1,128 @@
+//! EnginePlugin reconcile: validate (Accepted) → read the node pods that mount the plugin and
+//! their status reports → fold Loaded, loadedBy and loadErrors → write status only when it
+//! changed. EnginePlugins own nothing, so there is no build or apply step and no finalizer.
+
+pub mod status;
+pub mod validate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+
+use crate::context::Context;
+use crate::crd::EnginePlugin;
+use crate::names::{
+    ANNOTATION_PLUGINS, FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME,
+};
+use crate::node_report;
+use crate::write::{Retry, classify};
+
+/// Controller name in metrics and logs.
+pub const CONTROLLER: &str = "engineplugin";
+
+/// Node reports are polled: re-check every plugin this often.
+pub const RESYNC: Duration = Duration::from_secs(60);
+
+/// A failed EnginePlugin reconcile, by step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot list node pods: {0}")]
+    ListPods(#[source] kube::Error),
+    #[error(transparent)]
+    Status(#[from] status::StatusError),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::ListPods(_) => "read_list_pods",
+            Error::Status(e) => e.metric_label(),
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            Error::ListPods(e) => classify(e),
+            Error::Status(e) => e.retry(),
+        }
+    }
+}
+
+/// Entry point for the controller.
+pub async fn reconcile(
+    obj: Arc<DeserializeGuard<EnginePlugin>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let plugin = match &obj.0 {
+        Ok(p) => p,
+        Err(invalid) => {
+            crate::malformed::report(&ctx, CONTROLLER, "EnginePlugin", invalid).await;
+            return Ok(Action::await_change());
+        }
+    };
+    let result = reconcile_plugin(plugin, &ctx).await;
+    match &result {
+        Ok(_) => ctx.reset_backoff(&format!("EnginePlugin/{}", plugin.name_any())),
+        Err(e) => ctx.metrics.reconcile_failed(CONTROLLER, e.metric_label()),
+    }
+    result
+}
+
+/// The pipeline for one EnginePlugin.
+pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Action, Error> {
+    let all = ctx.engine_plugins();
+    let accepted = validate::accept(plugin, &all, ctx.settings.abi_major);
+
+    // Read: the node pods (any namespace) whose template mounts this plugin.
+    let selector = format!("{LABEL_NAME}={NODE_APP_NAME},{LABEL_MANAGED_BY}={FIELD_MANAGER}");
+    let pods = Api::<Pod>::all(ctx.client.clone())
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::ListPods)?;
+    let name = plugin.name_any();
+    let mounting: Vec<Pod> = pods
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_PLUGINS))
+                .is_some_and(|list| list.split(',').any(|n| n == name))
+        })
+        .collect();
+    let reports = node_report::collect(ctx.node_status.as_ref(), &mounting).await;
+
+    let folded = status::fold(
+        plugin,
+        &accepted,
+        &reports,
+        ctx.settings.abi_major,
+        ctx.now(),
+    );
+    status::publish(plugin, folded, ctx).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Transient errors back off per object; refusals wait long.
+pub fn error_policy(
+    obj: Arc<DeserializeGuard<EnginePlugin>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let name = match &obj.0 {
+        Ok(p) => p.name_any(),
+        Err(invalid) => invalid.metadata.name.clone().unwrap_or_default(),
+    };
+    tracing::warn!(plugin = %name, error = %error, kind = error.metric_label(), "reconcile failed");
+    match error.retry() {
+        Retry::Permanent => Action::requeue(crate::model::RETRY_REFUSED),
+        Retry::Transient => Action::requeue(ctx.backoff(&format!("EnginePlugin/{name}"))),
+    }
+}

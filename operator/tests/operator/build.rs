@@ -1,0 +1,399 @@
+//! Build step, pure: every owned object for a representative set of Models, compared with
+//! golden YAML, plus the invariants each object must keep.
+
+use gantry_operator::context::Settings;
+use gantry_operator::model::build::{self, OwnedObjects};
+use gantry_operator::model::resolve::{Resolution, resolve};
+use gantry_operator::model::validate::{ValidModel, validate};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+use crate::support::{crate_dir, fixture_model, fixture_plugins};
+
+const CASES: [&str; 5] = ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"];
+
+fn valid(case: &str) -> ValidModel {
+    validate(&fixture_model(case), &Settings::default()).unwrap_or_else(|e| panic!("{case}: {e:?}"))
+}
+
+fn resolved(case: &str) -> (ValidModel, Resolution) {
+    let v = valid(case);
+    let r = resolve(
+        &v,
+        v.declared_architecture.as_deref(),
+        &fixture_plugins(),
+        1,
+    );
+    (v, r)
+}
+
+fn built(case: &str) -> OwnedObjects {
+    let (v, r) = resolved(case);
+    build::build(&v, &r.mounted(), &Settings::default()).expect("build")
+}
+
+/// All owned objects as one multi-document YAML stream, in apply order.
+fn render(o: &OwnedObjects) -> String {
+    let mut docs = vec![serde_yaml::to_string(&o.config_map).expect("yaml")];
+    if let Some(pvc) = &o.pvc {
+        docs.push(serde_yaml::to_string(pvc).expect("yaml"));
+    }
+    docs.push(serde_yaml::to_string(&o.deployment).expect("yaml"));
+    docs.push(serde_yaml::to_string(&o.service).expect("yaml"));
+    if let Some(pdb) = &o.pdb {
+        docs.push(serde_yaml::to_string(pdb).expect("yaml"));
+    }
+    docs.join("---\n")
+}
+
+fn pod(o: &OwnedObjects) -> &PodSpec {
+    o.deployment.spec.template.spec.as_ref().expect("pod spec")
+}
+
+fn node(o: &OwnedObjects) -> &Container {
+    &pod(o).containers[0]
+}
+
+#[test]
+fn owned_objects_match_the_golden_files() {
+    let bless = std::env::var_os("GANTRY_BLESS").is_some();
+    let mut stale = Vec::new();
+    for case in CASES {
+        let path = crate_dir().join(format!("tests/golden/{case}.yaml"));
+        let got = render(&built(case));
+        if bless {
+            std::fs::write(&path, &got).expect("write golden");
+            continue;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        if want != got {
+            stale.push(format!("{} (got:\n{got})", path.display()));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "golden files differ; review the change and regenerate with\n  GANTRY_BLESS=1 cargo test -p gantry-operator --test operator owned_objects\n{}",
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn building_twice_gives_identical_objects() {
+    for case in CASES {
+        assert_eq!(built(case), built(case), "{case}");
+    }
+}
+
+#[test]
+fn cpu_model_without_architecture_mounts_every_fitting_cpu_plugin() {
+    let (_, r) = resolved("cpu");
+    let names: Vec<String> = r
+        .mounted()
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    // Both CPU GGUF plugins fit until the architecture is known; the CUDA one never does.
+    assert_eq!(names, ["llama-cpp-cpu", "tinyllm-cpu"]);
+    let o = built("cpu");
+    let resources = node(&o).resources.clone().expect("resources");
+    assert!(
+        resources
+            .limits
+            .as_ref()
+            .is_some_and(|l| !l.contains_key("nvidia.com/gpu"))
+    );
+    assert_eq!(
+        node(&o).env.as_ref().expect("env")[0].value.as_deref(),
+        Some("cpu")
+    );
+    let config = &o.config_map.data.as_ref().expect("data")["models.yaml"];
+    let parsed: gantry_api::NodeConfig = serde_yaml::from_str(config).expect("node config parses");
+    assert_eq!(parsed.models[0].id, "gemma-3-270m");
+    assert_eq!(parsed.models[0].quantization.as_deref(), Some("Q4_K_M"));
+    assert_eq!(parsed.models[0].context_length, Some(4096));
+    assert_eq!(parsed.cache_dir.as_deref(), Some("/var/cache/gantry"));
+}
+
+#[test]
+fn gpu_model_requests_and_limits_the_gpu_and_copies_scheduling() {
+    let o = built("gpu");
+    let res = node(&o).resources.clone().expect("resources");
+    let requests = res.requests.expect("requests");
+    let limits = res.limits.expect("limits");
+    assert_eq!(requests["nvidia.com/gpu"].0, "1");
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+    assert_eq!(limits["memory"].0, "24Gi");
+    assert!(
+        !limits.contains_key("cpu"),
+        "CPU is requested, never limited"
+    );
+    let p = pod(&o);
+    assert_eq!(p.runtime_class_name.as_deref(), Some("nvidia"));
+    assert_eq!(
+        p.node_selector.as_ref().expect("selector")["nvidia.com/gpu.product"],
+        "NVIDIA-L4"
+    );
+    assert_eq!(p.tolerations.as_ref().expect("tolerations").len(), 1);
+    let init = p.init_containers.as_ref().expect("init containers");
+    assert_eq!(init.len(), 1, "architecture known: exactly one plugin");
+    assert!(init[0].image.as_deref().is_some_and(|i| i.contains("cuda")));
+    let env = node(&o).env.clone().expect("env");
+    assert!(
+        env.iter().any(|e| e.name == "HF_TOKEN"),
+        "hf:// token is passed as HF_TOKEN"
+    );
+    // No spare GPU is needed to roll: one down, then one up.
+    let rolling = o
+        .deployment
+        .spec
+        .strategy
+        .clone()
+        .and_then(|s| s.rolling_update)
+        .expect("rolling");
+    assert_eq!(
+        rolling.max_surge,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    );
+}
+
+#[test]
+fn pvc_cache_model_gets_a_claim_and_a_disruption_budget() {
+    let o = built("pvc-cache");
+    let pvc = o.pvc.as_ref().expect("claim");
+    assert_eq!(pvc.metadata.name.as_deref(), Some("llama-32-3b-cache"));
+    let spec = pvc.spec.as_ref().expect("pvc spec");
+    assert_eq!(spec.storage_class_name.as_deref(), Some("fast-rwx"));
+    assert_eq!(
+        spec.access_modes.as_deref(),
+        Some(&["ReadWriteMany".to_string()][..])
+    );
+    let cache = pod(&o)
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .find(|v| v.name == "cache")
+        .expect("cache volume");
+    assert_eq!(
+        cache
+            .persistent_volume_claim
+            .as_ref()
+            .map(|c| c.claim_name.as_str()),
+        Some("llama-32-3b-cache")
+    );
+    assert!(
+        o.pdb.is_some(),
+        "replicas.min = 2 needs a PodDisruptionBudget"
+    );
+    assert_eq!(o.deployment.spec.replicas, Some(2));
+    for (name, o) in [("cpu", built("cpu")), ("gpu", built("gpu"))] {
+        assert!(
+            o.pdb.is_none(),
+            "{name}: replicas.min <= 1 has no PodDisruptionBudget"
+        );
+        assert!(o.pvc.is_none(), "{name}: emptyDir cache has no claim");
+    }
+}
+
+#[test]
+fn image_volume_plugin_is_mounted_as_a_read_only_image_volume() {
+    let o = built("image-volume");
+    let p = pod(&o);
+    assert!(p.init_containers.is_none(), "no copier for an image volume");
+    let vol = p
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .find(|v| v.image.is_some())
+        .expect("image volume");
+    assert_eq!(
+        vol.image.as_ref().and_then(|i| i.reference.as_deref()),
+        Some("registry.example.com/engines/tinyllm:1.2.0")
+    );
+    let m = node(&o)
+        .volume_mounts
+        .as_ref()
+        .expect("mounts")
+        .iter()
+        .find(|m| m.name == vol.name)
+        .expect("mount");
+    assert_eq!(m.mount_path, "/opt/gantry/engines/tinyllm/cpu");
+    assert_eq!(m.sub_path.as_deref(), Some("opt/tinyllm/cpu"));
+    assert_eq!(m.read_only, Some(true));
+    let cache = p
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .find(|v| v.name == "cache")
+        .expect("cache");
+    assert_eq!(
+        cache
+            .empty_dir
+            .as_ref()
+            .and_then(|e| e.size_limit.clone())
+            .map(|q| q.0),
+        Some("5Gi".to_string())
+    );
+}
+
+#[test]
+fn pinned_model_mounts_only_the_pinned_engine_and_the_source_claim() {
+    let (v, r) = resolved("pinned");
+    assert_eq!(r.mounted().len(), 1);
+    assert_eq!(r.mounted()[0].spec.engine_id, "llama_cpp");
+    assert_eq!(
+        v.source.node_uri,
+        "file:///models/model-store/qwen2.5/qwen2.5-0.5b-instruct-q4_k_m.gguf"
+    );
+    let o = built("pinned");
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&o.config_map.data.as_ref().expect("data")["models.yaml"])
+            .expect("config");
+    assert_eq!(config.models[0].engine.as_deref(), Some("llama_cpp"));
+    assert_eq!(config.models[0].id, "qwen2.5-0.5b");
+    let m = node(&o)
+        .volume_mounts
+        .as_ref()
+        .expect("mounts")
+        .iter()
+        .find(|m| m.name == "model-source")
+        .expect("source mount");
+    assert_eq!(
+        (m.mount_path.as_str(), m.read_only),
+        ("/models/model-store", Some(true))
+    );
+}
+
+#[test]
+fn node_pods_run_restricted_with_probes_on_the_node_endpoints() {
+    for case in CASES {
+        let o = built(case);
+        let p = pod(&o);
+        let psc = p.security_context.as_ref().expect("pod security context");
+        assert_eq!(psc.run_as_non_root, Some(true), "{case}");
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+            Some("RuntimeDefault"),
+            "{case}"
+        );
+        assert_eq!(p.automount_service_account_token, Some(false), "{case}");
+        for c in p
+            .containers
+            .iter()
+            .chain(p.init_containers.iter().flatten())
+        {
+            let sc = c
+                .security_context
+                .as_ref()
+                .expect("container security context");
+            assert_eq!(sc.run_as_non_root, Some(true), "{case}/{}", c.name);
+            assert_eq!(
+                sc.read_only_root_filesystem,
+                Some(true),
+                "{case}/{}",
+                c.name
+            );
+            assert_eq!(
+                sc.allow_privilege_escalation,
+                Some(false),
+                "{case}/{}",
+                c.name
+            );
+            assert_eq!(
+                sc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+                Some("RuntimeDefault")
+            );
+            assert_eq!(
+                sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+                Some(vec!["ALL".to_string()]),
+                "{case}/{}",
+                c.name
+            );
+        }
+        let n = node(&o);
+        let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+            p.as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .and_then(|h| h.path.clone())
+        };
+        assert_eq!(
+            probe_path(&n.startup_probe).as_deref(),
+            Some("/readyz"),
+            "{case}"
+        );
+        assert_eq!(
+            probe_path(&n.readiness_probe).as_deref(),
+            Some("/readyz"),
+            "{case}"
+        );
+        assert_eq!(
+            probe_path(&n.liveness_probe).as_deref(),
+            Some("/healthz"),
+            "{case}"
+        );
+        let port = &n.ports.as_ref().expect("ports")[0];
+        assert_eq!(
+            (port.name.as_deref(), port.container_port),
+            (Some("http"), 8080),
+            "{case}"
+        );
+        assert_eq!(
+            n.args.as_ref().expect("args")[..],
+            [
+                "serve",
+                "--config",
+                "/etc/gantry/models.yaml",
+                "--plugins-dir",
+                "/opt/gantry/engines",
+                "--listen",
+                "0.0.0.0:8080"
+            ],
+        );
+        // Every owned object names its Model as controlling owner, so deletion cascades.
+        for meta in [
+            &o.config_map.metadata,
+            &o.deployment.metadata,
+            &o.service.metadata,
+        ] {
+            let owner = &meta.owner_references.as_ref().expect("owner")[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.controller),
+                ("Model", Some(true)),
+                "{case}"
+            );
+            assert!(
+                meta.annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("gantry.dev/applied-hash"))
+            );
+        }
+    }
+}
+
+#[test]
+fn a_config_change_changes_the_pod_template_so_pods_roll() {
+    let mut model = fixture_model("cpu");
+    let before = built("cpu");
+    model
+        .spec
+        .engine_config
+        .as_mut()
+        .expect("engine config")
+        .context_length = Some(8192);
+    let v = validate(&model, &Settings::default()).expect("valid");
+    let r = resolve(&v, None, &fixture_plugins(), 1);
+    let after = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+    let hash = |o: &OwnedObjects| {
+        o.deployment
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.clone())
+            .expect("annotations")["gantry.dev/config-hash"]
+            .clone()
+    };
+    assert_ne!(hash(&before), hash(&after));
+    assert_eq!(hash(&after), after.config_hash);
+}

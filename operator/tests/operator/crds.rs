@@ -1,0 +1,286 @@
+//! CRDs: the committed YAML is what the Rust types generate, the schemas are structural and
+//! self-documenting, the printer columns are the promised ones, and the admission rules
+//! (OpenAPI validation and CEL) accept the examples and refuse what they should.
+
+use gantry_operator::crd::generate::{self, schema_of};
+use gantry_operator::crd::structural;
+use gantry_operator::crd::{EnginePlugin, Model};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use crate::support::{repo_dir, yaml_docs};
+
+#[test]
+fn committed_crds_match_the_rust_types() {
+    let files = generate::files().expect("CRDs generate");
+    let mut stale = Vec::new();
+    for dir in ["crds", "charts/gantry/crds"] {
+        for (name, want) in &files {
+            let path = repo_dir().join(dir).join(name);
+            let have = std::fs::read_to_string(&path).unwrap_or_default();
+            if &have != want {
+                stale.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "stale CRD YAML: {stale:?}\nregenerate with:\n  cargo run -p gantry-operator -- crdgen --out crds/ --out charts/gantry/crds/"
+    );
+}
+
+#[test]
+fn crd_schemas_are_structural() {
+    for crd in generate::crds() {
+        let violations = structural::check(&schema_of(&crd));
+        assert!(
+            violations.is_empty(),
+            "{}: {violations:#?}",
+            crd.metadata.name.unwrap_or_default()
+        );
+    }
+}
+
+/// Walk every property, item and map value; report those without a description.
+fn undescribed(node: &Value, path: &str, out: &mut Vec<String>) {
+    if let Some(props) = node.get("properties").and_then(Value::as_object) {
+        for (name, child) in props {
+            let p = format!("{path}.{name}");
+            if child
+                .get("description")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                out.push(p.clone());
+            }
+            undescribed(child, &p, out);
+        }
+    }
+    if let Some(items) = node.get("items") {
+        undescribed(items, &format!("{path}[]"), out);
+    }
+    if let Some(ap) = node.get("additionalProperties").filter(|v| v.is_object()) {
+        undescribed(ap, &format!("{path}{{}}"), out);
+    }
+}
+
+#[test]
+fn every_field_has_a_description_for_kubectl_explain() {
+    for crd in generate::crds() {
+        let schema = schema_of(&crd);
+        let mut missing = Vec::new();
+        // `metadata`, `apiVersion` and `kind` are documented by Kubernetes itself.
+        for (name, child) in schema["properties"].as_object().expect("properties") {
+            if ["spec", "status"].contains(&name.as_str()) {
+                undescribed(child, name, &mut missing);
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{}: {missing:?}",
+            crd.metadata.name.unwrap_or_default()
+        );
+    }
+}
+
+fn columns(crd: &CustomResourceDefinition) -> Vec<(String, String)> {
+    crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .filter(|c| c.priority.unwrap_or(0) == 0)
+        .map(|c| (c.name.to_uppercase(), c.json_path.clone()))
+        .collect()
+}
+
+#[test]
+fn printer_columns_are_the_documented_ones() {
+    let model: Vec<String> = columns(&Model::crd()).into_iter().map(|c| c.0).collect();
+    assert_eq!(model, ["READY", "FORMAT", "ENGINE", "REPLICAS", "AGE"]);
+    let plugin: Vec<String> = columns(&EnginePlugin::crd())
+        .into_iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(
+        plugin,
+        ["ENGINE", "VERSION", "BACKEND", "ACCEPTED", "LOADED"]
+    );
+    assert_eq!(Model::crd().spec.scope, "Namespaced");
+    assert_eq!(EnginePlugin::crd().spec.scope, "Cluster");
+}
+
+#[test]
+fn crds_deserialize_into_the_k8s_openapi_type_without_unknown_fields() {
+    for dir in ["crds", "charts/gantry/crds"] {
+        for entry in std::fs::read_dir(repo_dir().join(dir)).expect("dir") {
+            let path = entry.expect("entry").path();
+            for doc in yaml_docs::<Value>(&path) {
+                crate::objects::assert_round_trips::<CustomResourceDefinition>(
+                    &doc,
+                    &path.display().to_string(),
+                );
+            }
+        }
+    }
+}
+
+/// OpenAPI validation (types, enums, patterns, ranges, required) as the apiserver runs it.
+fn schema_errors(crd: &CustomResourceDefinition, object: &Value) -> Vec<String> {
+    let validator = jsonschema::validator_for(&schema_of(crd)).expect("schema compiles");
+    validator
+        .iter_errors(object)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}
+
+/// CEL rules (`x-kubernetes-validations`) as the apiserver runs them.
+fn cel_errors(crd: &CustomResourceDefinition, object: &Value, old: Option<&Value>) -> Vec<String> {
+    match kube::core::cel::Validator::new().validate(&schema_of(crd), object, old) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors
+            .into_vec()
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field_path, e.message))
+            .collect(),
+    }
+}
+
+fn example(name: &str) -> Value {
+    yaml_docs::<Value>(&repo_dir().join("docs/examples").join(name)).remove(0)
+}
+
+#[test]
+fn the_examples_pass_admission() {
+    let model = example("model-gemma-3-270m.yaml");
+    assert_eq!(schema_errors(&Model::crd(), &model), Vec::<String>::new());
+    assert_eq!(
+        cel_errors(&Model::crd(), &model, None),
+        Vec::<String>::new()
+    );
+    let plugin = example("engineplugin-llama-cpp-cpu.yaml");
+    assert_eq!(
+        schema_errors(&EnginePlugin::crd(), &plugin),
+        Vec::<String>::new()
+    );
+    for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"] {
+        let fixture = yaml_docs::<Value>(
+            &crate::support::crate_dir().join(format!("tests/fixtures/models/{case}.yaml")),
+        )
+        .remove(0);
+        assert_eq!(
+            schema_errors(&Model::crd(), &fixture),
+            Vec::<String>::new(),
+            "{case}"
+        );
+        assert_eq!(
+            cel_errors(&Model::crd(), &fixture, None),
+            Vec::<String>::new(),
+            "{case}"
+        );
+    }
+}
+
+fn with(mut base: Value, pointer: &str, value: Value) -> Value {
+    *base
+        .pointer_mut(pointer)
+        .unwrap_or_else(|| panic!("no {pointer}")) = value;
+    base
+}
+
+#[test]
+fn admission_refuses_bad_enums_patterns_and_ranges() {
+    let model = example("model-gemma-3-270m.yaml");
+    let crd = Model::crd();
+    for (pointer, value) in [
+        ("/spec/format", json!("onnx")),
+        ("/spec/source/uri", json!("ftp://example.com/model.gguf")),
+        ("/spec/source/uri", json!("hf://just-an-org")),
+        ("/spec/source/uri", json!("s3://")),
+        ("/spec/resources/memory", json!("lots")),
+        ("/spec/replicas/min", json!(-1)),
+        ("/spec/load", json!("sometimes")),
+        ("/spec/engine", json!("Not An Id")),
+    ] {
+        let bad = with(model.clone(), pointer, value.clone());
+        assert!(
+            !schema_errors(&crd, &bad).is_empty(),
+            "{pointer} = {value} should be refused"
+        );
+    }
+    let plugin = example("engineplugin-llama-cpp-cpu.yaml");
+    let crd = EnginePlugin::crd();
+    for (pointer, value) in [
+        ("/spec/gpuBackend", json!("metal")),
+        ("/spec/version", json!("1.0")),
+        ("/spec/image", json!("Not An Image")),
+        ("/spec/formats", json!([])),
+        ("/spec/architectures", json!([])),
+        ("/spec/mountStrategy", json!("Magic")),
+    ] {
+        let bad = with(plugin.clone(), pointer, value.clone());
+        assert!(
+            !schema_errors(&crd, &bad).is_empty(),
+            "{pointer} = {value} should be refused"
+        );
+    }
+    let digest_pinned = with(
+        plugin,
+        "/spec/image",
+        json!(
+            "ghcr.io/gantry-dev/engine-llama-cpp-cpu@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+        ),
+    );
+    assert_eq!(
+        schema_errors(&crd, &digest_pinned),
+        Vec::<String>::new(),
+        "digest pinning is allowed"
+    );
+}
+
+#[test]
+fn cel_keeps_format_immutable_and_replicas_ordered() {
+    let crd = Model::crd();
+    let model = example("model-gemma-3-270m.yaml");
+    let changed = with(model.clone(), "/spec/format", json!("safetensors"));
+    let errors = cel_errors(&crd, &changed, Some(&model));
+    assert!(
+        errors.iter().any(|e| e.contains("format is immutable")),
+        "{errors:?}"
+    );
+    assert_eq!(
+        cel_errors(&crd, &model, Some(&model)),
+        Vec::<String>::new(),
+        "an unchanged format passes"
+    );
+
+    let inverted = with(model.clone(), "/spec/replicas", json!({"min": 3, "max": 2}));
+    let errors = cel_errors(&crd, &inverted, None);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("replicas.min must be <= replicas.max")),
+        "{errors:?}"
+    );
+    let zero = with(model.clone(), "/spec/replicas", json!({"min": 0, "max": 2}));
+    assert_eq!(
+        cel_errors(&crd, &zero, None),
+        Vec::<String>::new(),
+        "min may be 0"
+    );
+
+    let claim = with(
+        model.clone(),
+        "/spec/cache",
+        json!({"type": "PersistentVolumeClaim"}),
+    );
+    let errors = cel_errors(&crd, &claim, None);
+    assert!(
+        errors.iter().any(|e| e.contains("cache.size is required")),
+        "{errors:?}"
+    );
+
+    let bad_name = with(model, "/metadata/name", json!("3-gemma"));
+    let errors = cel_errors(&crd, &bad_name, None);
+    assert!(errors.iter().any(|e| e.contains("DNS-1035")), "{errors:?}");
+}

@@ -1,0 +1,743 @@
+//! Model reconcile against a mock API server: each scenario states the exact requests a
+//! reconcile makes (method and path, in order) and then checks what was written.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::{
+    ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, NodeStatus, QueueStatus,
+    Rejection, RejectionKind,
+};
+use gantry_operator::context::Settings;
+use gantry_operator::crd::{EnginePlugin, Model, ModelStatus};
+use gantry_operator::model::{self, build, resolve::resolve, validate::validate};
+use http::Method;
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use crate::support::{
+    Recorded, Step, condition, context, finish, fixture_model, fixture_plugins, path, repo_dir,
+    yaml_docs,
+};
+
+const POD_IP: &str = "10.0.0.5";
+
+/// The docs example, as the apiserver would hand it over.
+fn example_model() -> Model {
+    let mut m: Model =
+        yaml_docs(&repo_dir().join("docs/examples/model-gemma-3-270m.yaml")).remove(0);
+    m.metadata.uid = Some("9b2f6c1d-0000-4000-8000-00000000e2e0".into());
+    m.metadata.generation = Some(1);
+    m
+}
+
+fn example_plugins() -> Vec<EnginePlugin> {
+    yaml_docs(&repo_dir().join("docs/examples/engineplugin-llama-cpp-cpu.yaml"))
+}
+
+fn ns_name(m: &Model) -> (String, String) {
+    (
+        m.metadata.namespace.clone().unwrap_or_default(),
+        m.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The four owned-object GETs every reconcile starts with (no PVC cache in these Models).
+fn reads(
+    m: &Model,
+    cm: Option<Value>,
+    deploy: Option<Value>,
+    svc: Option<Value>,
+    pdb: Option<Value>,
+) -> Vec<Step> {
+    let (ns, name) = ns_name(m);
+    vec![
+        Step::get(path("v1", &ns, "configmaps", &name), cm),
+        Step::get(path("apps/v1", &ns, "deployments", &name), deploy),
+        Step::get(path("v1", &ns, "services", &name), svc),
+        Step::get(path("policy/v1", &ns, "poddisruptionbudgets", &name), pdb),
+    ]
+}
+
+fn applies(m: &Model) -> Vec<Step> {
+    let (ns, name) = ns_name(m);
+    vec![
+        Step::apply(path("v1", &ns, "configmaps", &name)),
+        Step::apply(path("apps/v1", &ns, "deployments", &name)),
+        Step::apply(path("v1", &ns, "services", &name)),
+    ]
+}
+
+fn status_patch(m: &Model) -> Step {
+    let (ns, name) = ns_name(m);
+    Step::apply_status(
+        format!(
+            "{}/status",
+            path("gantry.dev/v1alpha1", &ns, "models", &name)
+        ),
+        serde_json::to_value(m).expect("json"),
+    )
+}
+
+fn pods(m: &Model, items: Vec<Value>) -> Step {
+    let (ns, _) = ns_name(m);
+    Step::list(format!("/api/v1/namespaces/{ns}/pods"), items)
+}
+
+/// The objects the build step makes for `m` (what a previous reconcile applied).
+fn desired(m: &Model, plugins: &[EnginePlugin], arch: Option<&str>) -> build::OwnedObjects {
+    let v = validate(m, &Settings::default()).expect("valid");
+    let r = resolve(&v, arch, plugins, 1);
+    build::build(&v, &r.mounted(), &Settings::default()).expect("build")
+}
+
+fn ready_deployment(o: &build::OwnedObjects) -> Value {
+    let mut d = serde_json::to_value(&o.deployment).expect("json");
+    d["metadata"]["generation"] = json!(1);
+    d["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                         "readyReplicas": 1, "availableReplicas": 1});
+    d
+}
+
+fn running_pod(m: &Model, o: &build::OwnedObjects) -> Value {
+    let (ns, name) = ns_name(m);
+    let annotations = o
+        .deployment
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|t| t.annotations.clone());
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": format!("{name}-7c9d-abcde"), "namespace": ns, "annotations": annotations},
+           "status": {"phase": "Running", "podIP": POD_IP}})
+}
+
+fn node_report(served: &str, arch: &str, verdict: EngineVerdict) -> BTreeMap<String, NodeStatus> {
+    let status = NodeStatus {
+        version: "0.1.0".into(),
+        backend: "cpu".into(),
+        ready: true,
+        draining: false,
+        plugins: Vec::new(),
+        models: vec![gantry_api::ModelStatus {
+            id: served.into(),
+            format: "gguf".into(),
+            architecture: Some(arch.into()),
+            verdict: Some(verdict),
+            artifact: ArtifactStatus {
+                state: ArtifactState::Ready,
+                bytes_done: 253_000_000,
+                bytes_total: 253_000_000,
+                bytes_per_second: 0.0,
+                message: None,
+            },
+            load: LoadStatus {
+                state: LoadState::Loaded,
+                plugin: Some("llama_cpp".into()),
+                message: None,
+                bytes_used: 1,
+            },
+            queue: QueueStatus::default(),
+        }],
+    };
+    BTreeMap::from([(POD_IP.to_string(), status)])
+}
+
+fn supported() -> EngineVerdict {
+    EngineVerdict::Supported {
+        plugin: "llama_cpp".into(),
+        version: "0.1.0".into(),
+    }
+}
+
+fn status_body(recorded: &[Recorded]) -> Value {
+    recorded
+        .iter()
+        .find(|r| r.path.ends_with("/status"))
+        .and_then(|r| r.body.clone())
+        .expect("a status patch")["status"]
+        .clone()
+}
+
+async fn run(
+    model: Model,
+    ctx: Arc<gantry_operator::context::Context>,
+) -> Result<Action, model::Error> {
+    model::reconcile(Arc::new(DeserializeGuard(Ok(model))), ctx).await
+}
+
+#[tokio::test]
+async fn first_reconcile_applies_config_map_deployment_service_and_patches_status() {
+    let m = fixture_model("cpu");
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.extend(applies(&m));
+    steps.push(status_patch(&m));
+    let server = server.run(steps);
+    let action = run(m.clone(), ctx.clone()).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
+
+    let applied_kinds: Vec<&str> = recorded
+        .iter()
+        .filter(|r| r.method == Method::PATCH)
+        .filter_map(|r| r.body.as_ref()?["kind"].as_str())
+        .collect();
+    assert_eq!(
+        applied_kinds,
+        ["ConfigMap", "Deployment", "Service", "Model"]
+    );
+    let status = status_body(&recorded);
+    assert_eq!(status["observedGeneration"], 1);
+    // No architecture yet: both CPU plugins are mounted and the first report will decide.
+    let engine = condition(&status, "EngineResolved");
+    assert_eq!(
+        (engine["status"].as_str(), engine["reason"].as_str()),
+        (Some("Unknown"), Some("ArchitecturePending"))
+    );
+    assert_eq!(condition(&status, "Ready")["reason"], "ReplicasNotReady");
+    assert_eq!(condition(&status, "Progressing")["status"], "True");
+    assert_eq!(condition(&status, "Degraded")["status"], "False");
+    assert_eq!(
+        condition(&status, "ArtifactReady")["reason"],
+        "AwaitingReport"
+    );
+    assert_eq!(
+        status["endpoint"],
+        "http://gemma-3-270m.default.svc:8080/v1"
+    );
+    assert_eq!(
+        status["observedSource"],
+        "hf://unsloth/gemma-3-270m-it-GGUF (Q4_K_M)"
+    );
+    assert_eq!(
+        condition(&status, "Ready")["lastTransitionTime"],
+        "2023-11-14T22:13:20Z"
+    );
+    // The Deployment mounts what the build step says, with an owner reference to the Model.
+    let deploy = recorded
+        .iter()
+        .find(|r| r.method == Method::PATCH && r.path.ends_with("/deployments/gemma-3-270m"))
+        .and_then(|r| r.body.clone())
+        .expect("deployment");
+    assert_eq!(
+        deploy["metadata"]["ownerReferences"][0]["uid"],
+        "3f1c2b4a-0000-4000-8000-000000000001"
+    );
+    assert_eq!(
+        deploy["spec"]["template"]["metadata"]["annotations"]["gantry.dev/engine-plugins"],
+        "llama-cpp-cpu,tinyllm-cpu"
+    );
+}
+
+#[tokio::test]
+async fn first_reconcile_of_a_resolvable_model_records_an_engine_resolved_event() {
+    let m = example_model();
+    let (ctx, server) = context(example_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.extend(applies(&m));
+    steps.push(status_patch(&m));
+    steps.push(Step::event("default"));
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    let status = status_body(&recorded);
+    assert_eq!(
+        status["engine"],
+        json!({"id": "llama_cpp", "version": "0.1.0", "plugin": "llama-cpp-cpu"})
+    );
+    assert_eq!(condition(&status, "EngineResolved")["status"], "True");
+    let event = recorded.last().and_then(|r| r.body.clone()).expect("event");
+    assert_eq!(
+        (event["type"].as_str(), event["reason"].as_str()),
+        (Some("Normal"), Some("EngineResolved"))
+    );
+    assert_eq!(event["regarding"]["kind"], "Model");
+}
+
+#[tokio::test]
+async fn model_without_supported_engine_sets_engine_resolved_false_and_creates_nothing() {
+    let m = fixture_model("cpu");
+    // Only the CUDA build exists: wrong backend for a CPU model.
+    let plugins: Vec<EnginePlugin> = fixture_plugins()
+        .into_iter()
+        .filter(|p| p.spec.engine_id == "llama_cpp" && p.spec.gpu_backend.as_str() == "cuda")
+        .collect();
+    let (ctx, server) = context(plugins, BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.push(status_patch(&m));
+    steps.push(Step::event("default"));
+    steps.push(Step::event("default"));
+    let server = server.run(steps);
+    let action = run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::await_change());
+    assert!(
+        recorded.iter().all(|r| r.method == Method::GET
+            || r.path.ends_with("/status")
+            || r.path.ends_with("/events")),
+        "created something: {recorded:#?}"
+    );
+    let status = status_body(&recorded);
+    let engine = condition(&status, "EngineResolved");
+    assert_eq!(
+        (engine["status"].as_str(), engine["reason"].as_str()),
+        (Some("False"), Some("NoMatchingEngine"))
+    );
+    assert!(
+        engine["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("llama-cpp-cuda: plugin is built for cuda")),
+        "{engine}"
+    );
+    assert_eq!(
+        status["candidates"],
+        json!([{"plugin": "llama-cpp-cuda", "kind": "backend",
+        "reason": "plugin is built for cuda, the model runs on cpu (resources.gpus = 0)"}])
+    );
+    assert_eq!(condition(&status, "Ready")["reason"], "EngineUnresolved");
+    assert_eq!(condition(&status, "Degraded")["reason"], "EngineUnresolved");
+    assert_eq!(condition(&status, "Progressing")["reason"], "NotDeployed");
+    let reasons: Vec<&str> = recorded
+        .iter()
+        .filter(|r| r.path.ends_with("/events"))
+        .filter_map(|r| r.body.as_ref()?["reason"].as_str())
+        .collect();
+    assert_eq!(reasons, ["NoMatchingEngine", "EngineUnresolved"]);
+}
+
+#[tokio::test]
+async fn every_rejected_candidate_is_listed_with_its_reason() {
+    let mut m = fixture_model("cpu");
+    m.spec.architecture = Some("bert".into());
+    let mut plugins = fixture_plugins();
+    // An ABI the node image does not speak, and a shadowing duplicate of llama-cpp-cpu.
+    let mut old_abi = plugins[0].clone();
+    old_abi.metadata.name = Some("aaa-old-abi".into());
+    old_abi.spec.engine_id = "old_engine".into();
+    old_abi.spec.abi_version = 0;
+    let mut duplicate = plugins[0].clone();
+    duplicate.metadata.name = Some("zzz-llama-copy".into());
+    plugins.push(old_abi);
+    plugins.push(duplicate);
+    let (ctx, server) = context(plugins, BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.push(status_patch(&m));
+    steps.push(Step::event("default"));
+    steps.push(Step::event("default"));
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let status = status_body(&finish(server).await);
+    let kinds: Vec<(String, String)> = status["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .map(|c| {
+            (
+                c["plugin"].as_str().unwrap_or_default().to_string(),
+                c["kind"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    // Engine-id order, then name: llama_cpp (cpu, cuda, copy), old_engine, tinyllm.
+    assert_eq!(
+        kinds,
+        [
+            ("llama-cpp-cpu".into(), "architecture".into()),
+            ("llama-cpp-cuda".into(), "backend".into()),
+            ("zzz-llama-copy".into(), "load_error".into()),
+            ("aaa-old-abi".into(), "abi".into()),
+            ("tinyllm-cpu".into(), "architecture".into()),
+        ] as [(String, String); 5]
+    );
+}
+
+/// Pass 1 converges a running Model; pass 2 (its status stored) must write nothing.
+#[tokio::test]
+async fn steady_state_reconcile_writes_nothing() {
+    let mut m = example_model();
+    let plugins = example_plugins();
+    let o = desired(&m, &plugins, Some("gemma3"));
+    let base = m.clone();
+    let live = || {
+        let m = &base;
+        let mut steps = reads(
+            m,
+            Some(serde_json::to_value(&o.config_map).expect("json")),
+            Some(ready_deployment(&o)),
+            Some(serde_json::to_value(&o.service).expect("json")),
+            None,
+        );
+        steps.push(pods(m, vec![running_pod(m, &o)]));
+        steps
+    };
+    let reports = node_report("gemma-3-270m", "gemma3", supported());
+
+    let (ctx, server) = context(plugins.clone(), reports.clone());
+    let mut steps = live();
+    steps.push(status_patch(&m));
+    // Ready, EngineResolved and ArtifactReady turn True: one Normal event each.
+    steps.extend([
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    let server = server.run(steps);
+    let action = run(m.clone(), ctx).await.expect("pass 1");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let status = status_body(&recorded);
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    assert_eq!(condition(&status, "ArtifactReady")["reason"], "Downloaded");
+    assert_eq!(
+        status["replicas"],
+        json!({"desired": 1, "current": 1, "ready": 1})
+    );
+    assert_eq!(
+        status["download"],
+        json!({"bytesDone": 253_000_000, "bytesTotal": 253_000_000})
+    );
+    assert!(
+        condition(&status, "EngineResolved")["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("confirmed by node pod default/gemma-3-270m-7c9d-abcde"))
+    );
+
+    m.status = Some(serde_json::from_value::<ModelStatus>(status).expect("status"));
+    let (ctx, server) = context(plugins, reports);
+    let server = server.run(live());
+    let action = run(m, ctx.clone()).await.expect("pass 2");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert!(
+        recorded.iter().all(|r| r.method == Method::GET),
+        "{recorded:#?}"
+    );
+    assert_eq!(ctx.metrics.total_writes(), 0);
+}
+
+#[tokio::test]
+async fn the_first_node_report_narrows_the_mounted_plugins_to_the_one_that_serves() {
+    let m = fixture_model("cpu");
+    let plugins = fixture_plugins();
+    let o = desired(&m, &plugins, None);
+    let init = o
+        .deployment
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.init_containers.as_ref())
+        .map(Vec::len);
+    assert_eq!(
+        init,
+        Some(1),
+        "tinyllm is an image volume, llama.cpp an init container"
+    );
+    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
+    let (ns, name) = ns_name(&m);
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(ready_deployment(&o)),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
+    steps.push(status_patch(&m));
+    steps.extend([Step::event(&ns), Step::event(&ns)]);
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    let deploy = recorded
+        .iter()
+        .find(|r| r.method == Method::PATCH && r.path.contains("/deployments/"))
+        .and_then(|r| r.body.clone())
+        .expect("deployment");
+    assert_eq!(
+        deploy["spec"]["template"]["metadata"]["annotations"]["gantry.dev/engine-plugins"],
+        "llama-cpp-cpu"
+    );
+    let status = status_body(&recorded);
+    assert_eq!(status["architecture"], "gemma3");
+    assert_eq!(status["engine"]["plugin"], "llama-cpp-cpu");
+}
+
+#[tokio::test]
+async fn a_node_that_rejects_the_model_sets_rejected_by_node_and_keeps_its_pods() {
+    let m = example_model();
+    let plugins = example_plugins();
+    let o = desired(&m, &plugins, Some("gemma3"));
+    let verdict = EngineVerdict::Unsupported {
+        rejections: vec![Rejection { plugin: "llama_cpp".into(), kind: RejectionKind::LoadError, reason: "plugin not loaded: Binary not found: /opt/gantry/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so".into() }],
+    };
+    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", verdict));
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(ready_deployment(&o)),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(status_patch(&m));
+    steps.extend([
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    let server = server.run(steps);
+    let action = run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(15)),
+        "pods stay, so keep polling them"
+    );
+    let status = status_body(&recorded);
+    let engine = condition(&status, "EngineResolved");
+    assert_eq!(
+        (engine["status"].as_str(), engine["reason"].as_str()),
+        (Some("False"), Some("RejectedByNode"))
+    );
+    assert_eq!(status["candidates"][0]["kind"], "load_error");
+    assert_eq!(condition(&status, "Ready")["status"], "False");
+}
+
+#[tokio::test]
+async fn deleting_a_model_makes_no_requests_because_owner_references_cascade() {
+    let mut m = example_model();
+    m.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        crate::support::t0(),
+    ));
+    m.metadata.finalizers = Some(vec!["someone-else.example.com/hold".into()]);
+    let (ctx, server) = context(example_plugins(), BTreeMap::new());
+    let server = server.run(Vec::new());
+    let action = run(m.clone(), ctx).await.expect("reconcile");
+    assert!(finish(server).await.is_empty());
+    assert_eq!(action, Action::await_change());
+    // No finalizer of ours exists to remove: nothing outside the cluster needs cleanup.
+    assert!(
+        m.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .all(|f| !f.contains("gantry"))
+    );
+}
+
+#[tokio::test]
+async fn a_model_that_loses_its_engine_has_its_deployment_deleted_but_keeps_config_and_service() {
+    let m = example_model();
+    let o = desired(&m, &example_plugins(), Some("gemma3"));
+    let (ns, name) = ns_name(&m);
+    // The plugin was deleted: nothing serves llama_cpp any more.
+    let (ctx, server) = context(
+        Vec::new(),
+        node_report("gemma-3-270m", "gemma3", supported()),
+    );
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(ready_deployment(&o)),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(Step::delete(path("apps/v1", &ns, "deployments", &name)));
+    steps.push(status_patch(&m));
+    steps.extend([Step::event(&ns), Step::event(&ns)]);
+    let server = server.run(steps);
+    let action = run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::await_change());
+    let status = status_body(&recorded);
+    assert_eq!(
+        condition(&status, "EngineResolved")["reason"],
+        "NoMatchingEngine"
+    );
+    assert_eq!(status["candidates"][0]["plugin"], "llama_cpp");
+    assert_eq!(status["candidates"][0]["kind"], "pin");
+}
+
+#[tokio::test]
+async fn a_server_error_on_apply_requeues_with_backoff_and_the_retry_finishes_the_job() {
+    let m = fixture_model("cpu");
+    let (ns, name) = ns_name(&m);
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.push(Step::apply(path("v1", &ns, "configmaps", &name)));
+    steps.push(Step::fail(
+        Method::PATCH,
+        path("apps/v1", &ns, "deployments", &name),
+        500,
+    ));
+    let server = server.run(steps);
+    let obj = Arc::new(DeserializeGuard(Ok(m.clone())));
+    let err = model::reconcile(obj.clone(), ctx.clone())
+        .await
+        .expect_err("500 fails the reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(err.metric_label(), "apply_transient");
+    assert!(
+        recorded.iter().all(|r| !r.path.ends_with("/status")),
+        "a transient failure does not touch status"
+    );
+    assert_eq!(
+        model::error_policy(obj.clone(), &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(
+        model::error_policy(obj, &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(10))
+    );
+    assert!(ctx.metrics.encode().expect("metrics").contains(
+        "gantry_operator_reconcile_errors_total{controller=\"model\",error=\"apply_transient\"} 1"
+    ));
+
+    // The retry sees the ConfigMap already applied and picks up where it failed.
+    let applied_cm = recorded[4].body.clone().expect("configmap");
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, Some(applied_cm), None, None, None);
+    steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
+    steps.push(Step::apply(path("v1", &ns, "services", &name)));
+    steps.push(status_patch(&m));
+    let server = server.run(steps);
+    run(m, ctx).await.expect("retry");
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn a_conflict_on_the_status_patch_requeues_without_losing_the_applied_objects() {
+    let m = fixture_model("cpu");
+    let (ns, name) = ns_name(&m);
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.extend(applies(&m));
+    steps.push(Step::fail(
+        Method::PATCH,
+        format!(
+            "{}/status",
+            path("gantry.dev/v1alpha1", &ns, "models", &name)
+        ),
+        409,
+    ));
+    let server = server.run(steps);
+    let obj = Arc::new(DeserializeGuard(Ok(m)));
+    let err = model::reconcile(obj.clone(), ctx.clone())
+        .await
+        .expect_err("409 fails the reconcile");
+    finish(server).await;
+    assert_eq!(err.metric_label(), "status_patch");
+    assert_eq!(
+        model::error_policy(obj, &err, ctx),
+        Action::requeue(Duration::from_secs(5))
+    );
+}
+
+#[tokio::test]
+async fn an_apply_the_apiserver_refuses_is_reported_as_degraded_and_retried_late() {
+    let m = fixture_model("cpu");
+    let (ns, name) = ns_name(&m);
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.push(Step::apply(path("v1", &ns, "configmaps", &name)));
+    steps.push(Step::fail(
+        Method::PATCH,
+        path("apps/v1", &ns, "deployments", &name),
+        422,
+    ));
+    steps.push(status_patch(&m));
+    steps.push(Step::event(&ns));
+    let server = server.run(steps);
+    let obj = Arc::new(DeserializeGuard(Ok(m)));
+    let err = model::reconcile(obj.clone(), ctx.clone())
+        .await
+        .expect_err("422 fails the reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(err.metric_label(), "apply_refused");
+    let degraded = condition(&status_body(&recorded), "Degraded").clone();
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("ApplyFailed"))
+    );
+    assert_eq!(
+        model::error_policy(obj, &err, ctx),
+        Action::requeue(Duration::from_secs(300))
+    );
+}
+
+#[tokio::test]
+async fn an_object_of_the_same_name_owned_by_someone_else_is_never_overwritten() {
+    let m = fixture_model("cpu");
+    let (ns, name) = ns_name(&m);
+    let users_cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": {"mine": "yes"}});
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, Some(users_cm), None, None, None);
+    steps.push(status_patch(&m));
+    steps.push(Step::event(&ns));
+    let server = server.run(steps);
+    let err = run(m, ctx).await.expect_err("not owned");
+    let recorded = finish(server).await;
+    assert_eq!(err.metric_label(), "apply_not_owned");
+    assert!(
+        recorded
+            .iter()
+            .all(|r| !r.path.ends_with("/configmaps/gemma-3-270m") || r.method == Method::GET)
+    );
+    let degraded = condition(&status_body(&recorded), "Degraded").clone();
+    assert!(degraded["message"].as_str().is_some_and(|s| {
+        s.contains("ConfigMap gemma-3-270m exists and is not controlled by this Model")
+    }));
+}
+
+#[tokio::test]
+async fn an_invalid_model_patches_invalid_spec_and_waits_for_a_change() {
+    let mut m = fixture_model("cpu");
+    m.spec.source.uri = "ftp://example.com/x.gguf".into();
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.push(status_patch(&m));
+    steps.push(Step::event("default"));
+    let server = server.run(steps);
+    let action = run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::await_change());
+    let ready = condition(&status_body(&recorded), "Ready").clone();
+    assert_eq!(ready["reason"], "InvalidSpec");
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("spec.source.uri"))
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_object_gets_a_warning_event_and_does_not_block_the_controller() {
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let server = server.run(vec![Step::event("default")]);
+    let invalid = InvalidObject {
+        error: "spec.format: unknown variant `onnx`".into(),
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("broken".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+    };
+    let action = model::reconcile(Arc::new(DeserializeGuard(Err(invalid))), ctx)
+        .await
+        .expect("reconcile");
+    assert_eq!(action, Action::await_change());
+    let recorded = finish(server).await;
+    let event = recorded[0].body.clone().expect("event");
+    assert_eq!(
+        (event["type"].as_str(), event["reason"].as_str()),
+        (Some("Warning"), Some("Malformed"))
+    );
+    assert_eq!(event["regarding"]["name"], "broken");
+}

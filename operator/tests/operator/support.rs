@@ -1,0 +1,361 @@
+//! Test support (outside the reconcile path): YAML fixtures, a test Context, and the mock
+//! API server that checks a reconcile's exact requests (kube-rs controller-rs `fixtures.rs`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::NodeStatus;
+use gantry_operator::context::{Context, Settings};
+use gantry_operator::crd::{EnginePlugin, Model};
+use gantry_operator::metrics::Metrics;
+use gantry_operator::node_report::FixedNodeStatus;
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::jiff::Timestamp;
+use kube::client::Body;
+use kube::core::DeserializeGuard;
+use kube::runtime::{reflector, watcher};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// `operator/`.
+pub fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The repository root.
+pub fn repo_dir() -> PathBuf {
+    crate_dir().join("..")
+}
+
+/// Every YAML document in a file, deserialized.
+pub fn yaml_docs<T: DeserializeOwned>(path: &std::path::Path) -> Vec<T> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            let value = serde_yaml::Value::deserialize(doc).expect("yaml");
+            serde_yaml::from_value(value)
+                .unwrap_or_else(|e| panic!("{} does not deserialize: {e}", path.display()))
+        })
+        .collect()
+}
+
+use serde::Deserialize;
+
+pub fn fixture_model(name: &str) -> Model {
+    let path = crate_dir().join(format!("tests/fixtures/models/{name}.yaml"));
+    yaml_docs::<Model>(&path).remove(0)
+}
+
+pub fn fixture_plugins() -> Vec<EnginePlugin> {
+    yaml_docs(&crate_dir().join("tests/fixtures/plugins.yaml"))
+}
+
+/// A fixed clock: every `lastTransitionTime` a test sees is this instant.
+pub fn t0() -> Timestamp {
+    Timestamp::from_second(1_700_000_000).expect("timestamp")
+}
+
+/// A Context whose client talks to the returned mock server.
+pub fn context(
+    plugins: Vec<EnginePlugin>,
+    nodes: BTreeMap<String, NodeStatus>,
+) -> (Arc<Context>, ApiServer) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (store, mut writer) = reflector::store::<DeserializeGuard<EnginePlugin>>();
+    for p in plugins {
+        writer.apply_watcher_event(&watcher::Event::Apply(DeserializeGuard(Ok(p))));
+    }
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let ctx = Context::new(
+        client,
+        Settings::default(),
+        store,
+        Arc::new(FixedNodeStatus(nodes)),
+        metrics,
+    )
+    .with_clock(Arc::new(t0));
+    (Arc::new(ctx), ApiServer { handle })
+}
+
+/// One expected request and the answer to give.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub method: Method,
+    pub path: String,
+    pub status: StatusCode,
+    pub reply: Reply,
+}
+
+/// What the mock answers.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// The request body, as an apply or create echoes the object back.
+    Echo,
+    /// A fixed document.
+    Json(Value),
+    /// This object with the request body's fields laid over it: what a status patch returns.
+    EchoOnto(Value),
+}
+
+impl Step {
+    pub fn get(path: impl Into<String>, reply: Option<Value>) -> Step {
+        match reply {
+            Some(v) => Step {
+                method: Method::GET,
+                path: path.into(),
+                status: StatusCode::OK,
+                reply: Reply::Json(v),
+            },
+            None => Step::not_found(Method::GET, path),
+        }
+    }
+
+    pub fn not_found(method: Method, path: impl Into<String>) -> Step {
+        let path = path.into();
+        Step {
+            method,
+            reply: Reply::Json(status_body(404, "NotFound", &format!("{path} not found"))),
+            path,
+            status: StatusCode::NOT_FOUND,
+        }
+    }
+
+    /// A server-side apply (PATCH) answered with the applied object.
+    pub fn apply(path: impl Into<String>) -> Step {
+        Step {
+            method: Method::PATCH,
+            path: path.into(),
+            status: StatusCode::OK,
+            reply: Reply::Echo,
+        }
+    }
+
+    /// A status apply, answered with `object` carrying the applied status.
+    pub fn apply_status(path: impl Into<String>, object: Value) -> Step {
+        Step {
+            method: Method::PATCH,
+            path: path.into(),
+            status: StatusCode::OK,
+            reply: Reply::EchoOnto(object),
+        }
+    }
+
+    pub fn create(path: impl Into<String>) -> Step {
+        Step {
+            method: Method::POST,
+            path: path.into(),
+            status: StatusCode::CREATED,
+            reply: Reply::Echo,
+        }
+    }
+
+    pub fn replace(path: impl Into<String>) -> Step {
+        Step {
+            method: Method::PUT,
+            path: path.into(),
+            status: StatusCode::OK,
+            reply: Reply::Echo,
+        }
+    }
+
+    pub fn delete(path: impl Into<String>) -> Step {
+        let reply =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}});
+        Step {
+            method: Method::DELETE,
+            path: path.into(),
+            status: StatusCode::OK,
+            reply: Reply::Json(reply),
+        }
+    }
+
+    pub fn fail(method: Method, path: impl Into<String>, code: u16) -> Step {
+        let reason = match code {
+            409 => "Conflict",
+            422 => "Invalid",
+            _ => "InternalError",
+        };
+        Step {
+            method,
+            path: path.into(),
+            status: StatusCode::from_u16(code).expect("status code"),
+            reply: Reply::Json(status_body(code, reason, "injected by the test")),
+        }
+    }
+
+    pub fn event(ns: &str) -> Step {
+        Step::create(format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"))
+    }
+
+    pub fn list(path: impl Into<String>, items: Vec<Value>) -> Step {
+        Step {
+            method: Method::GET,
+            path: path.into(),
+            status: StatusCode::OK,
+            reply: Reply::Json(
+                json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+            ),
+        }
+    }
+}
+
+pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+/// A request the reconcile made.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub method: Method,
+    pub path: String,
+    pub query: String,
+    pub body: Option<Value>,
+}
+
+/// The API server side of the mock: answers steps in order and records the requests.
+pub struct ApiServer {
+    handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+}
+
+impl ApiServer {
+    pub fn new(handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Self {
+        ApiServer { handle }
+    }
+
+    /// Serve `steps` in order. Panics on a request that differs from the next step, and on
+    /// any request after the last step: the reconcile must make exactly these calls.
+    pub fn run(mut self, steps: Vec<Step>) -> tokio::task::JoinHandle<Vec<Recorded>> {
+        tokio::spawn(async move {
+            let mut recorded = Vec::new();
+            for (i, step) in steps.into_iter().enumerate() {
+                let (request, send) =
+                    tokio::time::timeout(Duration::from_secs(5), self.handle.next_request())
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!(
+                                "step {i}: no request arrived; expected {} {}",
+                                step.method, step.path
+                            )
+                        })
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "step {i}: client gone; expected {} {}",
+                                step.method, step.path
+                            )
+                        });
+                let method = request.method().clone();
+                let path = request.uri().path().to_string();
+                let query = request.uri().query().unwrap_or_default().to_string();
+                let bytes = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .expect("request body");
+                let body: Option<Value> = if bytes.is_empty() {
+                    None
+                } else {
+                    Some(serde_json::from_slice(&bytes).expect("request body is JSON"))
+                };
+                assert_eq!(
+                    (&method, &path),
+                    (&step.method, &step.path),
+                    "step {i}: unexpected request {method} {path}?{query}"
+                );
+                if method == Method::PATCH {
+                    assert!(
+                        query.contains("fieldManager=gantry-operator"),
+                        "step {i}: {path}?{query} lacks the field manager"
+                    );
+                    assert!(
+                        query.contains("force=true"),
+                        "step {i}: {path}?{query} is not a forced apply"
+                    );
+                }
+                let reply = match &step.reply {
+                    Reply::Json(v) => v.clone(),
+                    Reply::Echo => body.clone().unwrap_or(json!({})),
+                    Reply::EchoOnto(base) => {
+                        let mut merged = base.clone();
+                        for (k, v) in body
+                            .as_ref()
+                            .and_then(Value::as_object)
+                            .into_iter()
+                            .flatten()
+                        {
+                            if k != "metadata" {
+                                merged[k] = v.clone();
+                            }
+                        }
+                        merged
+                    }
+                };
+                let response = Response::builder()
+                    .status(step.status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
+                    .expect("response");
+                send.send_response(response);
+                recorded.push(Recorded {
+                    method,
+                    path,
+                    query,
+                    body,
+                });
+            }
+            if let Ok(Some((request, _))) =
+                tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await
+            {
+                panic!(
+                    "unexpected extra request {} {}",
+                    request.method(),
+                    request.uri()
+                );
+            }
+            recorded
+        })
+    }
+}
+
+/// Await the mock server, failing the test if it panicked or hung.
+pub async fn finish(server: tokio::task::JoinHandle<Vec<Recorded>>) -> Vec<Recorded> {
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("mock server timed out")
+        .expect("mock server scenario failed")
+}
+
+/// Paths of a namespaced core or group resource.
+pub fn path(group_version: &str, ns: &str, plural: &str, name: &str) -> String {
+    let prefix = if group_version == "v1" {
+        "/api/v1".to_string()
+    } else {
+        format!("/apis/{group_version}")
+    };
+    format!("{prefix}/namespaces/{ns}/{plural}/{name}")
+}
+
+/// JSON `value` with a deep subset `expected`: every field of `expected` is in `value`, equal.
+pub fn contains(value: &Value, expected: &Value) -> bool {
+    match (value, expected) {
+        (Value::Object(v), Value::Object(e)) => e
+            .iter()
+            .all(|(k, ev)| v.get(k).is_some_and(|vv| contains(vv, ev))),
+        (Value::Array(v), Value::Array(e)) => {
+            v.len() == e.len() && v.iter().zip(e).all(|(a, b)| contains(a, b))
+        }
+        (a, b) => a == b,
+    }
+}
+
+/// The condition of `type_` in a status JSON.
+pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
