@@ -282,11 +282,11 @@ async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504
         json!({"responseCacheRamFraction": 0.0}),
     );
     wait_ready(&node).await;
-    // The tiny model is fast; ask for more than a second's worth.
+    // The tiny model makes ~2,000 tokens/s on two cores: 2,040 tokens outlast a 0.25 s deadline.
     let (s, v) = post(
         &node,
         "/v1/completions",
-        json!({"model": "tiny", "prompt": "x", "max_tokens": 2000, "temperature": 0, "timeout": 1}),
+        json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "timeout": 0.25}),
     )
     .await;
     assert_eq!(s, 504, "{v}");
@@ -294,7 +294,7 @@ async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504
     let mut rx = {
         let resp = http()
             .post(format!("{}/v1/completions", node.base))
-            .json(&json!({"model": "tiny", "prompt": "x", "max_tokens": 2000, "temperature": 0, "stream": true, "timeout": 1}))
+            .json(&json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "stream": true, "timeout": 0.25}))
             .send()
             .await
             .expect("stream");
@@ -310,6 +310,11 @@ async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504
     let fin: Value = serde_json::from_str(&chunks[chunks.len() - 2]).expect("final chunk");
     assert_eq!(fin["choices"][0]["finish_reason"], "length");
     assert!(chunks.len() > 3, "the stream returned the tokens it had");
+    assert!(
+        chunks.len() < 2000,
+        "the deadline cut the stream short ({} events)",
+        chunks.len()
+    );
     // A per-request timeout above the model's maximum is refused.
     let (s, v) = post(
         &node,

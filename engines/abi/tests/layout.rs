@@ -67,7 +67,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             format,
             quantization,
             mmproj,
-            context_length
+            context_length,
+            max_sequences
         }
     );
     layout!(
@@ -77,7 +78,6 @@ fn rust_layout() -> Vec<(String, usize)> {
             architecture,
             vocab_size,
             context_length,
-            max_sequences,
             trained_context_length,
             kv_capacity_tokens,
             max_sequences,
