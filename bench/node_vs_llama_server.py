@@ -29,12 +29,11 @@ import time
 from pathlib import Path
 
 PROMPT = (
-    "You are a careful assistant. Read the following notes and then write a short summary. "
-    "The city council met on Tuesday to discuss the new library, the repair of the old bridge "
-    "over the river, and a plan to plant two hundred trees along the main street before winter. "
-    "Several residents spoke in favour of the library, while others asked about its cost and "
-    "about parking near the market square. The engineer said the bridge can stay open during the "
-    "repairs if traffic is limited to one lane. Summarise the meeting in three sentences."
+    "Read these notes and summarise them in three sentences. The city council met on Tuesday "
+    "to discuss the new library, the repair of the old bridge over the river, and a plan to "
+    "plant two hundred trees along the main street before winter. Residents asked about the "
+    "cost of the library and about parking near the market square. The engineer said the "
+    "bridge can stay open if traffic is limited to one lane."
 )
 
 
@@ -209,6 +208,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests-per-slot", type=int, default=3, help="requests per concurrent client")
     ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--node-arg", action="append", default=[], help="extra gantry-node serve argument")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     ctx_per_seq, parallel = 4096, 8
@@ -216,7 +216,7 @@ def main():
     node_port, peer_port = free_port(), free_port()
     node_argv = [args.node, "serve", "--model", args.model, "--model-id", "gemma", "--listen", f"127.0.0.1:{node_port}",
                  "--threads", str(args.threads), "--context-length", str(ctx_per_seq), "--max-batch-size", str(parallel),
-                 "--request-timeout", "0"]
+                 "--request-timeout", "0", *args.node_arg]
     peer_argv = [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(peer_port), "-t", str(args.threads),
                  "-tb", str(args.threads), "-np", str(parallel), "-c", str(ctx_per_seq * parallel), "--kv-unified",
                  "--no-webui", "-a", "gemma"]

@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// Device memory limit in bytes handed to engines (0 = no limit).
     #[arg(long, env = "GANTRY_VRAM_LIMIT", default_value_t = 0)]
     pub vram_limit: u64,
+    /// Most prompt tokens fed per engine step across prefilling sequences.
+    #[arg(long, env = "GANTRY_PREFILL_CHUNK_TOKENS")]
+    pub prefill_chunk_tokens: Option<u32>,
     /// Disable the temperature-0 response cache.
     #[arg(long, env = "GANTRY_NO_RESPONSE_CACHE")]
     pub no_response_cache: bool,
@@ -140,6 +143,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(t) = args.threads {
         config.scheduler.threads = t;
+    }
+    if let Some(n) = args.prefill_chunk_tokens {
+        config.scheduler.prefill_chunk_tokens = n;
     }
     if args.no_response_cache {
         config.scheduler.response_cache_ram_fraction = 0.0;

@@ -367,3 +367,29 @@ fn gemma_3_270m_greedily_answers_paris() {
         String::from_utf8_lossy(&shared.detokenize(&out, false).expect("detok")).into_owned();
     assert!(text.starts_with(" Paris"), "got {text:?}");
 }
+
+#[test]
+fn a_released_prompt_prefix_is_reused_without_changing_the_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), &TinyModelSpec::default());
+    let plugin = llama_plugin(2, 512);
+    let prompt = |tail: &str, s: &ModelShared| {
+        s.tokenize(
+            &format!("A long shared system prompt about Paris and France. {tail}"),
+            true,
+            false,
+        )
+        .expect("tok")
+    };
+    // Cold: a fresh model answers both prompts.
+    let (cold_s, mut cold) = plugin.load_model(&desc("cold", &path)).expect("load");
+    let a_cold = generate_batched(&mut cold, &[prompt("First question?", &cold_s)], 16).remove(0);
+    let (fresh_s, mut fresh) = plugin.load_model(&desc("fresh", &path)).expect("load");
+    let b_cold = generate_batched(&mut fresh, &[prompt("Second one!", &fresh_s)], 16).remove(0);
+    // Warm: B runs right after A was released on the same model, sharing A's prefix cells.
+    let b_warm = generate_batched(&mut cold, &[prompt("Second one!", &cold_s)], 16).remove(0);
+    assert_eq!(b_warm, b_cold, "prefix reuse changed the answer");
+    // And the same prompt again (whole prompt cached but the last token) too.
+    let a_again = generate_batched(&mut cold, &[prompt("First question?", &cold_s)], 16).remove(0);
+    assert_eq!(a_again, a_cold);
+}

@@ -95,18 +95,92 @@ impl Engine for LlamaEngine {
 
 /// One open sequence: its llama.cpp slot, next position and sampler state.
 struct Seq {
-    slot: i32,
+    /// Bound on the first step, when the prompt is known (see `bind`).
+    slot: Option<i32>,
     n_past: i32,
+    /// Tokens in this sequence's KV cells, in order.
+    history: Vec<i32>,
     sampler: Option<SeqSampler>,
 }
 
+/// A llama.cpp sequence slot no open sequence holds. Its KV may still hold
+/// the tokens of the sequence that last used it ("warm"), for prefix reuse.
+struct FreeSlot {
+    id: i32,
+    tokens: Vec<i32>,
+    released_at: u64,
+}
+
 /// Everything `step` mutates, behind one lock.
+///
+/// Prefix cache: a released sequence's cells stay in its slot. A new
+/// sequence takes the free slot whose cached tokens share the longest prefix
+/// with its first prompt chunk and skips those tokens. Warm cells are evicted
+/// whenever the cache is full, so a release still gives its capacity back;
+/// no two open sequences ever share cells.
 struct Exec {
     ctx: ManuallyDrop<LlamaContext<'static>>,
     batch: LlamaBatch<'static>,
     seqs: std::collections::HashMap<u64, Seq>,
-    free_slots: Vec<i32>,
+    free_slots: Vec<FreeSlot>,
     next_id: u64,
+    clock: u64,
+}
+
+impl Exec {
+    /// Give `seq` a slot for a first chunk `tokens`; returns how many leading
+    /// tokens its KV already holds. `keep_last` leaves the last token to be
+    /// evaluated again when the caller needs its logits.
+    fn bind(&mut self, seq: u64, tokens: &[i32], keep_last: bool) -> Result<usize, EngineError> {
+        let common = |cached: &[i32]| {
+            cached
+                .iter()
+                .zip(tokens)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        // Longest shared prefix wins; then an empty slot; then the least recently released.
+        let best = (0..self.free_slots.len())
+            .max_by_key(|&i| {
+                let f = &self.free_slots[i];
+                (
+                    common(&f.tokens),
+                    f.tokens.is_empty(),
+                    std::cmp::Reverse(f.released_at),
+                )
+            })
+            .ok_or_else(|| EngineError::internal("no free slot to bind a sequence"))?;
+        let slot = self.free_slots.swap_remove(best);
+        let mut reuse = common(&slot.tokens);
+        if keep_last && reuse == tokens.len() {
+            reuse -= 1;
+        }
+        // Drop the cached cells past the shared prefix.
+        let _ = self
+            .ctx
+            .clear_kv_cache_seq(Some(slot.id as u32), Some(reuse as u32), None);
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| EngineError::internal("binding an unknown sequence"))?;
+        s.slot = Some(slot.id);
+        s.n_past = reuse as i32;
+        s.history = tokens[..reuse].to_vec();
+        Ok(reuse)
+    }
+
+    /// Forget every warm slot's cells; returns whether any were held.
+    fn evict_warm(&mut self) -> bool {
+        let mut any = false;
+        for f in &mut self.free_slots {
+            if !f.tokens.is_empty() {
+                let _ = self.ctx.clear_kv_cache_seq(Some(f.id as u32), None, None);
+                f.tokens.clear();
+                any = true;
+            }
+        }
+        any
+    }
 }
 
 // SAFETY: a llama_context may be used from any thread as long as calls are not
@@ -302,8 +376,15 @@ impl LlamaLoaded {
                 ctx: ManuallyDrop::new(ctx),
                 batch: LlamaBatch::new(n_batch as usize, 1),
                 seqs: Default::default(),
-                free_slots: (0..to_i32(max_seqs)).rev().collect(),
+                free_slots: (0..to_i32(max_seqs))
+                    .map(|id| FreeSlot {
+                        id,
+                        tokens: Vec::new(),
+                        released_at: 0,
+                    })
+                    .collect(),
                 next_id: 1,
+                clock: 0,
             }),
             model,
             info,
@@ -371,19 +452,20 @@ impl Model for LlamaLoaded {
 
     fn seq_open(&self) -> Result<u64, EngineError> {
         let mut ex = self.exec();
-        let slot = ex.free_slots.pop().ok_or_else(|| {
-            oom(format!(
+        if ex.seqs.len() >= self.info.max_sequences as usize {
+            return Err(oom(format!(
                 "all {} sequence slots are in use",
                 self.info.max_sequences
-            ))
-        })?;
+            )));
+        }
         let id = ex.next_id;
         ex.next_id += 1;
         ex.seqs.insert(
             id,
             Seq {
-                slot,
+                slot: None,
                 n_past: 0,
+                history: Vec::new(),
                 sampler: None,
             },
         );
@@ -392,10 +474,18 @@ impl Model for LlamaLoaded {
 
     fn seq_release(&self, seq: u64) {
         let mut ex = self.exec();
-        if let Some(s) = ex.seqs.remove(&seq) {
-            // Free the sequence's KV cells now, so the capacity is back for the next step.
-            let _ = ex.ctx.clear_kv_cache_seq(Some(s.slot as u32), None, None);
-            ex.free_slots.push(s.slot);
+        if let Some(s) = ex.seqs.remove(&seq)
+            && let Some(id) = s.slot
+        {
+            // The cells stay warm for prefix reuse; they are evicted the
+            // moment anyone needs the room (see `step`).
+            ex.clock += 1;
+            let released_at = ex.clock;
+            ex.free_slots.push(FreeSlot {
+                id,
+                tokens: s.history,
+                released_at,
+            });
         }
     }
 
@@ -412,10 +502,9 @@ impl Model for LlamaLoaded {
                 self.n_batch
             )));
         }
-        // Position in the batch whose logits each sampling entry reads.
-        let mut logits_at: Vec<Option<i32>> = Vec::with_capacity(entries.len());
-        ex.batch.clear();
-        for e in entries {
+        // How many leading tokens of each entry are already in KV (prefix reuse).
+        let mut skip = vec![0usize; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
             let s = ex.seqs.get(&e.seq).ok_or_else(|| {
                 EngineError::internal(format!("step on unknown sequence {}", e.seq))
             })?;
@@ -425,26 +514,54 @@ impl Model for LlamaLoaded {
                     e.seq
                 )));
             }
-            let last = e.tokens.len().saturating_sub(1);
-            for (i, &t) in e.tokens.iter().enumerate() {
-                let want = e.sample.is_some() && i == last;
-                ex.batch
-                    .add(LlamaToken(t), s.n_past + i as i32, &[s.slot], want)
-                    .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+            if s.slot.is_none() {
+                skip[i] = ex.bind(e.seq, e.tokens, e.sample.is_some())?;
             }
-            logits_at.push(e.sample.map(|_| ex.batch.n_tokens() - 1));
         }
-        ex.ctx.decode(&mut ex.batch).map_err(|err| match err {
-            llama_cpp_2::DecodeError::NoKvCacheSlot => oom("KV cache is full".to_string()),
-            other => EngineError::internal(format!("llama_decode failed: {other}")),
-        })?;
+        let mut evicted = false;
+        let logits_at = loop {
+            // Position in the batch whose logits each sampling entry reads.
+            let mut logits_at: Vec<Option<i32>> = Vec::with_capacity(entries.len());
+            ex.batch.clear();
+            for (e, &k) in entries.iter().zip(&skip) {
+                let s = &ex.seqs[&e.seq];
+                let slot = s.slot.unwrap_or_default();
+                let last = e.tokens.len().saturating_sub(1);
+                for (i, &t) in e.tokens.iter().enumerate().skip(k) {
+                    let want = e.sample.is_some() && i == last;
+                    ex.batch
+                        .add(LlamaToken(t), s.n_past + (i - k) as i32, &[slot], want)
+                        .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+                }
+                logits_at.push(e.sample.map(|_| ex.batch.n_tokens() - 1));
+            }
+            if ex.batch.n_tokens() == 0 {
+                break logits_at;
+            }
+            match ex.ctx.decode(&mut ex.batch) {
+                Ok(()) => break logits_at,
+                // Full: drop the warm cells of released sequences and try once more.
+                Err(llama_cpp_2::DecodeError::NoKvCacheSlot) if !evicted && ex.evict_warm() => {
+                    evicted = true;
+                }
+                Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => {
+                    return Err(oom("KV cache is full".to_string()));
+                }
+                Err(other) => {
+                    return Err(EngineError::internal(format!(
+                        "llama_decode failed: {other}"
+                    )));
+                }
+            }
+        };
         let mut out = Vec::with_capacity(entries.len());
-        for (e, at) in entries.iter().zip(logits_at) {
+        for ((e, at), &k) in entries.iter().zip(logits_at).zip(&skip) {
             let seq = ex
                 .seqs
                 .get_mut(&e.seq)
                 .ok_or_else(|| EngineError::internal("sequence vanished"))?;
-            seq.n_past += e.tokens.len() as i32;
+            seq.n_past += (e.tokens.len() - k) as i32;
+            seq.history.extend_from_slice(&e.tokens[k..]);
             let (Some(params), Some(idx)) = (e.sample, at) else {
                 out.push(None);
                 continue;
@@ -476,10 +593,14 @@ impl Model for LlamaLoaded {
         }
         let mut guard = self.exec();
         let ex = &mut *guard;
-        let slot = *ex
+        let free = ex
             .free_slots
-            .last()
+            .last_mut()
             .ok_or_else(|| oom("no free sequence slot for embedding".into()))?;
+        let slot = free.id;
+        // An embedding takes the slot's cells for one pass: its warm prefix goes.
+        free.tokens.clear();
+        let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
         ex.batch.clear();
         for (i, &t) in tokens.iter().enumerate() {
             ex.batch
