@@ -155,10 +155,20 @@ impl Exec {
         if keep_last && reuse == tokens.len() {
             reuse -= 1;
         }
-        // Drop the cached cells past the shared prefix.
-        let _ = self
+        // A sliding-window cache that already pruned its oldest cells no longer
+        // holds the whole prefix (llama-server applies the same rule).
+        if reuse > 0 && self.ctx.kv_cache_seq_pos_min(slot.id) > 0 {
+            reuse = 0;
+        }
+        // Drop the cached cells past the shared prefix. Caches that cannot cut a
+        // sequence in the middle (recurrent models) refuse: start cold then.
+        let cut = self
             .ctx
             .clear_kv_cache_seq(Some(slot.id as u32), Some(reuse as u32), None);
+        if reuse > 0 && !matches!(cut, Ok(true)) {
+            reuse = 0;
+            let _ = self.ctx.clear_kv_cache_seq(Some(slot.id as u32), None, None);
+        }
         let s = self
             .seqs
             .get_mut(&seq)
