@@ -48,7 +48,21 @@ pub struct ModelConfig {
     /// OpenAI model id.
     pub id: String,
     /// Local file (a `.gguf`) or directory.
-    pub path: PathBuf,
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Where the model lives, as the operator writes it (`file:///...`,
+    /// `hf://org/repo`, `https://...`, `s3://...`); `path` or `source`, not both.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// GGUF quantization to pick, matched exactly (`Q4_K_M`).
+    #[serde(default)]
+    pub quantization: Option<String>,
+    /// Files to fetch, relative to the source.
+    #[serde(default)]
+    pub files: Vec<String>,
+    /// Engine threads for this model.
+    #[serde(default)]
+    pub threads: Option<u32>,
     /// `gguf` or `safetensors`.
     pub format: String,
     /// Pin an engine id (`llama_cpp`).
@@ -74,6 +88,38 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The local path the artifacts are at. `file://` sources are local
+    /// (a mounted PVC arrives as `file:///models/claim/path`); downloading
+    /// sources need the model store and are refused with that reason.
+    pub fn local_path(&self) -> Result<PathBuf, ConfigError> {
+        match (&self.path, &self.source) {
+            (Some(p), None) => Ok(p.clone()),
+            (None, Some(uri)) => match uri.strip_prefix("file://") {
+                Some(p) if p.starts_with('/') => Ok(PathBuf::from(p)),
+                Some(_) => Err(ConfigError::Invalid {
+                    field: format!("models[{}].source", self.id),
+                    reason: format!(
+                        "a file:// source must be absolute (file:///path), got {uri:?}"
+                    ),
+                }),
+                None => Err(ConfigError::Invalid {
+                    field: format!("models[{}].source", self.id),
+                    reason: format!(
+                        "{uri:?}: this node serves local artifacts (file://) only; downloading sources need the model store"
+                    ),
+                }),
+            },
+            (Some(_), Some(_)) => Err(ConfigError::Invalid {
+                field: format!("models[{}]", self.id),
+                reason: "give `path` or `source`, not both".into(),
+            }),
+            (None, None) => Err(ConfigError::Invalid {
+                field: format!("models[{}]", self.id),
+                reason: "needs `path` or `source`".into(),
+            }),
+        }
+    }
+
     pub fn format(&self) -> Result<Format, ConfigError> {
         Format::parse(&self.format).ok_or_else(|| ConfigError::Invalid {
             field: format!("models[{}].format", self.id),
@@ -170,6 +216,9 @@ impl NodeConfig {
                 return invalid(format!("models[{}].id", m.id), "appears twice".into());
             }
             m.format()?;
+            if m.path.is_some() == m.source.is_some() {
+                m.local_path()?;
+            }
             if m.max_batch_size == Some(0) {
                 return invalid(
                     format!("models[{}].maxBatchSize", m.id),
@@ -222,7 +271,11 @@ impl NodeConfig {
         let cfg = NodeConfig {
             models: vec![ModelConfig {
                 id,
-                path: path.to_path_buf(),
+                path: Some(path.to_path_buf()),
+                source: None,
+                quantization: None,
+                files: Vec::new(),
+                threads: None,
                 format: format.into(),
                 engine: None,
                 context_length: None,
@@ -256,6 +309,46 @@ mod tests {
         )
         .expect_err("unknown key");
         assert!(err.to_string().contains("unknown field `bogus`"), "{err}");
+    }
+
+    #[test]
+    fn the_config_the_operator_renders_parses_here() {
+        let rendered = gantry_api::NodeConfig {
+            models: vec![gantry_api::ModelConfig {
+                id: "gemma".into(),
+                source: "file:///models/cache/gemma.gguf".into(),
+                format: "gguf".into(),
+                quantization: Some("Q4_K_M".into()),
+                engine: Some("llama_cpp".into()),
+                context_length: Some(4096),
+                max_batch_size: Some(8),
+                threads: Some(2),
+                load: Some("eager".into()),
+                ..Default::default()
+            }],
+            cache_dir: Some("/var/cache/gantry".into()),
+        };
+        let yaml = serde_yaml::to_string(&rendered).expect("yaml");
+        let cfg: NodeConfig =
+            serde_yaml::from_str(&yaml).expect("the node reads the operator's config");
+        cfg.validate().expect("valid");
+        let m = &cfg.models[0];
+        assert_eq!(
+            m.local_path().expect("file source"),
+            PathBuf::from("/models/cache/gemma.gguf")
+        );
+        assert_eq!(
+            (m.engine.as_deref(), m.context_length, m.load),
+            (Some("llama_cpp"), Some(4096), LoadPolicy::Eager)
+        );
+        let mut hf = m.clone();
+        hf.source = Some("hf://google/gemma".into());
+        assert!(
+            hf.local_path()
+                .expect_err("needs the store")
+                .to_string()
+                .contains("model store")
+        );
     }
 
     #[test]

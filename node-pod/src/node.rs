@@ -164,7 +164,8 @@ impl Node {
 
     /// Find the artifact, read its architecture, and record the verdict.
     fn inspect(&self, reg: &EngineRegistry, m: &ServedModel) {
-        let primary = match primary_artifact(&m.config.path, m.format) {
+        let located = m.config.local_path().map_err(|e| e.to_string());
+        let primary = match located.and_then(|p| primary_artifact(&p, m.format)) {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(model = %m.config.id, "{e}");
