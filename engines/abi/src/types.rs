@@ -381,3 +381,13 @@ pub struct SampledToken {
     pub logprob: f32,
     pub top: Vec<(i32, f32)>,
 }
+
+/// `MAJOR.MINOR.PATCH` with digits only: the manifest's and EnginePlugin's
+/// `version` rule, shared by the node and the operator.
+pub fn is_semver(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}

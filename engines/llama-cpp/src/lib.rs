@@ -167,7 +167,9 @@ impl Exec {
             .clear_kv_cache_seq(Some(slot.id as u32), Some(reuse as u32), None);
         if reuse > 0 && !matches!(cut, Ok(true)) {
             reuse = 0;
-            let _ = self.ctx.clear_kv_cache_seq(Some(slot.id as u32), None, None);
+            let _ = self
+                .ctx
+                .clear_kv_cache_seq(Some(slot.id as u32), None, None);
         }
         let s = self
             .seqs

@@ -77,14 +77,6 @@ const KNOWN_BACKENDS: [&str; 2] = ["cpu", "cuda"];
 const KNOWN_FORMATS: [&str; 2] = ["gguf", "safetensors"];
 const KNOWN_MODALITIES: [&str; 2] = ["completion", "embedding"];
 
-fn is_semver(v: &str) -> bool {
-    let parts: Vec<&str> = v.split('.').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-}
-
 impl PluginManifest {
     /// Parse a manifest file; schema violations (types, required fields,
     /// patterns, enums) are `Invalid` with the offending field named.
@@ -105,7 +97,7 @@ impl PluginManifest {
         if self.id.is_empty() {
             return Err("`id` must not be empty".into());
         }
-        if !is_semver(&self.version) {
+        if !gantry_engine_abi::is_semver(&self.version) {
             return Err(format!(
                 "`version` must match ^\\d+\\.\\d+\\.\\d+$, got {:?}",
                 self.version

@@ -195,6 +195,33 @@ fn read_err(status: ffi::gantry_status_t, err: &ffi::gantry_error_t) -> EngineEr
     EngineError::new(Status::from_raw(status), message)
 }
 
+/// Call a plugin function that fills a host buffer and reports the full
+/// length it needed (`tokenize`, `detokenize`, `embed`): when the length
+/// exceeds the buffer, grow it once and call again.
+fn fill_growing<T: Clone + Default>(
+    what: &str,
+    initial: usize,
+    mut call: impl FnMut(&mut [T], &mut usize, &mut ffi::gantry_error_t) -> ffi::gantry_status_t,
+) -> Result<Vec<T>, EngineError> {
+    let mut buf = vec![T::default(); initial.max(1)];
+    for _ in 0..2 {
+        let mut n = 0usize;
+        let mut err = new_err();
+        let status = call(&mut buf, &mut n, err.as_mut());
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        if n <= buf.len() {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        buf = vec![T::default(); n];
+    }
+    Err(EngineError::internal(format!(
+        "{what}: the plugin kept changing the length"
+    )))
+}
+
 /// # Safety
 /// `p` must be null or NUL-terminated and valid for the returned lifetime's use.
 unsafe fn opt_string(p: *const c_char) -> Option<String> {
@@ -454,13 +481,10 @@ impl ModelShared {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<i32>, EngineError> {
-        // Most text is at most one token per byte, plus BOS; retry once when larger.
-        let mut buf = vec![0i32; text.len() + 8];
-        for _ in 0..2 {
-            let mut n = 0usize;
-            let mut err = new_err();
+        // Most text is at most one token per byte, plus BOS.
+        fill_growing("tokenize", text.len() + 8, |buf: &mut [i32], n, err| {
             // SAFETY: `text` and `buf` are valid for the lengths given.
-            let status = unsafe {
+            unsafe {
                 (self.handle.plugin.vt.tokenize)(
                     self.handle.raw,
                     text.as_ptr().cast(),
@@ -469,55 +493,34 @@ impl ModelShared {
                     parse_special,
                     buf.as_mut_ptr(),
                     buf.len(),
-                    &mut n,
-                    err.as_mut(),
+                    n,
+                    err,
                 )
-            };
-            if status != ffi::GANTRY_OK {
-                return Err(read_err(status, &err));
             }
-            if n <= buf.len() {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            buf = vec![0i32; n];
-        }
-        Err(EngineError::internal(
-            "tokenize: the plugin kept changing the token count",
-        ))
+        })
     }
 
     /// Raw bytes of `tokens`; may end inside a UTF-8 character.
     pub fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
-        let mut buf = vec![0u8; tokens.len() * 16 + 16];
-        for _ in 0..2 {
-            let mut n = 0usize;
-            let mut err = new_err();
-            // SAFETY: `tokens` and `buf` are valid for the lengths given.
-            let status = unsafe {
-                (self.handle.plugin.vt.detokenize)(
-                    self.handle.raw,
-                    tokens.as_ptr(),
-                    tokens.len(),
-                    render_special,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    &mut n,
-                    err.as_mut(),
-                )
-            };
-            if status != ffi::GANTRY_OK {
-                return Err(read_err(status, &err));
-            }
-            if n <= buf.len() {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            buf = vec![0u8; n];
-        }
-        Err(EngineError::internal(
-            "detokenize: the plugin kept changing the length",
-        ))
+        fill_growing(
+            "detokenize",
+            tokens.len() * 16 + 16,
+            |buf: &mut [u8], n, err| {
+                // SAFETY: `tokens` and `buf` are valid for the lengths given.
+                unsafe {
+                    (self.handle.plugin.vt.detokenize)(
+                        self.handle.raw,
+                        tokens.as_ptr(),
+                        tokens.len(),
+                        render_special,
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        n,
+                        err,
+                    )
+                }
+            },
+        )
     }
 }
 
@@ -648,33 +651,20 @@ impl ModelExec {
     }
 
     pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
-        let mut out = vec![0f32; self.shared.info.embedding_dims.max(1) as usize];
-        for _ in 0..2 {
-            let mut dims = 0usize;
-            let mut err = new_err();
+        let dims = self.shared.info.embedding_dims as usize;
+        fill_growing("embed", dims, |out: &mut [f32], n, err| {
             // SAFETY: buffers valid for the lengths given; exclusive via &mut self.
-            let status = unsafe {
+            unsafe {
                 (self.handle.plugin.vt.embed)(
                     self.handle.raw,
                     tokens.as_ptr(),
                     tokens.len(),
                     out.as_mut_ptr(),
                     out.len(),
-                    &mut dims,
-                    err.as_mut(),
+                    n,
+                    err,
                 )
-            };
-            if status != ffi::GANTRY_OK {
-                return Err(read_err(status, &err));
             }
-            if dims <= out.len() {
-                out.truncate(dims);
-                return Ok(out);
-            }
-            out = vec![0f32; dims];
-        }
-        Err(EngineError::internal(
-            "embed: the plugin kept changing the dimension",
-        ))
+        })
     }
 }

@@ -74,7 +74,7 @@ pub fn check_spec(spec: &EnginePluginSpec, abi_major: u32) -> Result<(), Refusal
             ),
         );
     }
-    if !is_semver(&spec.version) {
+    if !gantry_engine_abi::is_semver(&spec.version) {
         return invalid(
             "spec.version",
             format!("must be MAJOR.MINOR.PATCH, got {:?}", spec.version),
@@ -152,12 +152,4 @@ pub fn is_engine_id(s: &str) -> bool {
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
-}
-
-fn is_semver(v: &str) -> bool {
-    let parts: Vec<&str> = v.split('.').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
