@@ -84,7 +84,11 @@ fn tiny_dir(spec: TinyModelSpec) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn tiny_node(extra_model: Value, scheduler: Value) -> NodeProc {
-    let (dir, p) = tiny_dir(TinyModelSpec::default());
+    node_with(TinyModelSpec::default(), extra_model, scheduler)
+}
+
+fn node_with(spec: TinyModelSpec, extra_model: Value, scheduler: Value) -> NodeProc {
+    let (dir, p) = tiny_dir(spec);
     let mut model = json!({"id": "tiny", "path": p, "format": "gguf", "contextLength": 2048, "maxBatchSize": 8});
     if let (Some(m), Some(e)) = (model.as_object_mut(), extra_model.as_object()) {
         m.extend(e.clone());
@@ -277,16 +281,26 @@ async fn a_disconnected_stream_frees_its_sequence_while_the_others_continue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504() {
-    let node = tiny_node(
-        json!({"requestTimeoutSeconds": 1, "contextLength": 2048}),
+    // A wider random model (~100x the tiny one's work per token) makes a 1 s
+    // deadline land mid-generation on fast and on loaded machines alike.
+    let slow = TinyModelSpec {
+        n_embd: 512,
+        n_ff: 1024,
+        n_layer: 8,
+        n_head: 8,
+        n_head_kv: 8,
+        ..TinyModelSpec::default()
+    };
+    let node = node_with(
+        slow,
+        json!({"contextLength": 2048}),
         json!({"responseCacheRamFraction": 0.0}),
     );
     wait_ready(&node).await;
-    // The tiny model makes ~2,000 tokens/s on two cores: 2,040 tokens outlast a 0.25 s deadline.
     let (s, v) = post(
         &node,
         "/v1/completions",
-        json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "timeout": 0.25}),
+        json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "timeout": 1}),
     )
     .await;
     assert_eq!(s, 504, "{v}");
@@ -294,7 +308,7 @@ async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504
     let mut rx = {
         let resp = http()
             .post(format!("{}/v1/completions", node.base))
-            .json(&json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "stream": true, "timeout": 0.25}))
+            .json(&json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "stream": true, "timeout": 1}))
             .send()
             .await
             .expect("stream");
