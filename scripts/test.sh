@@ -10,4 +10,10 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Plugins are cdylibs that tests load at run time: build them before testing.
 cargo build --release --workspace --all-targets
 cargo test --release --workspace
+# The cluster test ran above only if a cluster was named; say so either way.
+if [ -z "${GANTRY_E2E_KUBECONFIG:-}" ]; then
+  echo "operator end-to-end test against a real cluster: SKIPPED (set GANTRY_E2E_KUBECONFIG to run it)"
+else
+  echo "operator end-to-end test ran against $GANTRY_E2E_KUBECONFIG"
+fi
 "$GANTRY_VENV/bin/python" -m pytest -q tests/python
