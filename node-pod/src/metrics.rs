@@ -203,6 +203,40 @@ impl Metrics {
     }
 }
 
+/// One model's series, bound to its label once: the scheduler updates these
+/// on every token, so the label lookup stays off the hot path.
+#[derive(Clone)]
+pub struct ModelMetrics {
+    pub requests_waiting: prometheus::core::GenericGauge<AtomicF64>,
+    pub requests_running: prometheus::core::GenericGauge<AtomicF64>,
+    pub kv_cache_usage: prometheus::core::GenericGauge<AtomicF64>,
+    pub ttft: prometheus::Histogram,
+    pub inter_token: prometheus::Histogram,
+    pub e2e: prometheus::Histogram,
+    pub prompt_tokens: prometheus::IntCounter,
+    pub generation_tokens: prometheus::IntCounter,
+    pub steps: prometheus::IntCounter,
+    pub step_tokens: prometheus::Histogram,
+}
+
+impl Metrics {
+    pub fn for_model(&self, model: &str) -> ModelMetrics {
+        let m = [model];
+        ModelMetrics {
+            requests_waiting: self.requests_waiting.with_label_values(&m),
+            requests_running: self.requests_running.with_label_values(&m),
+            kv_cache_usage: self.kv_cache_usage.with_label_values(&m),
+            ttft: self.ttft.with_label_values(&m),
+            inter_token: self.inter_token.with_label_values(&m),
+            e2e: self.e2e.with_label_values(&m),
+            prompt_tokens: self.prompt_tokens.with_label_values(&m),
+            generation_tokens: self.generation_tokens.with_label_values(&m),
+            steps: self.steps.with_label_values(&m),
+            step_tokens: self.step_tokens.with_label_values(&m),
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()

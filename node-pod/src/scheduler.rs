@@ -27,7 +27,7 @@ use gantry_engine_abi::{EngineError, Sampling, Status, StepEntry};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine_host::{ModelExec, ModelShared};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelMetrics};
 use crate::text::{StopMatcher, StopScan, Utf8Stream};
 
 /// Why a generation ended (OpenAI's `finish_reason`).
@@ -175,7 +175,7 @@ struct Scheduler {
     waiting: VecDeque<GenerateJob>,
     running: Vec<Running>,
     figures: Arc<Figures>,
-    metrics: Metrics,
+    metrics: ModelMetrics,
     settings: SchedulerSettings,
     eog: Vec<i32>,
     epoch: Instant,
@@ -214,7 +214,7 @@ pub fn spawn(
         waiting: VecDeque::new(),
         running: Vec::new(),
         figures: figures.clone(),
-        metrics: metrics.clone(),
+        metrics: metrics.for_model(&model_id),
         settings: settings.clone(),
         eog: info.eog_tokens.clone(),
         epoch,
@@ -384,10 +384,7 @@ impl Scheduler {
                 break;
             };
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
-            self.metrics
-                .prompt_tokens
-                .with_label_values(&[&self.model_id])
-                .inc_by(job.prompt.len() as u64);
+            self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
             let stops = StopMatcher::new(job.stop.clone());
             self.running.push(Running {
                 job,
@@ -410,21 +407,16 @@ impl Scheduler {
             .running
             .store(self.running.len() as u64, Ordering::Relaxed);
         self.figures.kv_used.store(kv, Ordering::Relaxed);
-        let m = [self.model_id.as_str()];
-        self.metrics
-            .requests_running
-            .with_label_values(&m)
-            .set(self.running.len() as f64);
+        self.metrics.requests_running.set(self.running.len() as f64);
         self.metrics
             .requests_waiting
-            .with_label_values(&m)
             .set(self.figures.waiting.load(Ordering::Relaxed) as f64);
         let usage = if self.kv_capacity == 0 {
             0.0
         } else {
             kv as f64 / self.kv_capacity as f64
         };
-        self.metrics.kv_cache_usage.with_label_values(&m).set(usage);
+        self.metrics.kv_cache_usage.set(usage);
     }
 
     fn step(&mut self) {
@@ -473,12 +465,8 @@ impl Scheduler {
                 sample: sample.then_some(&r.job.sampling),
             });
         }
-        let model = [self.model_id.as_str()];
-        self.metrics.steps.with_label_values(&model).inc();
-        self.metrics
-            .step_tokens
-            .with_label_values(&model)
-            .observe(total as f64);
+        self.metrics.steps.inc();
+        self.metrics.step_tokens.observe(total as f64);
         self.figures.step_started_ms.store(
             self.epoch.elapsed().as_millis() as u64 + 1,
             Ordering::Relaxed,
@@ -512,15 +500,9 @@ impl Scheduler {
                 r.fed_decode += 1;
             }
             let Some(tok) = sampled else { continue };
-            if let Some(reason) = Self::on_token(
-                &self.shared,
-                &self.metrics,
-                &self.model_id,
-                &self.eog,
-                r,
-                tok,
-                now,
-            ) {
+            if let Some(reason) =
+                Self::on_token(&self.shared, &self.metrics, &self.eog, r, tok, now)
+            {
                 finished.push((i, reason));
             }
         }
@@ -534,30 +516,22 @@ impl Scheduler {
     /// Handle one sampled token; `Some` when the sequence is done.
     fn on_token(
         shared: &ModelShared,
-        metrics: &Metrics,
-        model_id: &str,
+        metrics: &ModelMetrics,
         eog: &[i32],
         r: &mut Running,
         tok: gantry_engine_abi::SampledToken,
         now: Instant,
     ) -> Option<FinishReason> {
-        let m = [model_id];
         match r.last_token_at {
-            None => metrics
-                .ttft
-                .with_label_values(&m)
-                .observe((now - r.job.arrived).as_secs_f64()),
-            Some(prev) => metrics
-                .inter_token
-                .with_label_values(&m)
-                .observe((now - prev).as_secs_f64()),
+            None => metrics.ttft.observe((now - r.job.arrived).as_secs_f64()),
+            Some(prev) => metrics.inter_token.observe((now - prev).as_secs_f64()),
         }
         r.first_token_at.get_or_insert(now);
         r.last_token_at = Some(now);
         if eog.contains(&tok.token) {
             return Some(FinishReason::Stop);
         }
-        metrics.generation_tokens.with_label_values(&m).inc();
+        metrics.generation_tokens.inc();
         let bytes = shared.detokenize(&[tok.token], false).unwrap_or_default();
         let logprob = r.job.logprobs.map(|_| TokenLogprob {
             token: tok.token,
@@ -607,7 +581,6 @@ impl Scheduler {
         }
         self.metrics
             .e2e
-            .with_label_values(&[&self.model_id])
             .observe(r.job.arrived.elapsed().as_secs_f64());
         let _ = r.job.events.send(GenEvent::Done {
             reason,
