@@ -228,6 +228,14 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             format!("must be an engine id (lower-case letters, digits, _ and -), got {pin:?}"),
         ));
     }
+    // A Model's node pods serve that one model, and a node loads lazily only
+    // when it serves several (it refuses the config otherwise).
+    if spec.load == crate::crd::LoadPolicy::Lazy {
+        problems.push(Invalid::new(
+            "spec.load",
+            "`lazy` needs a node serving several models; a Model's node pods serve one, so use `eager`",
+        ));
+    }
     if spec.format != ModelFormat::Gguf && source.as_ref().is_some_and(|s| s.quantization.is_some())
     {
         problems.push(Invalid::new(

@@ -12,7 +12,7 @@ use crate::support::{fixture_model, t0};
 type Mutation = fn(&mut Model);
 
 /// (what is wrong, how to break the CPU fixture, the field the failure must name)
-const CASES: [(&str, Mutation, &str); 19] = [
+const CASES: [(&str, Mutation, &str); 20] = [
     (
         "name that is not a DNS-1035 label",
         |m| m.metadata.name = Some("3-gemma".into()),
@@ -112,6 +112,11 @@ const CASES: [(&str, Mutation, &str); 19] = [
         "quantization on safetensors",
         |m| m.spec.format = gantry_operator::crd::ModelFormat::Safetensors,
         "spec.source.quantization",
+    ),
+    (
+        "lazy loading on a single-model node",
+        |m| m.spec.load = gantry_operator::crd::LoadPolicy::Lazy,
+        "spec.load",
     ),
 ];
 
