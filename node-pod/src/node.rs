@@ -68,6 +68,8 @@ pub struct ServedModel {
     pub verdict: RwLock<Option<EngineVerdict>>,
     pub architecture: RwLock<Option<String>>,
     pub primary: RwLock<Option<PathBuf>>,
+    /// Size of the primary artifact, read once at inspection.
+    pub artifact_bytes: std::sync::atomic::AtomicU64,
     /// Serializes loads (eager start-up and lazy first requests).
     load_lock: std::sync::Mutex<()>,
 }
@@ -123,6 +125,7 @@ impl Node {
                         verdict: RwLock::new(None),
                         architecture: RwLock::new(None),
                         primary: RwLock::new(None),
+                        artifact_bytes: std::sync::atomic::AtomicU64::new(0),
                         load_lock: std::sync::Mutex::new(()),
                     }),
                 )
@@ -193,6 +196,8 @@ impl Node {
             m.set(ModelState::Idle);
         }
         *m.architecture.write().unwrap_or_else(|p| p.into_inner()) = Some(arch);
+        let size = std::fs::metadata(&primary).map_or(0, |md| md.len());
+        m.artifact_bytes.store(size, Ordering::Relaxed);
         *m.primary.write().unwrap_or_else(|p| p.into_inner()) = Some(primary);
         *m.verdict.write().unwrap_or_else(|p| p.into_inner()) = Some(verdict);
     }
@@ -358,12 +363,7 @@ impl Node {
     fn model_status(&self, m: &ServedModel) -> ModelStatus {
         let state = m.state();
         let artifact_ready = m.primary.read().map(|p| p.is_some()).unwrap_or(false);
-        let size = m
-            .primary
-            .read()
-            .ok()
-            .and_then(|p| p.as_ref().and_then(|p| std::fs::metadata(p).ok()))
-            .map_or(0, |md| md.len());
+        let size = m.artifact_bytes.load(Ordering::Relaxed);
         let (load_state, message) = match &state {
             ModelState::Pending | ModelState::Idle | ModelState::Unsupported => {
                 (LoadState::Unloaded, None)
