@@ -131,14 +131,7 @@ fn each_validation_rule_refuses_with_the_specification_message() {
 #[test]
 fn a_cuda_node_refuses_a_cpu_plugin_as_a_backend_mismatch() {
     let root = tempfile::tempdir().expect("tempdir");
-    let faulty = built_lib("gantry_fault_faulty");
-    install_plugin(
-        root.path(),
-        "faulty",
-        "cpu",
-        faulty_manifest("faulty"),
-        Some(&faulty),
-    );
+    install_faulty(root.path());
     let cfg = EngineConfig {
         backend: Backend::Cuda,
         ..cpu_config()
@@ -207,13 +200,7 @@ fn a_plugin_reporting_another_id_than_its_manifest_is_refused() {
 #[test]
 fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
     let root = tempfile::tempdir().expect("tempdir");
-    install_plugin(
-        root.path(),
-        "faulty",
-        "cpu",
-        faulty_manifest("faulty"),
-        Some(&built_lib("gantry_fault_faulty")),
-    );
+    install_faulty(root.path());
     let reg = EngineRegistry::discover(root.path(), &cpu_config());
     let plugin = reg.plugin("faulty").expect("loaded");
     let g = Sampling::greedy();
@@ -253,13 +240,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
 #[test]
 fn an_oom_at_load_comes_back_with_its_code_and_message() {
     let root = tempfile::tempdir().expect("tempdir");
-    install_plugin(
-        root.path(),
-        "faulty",
-        "cpu",
-        faulty_manifest("faulty"),
-        Some(&built_lib("gantry_fault_faulty")),
-    );
+    install_faulty(root.path());
     let reg = EngineRegistry::discover(root.path(), &cpu_config());
     let err = reg
         .plugin("faulty")
@@ -275,13 +256,7 @@ fn an_oom_at_load_comes_back_with_its_code_and_message() {
 fn resolve_names_every_candidate_and_its_reason_and_never_falls_back() {
     let root = tempfile::tempdir().expect("tempdir");
     let faulty = built_lib("gantry_fault_faulty");
-    install_plugin(
-        root.path(),
-        "faulty",
-        "cpu",
-        faulty_manifest("faulty"),
-        Some(&faulty),
-    );
+    install_faulty(root.path());
     let mut m = faulty_manifest("gpuonly");
     m["gpu_backend"] = "cuda".into();
     install_plugin(root.path(), "gpuonly", "cuda", m, Some(&faulty));

@@ -147,14 +147,7 @@ async fn eight_concurrent_greedy_requests_return_what_eight_sequential_ones_do()
         assert_eq!(v["usage"]["completion_tokens"], 24);
     }
     // They really ran together: some step carried more than one sequence.
-    let metrics = http()
-        .get(format!("{}/metrics", node.base))
-        .send()
-        .await
-        .expect("m")
-        .text()
-        .await
-        .expect("t");
+    let metrics = metrics_text(&node).await;
     let one_token_steps = metric_value(
         &metrics,
         "gantry_engine_step_tokens_bucket{model=\"tiny\",le=\"1\"}",
@@ -189,14 +182,15 @@ async fn sse_lines(resp: reqwest::Response, tx: tokio::sync::mpsc::UnboundedSend
     }
 }
 
-async fn open_stream(
+/// POST a streaming request and collect its SSE `data:` payloads on a channel.
+async fn stream(
     node: &NodeProc,
-    max_tokens: u32,
+    path: &str,
+    body: Value,
 ) -> tokio::sync::mpsc::UnboundedReceiver<String> {
     let resp = http()
-        .post(format!("{}/v1/chat/completions", node.base))
-        .json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "Tell me a long story"}],
-                     "max_tokens": max_tokens, "temperature": 0, "stream": true}))
+        .post(format!("{}{path}", node.base))
+        .json(&body)
         .send()
         .await
         .expect("stream");
@@ -204,6 +198,30 @@ async fn open_stream(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(sse_lines(resp, tx));
     rx
+}
+
+async fn open_stream(
+    node: &NodeProc,
+    max_tokens: u32,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    stream(
+        node,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "Tell me a long story"}],
+               "max_tokens": max_tokens, "temperature": 0, "stream": true}),
+    )
+    .await
+}
+
+async fn metrics_text(node: &NodeProc) -> String {
+    http()
+        .get(format!("{}/metrics", node.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -305,17 +323,12 @@ async fn at_the_deadline_a_stream_keeps_what_it_has_and_a_plain_request_gets_504
     .await;
     assert_eq!(s, 504, "{v}");
     assert_eq!(v["error"]["code"], "timeout");
-    let mut rx = {
-        let resp = http()
-            .post(format!("{}/v1/completions", node.base))
-            .json(&json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "stream": true, "timeout": 1}))
-            .send()
-            .await
-            .expect("stream");
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(sse_lines(resp, tx));
-        rx
-    };
+    let mut rx = stream(
+        &node,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "x", "max_tokens": 2040, "temperature": 0, "stream": true, "timeout": 1}),
+    )
+    .await;
     let mut chunks = Vec::new();
     while let Some(d) = rx.recv().await {
         chunks.push(d);
@@ -532,14 +545,7 @@ async fn metrics_pass_promtool_and_name_the_endpoint_picker_gauges() {
     )
     .await;
     assert_eq!(s, 200);
-    let text = http()
-        .get(format!("{}/metrics", node.base))
-        .send()
-        .await
-        .expect("m")
-        .text()
-        .await
-        .expect("t");
+    let text = metrics_text(&node).await;
     for name in [
         "gantry_num_requests_waiting",
         "gantry_num_requests_running",

@@ -62,6 +62,17 @@ pub fn faulty_manifest(id: &str) -> serde_json::Value {
     })
 }
 
+/// The `faulty` plugin under `<root>/faulty/cpu/`, as most host tests need it.
+pub fn install_faulty(root: &Path) -> PathBuf {
+    install_plugin(
+        root,
+        "faulty",
+        "cpu",
+        faulty_manifest("faulty"),
+        Some(&built_lib("gantry_fault_faulty")),
+    )
+}
+
 pub fn cpu_config() -> EngineConfig {
     EngineConfig {
         n_threads: 2,
