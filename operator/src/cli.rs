@@ -32,6 +32,18 @@ pub enum Command {
         #[arg(long)]
         out: Vec<PathBuf>,
     },
+    /// Print the Kubernetes API permissions the operator needs (the Helm chart grants exactly these).
+    Rbac {
+        /// `json` (what the chart test reads) or `markdown` (the table in docs/security.md).
+        #[arg(long, value_enum, default_value_t = RbacFormat::Json)]
+        format: RbacFormat,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum RbacFormat {
+    Json,
+    Markdown,
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +106,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!("wrote {path}");
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Rbac { format } => {
+            let text = match format {
+                RbacFormat::Json => serde_json::to_string_pretty(&crate::rbac::to_json())? + "\n",
+                RbacFormat::Markdown => crate::rbac::to_markdown(),
+            };
+            print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => {

@@ -20,4 +20,5 @@ pub mod model;
 pub mod names;
 pub mod node_report;
 pub mod plugin;
+pub mod rbac;
 pub mod write;

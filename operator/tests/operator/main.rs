@@ -7,6 +7,7 @@ mod leader;
 mod node_report;
 mod objects;
 mod plugin;
+mod rbac;
 mod reconcile;
 mod support;
 mod validate;

@@ -11,6 +11,7 @@ use gantry_operator::context::{Context, Settings};
 use gantry_operator::crd::{EnginePlugin, Model};
 use gantry_operator::metrics::Metrics;
 use gantry_operator::node_report::FixedNodeStatus;
+use gantry_operator::rbac::{self, Component, Names, Scope};
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
@@ -18,6 +19,9 @@ use kube::core::DeserializeGuard;
 use kube::runtime::{reflector, watcher};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+/// The operator's own namespace in these tests (leader Lease, API-key Secret).
+pub const OPERATOR_NAMESPACE: &str = "gantry-system";
 
 /// `operator/`.
 pub fn crate_dir() -> PathBuf {
@@ -78,7 +82,7 @@ pub fn context(
         metrics,
     )
     .with_clock(Arc::new(t0));
-    (Arc::new(ctx), ApiServer { handle })
+    (Arc::new(ctx), ApiServer::new(handle))
 }
 
 /// One expected request and the answer to give.
@@ -220,11 +224,17 @@ pub struct Recorded {
 /// The API server side of the mock: answers steps in order and records the requests.
 pub struct ApiServer {
     handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    /// Whose permissions the requests are checked against.
+    component: Component,
 }
 
 impl ApiServer {
+    /// A mock API server for requests made by the controller.
     pub fn new(handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Self {
-        ApiServer { handle }
+        ApiServer {
+            handle,
+            component: Component::Controller,
+        }
     }
 
     /// Serve `steps` in order. Panics on a request that differs from the next step, and on
@@ -251,6 +261,13 @@ impl ApiServer {
                 let method = request.method().clone();
                 let path = request.uri().path().to_string();
                 let query = request.uri().query().unwrap_or_default().to_string();
+                let is_apply = request
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes() == b"application/apply-patch+yaml");
+                // Every request the code makes must be granted by the RBAC table (and so by
+                // the chart, which a chart test holds equal to the table).
+                assert_granted(self.component, &method, &path, &query, is_apply);
                 let bytes = request
                     .into_body()
                     .collect_bytes()
@@ -358,4 +375,90 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+/// What RBAC sees in one request: API group, resource (with subresource), verbs, namespace
+/// and object name. A server-side apply is a `patch` that the apiserver also authorizes as
+/// `create` when the object does not exist, so it needs both; an apply to a subresource
+/// (`status`) never creates its parent, so it is a `patch` alone.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Access {
+    pub group: String,
+    pub resource: String,
+    pub verbs: Vec<&'static str>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Map a request's method and path to the RBAC attributes the apiserver authorizes
+/// (`/api/v1/...` is the core group, `/apis/{group}/{version}/...` the others).
+pub fn access(method: &Method, path: &str, query: &str, is_apply: bool) -> Access {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] => (group.to_string(), rest),
+        _ => panic!("not a Kubernetes API path: {path}"),
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        rest => (None, rest),
+    };
+    let (resource, name) = match rest {
+        [plural] => (plural.to_string(), None),
+        [plural, name] => (plural.to_string(), Some(name.to_string())),
+        [plural, name, sub] => (format!("{plural}/{sub}"), Some(name.to_string())),
+        _ => panic!("unexpected API path shape: {path}"),
+    };
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verbs = match (method.as_str(), name.is_some()) {
+        ("GET", true) => vec!["get"],
+        ("GET", false) if watch => vec!["watch"],
+        ("GET", false) => vec!["list"],
+        ("POST", _) => vec!["create"],
+        ("PUT", _) => vec!["update"],
+        ("PATCH", _) if is_apply && !resource.contains('/') => vec!["patch", "create"],
+        ("PATCH", _) => vec!["patch"],
+        ("DELETE", true) => vec!["delete"],
+        ("DELETE", false) => vec!["deletecollection"],
+        (m, _) => panic!("unexpected method {m} on {path}"),
+    };
+    Access {
+        group,
+        resource,
+        verbs,
+        namespace,
+        name,
+    }
+}
+
+/// Panic unless the RBAC table grants `component` every verb the request needs.
+pub fn assert_granted(component: Component, method: &Method, path: &str, query: &str, apply: bool) {
+    let a = access(method, path, query, apply);
+    let scope = match a.namespace.as_deref() {
+        Some(OPERATOR_NAMESPACE) => Scope::OperatorNamespace,
+        _ => Scope::Cluster,
+    };
+    let names_of = |n: Names| match n {
+        Names::LeaderLease => Some(rbac::LEASE_NAME.to_string()),
+        Names::ApiKeysSecret | Names::Any => None,
+    };
+    for verb in &a.verbs {
+        assert!(
+            rbac::allows(
+                component,
+                scope,
+                &a.group,
+                &a.resource,
+                verb,
+                a.name.as_deref(),
+                names_of
+            ),
+            "{component:?} made {method} {path}?{query}, which needs `{verb}` on \
+             {:?}/{} ({scope:?}); operator/src/rbac.rs (and so the chart) does not grant it",
+            a.group,
+            a.resource,
+        );
+    }
 }
