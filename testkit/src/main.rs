@@ -1,5 +1,6 @@
 //! Test support CLI: `gantry-testkit tiny-gguf --out PATH ...` writes a tiny GGUF model for
-//! scripts and Python tests; `gantry-testkit metadata PATH` prints a GGUF file's metadata as JSON.
+//! scripts and Python tests; `gantry-testkit metadata PATH` prints a GGUF file's metadata as JSON;
+//! `gantry-testkit k8s-check < manifests.yaml` checks rendered manifests (chart tests).
 
 use std::path::PathBuf;
 
@@ -42,6 +43,9 @@ enum Command {
     },
     /// Print the KV metadata of a GGUF file as one JSON object.
     Metadata { path: PathBuf },
+    /// Check a multi-document YAML stream on stdin against the k8s-openapi types: one JSON
+    /// verdict per object on stdout; exit 1 when any object is invalid.
+    K8sCheck,
 }
 
 fn main() -> Result<()> {
@@ -75,6 +79,17 @@ fn main() -> Result<()> {
         Command::Metadata { path } => {
             let metadata = read_gguf_metadata(&path)?;
             println!("{}", serde_json::to_string_pretty(&metadata)?);
+        }
+        Command::K8sCheck => {
+            let mut yaml = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut yaml)?;
+            let verdicts = gantry_testkit::k8s_check::check_stream(&yaml)?;
+            for v in &verdicts {
+                println!("{}", serde_json::to_string(v)?);
+            }
+            if verdicts.iter().any(|v| v.result == "invalid") {
+                std::process::exit(1);
+            }
         }
     }
     Ok(())
