@@ -1,0 +1,248 @@
+"""The Helm chart, rendered and linted with Helm's own Go code (helm-python-sdk, offline).
+
+Every rendered object must round-trip through its k8s-openapi type with no field lost
+(gantry-testkit k8s-check), Gantry custom objects must validate against the generated CRDs, and
+the RBAC rules must equal the operator's table (operator/src/rbac.rs) exactly.
+"""
+import json
+import re
+import subprocess
+
+import helm_python as helm
+import pytest
+
+from k8s import CHART, ROOT, binary, docs, k8s_check, validate_custom
+
+NS = "gantry-system"
+DIGEST = "sha256:" + "ab" * 32
+
+OVERRIDES = {
+    "defaults": {},
+    "gateway-only": {"controller": {"enabled": False}},
+    "controller-only": {"gateway": {"enabled": False}},
+    "no-default-engines": {"engines": {"llamaCpp": {"cpu": {"enabled": False}, "cuda": {"enabled": False}}}},
+    "network-policies": {"networkPolicy": {"enabled": True, "modelNamespaces": ["team-a", "team-b"],
+                                           "metricsNamespace": "monitoring"}},
+    "service-monitor-and-dashboard": {"metrics": {"serviceMonitor": {"enabled": True},
+                                                  "dashboard": {"enabled": True}}},
+    "digests": {"image": {"operator": {"digest": DIGEST}, "node": {"digest": DIGEST}},
+                "engines": {"llamaCpp": {"cpu": {"digest": DIGEST, "sha256": "cd" * 32},
+                                         "cuda": {"digest": DIGEST}}}},
+    "split-gateway": {"gateway": {"replicas": 3, "apiKeysSecret": "gantry-api-keys"}, "controller": {"replicas": 2}},
+}
+
+
+def render(values: dict) -> list[dict]:
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render(values, name="gantry", namespace=NS, is_install=True)
+    objects = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".yaml"):
+            objects.extend(docs(text))
+    return objects
+
+
+def of_kind(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+@pytest.mark.parametrize("case", sorted(OVERRIDES))
+def test_renders_and_every_object_matches_its_kubernetes_type(case):
+    objects = render(OVERRIDES[case])
+    assert objects, "nothing rendered"
+    verdicts = k8s_check(objects)
+    bad = [v for v in verdicts if v["result"] == "invalid"]
+    assert not bad, json.dumps(bad, indent=1)
+    for obj, v in zip(objects, verdicts):
+        if v["result"] == "custom":
+            if obj["apiVersion"].startswith("gantry.dev/"):
+                validate_custom(obj)
+            else:
+                assert obj["kind"] == "ServiceMonitor", f"unchecked custom object {obj['kind']}"
+                check_service_monitor(obj)
+
+
+def check_service_monitor(obj):
+    # The prometheus-operator CRD is not available offline; check the fields we use by hand.
+    spec = obj["spec"]
+    assert set(spec) == {"selector", "namespaceSelector", "endpoints"}
+    for ep in spec["endpoints"]:
+        assert set(ep) <= {"port", "path", "interval"}
+        assert re.fullmatch(r"[0-9]+(ms|s|m|h)", ep["interval"])
+
+
+@pytest.mark.parametrize("case", sorted(OVERRIDES))
+def test_lint_is_clean_in_strict_mode(case):
+    report = helm.lint(CHART, OVERRIDES[case], strict=True, namespace=NS)
+    assert report["errors"] == [] and report["messages"] == [], report
+
+
+def test_default_install_runs_both_components_in_one_pod_with_the_gateway_service():
+    objects = render({})
+    [deploy] = of_kind(objects, "Deployment")
+    env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GANTRY_COMPONENTS"] == "controller,gateway"
+    assert env["GANTRY_NODE_IMAGE"] == "ghcr.io/gantry-dev/node:0.1.0"
+    svc = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "gantry-gateway")
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda"}
+    assert not of_kind(objects, "NetworkPolicy") and not of_kind(objects, "ServiceMonitor")
+
+
+def test_more_than_one_gateway_replica_splits_the_deployments_and_accounts():
+    objects = render(OVERRIDES["split-gateway"])
+    deploys = {d["metadata"]["name"]: d for d in of_kind(objects, "Deployment")}
+    assert set(deploys) == {"gantry-controller", "gantry-gateway"}
+    gw = deploys["gantry-gateway"]["spec"]
+    assert gw["replicas"] == 3
+    assert gw["template"]["spec"]["serviceAccountName"] == "gantry-gateway"
+    env = {e["name"]: e.get("value") for e in gw["template"]["spec"]["containers"][0]["env"]}
+    assert env["GANTRY_COMPONENTS"] == "gateway" and env["GANTRY_API_KEYS_SECRET"] == "gantry-api-keys"
+    assert "GANTRY_NODE_IMAGE" not in env
+    assert {p["metadata"]["name"] for p in of_kind(objects, "PodDisruptionBudget")} == {"gantry-controller", "gantry-gateway"}
+    assert {s["metadata"]["name"] for s in of_kind(objects, "ServiceAccount")} == {"gantry-controller", "gantry-gateway"}
+
+
+def test_gateway_only_grants_no_controller_rules_and_no_engines_renders_no_plugins():
+    objects = render(OVERRIDES["gateway-only"])
+    names = {o["metadata"]["name"] for o in objects if o["kind"] in ("ClusterRole", "Role")}
+    assert names == {"gantry-gateway"}
+    assert not of_kind(render(OVERRIDES["no-default-engines"]), "EnginePlugin")
+
+
+def test_digests_pin_every_image():
+    objects = render(OVERRIDES["digests"])
+    [deploy] = of_kind(objects, "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"ghcr.io/gantry-dev/operator@{DIGEST}"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GANTRY_NODE_IMAGE"] == f"ghcr.io/gantry-dev/node@{DIGEST}"
+    plugins = {p["metadata"]["name"]: p["spec"] for p in of_kind(objects, "EnginePlugin")}
+    assert plugins["llama-cpp-cpu"]["image"].endswith(f"@{DIGEST}")
+    assert plugins["llama-cpp-cpu"]["sha256"] == "cd" * 32
+    assert "sha256" not in plugins["llama-cpp-cuda"]
+
+
+def test_network_policies_deny_by_default_and_allow_only_operator_to_node():
+    objects = render(OVERRIDES["network-policies"])
+    policies = of_kind(objects, "NetworkPolicy")
+    node = [p for p in policies if p["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gantry-node"}]
+    assert sorted(p["metadata"]["namespace"] for p in node) == ["team-a", "team-b"]
+    for p in policies:
+        assert p["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    [ingress] = node[0]["spec"]["ingress"]
+    [peer] = ingress["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NS}
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gantry"
+
+
+@pytest.mark.parametrize("case", sorted(OVERRIDES))
+def test_every_pod_is_restricted(case):
+    for d in of_kind(render(OVERRIDES[case]), "Deployment"):
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+            assert "limits" in c["resources"] and "requests" in c["resources"]
+
+
+def rbac_table() -> dict:
+    run = subprocess.run([binary("gantry-operator"), "rbac"], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(run.stdout)
+
+
+def test_rbac_rules_are_exactly_the_operators_table():
+    values = {"gateway": {"apiKeysSecret": "gantry-api-keys"}, "controller": {"leaseName": "gantry-operator"}}
+    table = rbac_table()
+    assert table["leaseName"] == "gantry-operator"
+    names = {"any": None, "leaderLease": "gantry-operator", "apiKeysSecret": "gantry-api-keys"}
+    want = set()
+    for r in table["rules"]:
+        kind = "ClusterRole" if r["scope"] == "cluster" else "Role"
+        for verb in r["verbs"]:
+            want.add((r["component"], kind, r["group"], r["resource"], names[r["names"]], verb))
+    got = set()
+    for role in render(values):
+        if role["kind"] not in ("ClusterRole", "Role"):
+            continue
+        component = role["metadata"]["name"].removeprefix("gantry-")
+        for rule in role["rules"]:
+            for g in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames", [None]):
+                            got.add((component, role["kind"], g, res, name, verb))
+    assert got - want == set(), f"the chart grants more than the operator needs: {sorted(got - want)}"
+    assert want - got == set(), f"the chart lacks rules the operator needs: {sorted(want - got)}"
+
+
+def test_bindings_bind_each_role_to_the_account_of_the_pods_that_run_the_component():
+    for values in ({}, OVERRIDES["split-gateway"]):
+        objects = render(values)
+        accounts = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["serviceAccountName"]
+                    for d in of_kind(objects, "Deployment")}
+        runs = {}
+        for d in of_kind(objects, "Deployment"):
+            env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+            for c in env["GANTRY_COMPONENTS"].split(","):
+                runs[c] = accounts[d["metadata"]["name"]]
+        for b in of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding"):
+            component = b["roleRef"]["name"].removeprefix("gantry-")
+            assert [s["name"] for s in b["subjects"]] == [runs[component]], b
+
+
+@pytest.mark.parametrize("bad", [
+    {"gateway": {"replicas": 0}},
+    {"gateway": {"replicas": "two"}},
+    {"controller": {"enable": True}},
+    {"image": {"operator": {"digest": "sha256:nothex"}}},
+    {"engines": {"llamaCpp": {"mountStrategy": "Copy"}}},
+    {"engines": {"llamaCpp": {"cpu": {"sha256": "ABC"}}}},
+    {"networkPolicy": {"modelNamespaces": ["Team_A"]}},
+    {"metrics": {"serviceMonitor": {"interval": "soon"}}},
+])
+def test_values_schema_rejects_wrong_values(bad):
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError):
+            chart.validate_schema(chart.merge_values(bad))
+        with pytest.raises(helm.HelmError):
+            chart.render(bad, name="gantry", namespace=NS)
+
+
+def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
+    manifest = json.loads((ROOT / "engines/llama-cpp/manifest.json").read_text())
+    for p in of_kind(render({}), "EnginePlugin"):
+        assert p["spec"]["architectures"] == manifest["architectures"]
+        assert p["spec"]["version"] == manifest["version"]
+        assert p["spec"]["abiVersion"] == int(manifest["abi_version"])
+        assert p["spec"]["modalities"] == manifest["modalities"]
+
+
+GATEWAY_METRICS = {"gantry_gateway_requests_total", "gantry_gateway_added_latency_seconds",
+                   "gantry_gateway_held_requests", "gantry_gateway_upstream_errors_total"}
+
+
+def test_dashboard_queries_only_metrics_that_exist():
+    dashboard = json.loads((CHART / "files/grafana-dashboard.json").read_text())
+    sources = (ROOT / "node-pod/src/metrics.rs").read_text() + (ROOT / "operator/src/metrics.rs").read_text()
+    used = set()
+    for panel in dashboard["panels"]:
+        for t in panel["targets"]:
+            used |= set(re.findall(r"gantry_[a-z_]+", t["expr"]))
+    assert used
+    for name in used:
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert f'"{base}"' in sources or base in GATEWAY_METRICS, f"{name} is not a Gantry metric"
+    objects = render(OVERRIDES["service-monitor-and-dashboard"])
+    [cm] = [c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == "gantry-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["gantry.json"]) == dashboard
+
+
+def test_chart_crds_are_the_generated_ones():
+    for f in (ROOT / "crds").glob("*.yaml"):
+        assert (CHART / "crds" / f.name).read_text() == f.read_text()
