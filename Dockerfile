@@ -1,0 +1,87 @@
+# syntax=docker/dockerfile:1.7
+# Gantry images, one multi-stage build:
+#   docker build --target operator              -t gantry/operator .
+#   docker build --target node                  -t gantry/node .
+#   docker build --target engine-llama-cpp-cpu  -t gantry/engine-llama-cpp-cpu .
+#   docker build --target engine-llama-cpp-cuda -t gantry/engine-llama-cpp-cuda .
+# Dependencies are compiled in their own layer (cargo chef), so a source change rebuilds only
+# Gantry's crates. Toolchain and base images are pinned; Cargo.lock is used as is (--locked).
+# tests/python/test_dockerfile.py checks that every file a target copies is one the build makes.
+
+ARG RUST_IMAGE=rust:1.95-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04
+
+# ---- toolchain with cargo-chef ----------------------------------------------------------------
+FROM ${RUST_IMAGE} AS chef
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends cmake clang libclang-dev musl-tools \
+ && rm -rf /var/lib/apt/lists/* \
+ && rustup target add x86_64-unknown-linux-musl \
+ && cargo install --locked cargo-chef@0.1.73
+WORKDIR /src
+
+FROM chef AS planner
+COPY . .
+RUN cargo chef prepare --recipe-path recipe.json
+
+# ---- CPU build: operator (static, musl), copier (static, musl), node and CPU plugin (glibc) ---
+FROM chef AS build
+COPY --from=planner /src/recipe.json recipe.json
+RUN cargo chef cook --release --locked --recipe-path recipe.json \
+ && cargo chef cook --release --locked --target x86_64-unknown-linux-musl \
+      -p gantry-operator -p gantry-copy --recipe-path recipe.json
+COPY . .
+RUN cargo build --release --locked -p gantry-node -p gantry-engine-llama-cpp \
+ && cargo build --release --locked --target x86_64-unknown-linux-musl -p gantry-operator -p gantry-copy \
+ && mkdir -p /out/engines/llama_cpp/cpu \
+ && cp -L target/release/gantry-node /out/gantry-node \
+ && cp -L target/release/engines/llama_cpp/cpu/manifest.json /out/engines/llama_cpp/cpu/manifest.json \
+ && cp -L target/release/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so /out/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so \
+ && cp -L target/x86_64-unknown-linux-musl/release/gantry-operator /out/gantry-operator \
+ && cp -L target/x86_64-unknown-linux-musl/release/gantry-copy /out/copy
+
+# ---- CUDA plugin build --------------------------------------------------------------------
+FROM ${CUDA_IMAGE} AS build-cuda
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl cmake clang libclang-dev gcc g++ \
+ && rm -rf /var/lib/apt/lists/* \
+ && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0
+ENV PATH=/root/.cargo/bin:$PATH
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p gantry-engine-llama-cpp --features cuda \
+ && mkdir -p /out/engines/llama_cpp/cuda \
+ && cp -L target/release/engines/llama_cpp/cuda/manifest.json /out/engines/llama_cpp/cuda/manifest.json \
+ && cp -L target/release/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so /out/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so
+
+# ---- operator: static binary on distroless/static, non-root ------------------------------------
+FROM gcr.io/distroless/static-debian12:nonroot AS operator
+COPY --from=build /out/gantry-operator /usr/local/bin/gantry-operator
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/gantry-operator"]
+CMD ["run"]
+
+# ---- node: glibc + OpenMP runtime (llama.cpp), non-root ------------------------------------------
+FROM debian:bookworm-slim AS node
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates libgomp1 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/gantry-node /usr/local/bin/gantry-node
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/gantry-node"]
+CMD ["serve", "--config", "/etc/gantry/models.yaml", "--plugins-dir", "/opt/gantry/engines"]
+
+# ---- plugin images: scratch, the plugin directory and the static /copy helper --------------------
+# The operator's InitContainer runs `/copy /engines/llama_cpp/<backend> /opt/gantry/engines/...`.
+FROM scratch AS engine-llama-cpp-cpu
+COPY --from=build /out/copy /copy
+COPY --from=build /out/engines/llama_cpp/cpu/ /engines/llama_cpp/cpu/
+USER 65532:65532
+ENTRYPOINT ["/copy"]
+
+FROM scratch AS engine-llama-cpp-cuda
+COPY --from=build /out/copy /copy
+COPY --from=build-cuda /out/engines/llama_cpp/cuda/ /engines/llama_cpp/cuda/
+USER 65532:65532
+ENTRYPOINT ["/copy"]

