@@ -497,14 +497,9 @@ pub fn read_architecture(primary: &Path, format: Format) -> Result<String, Strin
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join("config.json");
-            let text = std::fs::read_to_string(&cfg)
-                .map_err(|e| format!("cannot read {}: {e}", cfg.display()))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", cfg.display()))?;
-            v.get("model_type")
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
-                .ok_or_else(|| format!("{} has no model_type", cfg.display()))
+            gantry_formats::hf_config::read(&cfg)
+                .map(|c| c.model_type)
+                .map_err(|e| format!("{}: {e}", cfg.display()))
         }
     }
 }
