@@ -12,12 +12,15 @@
 //! counts against the pool its weights and KV live in: RAM on a CPU node,
 //! VRAM on a CUDA node. The functions that decide are pure and take a
 //! snapshot of the resident models, so they are tested without engines;
-//! `Node` (node.rs) applies their decisions.
+//! `Node` (node.rs) applies their decisions. `weight_bytes` sizes an
+//! artifact's files for the estimate.
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gantry_engine_abi::{Backend, EngineError, Status};
+use std::path::Path;
+
+use gantry_engine_abi::{Backend, EngineError, Format, Status};
 
 /// Unload above this share of a pool, in percent (seeds 001: 90 % for VRAM and RAM alike).
 pub const WATERMARK_PERCENT: u64 = 90;
@@ -451,6 +454,40 @@ pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
+/// Bytes of a model's weight files: the GGUF (every shard of a split one),
+/// or the `.safetensors` files beside the primary artifact.
+pub fn weight_bytes(primary: &Path, format: Format) -> u64 {
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let dir = primary.parent().unwrap_or(Path::new("."));
+    let name = primary
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let siblings = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| keep(&e.file_name().to_string_lossy()))
+                    .map(|e| size(&e.path()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    match format {
+        // `name-00001-of-00003.gguf`: the shards share everything before `-00001-of-`.
+        Format::Gguf => match name.find("-00001-of-") {
+            Some(at) => {
+                let stem = &name[..at];
+                siblings(&|n: &str| {
+                    n.starts_with(stem) && n.ends_with(".gguf") && n[stem.len()..].contains("-of-")
+                })
+            }
+            None => size(primary),
+        },
+        Format::Safetensors => siblings(&|n: &str| n.ends_with(".safetensors")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,6 +636,27 @@ mod tests {
         assert_eq!(ram_limit(123), (123, RamSource::Flag));
         let (n, src) = ram_limit(0);
         assert!(n > 0 && src != RamSource::Flag, "{n} {src:?}");
+    }
+
+    #[test]
+    fn weights_are_every_shard_of_a_split_gguf_or_every_safetensors_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let put = |name: &str, n: usize| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, vec![0u8; n]).expect("write");
+            p
+        };
+        let first = put("m-Q4_K_M-00001-of-00002.gguf", 10);
+        put("m-Q4_K_M-00002-of-00002.gguf", 20);
+        let single = put("other.gguf", 5);
+        put("mmproj-m.gguf", 7);
+        put("model-00001-of-00002.safetensors", 100);
+        put("model-00002-of-00002.safetensors", 200);
+        let index = put("model.safetensors.index.json", 3);
+        assert_eq!(weight_bytes(&first, Format::Gguf), 30);
+        assert_eq!(weight_bytes(&single, Format::Gguf), 5);
+        assert_eq!(weight_bytes(&index, Format::Safetensors), 300);
+        assert_eq!(weight_bytes(&dir.path().join("gone.gguf"), Format::Gguf), 0);
     }
 
     #[test]

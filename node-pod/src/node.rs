@@ -604,7 +604,7 @@ impl Node {
     /// plus the KV cache for its context (per-sequence context x sequences,
     /// at f16, from the GGUF header). Returns the total and how it was made.
     fn estimate(&self, m: &ServedModel, primary: &Path) -> (u64, String) {
-        let weights = weight_bytes(primary, m.format);
+        let weights = memory::weight_bytes(primary, m.format);
         let mut how = format!("weights {}", memory::human(weights));
         let mut kv = 0u64;
         if m.format == Format::Gguf {
@@ -846,38 +846,4 @@ fn is_idle(r: &Arc<ReadyModel>) -> bool {
     Arc::strong_count(r) == 1
         && f.waiting.load(Ordering::Relaxed) == 0
         && f.running.load(Ordering::Relaxed) == 0
-}
-
-/// Bytes of a model's weight files: the GGUF (every shard of a split one),
-/// or the `.safetensors` files beside the primary artifact.
-fn weight_bytes(primary: &Path, format: Format) -> u64 {
-    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-    let dir = primary.parent().unwrap_or(Path::new("."));
-    let name = primary
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let siblings = |keep: &dyn Fn(&str) -> bool| -> u64 {
-        std::fs::read_dir(dir)
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .filter(|e| keep(&e.file_name().to_string_lossy()))
-                    .map(|e| size(&e.path()))
-                    .sum()
-            })
-            .unwrap_or(0)
-    };
-    match format {
-        // `name-00001-of-00003.gguf`: the shards share everything before `-00001-of-`.
-        Format::Gguf => match name.find("-00001-of-") {
-            Some(at) => {
-                let stem = &name[..at];
-                siblings(&|n: &str| {
-                    n.starts_with(stem) && n.ends_with(".gguf") && n[stem.len()..].contains("-of-")
-                })
-            }
-            None => size(primary),
-        },
-        Format::Safetensors => siblings(&|n: &str| n.ends_with(".safetensors")),
-    }
 }
