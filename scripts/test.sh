@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every Gantry test: setup, one release build of the workspace (llama.cpp
-# is compiled once and shared by tests and binaries), the Rust tests, then the
-# OpenAI-compatibility suite with the official `openai` Python client.
+# is compiled once and shared by tests and binaries), the Rust tests, a bounded
+# fuzzing run of the metadata parsers, then the OpenAI-compatibility suite with
+# the official `openai` Python client.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -10,6 +11,8 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Plugins are cdylibs that tests load at run time: build them before testing.
 cargo build --release --workspace --all-targets
 cargo test --release --workspace
+# The untrusted-input parsers under libFuzzer, 20 s per target (fails on a crash or hang).
+scripts/fuzz.sh
 # The cluster test ran above only if a cluster was named; say so either way.
 if [ -z "${GANTRY_E2E_KUBECONFIG:-}" ]; then
   echo "operator end-to-end test against a real cluster: SKIPPED (set GANTRY_E2E_KUBECONFIG to run it)"

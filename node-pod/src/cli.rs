@@ -68,6 +68,11 @@ pub struct ServeArgs {
     /// Device memory limit in bytes handed to engines (0 = no limit).
     #[arg(long, env = "GANTRY_VRAM_LIMIT", default_value_t = 0)]
     pub vram_limit: u64,
+    /// RAM the models may hold, in bytes; past 90 % the least-recently-used
+    /// idle model is unloaded, and a load that cannot fit is refused with
+    /// OOM_RAM (0 = the container's cgroup memory.max, else MemTotal).
+    #[arg(long, env = "GANTRY_RAM_LIMIT", default_value_t = 0)]
+    pub ram_limit: u64,
     /// Most prompt tokens fed per engine step across prefilling sequences.
     #[arg(long, env = "GANTRY_PREFILL_CHUNK_TOKENS")]
     pub prefill_chunk_tokens: Option<u32>,
@@ -168,7 +173,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let node = Arc::new(Node::new(config, plugins_dir, engine_config));
+        let node =
+            Arc::new(Node::new(config, plugins_dir, engine_config).with_ram_limit(args.ram_limit));
+        let limits = &node.memory.limits;
+        tracing::info!(
+            ram_limit = limits.get(crate::memory::Pool::Ram),
+            ram_limit_source = node.memory.ram_source.as_str(),
+            vram_limit = limits.get(crate::memory::Pool::Vram),
+            "memory policy: unload the least-recently-used idle model above {} %",
+            crate::memory::WATERMARK_PERCENT
+        );
         let starter = node.clone();
         tokio::task::spawn_blocking(move || starter.start());
         crate::http::serve(node, listener).await?;

@@ -5,7 +5,8 @@
 //! templates) → `tokenizer` → `cache` (temperature-0 answers) → `scheduler`
 //! (continuous batching, one owner per model) → `engine_host` (plugin calls)
 //! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
-//! (model lifecycle and readiness), `config`, `gguf` (metadata), `metrics`,
+//! (model lifecycle and readiness), `memory` (LRU unloads, OOM refusals),
+//! `config`, `gguf` (metadata), `metrics`,
 //! `error` (the one OpenAI-shaped error type) and `cli`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
@@ -16,6 +17,7 @@ pub mod engine_host;
 pub mod error;
 pub mod gguf;
 pub mod http;
+pub mod memory;
 pub mod metrics;
 pub mod node;
 pub mod scheduler;

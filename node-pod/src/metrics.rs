@@ -34,6 +34,12 @@ pub struct Metrics {
     pub engine_hung: IntGauge,
     pub steps: IntCounterVec,
     pub step_tokens: HistogramVec,
+    /// Memory policy (memory.rs): unloads by reason, refused loads by code,
+    /// and the accounted use and limit per pool.
+    pub model_unloads: IntCounterVec,
+    pub model_load_refusals: IntCounterVec,
+    pub memory_used_bytes: GaugeVec,
+    pub memory_limit_bytes: GaugeVec,
 }
 
 fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -190,6 +196,30 @@ impl Metrics {
                     1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
                 ],
                 &m,
+            ),
+            model_unloads: counter(
+                &r,
+                "gantry_model_unloads_total",
+                "Models unloaded by the memory policy (reason: the pool over its 90 % watermark)",
+                &["model", "reason"],
+            ),
+            model_load_refusals: counter(
+                &r,
+                "gantry_model_load_refusals_total",
+                "Model loads refused because they cannot fit (code: OOM_RAM or OOM_VRAM)",
+                &["model", "code"],
+            ),
+            memory_used_bytes: gauge(
+                &r,
+                "gantry_memory_used_bytes",
+                "Bytes the loaded models hold, as the memory policy accounts them",
+                &["pool"],
+            ),
+            memory_limit_bytes: gauge(
+                &r,
+                "gantry_memory_limit_bytes",
+                "The memory policy's limit per pool (0 = none)",
+                &["pool"],
             ),
             registry: r,
         }

@@ -10,17 +10,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gantry_api::{
     ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, ModelStatus, NodeStatus,
     PluginStatus, QueueStatus,
 };
-use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor};
+use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor, Status};
 
 use crate::cache::ResponseCache;
 use crate::config::{LoadPolicy, ModelConfig, NodeConfig};
 use crate::engine_host::{EngineRegistry, ModelShared, PluginState};
+use crate::memory::{self, Bytes, ModelMemory, NodeMemory, Note, Pool, Refusal, Resident, Unload};
 use crate::metrics::Metrics;
 use crate::scheduler::{SchedulerHandle, SchedulerSettings};
 use crate::template::{ChatTemplate, TemplateSource};
@@ -72,6 +73,8 @@ pub struct ServedModel {
     pub artifact_bytes: std::sync::atomic::AtomicU64,
     /// Serializes loads (eager start-up and lazy first requests).
     load_lock: std::sync::Mutex<()>,
+    /// Last use and the memory policy's last decision (memory.rs).
+    pub memory: ModelMemory,
 }
 
 impl ServedModel {
@@ -107,6 +110,8 @@ pub struct Node {
     pub inflight: AtomicUsize,
     pub cache: ResponseCache,
     pub started: Instant,
+    /// VRAM/RAM budgets and the load lock of the memory policy.
+    pub memory: NodeMemory,
 }
 
 impl Node {
@@ -127,6 +132,7 @@ impl Node {
                         primary: RwLock::new(None),
                         artifact_bytes: std::sync::atomic::AtomicU64::new(0),
                         load_lock: std::sync::Mutex::new(()),
+                        memory: ModelMemory::default(),
                     }),
                 )
             })
@@ -136,6 +142,7 @@ impl Node {
             config.scheduler.response_cache_ram_fraction,
             metrics.clone(),
         );
+        let memory = NodeMemory::new(engine_config.backend, engine_config.vram_limit_bytes, 0);
         Self {
             config,
             models,
@@ -148,6 +155,7 @@ impl Node {
             inflight: AtomicUsize::new(0),
             cache,
             started: Instant::now(),
+            memory,
         }
     }
 
@@ -221,6 +229,12 @@ impl Node {
         let Some(primary) = m.primary.read().ok().and_then(|p| p.clone()) else {
             return;
         };
+        // Plan, unload and load as one step: no other load counts the same free bytes.
+        let _room = self.memory.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(r) = self.make_room(m, &primary) {
+            self.refuse_load(m, r);
+            return;
+        }
         m.set(ModelState::Loading);
         let t0 = Instant::now();
         let desc = ModelDescriptor {
@@ -235,6 +249,28 @@ impl Node {
         };
         let (shared, exec) = match plugin.load_model(&desc) {
             Ok(x) => x,
+            Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
+                // The engine refused and freed what it had (no partial loads).
+                let pool = if e.status == Status::OomVram {
+                    Pool::Vram
+                } else {
+                    Pool::Ram
+                };
+                let message = format!(
+                    "{}: the engine refused model `{}`: {}",
+                    e.status, m.config.id, e.message
+                );
+                let never_fits = false;
+                self.refuse_load(
+                    m,
+                    Refusal {
+                        pool,
+                        message,
+                        never_fits,
+                    },
+                );
+                return;
+            }
             Err(e) => {
                 tracing::error!(model = %m.config.id, error = %e, "model load failed");
                 m.set(ModelState::Failed(format!("load failed: {e}")));
@@ -301,6 +337,8 @@ impl Node {
             tokenizer,
             plugin: plugin_id,
         })));
+        m.memory.set_note(None);
+        self.after_load(m);
     }
 
     /// `/readyz`: every model has a supporting engine and its artifacts, and
@@ -365,9 +403,13 @@ impl Node {
         let artifact_ready = m.primary.read().map(|p| p.is_some()).unwrap_or(false);
         let size = m.artifact_bytes.load(Ordering::Relaxed);
         let (load_state, message) = match &state {
-            ModelState::Pending | ModelState::Idle | ModelState::Unsupported => {
-                (LoadState::Unloaded, None)
-            }
+            // The memory policy's last word: unloaded to relieve a pool, or refused.
+            ModelState::Idle => match m.memory.note() {
+                Some(Note::Refused(r)) => (LoadState::Failed, Some(r.message)),
+                Some(Note::Unloaded(msg)) => (LoadState::Unloaded, Some(msg)),
+                None => (LoadState::Unloaded, None),
+            },
+            ModelState::Pending | ModelState::Unsupported => (LoadState::Unloaded, None),
             ModelState::Loading => (LoadState::Loading, None),
             ModelState::Ready(_) => (LoadState::Loaded, None),
             ModelState::Failed(msg) => (LoadState::Failed, Some(msg.clone())),
@@ -497,14 +539,9 @@ pub fn read_architecture(primary: &Path, format: Format) -> Result<String, Strin
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join("config.json");
-            let text = std::fs::read_to_string(&cfg)
-                .map_err(|e| format!("cannot read {}: {e}", cfg.display()))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", cfg.display()))?;
-            v.get("model_type")
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
-                .ok_or_else(|| format!("{} has no model_type", cfg.display()))
+            gantry_formats::hf_config::read(&cfg)
+                .map(|c| c.model_type)
+                .map_err(|e| format!("{}: {e}", cfg.display()))
         }
     }
 }
@@ -538,4 +575,275 @@ fn choose_template(
         bos,
         eos,
     )
+}
+
+/// The memory policy's side of the node (the decisions are memory.rs's pure
+/// functions): last use, estimates, unloads and refusals.
+impl Node {
+    /// Replace the RAM budget: `bytes`, or when 0 the cgroup limit, else MemTotal.
+    pub fn with_ram_limit(mut self, bytes: u64) -> Self {
+        self.memory = NodeMemory::new(
+            self.engine_config.backend,
+            self.engine_config.vram_limit_bytes,
+            bytes,
+        );
+        self
+    }
+
+    /// A request was admitted for `m`: it is now the most recently used.
+    pub fn touch(&self, m: &ServedModel) {
+        m.memory.touch(self.started.elapsed().as_millis() as u64);
+    }
+
+    /// The pool a model's weights and KV live in on this node.
+    fn pool(&self) -> Pool {
+        Pool::of(self.engine_config.backend)
+    }
+
+    /// Bytes `m` will hold once loaded, before loading it: its weight files
+    /// plus the KV cache for its context (per-sequence context x sequences,
+    /// at f16, from the GGUF header). Returns the total and how it was made.
+    fn estimate(&self, m: &ServedModel, primary: &Path) -> (u64, String) {
+        let weights = memory::weight_bytes(primary, m.format);
+        let mut how = format!("weights {}", memory::human(weights));
+        let mut kv = 0u64;
+        if m.format == Format::Gguf {
+            match crate::gguf::read_header(primary) {
+                Ok(h) => {
+                    let wanted = m
+                        .config
+                        .context_length
+                        .filter(|c| *c > 0)
+                        .unwrap_or(self.engine_config.context_length);
+                    let trained = h
+                        .context_length()
+                        .and_then(|c| u32::try_from(c).ok())
+                        .unwrap_or(u32::MAX)
+                        .max(1);
+                    let per_seq = if wanted == 0 {
+                        trained
+                    } else {
+                        wanted.min(trained)
+                    };
+                    let seqs = m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH).max(1);
+                    let cells = u64::from(per_seq) * u64::from(seqs);
+                    match h.kv_bytes_per_token() {
+                        Some(per_cell) => {
+                            kv = per_cell.saturating_mul(cells);
+                            how.push_str(&format!(
+                                " + KV {} ({per_seq} tokens x {seqs} sequences)",
+                                memory::human(kv)
+                            ));
+                        }
+                        None => {
+                            how.push_str(" (the header gives no attention shape; KV not counted)")
+                        }
+                    }
+                }
+                Err(e) => how.push_str(&format!(" (header unreadable: {e}; KV not counted)")),
+            }
+        }
+        (weights.saturating_add(kv), how)
+    }
+
+    /// What a loaded model holds: the engine's report, else the estimate.
+    fn held(&self, m: &ServedModel, r: &ReadyModel) -> Bytes {
+        let reported = r.shared.info().bytes_used;
+        let n = if reported > 0 {
+            reported
+        } else {
+            m.memory.estimate.load(Ordering::Relaxed)
+        };
+        Bytes::in_pool(self.pool(), n)
+    }
+
+    /// Every loaded model as the policy sees it. Idle means nothing holds
+    /// the model but its state (no request between admission and its last
+    /// token) and nothing is queued; only `load: lazy` models may go, since
+    /// an eager model's absence would make the node unready.
+    fn residents(&self) -> Vec<Resident> {
+        let mut out = Vec::new();
+        for m in self.models.values() {
+            let Ok(state) = m.state.read() else { continue };
+            if let ModelState::Ready(r) = &*state {
+                out.push(Resident {
+                    id: m.config.id.clone(),
+                    held: self.held(m, r),
+                    last_used: m.memory.last_used(),
+                    evictable: m.config.load == LoadPolicy::Lazy && is_idle(r),
+                });
+            }
+        }
+        out
+    }
+
+    /// Unload `u` if it is still idle (a request may have taken it since the
+    /// plan was made). Its scheduler stops and the engine frees the model
+    /// once the state's reference, the last one, is dropped here.
+    fn unload_for_memory(&self, u: &Unload, why: &str) -> bool {
+        let Some(m) = self.models.get(&u.id) else {
+            return false;
+        };
+        let Ok(mut state) = m.state.write() else {
+            return false;
+        };
+        let held = match &*state {
+            ModelState::Ready(r) if is_idle(r) => self.held(m, r),
+            _ => return false,
+        };
+        let pool = u.pool;
+        let limit = self.memory.limits.get(pool);
+        let message = format!(
+            "unloaded as the least recently used idle model: {} use was {} of {} (watermark {} %) {why}; it reloads on its next request",
+            pool.name(),
+            memory::human(u.used),
+            memory::human(limit),
+            memory::WATERMARK_PERCENT,
+        );
+        tracing::warn!(target: "gantry::alert", model = %u.id, pool = pool.label(), used = u.used, limit, freed = held.get(pool), "{message}");
+        *state = ModelState::Idle;
+        drop(state);
+        m.memory.set_note(Some(Note::Unloaded(message)));
+        let reason = format!("{}_watermark", pool.label());
+        self.metrics
+            .model_unloads
+            .with_label_values(&[u.id.as_str(), reason.as_str()])
+            .inc();
+        self.metrics
+            .vram_used_bytes
+            .with_label_values(&[&u.id])
+            .set(0.0);
+        true
+    }
+
+    /// Before loading `m`: estimate its need and unload least-recently-used
+    /// idle models until it fits under the watermark, or refuse. A model
+    /// whose last request is still finishing (its response sent, its
+    /// scheduler not yet idle) gets a short, bounded moment to settle before
+    /// the load is refused; so does a model that became busy after the plan.
+    fn make_room(&self, m: &ServedModel, primary: &Path) -> Result<(), Refusal> {
+        /// How long a load waits for busy lazy models to go idle.
+        const SETTLE: Duration = Duration::from_millis(500);
+        let (need, how) = self.estimate(m, primary);
+        m.memory.estimate.store(need, Ordering::Relaxed);
+        let need = Bytes::in_pool(self.pool(), need);
+        let id = m.config.id.as_str();
+        let why = format!("before loading model `{id}`");
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let settling = Instant::now() < deadline && self.lazy_model_busy(id);
+            match memory::plan_load(&self.memory.limits, id, need, &self.residents()) {
+                Err(mut r) if r.never_fits || !settling => {
+                    r.message.push_str(&format!(" (estimate: {how})"));
+                    return Err(r);
+                }
+                Err(_) => {}
+                Ok(unloads) => {
+                    let mut all = true;
+                    for u in &unloads {
+                        all &= self.unload_for_memory(u, &why);
+                    }
+                    if all {
+                        self.update_memory_gauges();
+                        return Ok(());
+                    }
+                    if Instant::now() >= deadline {
+                        let pool = self.pool();
+                        return Err(Refusal {
+                            pool,
+                            message: format!(
+                                "{}: model `{id}` needs {how}; the models that could make room kept getting busy",
+                                pool.oom()
+                            ),
+                            never_fits: false,
+                        });
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A loaded `load: lazy` model other than `except` is serving a request.
+    fn lazy_model_busy(&self, except: &str) -> bool {
+        self.models.values().any(|m| {
+            m.config.id != except
+                && m.config.load == LoadPolicy::Lazy
+                && m.state
+                    .read()
+                    .is_ok_and(|s| matches!(&*s, ModelState::Ready(r) if !is_idle(r)))
+        })
+    }
+
+    /// `m` came up: bring the pools back under their watermarks, and if the
+    /// engine's real footprint does not fit at all, unload `m` itself.
+    fn after_load(&self, m: &ServedModel) {
+        let id = m.config.id.as_str();
+        let (unloads, over) = memory::plan_after_load(&self.memory.limits, id, &self.residents());
+        let why = format!("after model `{id}` loaded");
+        for u in &unloads {
+            self.unload_for_memory(u, &why);
+        }
+        if let Some(pool) = over {
+            let held = m.ready().map_or(0, |r| self.held(m, &r).get(pool));
+            let message = format!(
+                "{}: model `{id}` holds {} of {} once loaded (the engine's report), more than fits beside the models in use; unloaded again",
+                pool.oom(),
+                memory::human(held),
+                pool.name()
+            );
+            m.set(ModelState::Idle);
+            let never_fits = false;
+            self.refuse_load(
+                m,
+                Refusal {
+                    pool,
+                    message,
+                    never_fits,
+                },
+            );
+        }
+        self.update_memory_gauges();
+    }
+
+    /// Record a refused load: the model stays unloaded (its next request
+    /// tries again), its status says why, and an alert is logged.
+    fn refuse_load(&self, m: &ServedModel, r: Refusal) {
+        tracing::error!(target: "gantry::alert", model = %m.config.id, code = %r.pool.oom(), "model load refused: {}", r.message);
+        self.metrics
+            .model_load_refusals
+            .with_label_values(&[m.config.id.as_str(), r.pool.oom().name()])
+            .inc();
+        m.memory.set_note(Some(Note::Refused(r)));
+        m.set(ModelState::Idle);
+        self.update_memory_gauges();
+    }
+
+    fn update_memory_gauges(&self) {
+        let mut used = Bytes::default();
+        for r in self.residents() {
+            used.vram = used.vram.saturating_add(r.held.vram);
+            used.ram = used.ram.saturating_add(r.held.ram);
+        }
+        for pool in Pool::ALL {
+            let l = [pool.label()];
+            self.metrics
+                .memory_used_bytes
+                .with_label_values(&l)
+                .set(used.get(pool) as f64);
+            self.metrics
+                .memory_limit_bytes
+                .with_label_values(&l)
+                .set(self.memory.limits.get(pool) as f64);
+        }
+    }
+}
+
+/// No request holds the model (the state's reference is the only one) and
+/// nothing is queued or running in its scheduler.
+fn is_idle(r: &Arc<ReadyModel>) -> bool {
+    let f = &r.scheduler.figures;
+    Arc::strong_count(r) == 1
+        && f.waiting.load(Ordering::Relaxed) == 0
+        && f.running.load(Ordering::Relaxed) == 0
 }

@@ -77,15 +77,24 @@ pub async fn ready_model(
         .cloned()
         .ok_or_else(|| ApiError::not_found_model(id))?;
     match m.state() {
-        ModelState::Ready(r) => Ok((m, r)),
+        ModelState::Ready(r) => {
+            node.touch(&m); // the memory policy's "last used"
+            Ok((m, r))
+        }
         ModelState::Idle => {
-            // `load: lazy`: the first request loads the model.
+            // `load: lazy` (or unloaded by the memory policy): this request loads the model.
+            node.touch(&m);
             let (n, mm) = (state.node.clone(), m.clone());
             tokio::task::spawn_blocking(move || n.load(&mm))
                 .await
                 .map_err(|e| ApiError::internal(format!("load task: {e}")))?;
             match m.state() {
                 ModelState::Ready(r) => Ok((m, r)),
+                // Refused by the memory policy or the engine: 507 with OOM_RAM/OOM_VRAM.
+                ModelState::Idle => match m.memory.refusal() {
+                    Some(r) => Err(ApiError::from(r.to_engine_error())),
+                    None => Err(ApiError::unavailable(format!("model `{id}` is loading"), 5)),
+                },
                 ModelState::Failed(msg) => Err(ApiError::unavailable(
                     format!("model `{id}` failed to load: {msg}"),
                     30,
