@@ -5,7 +5,7 @@
 //! templates) → `tokenizer` → `cache` (temperature-0 answers) → `scheduler`
 //! (continuous batching, one owner per model) → `engine_host` (plugin calls)
 //! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
-//! (model lifecycle and readiness), `config`, `gguf` (metadata), `metrics`,
+//! (model lifecycle and readiness), `config`, `store` (sources, downloads, artifact selection), `gguf` (metadata), `metrics`,
 //! `error` (the one OpenAI-shaped error type) and `cli`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
@@ -19,6 +19,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod scheduler;
+pub mod store;
 pub mod template;
 pub mod text;
 pub mod tokenizer;
