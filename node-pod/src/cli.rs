@@ -109,7 +109,9 @@ fn model_store(args: &ServeArgs, config: &NodeConfig) -> anyhow::Result<Option<M
         .clone()
         .or_else(|| config.cache_dir.clone())
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gantry-node")))
-        .context("no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR")?;
+        .context(
+            "no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR",
+        )?;
     tracing::info!(cache_dir = %cache_dir.display(), ?settings, "model store");
     Ok(Some(ModelStore::new(cache_dir, settings)?))
 }

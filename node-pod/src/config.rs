@@ -104,9 +104,7 @@ impl ModelConfig {
                 }),
                 None => Err(ConfigError::Invalid {
                     field: format!("models[{}].source", self.id),
-                    reason: format!(
-                        "{uri:?} is not a local path; the model store downloads it"
-                    ),
+                    reason: format!("{uri:?} is not a local path; the model store downloads it"),
                 }),
             },
             (Some(_), Some(_)) => Err(ConfigError::Invalid {

@@ -242,22 +242,26 @@ impl Node {
     fn inspect(&self, reg: &EngineRegistry, m: &ServedModel) {
         let located = match m.fetched.get() {
             Some(f) => Ok(f.primary.clone()),
-            None => m.config.local_path().map_err(|e| e.to_string()).and_then(|p| {
-                if !p.is_dir() {
-                    return Ok(p);
-                }
-                // A directory: the store's selection rules (exact quantization, mmproj).
-                let f = crate::store::resolve_local(
-                    &p,
-                    m.format,
-                    m.config.quantization.as_deref(),
-                    &m.config.files,
-                )
-                .map_err(|e| e.to_string())?;
-                let primary = f.primary.clone();
-                let _ = m.fetched.set(f);
-                Ok(primary)
-            }),
+            None => m
+                .config
+                .local_path()
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    if !p.is_dir() {
+                        return Ok(p);
+                    }
+                    // A directory: the store's selection rules (exact quantization, mmproj).
+                    let f = crate::store::resolve_local(
+                        &p,
+                        m.format,
+                        m.config.quantization.as_deref(),
+                        &m.config.files,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let primary = f.primary.clone();
+                    let _ = m.fetched.set(f);
+                    Ok(primary)
+                }),
         };
         let primary = match located.and_then(|p| primary_artifact(&p, m.format)) {
             Ok(p) => p,

@@ -122,7 +122,11 @@ pub async fn ready_model(
                 _ => Err(ApiError::unavailable(format!("model `{id}` is loading"), 5)),
             }
         }
-        ModelState::Pending if m.download.as_ref().is_some_and(|d| d.state() != gantry_api::ArtifactState::Ready) => {
+        ModelState::Pending
+            if m.download
+                .as_ref()
+                .is_some_and(|d| d.state() != gantry_api::ArtifactState::Ready) =>
+        {
             Err(downloading(id, m.download.as_deref()))
         }
         ModelState::Pending | ModelState::Loading => Err(ApiError::unavailable(

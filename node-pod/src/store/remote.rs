@@ -48,6 +48,27 @@ struct TreeLfs {
     size: u64,
 }
 
+/// The parts of a `ListObjectsV2` response the store reads. Parsed here
+/// rather than with `rusty_s3::actions::ListObjectsV2::parse_response`,
+/// which refuses entries without an `ETag` (some S3-compatible servers omit it).
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListBucketResult {
+    #[serde(default)]
+    contents: Vec<ListedObject>,
+    #[serde(default)]
+    next_continuation_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListedObject {
+    key: String,
+    size: u64,
+    #[serde(default, rename = "ETag")]
+    etag: Option<String>,
+}
+
 /// A 64-hex-digit sha256 from an `ETag`/`X-Linked-Etag` value, if it is one
 /// (`"…"` and `W/` stripped). An S3 MD5 ETag is not one.
 pub fn sha256_etag(value: &str) -> Option<String> {
@@ -282,7 +303,7 @@ impl Remote {
                     body.chars().take(300).collect::<String>()
                 )));
             }
-            let page = rusty_s3::actions::ListObjectsV2::parse_response(&body)
+            let page: ListBucketResult = quick_xml::de::from_str(&body)
                 .map_err(|e| StoreError::Listing(format!("ListObjectsV2 response: {e}")))?;
             for obj in page.contents {
                 let Some(rel) = obj.key.strip_prefix(&key_prefix) else {
@@ -294,7 +315,7 @@ impl Remote {
                 files.push(RemoteFile {
                     path: safe_relative(rel)?,
                     size: obj.size,
-                    sha256: sha256_etag(&obj.etag),
+                    sha256: obj.etag.as_deref().and_then(sha256_etag),
                 });
             }
             match page.next_continuation_token {
@@ -347,6 +368,23 @@ impl Remote {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_objects_v2_pages_parse_with_or_without_etags() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name><Prefix>m/</Prefix><KeyCount>2</KeyCount><IsTruncated>true</IsTruncated>
+<Contents><Key>m/a.gguf</Key><Size>12</Size><ETag>"9b2cf535f27731c974343645a3985328"</ETag></Contents>
+<Contents><Key>m/b.gguf</Key><LastModified>2024-01-01T00:00:00Z</LastModified><Size>7</Size></Contents>
+<NextContinuationToken>tok</NextContinuationToken></ListBucketResult>"#;
+        let page: ListBucketResult = quick_xml::de::from_str(xml).expect("parse");
+        assert_eq!(page.contents.len(), 2);
+        assert_eq!(
+            (page.contents[1].key.as_str(), page.contents[1].size),
+            ("m/b.gguf", 7)
+        );
+        assert!(page.contents[1].etag.is_none());
+        assert_eq!(page.next_continuation_token.as_deref(), Some("tok"));
+    }
 
     #[test]
     fn etags_are_sha256_only_when_they_look_like_one() {
