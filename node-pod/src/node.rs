@@ -493,7 +493,7 @@ impl Node {
             format: m.format.as_str().to_string(),
             architecture: m.architecture.read().ok().and_then(|a| a.clone()),
             verdict: m.verdict.read().ok().and_then(|v| v.clone()),
-            artifact: downloaded.unwrap_or_else(|| ArtifactStatus {
+            artifact: downloaded.unwrap_or(ArtifactStatus {
                 state: if artifact_ready {
                     ArtifactState::Ready
                 } else if matches!(state, ModelState::Failed(_)) {

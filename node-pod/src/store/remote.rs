@@ -101,7 +101,7 @@ fn safe_relative(path: &str) -> Result<String, StoreError> {
             .any(|s| s.is_empty() || s == "." || s == ".." || s.contains('\\'))
     {
         return Err(StoreError::Listing(format!(
-            "the source lists an unsafe path {path:?}"
+            "the source lists a path that would leave the cache directory: {path:?}"
         )));
     }
     Ok(p.to_string())
@@ -398,7 +398,7 @@ mod tests {
     }
 
     #[test]
-    fn next_page_links_and_unsafe_paths() {
+    fn next_page_links_and_paths_leaving_the_cache() {
         let mut h = HeaderMap::new();
         h.insert(
             LINK,
