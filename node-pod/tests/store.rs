@@ -35,6 +35,8 @@ struct Faults {
     bytes_per_second: u64,
     /// Files whose listed sha256 is not the content's.
     wrong_sha: BTreeSet<String>,
+    /// Answer this many tree-API requests with 503 first.
+    tree_503s: u32,
 }
 
 struct HubState {
@@ -151,6 +153,13 @@ async fn hub_handler(State(s): State<Arc<HubState>>, req: Request) -> Response {
     match parts.as_slice() {
         // The tree API, three entries a page, paginated by Link like the Hub.
         ["api", "models", org, repo, "tree", _rev] => {
+            {
+                let mut f = s.faults.lock().expect("f");
+                if f.tree_503s > 0 {
+                    f.tree_503s -= 1;
+                    return (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response();
+                }
+            }
             let root = s.root.join(org).join(repo);
             if !root.is_dir() {
                 return (StatusCode::NOT_FOUND, "Repository not found").into_response();
@@ -961,4 +970,30 @@ async fn a_downloaded_unsupported_architecture_or_a_failed_download_keeps_the_no
         v["error"]["message"].as_str().expect("m").contains("404"),
         "{v}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_are_retried_four_times_with_backoff_then_reported() {
+    let hub = Hub::start().await;
+    hub.put("org/flaky", "f-Q4_0.gguf", &blob("flaky", 1000));
+    let cache = tempfile::tempdir().expect("cache");
+    let s = store(hub.settings(), cache.path());
+    let tree_calls = |hub: &Hub| hub.log().iter().filter(|l| l.contains("/tree/")).count();
+    // Three 503s, then an answer: the fourth attempt succeeds after 100 + 200 + 400 ms.
+    hub.faults().tree_503s = 3;
+    let t0 = Instant::now();
+    let (r, _) = fetch(&s, "hf://org/flaky", Format::Gguf, None).await;
+    r.expect("fourth attempt");
+    assert_eq!(tree_calls(&hub), 4);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Four 503s: given up, with the reason.
+    hub.faults().tree_503s = 4;
+    let (r, _) = fetch(&s, "hf://org/flaky", Format::Gguf, None).await;
+    let e = r.expect_err("four failures");
+    assert!(e.to_string().contains("HTTP 503"), "{e}");
+    assert_eq!(tree_calls(&hub), 8);
 }

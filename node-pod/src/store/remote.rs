@@ -227,8 +227,17 @@ impl Remote {
                 .authorized(client.get(&url))
                 .send()
                 .await
-                .map_err(|e| StoreError::Listing(format!("GET {url}: {e}")))?;
+                .map_err(|e| StoreError::Transient {
+                    file: format!("hf://{repo}"),
+                    reason: format!("listing: GET {url}: {e}"),
+                })?;
             let status = resp.status();
+            if status.is_server_error() || status.as_u16() == 429 {
+                return Err(StoreError::Transient {
+                    file: format!("hf://{repo}"),
+                    reason: format!("listing: HTTP {status}"),
+                });
+            }
             if !status.is_success() {
                 let hint = match status.as_u16() {
                     401 | 403 => {
@@ -288,10 +297,21 @@ impl Remote {
                 action.with_continuation_token(t.as_str());
             }
             let url = action.sign(Duration::from_secs(PRESIGN_SECONDS));
-            let resp = client.get(url).send().await.map_err(|e| {
-                StoreError::Listing(format!("ListObjectsV2 s3://{}: {e}", bucket.name()))
-            })?;
+            let resp = client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| StoreError::Transient {
+                    file: format!("s3://{}/{key_prefix}", bucket.name()),
+                    reason: format!("ListObjectsV2: {e}"),
+                })?;
             let status = resp.status();
+            if status.is_server_error() || status.as_u16() == 429 {
+                return Err(StoreError::Transient {
+                    file: format!("s3://{}/{key_prefix}", bucket.name()),
+                    reason: format!("ListObjectsV2: HTTP {status}"),
+                });
+            }
             let body = resp
                 .text()
                 .await
