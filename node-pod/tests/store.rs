@@ -997,3 +997,99 @@ async fn transient_failures_are_retried_four_times_with_backoff_then_reported() 
     assert!(e.to_string().contains("HTTP 503"), "{e}");
     assert_eq!(tree_calls(&hub), 8);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_node_fetches_from_s3_with_aws_env_and_judges_each_model_from_its_metadata() {
+    let s3 = start_s3().await;
+    let gguf = tiny_gguf_bytes(&TinyModelSpec::default());
+    s3_upload(
+        &s3.endpoint,
+        "models",
+        &[
+            ("tiny/tiny-F32.gguf", gguf),
+            ("st/config.json", br#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 2048}"#.to_vec()),
+            ("st/tokenizer.json", b"{}".to_vec()),
+            ("st/model.safetensors", blob("st-weights", 2000)),
+        ],
+    )
+    .await;
+    let hub = Hub::start().await; // unused by these sources; HF_ENDPOINT points somewhere harmless
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = dir.path().join("node.yaml");
+    let config = json!({
+        "cacheDir": dir.path().join("cache"),
+        "models": [
+            {"id": "tiny", "source": "s3://models/tiny", "format": "gguf", "contextLength": 512},
+            {"id": "st", "source": "s3://models/st", "format": "safetensors"}
+        ]
+    });
+    std::fs::write(&cfg, serde_yaml::to_string(&config).expect("yaml")).expect("config");
+    let child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
+        .arg(profile_dir().join("engines"))
+        .env("HF_ENDPOINT", &hub.base)
+        .env("AWS_ENDPOINT_URL", &s3.endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", S3_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_ENDPOINT_URL_S3")
+        .env_remove("GANTRY_CACHE_DIR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn gantry-node");
+    let node = NodeProc {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    let t0 = Instant::now();
+    let s = loop {
+        let s = node_status(&node).await;
+        let models = s["models"].as_array().cloned().unwrap_or_default();
+        if models.len() == 2
+            && models.iter().all(|m| {
+                m["load"]["state"] == "loaded"
+                    || m["verdict"]["verdict"] == "unsupported"
+                    || m["load"]["state"] == "failed"
+            })
+        {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let by_id = |id: &str| {
+        s["models"]
+            .as_array()
+            .expect("models")
+            .iter()
+            .find(|m| m["id"] == id)
+            .cloned()
+            .expect("model")
+    };
+    let tiny = by_id("tiny");
+    assert_eq!(tiny["artifact"]["state"], "ready", "{tiny}");
+    assert_eq!(tiny["load"]["state"], "loaded", "{tiny}");
+    let st = by_id("st");
+    assert_eq!(st["artifact"]["state"], "ready", "{st}");
+    // The verdict comes from config.json, read before any load: no plugin here takes safetensors.
+    assert_eq!(st["architecture"], "llama", "{st}");
+    assert_eq!(st["verdict"]["verdict"], "unsupported", "{st}");
+    assert_eq!(st["verdict"]["rejections"][0]["kind"], "format", "{st}");
+    assert_eq!(
+        s["ready"], false,
+        "one model cannot be served, so the node is not ready"
+    );
+    let r = http()
+        .post(format!("{}/v1/completions", node.base))
+        .json(&json!({"model": "tiny", "prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+}
