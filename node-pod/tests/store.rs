@@ -1093,3 +1093,26 @@ async fn the_node_fetches_from_s3_with_aws_env_and_judges_each_model_from_its_me
         .expect("request");
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_url_is_verified_by_its_sha256_etag_and_resumed() {
+    let hub = Hub::start().await;
+    let bytes = blob("direct", 200_000);
+    hub.put("org/d", "d-Q4_0.gguf", &bytes);
+    hub.faults()
+        .drop_after
+        .insert("d-Q4_0.gguf".into(), 100_000);
+    let cache = tempfile::tempdir().expect("cache");
+    let s = store(SourceSettings::default(), cache.path());
+    let url = format!("{}/cdn/org/d/d-Q4_0.gguf", hub.base);
+    let (r, p) = fetch(&s, &url, Format::Gguf, None).await;
+    let f = r.expect("direct download");
+    assert_eq!(std::fs::read(&f.primary).expect("read"), bytes);
+    assert_eq!(
+        (p.snapshot().bytes_done, p.snapshot().bytes_total),
+        (200_000, 200_000)
+    );
+    let gets = hub.downloads_of("d-Q4_0");
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    assert!(gets[1].contains("range=bytes="), "{gets:?}");
+}

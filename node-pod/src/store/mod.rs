@@ -190,9 +190,11 @@ impl Progress {
         self.completed.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A size learned from response headers (direct URLs).
+    /// A size learned from response headers (a direct URL, the one file of
+    /// its fetch); idempotent across retries.
     fn learn_total(&self, bytes: u64) {
-        self.total.fetch_add(bytes, Ordering::Relaxed);
+        let floor = self.completed.load(Ordering::Relaxed) + bytes;
+        self.total.fetch_max(floor, Ordering::Relaxed);
     }
 
     pub fn bytes_done(&self) -> u64 {
