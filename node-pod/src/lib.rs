@@ -6,7 +6,7 @@
 //! (continuous batching, one owner per model) → `engine_host` (plugin calls)
 //! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
 //! (model lifecycle and readiness), `memory` (LRU unloads, OOM refusals),
-//! `config`, `gguf` (metadata), `metrics`,
+//! `config`, `store` (sources, downloads, artifact selection), `gguf` (metadata), `metrics`,
 //! `error` (the one OpenAI-shaped error type) and `cli`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
@@ -21,6 +21,7 @@ pub mod memory;
 pub mod metrics;
 pub mod node;
 pub mod scheduler;
+pub mod store;
 pub mod template;
 pub mod text;
 pub mod tokenizer;

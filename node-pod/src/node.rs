@@ -1,6 +1,8 @@
 //! Node state (under the HTTP layer): the models this node serves, their lifecycle and verdicts.
 //!
-//! For each configured model: find its primary artifact, read its metadata
+//! For each configured model: fetch remote artifacts through the model store
+//! (in the background, after the HTTP server is up; the model answers 503
+//! with `Retry-After` meanwhile), find its primary artifact, read its metadata
 //! without loading weights (GGUF header or `config.json`), ask the engine
 //! registry for a verdict, and — when supported — load it and start its
 //! scheduler. The state of every model is what `/readyz`, `/v1/models` and
@@ -24,6 +26,7 @@ use crate::engine_host::{EngineRegistry, ModelShared, PluginState};
 use crate::memory::{self, Bytes, ModelMemory, NodeMemory, Note, Pool, Refusal, Resident, Unload};
 use crate::metrics::Metrics;
 use crate::scheduler::{SchedulerHandle, SchedulerSettings};
+use crate::store::{FetchRequest, Fetched, ModelStore, Progress};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 
@@ -71,6 +74,10 @@ pub struct ServedModel {
     pub primary: RwLock<Option<PathBuf>>,
     /// Size of the primary artifact, read once at inspection.
     pub artifact_bytes: std::sync::atomic::AtomicU64,
+    /// Download progress; `Some` for sources the model store fetches.
+    pub download: Option<Arc<Progress>>,
+    /// The artifacts once fetched (remote sources).
+    pub fetched: OnceLock<Fetched>,
     /// Serializes loads (eager start-up and lazy first requests).
     load_lock: std::sync::Mutex<()>,
     /// Last use and the memory policy's last decision (memory.rs).
@@ -112,6 +119,8 @@ pub struct Node {
     pub started: Instant,
     /// VRAM/RAM budgets and the load lock of the memory policy.
     pub memory: NodeMemory,
+    /// Fetches remote sources; `None` on a node serving local files only.
+    pub store: Option<ModelStore>,
 }
 
 impl Node {
@@ -131,6 +140,8 @@ impl Node {
                         architecture: RwLock::new(None),
                         primary: RwLock::new(None),
                         artifact_bytes: std::sync::atomic::AtomicU64::new(0),
+                        download: m.is_remote().then(|| Arc::new(Progress::default())),
+                        fetched: OnceLock::new(),
                         load_lock: std::sync::Mutex::new(()),
                         memory: ModelMemory::default(),
                     }),
@@ -156,16 +167,28 @@ impl Node {
             cache,
             started: Instant::now(),
             memory,
+            store: None,
         }
     }
 
-    /// Discover plugins, then inspect and (eagerly) load every model.
-    /// Blocking: run it off the async runtime.
-    pub fn start(&self) {
+    /// Use `store` for the models with remote sources.
+    pub fn with_store(mut self, store: ModelStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Discover plugins, start the downloads of remote models, then inspect
+    /// and (eagerly) load every local one; a downloaded model is inspected
+    /// and loaded when its artifacts are complete. Blocking: run it off the
+    /// async runtime, from a task of the runtime the downloads run on.
+    pub fn start(self: &Arc<Self>) {
         let reg = self
             .registry
             .get_or_init(|| EngineRegistry::discover(&self.plugins_dir, &self.engine_config));
-        for m in self.models.values() {
+        for m in self.models.values().filter(|m| m.download.is_some()) {
+            self.spawn_fetch(m.clone());
+        }
+        for m in self.models.values().filter(|m| m.download.is_none()) {
             self.inspect(reg, m);
             if m.config.load == LoadPolicy::Eager && matches!(m.state(), ModelState::Idle) {
                 self.load(m);
@@ -173,9 +196,81 @@ impl Node {
         }
     }
 
+    /// Fetch a remote model's artifacts in the background, then inspect and load it.
+    fn spawn_fetch(self: &Arc<Self>, m: Arc<ServedModel>) {
+        let Some(progress) = m.download.clone() else {
+            return;
+        };
+        let (Some(store), Some(source)) = (self.store.clone(), m.config.source.clone()) else {
+            let why = "this node has no model store configured for downloading sources".to_string();
+            progress.set(gantry_api::ArtifactState::Failed, Some(why.clone()));
+            m.set(ModelState::Failed(why));
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            m.set(ModelState::Failed("no async runtime to download on".into()));
+            return;
+        };
+        progress.set(gantry_api::ArtifactState::Downloading, None);
+        let node = self.clone();
+        rt.spawn(async move {
+            let req = FetchRequest {
+                model_id: &m.config.id,
+                source: &source,
+                format: m.format,
+                quantization: m.config.quantization.as_deref(),
+                files: &m.config.files,
+            };
+            match store.fetch(&req, &progress).await {
+                Ok(fetched) => {
+                    let _ = m.fetched.set(fetched);
+                    let blocking = tokio::task::spawn_blocking(move || {
+                        if let Some(reg) = node.registry.get() {
+                            node.inspect(reg, &m);
+                            if m.config.load == LoadPolicy::Eager
+                                && matches!(m.state(), ModelState::Idle)
+                            {
+                                node.load(&m);
+                            }
+                        }
+                    });
+                    if let Err(e) = blocking.await {
+                        tracing::error!(error = %e, "inspecting a downloaded model failed");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(target: "gantry::alert", model = %m.config.id, source = %source, reason = e.metric_label(), "cannot fetch the model's artifacts: {e}");
+                    m.set(ModelState::Failed(format!("artifacts: {e}")));
+                }
+            }
+        });
+    }
+
     /// Find the artifact, read its architecture, and record the verdict.
     fn inspect(&self, reg: &EngineRegistry, m: &ServedModel) {
-        let located = m.config.local_path().map_err(|e| e.to_string());
+        let located = match m.fetched.get() {
+            Some(f) => Ok(f.primary.clone()),
+            None => m
+                .config
+                .local_path()
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    if !p.is_dir() {
+                        return Ok(p);
+                    }
+                    // A directory: the store's selection rules (exact quantization, mmproj).
+                    let f = crate::store::resolve_local(
+                        &p,
+                        m.format,
+                        m.config.quantization.as_deref(),
+                        &m.config.files,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let primary = f.primary.clone();
+                    let _ = m.fetched.set(f);
+                    Ok(primary)
+                }),
+        };
         let primary = match located.and_then(|p| primary_artifact(&p, m.format)) {
             Ok(p) => p,
             Err(e) => {
@@ -242,8 +337,12 @@ impl Node {
             model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
             primary_file: primary.clone(),
             format: m.format,
-            quantization: None,
-            mmproj: None,
+            quantization: m
+                .fetched
+                .get()
+                .and_then(|f| f.quantization.clone())
+                .or_else(|| m.config.quantization.clone()),
+            mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
             context_length: m.config.context_length.unwrap_or(0),
             max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
         };
@@ -402,6 +501,7 @@ impl Node {
         let state = m.state();
         let artifact_ready = m.primary.read().map(|p| p.is_some()).unwrap_or(false);
         let size = m.artifact_bytes.load(Ordering::Relaxed);
+        let downloaded = m.download.as_ref().map(|p| p.snapshot());
         let (load_state, message) = match &state {
             // The memory policy's last word: unloaded to relieve a pool, or refused.
             ModelState::Idle => match m.memory.note() {
@@ -435,7 +535,7 @@ impl Node {
             format: m.format.as_str().to_string(),
             architecture: m.architecture.read().ok().and_then(|a| a.clone()),
             verdict: m.verdict.read().ok().and_then(|v| v.clone()),
-            artifact: ArtifactStatus {
+            artifact: downloaded.unwrap_or(ArtifactStatus {
                 state: if artifact_ready {
                     ArtifactState::Ready
                 } else if matches!(state, ModelState::Failed(_)) {
@@ -447,7 +547,7 @@ impl Node {
                 bytes_total: size,
                 bytes_per_second: 0.0,
                 message: None,
-            },
+            }),
             load: LoadStatus {
                 state: load_state,
                 plugin,

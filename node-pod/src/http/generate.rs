@@ -63,6 +63,35 @@ fn now_secs() -> u64 {
 }
 
 /// A model that can take a request now, loading it first when it is lazy.
+/// 503 for a model whose artifacts are still being fetched, with how far it got.
+fn downloading(id: &str, progress: Option<&crate::store::Progress>) -> ApiError {
+    let Some(p) = progress else {
+        return ApiError::unavailable(format!("model `{id}` is downloading; retry shortly"), 5);
+    };
+    let s = p.snapshot();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let mut msg = format!("model `{id}` is still downloading");
+    if s.bytes_total > 0 {
+        msg.push_str(&format!(
+            " ({:.1} of {:.1} MiB)",
+            mib(s.bytes_done),
+            mib(s.bytes_total)
+        ));
+    }
+    if let Some(m) = &s.message {
+        msg.push_str(&format!(": {m}"));
+    }
+    msg.push_str("; retry later");
+    // Retry-After: the time the rest should take at the current rate, within [1, 60] s.
+    let remaining = s.bytes_total.saturating_sub(s.bytes_done) as f64;
+    let eta = if s.bytes_per_second > 0.0 {
+        remaining / s.bytes_per_second
+    } else {
+        10.0
+    };
+    ApiError::unavailable(msg, eta.clamp(1.0, 60.0).ceil() as u64)
+}
+
 pub async fn ready_model(
     state: &AppState,
     id: &str,
@@ -101,6 +130,13 @@ pub async fn ready_model(
                 )),
                 _ => Err(ApiError::unavailable(format!("model `{id}` is loading"), 5)),
             }
+        }
+        ModelState::Pending
+            if m.download
+                .as_ref()
+                .is_some_and(|d| d.state() != gantry_api::ArtifactState::Ready) =>
+        {
+            Err(downloading(id, m.download.as_deref()))
         }
         ModelState::Pending | ModelState::Loading => Err(ApiError::unavailable(
             format!("model `{id}` is loading; retry shortly"),

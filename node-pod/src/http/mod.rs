@@ -110,8 +110,21 @@ async fn readyz(State(s): State<AppState>) -> Response {
         .iter()
         .filter(|m| m.load.state != gantry_api::LoadState::Loaded)
         .map(|m| {
+            let artifact = match m.artifact.state {
+                gantry_api::ArtifactState::Ready => String::new(),
+                st => format!(
+                    " artifacts {st:?} {}/{} bytes{}",
+                    m.artifact.bytes_done,
+                    m.artifact.bytes_total,
+                    m.artifact
+                        .message
+                        .as_deref()
+                        .map(|x| format!(": {x}"))
+                        .unwrap_or_default()
+                ),
+            };
             format!(
-                "{}: {:?}{}",
+                "{}: {:?}{artifact}{}",
                 m.id,
                 m.load.state,
                 m.load
