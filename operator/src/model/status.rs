@@ -509,9 +509,13 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
             cond::READY,
             TRUE,
             reason::SCALED_TO_ZERO,
-            "replicas.min is 0 and no node pod runs; the gateway starts one on the first request",
+            "scaled to zero (replicas.min is 0); the gateway starts a node pod on the first request",
         )
-    } else if f.deployment.is_some() && replicas.ready >= replicas.desired {
+    } else if f.deployment.is_some()
+        // The autoscaler adds pods under load: while they start, the Model still serves. Ready
+        // needs the desired count, or `replicas.min` (at least 1) when more are wanted.
+        && replicas.ready >= replicas.desired.min(f.valid.replicas.min.max(1))
+    {
         Decided::new(
             cond::READY,
             TRUE,

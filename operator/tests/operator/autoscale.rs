@@ -657,3 +657,92 @@ fn every_reason_is_documented() {
         );
     }
 }
+
+/// A loopback node status server on `ip:port` (port 0: any); `delay` before each answer.
+async fn node_server(ip: &str, port: u16, doc: NodeStatus, delay: Duration) -> u16 {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind((ip, port))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let body = serde_json::to_string(&doc).expect("json");
+    let app = axum::Router::new().route(
+        gantry_api::NODE_STATUS_PATH,
+        get(move || {
+            let body = body.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                ([("content-type", "application/json")], body)
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    port
+}
+
+#[tokio::test]
+async fn a_node_that_hangs_over_http_is_silent_within_the_timeout_and_holds_the_count() {
+    // Two ready pods on loopback, same port: one answers at once with no load, the other
+    // hangs. With a zero stabilization window the quiet pod alone would scale 2 -> 1; the
+    // silent one must hold the count, and the interval must not wait for it.
+    let mut m = scaling_model();
+    m.spec.autoscaling = Some(Autoscaling {
+        scale_down_stabilization_seconds: Some(0),
+        ..Autoscaling::default()
+    });
+    let port = node_server(
+        "127.0.0.1",
+        0,
+        node_with_queue("gemma-3-270m", 0, 0),
+        Duration::ZERO,
+    )
+    .await;
+    node_server(
+        "127.0.0.2",
+        port,
+        node_with_queue("gemma-3-270m", 0, 0),
+        Duration::from_secs(30),
+    )
+    .await;
+    let source = gantry_operator::node_report::HttpNodeStatus::with_timeout(
+        port,
+        Duration::from_millis(300),
+    )
+    .expect("client");
+    let (ctx, server) = context(Vec::new(), BTreeMap::new());
+    let mut autoscaler = Autoscaler::new(
+        ctx.client.clone(),
+        std::sync::Arc::new(source),
+        ctx.metrics.clone(),
+        Settings::default(),
+    );
+    let server = server.run(vec![
+        Step::apply_status(status_path(), serde_json::to_value(&m).expect("json"))
+            .by("gantry-autoscaler"),
+    ]);
+    let pods = [
+        ready_pod(&m, "gemma-3-270m-a", "127.0.0.1"),
+        ready_pod(&m, "gemma-3-270m-b", "127.0.0.2"),
+    ];
+    let started = std::time::Instant::now();
+    let outcomes = autoscaler
+        .tick(
+            std::slice::from_ref(&m),
+            &[live_deployment(&m, 2)],
+            &pods,
+            t0(),
+        )
+        .await;
+    let took = started.elapsed();
+    let recorded = finish(server).await;
+    assert!(took < Duration::from_secs(3), "the interval took {took:?}");
+    let d = &outcomes[0].decision;
+    assert_eq!(
+        (d.desired, d.reason),
+        (2, reason::SCALE_DOWN_STABILIZING),
+        "{d:?}"
+    );
+    assert!(d.message.contains("1 ready pods silent"), "{}", d.message);
+    assert!(!outcomes[0].scaled);
+    assert_eq!(recorded.len(), 1, "a status write, no scale write");
+}

@@ -892,3 +892,43 @@ async fn a_malformed_object_gets_a_warning_event_and_does_not_block_the_controll
     );
     assert_eq!(event["regarding"]["name"], "broken");
 }
+
+#[tokio::test]
+async fn a_model_scaling_up_stays_ready_while_the_new_pods_start() {
+    let m = example_model();
+    let plugins = example_plugins();
+    let o = desired(&m, &plugins, Some("gemma3"));
+    // The autoscaler asked for 3; one pod serves, two are starting.
+    let mut deploy = ready_deployment(&o);
+    deploy["spec"]["replicas"] = json!(3);
+    deploy["status"] = json!({"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3,
+                              "readyReplicas": 1, "availableReplicas": 1});
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(deploy),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(status_patch(&m));
+    steps.extend([
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let status = status_body(&finish(server).await);
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["message"].as_str()),
+        (Some("True"), Some("1/3 node pods ready"))
+    );
+    assert_eq!(condition(&status, "Progressing")["reason"], "RollingOut");
+    assert_eq!(
+        status["replicas"],
+        json!({"desired": 3, "current": 3, "ready": 1})
+    );
+}
