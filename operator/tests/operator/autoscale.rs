@@ -746,3 +746,43 @@ async fn a_node_that_hangs_over_http_is_silent_within_the_timeout_and_holds_the_
     assert!(!outcomes[0].scaled);
     assert_eq!(recorded.len(), 1, "a status write, no scale write");
 }
+
+#[test]
+fn the_autoscaler_flags_parse_and_can_switch_it_off() {
+    use clap::Parser;
+    use gantry_operator::autoscale::AutoscalerConfig;
+    use gantry_operator::cli::{Cli, Command};
+    let parse = |args: &[&str]| match Cli::try_parse_from(
+        ["gantry-operator", "run"].iter().chain(args.iter()),
+    )
+    .expect("parses")
+    .command
+    {
+        Command::Run(run) => run.autoscaler.config(),
+        other => panic!("not run: {other:?}"),
+    };
+    assert_eq!(parse(&[]), Some(AutoscalerConfig::default()));
+    assert_eq!(
+        parse(&[
+            "--autoscaler-interval-seconds",
+            "10",
+            "--autoscaler-metrics-timeout-ms",
+            "250"
+        ]),
+        Some(AutoscalerConfig {
+            interval: Duration::from_secs(10),
+            metrics_timeout: Duration::from_millis(250),
+        })
+    );
+    assert_eq!(parse(&["--autoscaler=false"]), None);
+    assert!(
+        Cli::try_parse_from([
+            "gantry-operator",
+            "run",
+            "--autoscaler-interval-seconds",
+            "0"
+        ])
+        .is_err(),
+        "an interval of 0 is refused"
+    );
+}
