@@ -72,6 +72,8 @@ pub struct RunArgs {
     /// This replica's identity in the Lease (default: the pod name, else the hostname).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    #[command(flatten)]
+    pub autoscaler: crate::autoscale::AutoscalerArgs,
 }
 
 pub fn init_logging() {
@@ -134,6 +136,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 metrics_addr: args.metrics_addr,
                 lease,
                 concurrency: args.concurrency,
+                autoscaler: args.autoscaler.config(),
             })
             .await?;
             Ok(ExitCode::SUCCESS)

@@ -1,5 +1,6 @@
 //! Controller runtime (`gantry-operator run`; wraps every reconcile): leader election, the
-//! EnginePlugin cache, the Model and EnginePlugin controllers, and the metrics server.
+//! EnginePlugin cache, the Model and EnginePlugin controllers, the built-in autoscaler (leader
+//! only) and the metrics server.
 //!
 //! Start-up order matters: (1) win the Lease, (2) list every EnginePlugin
 //! into the cache, (3) start the controllers. Reconciling a Model before step
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
@@ -20,6 +22,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use crate::autoscale::{self, AutoscalerConfig};
 use crate::context::{Context, Settings};
 use crate::crd::{EnginePlugin, Model};
 use crate::leader::{LeaderElector, LeaseConfig};
@@ -37,6 +40,8 @@ pub struct RunConfig {
     pub lease: Option<LeaseConfig>,
     /// Reconciles in flight at once, per controller.
     pub concurrency: u16,
+    /// The built-in autoscaler, run on the leader; `None` switches it off.
+    pub autoscaler: Option<AutoscalerConfig>,
 }
 
 /// Names and generations of the cached EnginePlugins: changes only when a plugin is added,
@@ -105,6 +110,17 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Resul
         .await
         .context("the EnginePlugin watch ended before listing")?;
 
+    // Only the leader scales: two autoscalers would each keep their own history.
+    let autoscaler = config.autoscaler.map(|a| {
+        let (client, settings, metrics) =
+            (client.clone(), config.settings.clone(), metrics.clone());
+        tokio::spawn(async move {
+            if let Err(e) = autoscale::run(client, a, settings, metrics).await {
+                tracing::error!(error = %e, "autoscaler stopped");
+            }
+        })
+    });
+
     let node_status = HttpNodeStatus::new(config.settings.node_port)
         .context("cannot build the node status HTTP client")?;
     let ctx = Arc::new(Context::new(
@@ -127,6 +143,10 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Resul
     .owns(Api::<Service>::all(client.clone()), owned.clone())
     .owns(
         Api::<PodDisruptionBudget>::all(client.clone()),
+        owned.clone(),
+    )
+    .owns(
+        Api::<HorizontalPodAutoscaler>::all(client.clone()),
         owned.clone(),
     )
     .owns(Api::<PersistentVolumeClaim>::all(client.clone()), owned)
@@ -171,6 +191,9 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Resul
         elector.release().await;
     }
     plugin_watch.abort();
+    if let Some(autoscaler) = autoscaler {
+        autoscaler.abort();
+    }
     metrics_server.abort();
     outcome
 }

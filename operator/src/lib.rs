@@ -1,5 +1,5 @@
 //! The Gantry operator (library half of the `gantry-operator` binary): CRD types, the Model and
-//! EnginePlugin reconcilers, leader election and controller metrics.
+//! EnginePlugin reconcilers, the built-in autoscaler, leader election and controller metrics.
 //!
 //! A Model reconcile is a pipeline, each step its own module under [`model`]:
 //! read → validate → resolve + build (pure) → apply → status. The
@@ -8,6 +8,7 @@
 //! these files.
 #![forbid(unsafe_code)]
 
+pub mod autoscale;
 pub mod cli;
 pub mod conditions;
 pub mod context;

@@ -6,6 +6,10 @@
 
 /// The one field manager for every server-side apply, object and status alike.
 pub const FIELD_MANAGER: &str = "gantry-operator";
+/// The field manager of the built-in autoscaler. It owns exactly two things: the node
+/// Deployment's `spec.replicas` and the Model's `status.autoscaling`. Keeping it apart from
+/// [`FIELD_MANAGER`] is what stops the reconciler's apply from resetting the replica count.
+pub const AUTOSCALER_FIELD_MANAGER: &str = "gantry-autoscaler";
 
 /// API group and version of both custom resources.
 pub const API_GROUP: &str = "gantry.dev";
@@ -32,6 +36,11 @@ pub const ANNOTATION_CONFIG_HASH: &str = "gantry.dev/config-hash";
 /// Comma-separated EnginePlugin names mounted into a node pod. The EnginePlugin
 /// reconcile reads it to know which pods should report a plugin.
 pub const ANNOTATION_PLUGINS: &str = "gantry.dev/engine-plugins";
+
+/// Set by the gateway on a Model's node Deployment (RFC 3339) when a request waits for a
+/// Model scaled to zero; the autoscaler scales from zero when it is newer than the last scale
+/// to zero.
+pub const ANNOTATION_SCALE_UP_REQUESTED: &str = "gantry.dev/scale-up-requested-at";
 
 /// Node pod contract: port, paths and directories (see docs/operator.md).
 pub const NODE_PORT: i32 = 8080;

@@ -51,9 +51,15 @@ pub struct HttpNodeStatus {
 impl HttpNodeStatus {
     pub fn new(port: u16) -> Result<Self, reqwest::Error> {
         // A slow node must not hold a reconcile for long; it is asked again next time.
+        Self::with_timeout(port, Duration::from_secs(2))
+    }
+
+    /// A source whose requests give up after `timeout` (the autoscaler's is shorter than its
+    /// interval).
+    pub fn with_timeout(port: u16, timeout: Duration) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .connect_timeout(Duration::from_secs(1))
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(1)))
             .build()?;
         Ok(HttpNodeStatus { client, port })
     }

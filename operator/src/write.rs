@@ -1,7 +1,8 @@
 //! Apply and status steps (both reconcilers): the only code that writes to the Kubernetes API.
 //!
 //! Every write is a server-side apply under [`FIELD_MANAGER`] (objects and
-//! status alike) or a delete, and every write is counted in
+//! status alike), under [`AUTOSCALER_FIELD_MANAGER`] (a Deployment's replicas and
+//! `Model.status.autoscaling`, nothing else) or a delete, and every write is counted in
 //! `gantry_operator_writes_total`, so "zero writes at steady state" is
 //! observable in production as well as asserted in tests.
 
@@ -12,8 +13,10 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use k8s_openapi::api::apps::v1::Deployment;
+
 use crate::metrics::Metrics;
-use crate::names::FIELD_MANAGER;
+use crate::names::{AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER};
 
 /// How a failed API call should be retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +67,28 @@ where
     out
 }
 
+/// Server-side apply of a Deployment's `spec.replicas` alone under
+/// [`AUTOSCALER_FIELD_MANAGER`]: the autoscaler's scale write, and the hand-over that makes the
+/// autoscaler an owner of the field before the operator's own apply stops setting it.
+pub async fn apply_replicas(
+    api: &Api<Deployment>,
+    name: &str,
+    replicas: i32,
+    metrics: &Metrics,
+    controller: &str,
+) -> Result<Deployment, kube::Error> {
+    let body = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas},
+    });
+    let params = PatchParams::apply(AUTOSCALER_FIELD_MANAGER).force();
+    let out = api.patch(name, &params, &Patch::Apply(&body)).await;
+    metrics.wrote(controller, "Deployment", "apply_replicas");
+    out
+}
+
 /// Server-side apply of `status` only, through the status subresource. `status` must be the
 /// complete status this manager owns: fields it leaves out are removed.
 pub async fn apply_status<K, S>(
@@ -77,13 +102,30 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
     S: Serialize + Debug,
 {
+    apply_status_as(api, name, status, FIELD_MANAGER, metrics, controller).await
+}
+
+/// [`apply_status`] under another field manager: the autoscaler applies only
+/// `status.autoscaling`, which the operator's own status apply leaves out.
+pub async fn apply_status_as<K, S>(
+    api: &Api<K>,
+    name: &str,
+    status: &S,
+    manager: &str,
+    metrics: &Metrics,
+    controller: &str,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+    S: Serialize + Debug,
+{
     let body = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "metadata": {"name": name},
         "status": status,
     });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let params = PatchParams::apply(manager).force();
     let out = api.patch_status(name, &params, &Patch::Apply(&body)).await;
     metrics.wrote(controller, &K::kind(&()), "apply_status");
     out

@@ -12,8 +12,8 @@ pub use engine_plugin::{
     MountStrategy,
 };
 pub use model::{
-    Autoscaling, AutoscalingMode, Cache, CacheAccessMode, CacheType, CandidateRejection,
-    DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat, ModelResources, ModelSource,
-    ModelSpec, ModelStatus, RejectionCategory, ReplicaStatus, Replicas, ResolvedEngine, Scheduling,
-    SecretKeyRef,
+    Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,
+    CandidateRejection, DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat,
+    ModelResources, ModelSource, ModelSpec, ModelStatus, RejectionCategory, ReplicaStatus,
+    Replicas, ResolvedEngine, Scheduling, SecretKeyRef,
 };

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -30,6 +30,9 @@ pub const GPU_RESOURCE_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 /// A Model's name names its Service, so it must be a DNS-1035 label.
 pub const MODEL_NAME_RULE: &str =
     "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63";
+
+/// HPA mode needs `replicas.min >= 1`: `minReplicas: 0` needs the alpha `HPAScaleToZero` gate.
+pub const HPA_MIN_RULE: &str = "!has(self.autoscaling) || !has(self.autoscaling.mode) || self.autoscaling.mode != 'HPA' || !has(self.replicas) || !has(self.replicas.min) || self.replicas.min >= 1";
 
 /// A model served by Gantry: its weights, the engine that runs them and the
 /// node pods that serve them behind one OpenAI-compatible endpoint.
@@ -52,9 +55,12 @@ pub const MODEL_NAME_RULE: &str =
     printcolumn(name = "Engine", type_ = "string", json_path = ".status.engine.id", description = "Resolved engine id"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas.ready", description = "Ready node pods"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint", description = "In-cluster OpenAI base URL", priority = 1),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".status.replicas.desired", description = "Node pods wanted now", priority = 1),
+    printcolumn(name = "Scaling", type_ = "string", json_path = ".status.autoscaling.reason", description = "Reason of the autoscaler's last decision", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(HPA_MIN_RULE).message("replicas.min must be >= 1 with autoscaling.mode HPA: a HorizontalPodAutoscaler cannot scale to zero (use mode Builtin for min 0)"))]
 pub struct ModelSpec {
     /// Where the weights come from.
     pub source: ModelSource,
@@ -248,6 +254,11 @@ pub struct Autoscaling {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub scale_down_stabilization_seconds: Option<i32>,
+    /// With `replicas.min: 0` (Builtin mode only): seconds without a waiting or running request
+    /// before the last node pod is removed. Defaults to 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub scale_to_zero_after_seconds: Option<i32>,
 }
 
 /// Who scales the node pods.
@@ -259,6 +270,15 @@ pub enum AutoscalingMode {
     /// A HorizontalPodAutoscaler.
     #[serde(rename = "HPA")]
     Hpa,
+}
+
+impl AutoscalingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AutoscalingMode::Builtin => "Builtin",
+            AutoscalingMode::Hpa => "HPA",
+        }
+    }
 }
 
 /// Settings passed to the engine when the model is loaded.
@@ -378,6 +398,10 @@ pub struct ModelStatus {
     /// Node pod counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaStatus>,
+    /// The autoscaler's last decision. Written by the autoscaler (field manager
+    /// `gantry-autoscaler`) only when the decision's reason or replica count changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingStatus>,
     /// Download progress of the weights, from the node pod furthest behind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<DownloadStatus>,
@@ -413,6 +437,28 @@ pub struct ReplicaStatus {
     pub current: i32,
     /// Node pods ready to serve.
     pub ready: i32,
+}
+
+/// The autoscaler's last decision (see docs/autoscaling.md for every reason).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingStatus {
+    /// `Builtin` or `HPA`: who sets the Deployment's replicas.
+    pub mode: String,
+    /// Node pods the last decision asked for.
+    pub desired_replicas: i32,
+    /// Stable reason of the last decision, e.g. `ScaledUpQueueDepth`, `ScaleDownStabilizing`,
+    /// `ScaledToZeroIdle`, `MetricsUnavailable`, `DelegatedToHPA`.
+    pub reason: String,
+    /// The figures behind the decision when its reason last changed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the reason or the desired count last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision_time: Option<Time>,
+    /// When the autoscaler last changed the Deployment's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
 }
 
 /// Download progress.

@@ -1,5 +1,6 @@
 //! Model reconcile, apply step: server-side applies the built objects that differ from what
-//! the cluster holds, and removes the Deployment and PDB when the Model must run no pods.
+//! the cluster holds, removes the Deployment, PDB and HPA when the Model must run no pods, and
+//! hands the Deployment's replica count over to the autoscaler at creation.
 //!
 //! An object is written only when it is missing or its `gantry.dev/applied-hash`
 //! differs from the desired one, so a steady-state reconcile writes nothing.
@@ -9,6 +10,7 @@
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
@@ -21,7 +23,7 @@ use super::build::OwnedObjects;
 use super::read::Observed;
 use super::validate::ValidModel;
 use crate::context::Context;
-use crate::names::ANNOTATION_APPLIED_HASH;
+use crate::names::{ANNOTATION_APPLIED_HASH, FIELD_MANAGER};
 use crate::write::{self, Retry, classify};
 
 /// What the cluster holds after the apply step.
@@ -119,6 +121,91 @@ where
         })
 }
 
+/// Whether `gantry-operator` is the only manager of the Deployment's `spec.replicas` (a
+/// Deployment created before the autoscaler existed, or one whose hand-over failed). Applying
+/// the built Deployment, which leaves `replicas` out, would then remove the field and the
+/// Deployment would fall back to 1 replica.
+pub fn operator_alone_owns_replicas(live: &Deployment) -> bool {
+    let owners: Vec<&str> = live
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|spec| spec.get("f:replicas"))
+                .is_some()
+        })
+        .map(|e| e.manager.as_deref().unwrap_or_default())
+        .collect();
+    owners.contains(&FIELD_MANAGER) && owners.iter().all(|m| *m == FIELD_MANAGER)
+}
+
+async fn hand_over_replicas(
+    api: &Api<Deployment>,
+    name: &str,
+    replicas: i32,
+    ctx: &Context,
+    writes: &mut Vec<&'static str>,
+) -> Result<(), ApplyError> {
+    writes.push("Deployment/replicas");
+    write::apply_replicas(api, name, replicas, &ctx.metrics, CONTROLLER)
+        .await
+        .map(drop)
+        .map_err(|source| ApplyError::Api {
+            verb: "hand over replicas of",
+            kind: "Deployment",
+            name: name.to_string(),
+            source,
+        })
+}
+
+/// The Deployment's `spec.replicas` belongs to the autoscaler (Builtin) or the HPA, never to
+/// this apply after creation:
+/// - create: apply with `replicas: initial`, then apply the same count under
+///   `gantry-autoscaler`, so the field has a second owner;
+/// - update: the built object has no `replicas`, so server-side apply leaves the count alone
+///   as long as another manager owns it. If the operator alone owns it (an older operator
+///   created it), hand it over first with the live count.
+async fn ensure_deployment(
+    api: &Api<Deployment>,
+    desired: &OwnedObjects,
+    live: Option<&Deployment>,
+    model: &ValidModel,
+    ctx: &Context,
+    writes: &mut Vec<&'static str>,
+) -> Result<Deployment, ApplyError> {
+    let name = desired.deployment.name_any();
+    match live {
+        None => {
+            let mut first = desired.deployment.clone();
+            first.spec.replicas = Some(desired.initial_replicas);
+            let created = ensure(api, "Deployment", &first, None, model, ctx, writes).await?;
+            hand_over_replicas(api, &name, desired.initial_replicas, ctx, writes).await?;
+            Ok(created)
+        }
+        Some(live) => {
+            let stale = hash_of(live).is_none() || hash_of(live) != hash_of(&desired.deployment);
+            if stale && controlled_by(live, &model.uid) && operator_alone_owns_replicas(live) {
+                let replicas = live.spec.replicas.unwrap_or(1);
+                hand_over_replicas(api, &name, replicas, ctx, writes).await?;
+            }
+            ensure(
+                api,
+                "Deployment",
+                &desired.deployment,
+                Some(live),
+                model,
+                ctx,
+                writes,
+            )
+            .await
+        }
+    }
+}
+
 /// Delete `live` if it exists and this Model controls it.
 async fn remove<K>(
     api: &Api<K>,
@@ -178,6 +265,15 @@ pub async fn apply(
             &mut writes,
         )
         .await?;
+        remove(
+            &Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), ns),
+            "HorizontalPodAutoscaler",
+            observed.hpa.as_ref(),
+            model,
+            ctx,
+            &mut writes,
+        )
+        .await?;
         return Ok(Applied {
             deployment: None,
             writes,
@@ -206,10 +302,9 @@ pub async fn apply(
         )
         .await?;
     }
-    let deployment = ensure(
+    let deployment = ensure_deployment(
         &deployments,
-        "Deployment",
-        &desired.deployment,
+        desired,
         observed.deployment.as_ref(),
         model,
         ctx,
@@ -244,6 +339,32 @@ pub async fn apply(
                 &pdbs,
                 "PodDisruptionBudget",
                 observed.pdb.as_ref(),
+                model,
+                ctx,
+                &mut writes,
+            )
+            .await?;
+        }
+    }
+    let hpas = Api::<HorizontalPodAutoscaler>::namespaced(ctx.client.clone(), ns);
+    match &desired.hpa {
+        Some(hpa) => {
+            ensure(
+                &hpas,
+                "HorizontalPodAutoscaler",
+                hpa,
+                observed.hpa.as_ref(),
+                model,
+                ctx,
+                &mut writes,
+            )
+            .await?;
+        }
+        None => {
+            remove(
+                &hpas,
+                "HorizontalPodAutoscaler",
+                observed.hpa.as_ref(),
                 model,
                 ctx,
                 &mut writes,

@@ -1,5 +1,6 @@
 //! Model reconcile, build step (pure, no client): the desired ConfigMap, Deployment, Service,
-//! PodDisruptionBudget and cache PersistentVolumeClaim of one Model.
+//! PodDisruptionBudget, cache PersistentVolumeClaim and (HPA mode) HorizontalPodAutoscaler of
+//! one Model.
 //!
 //! Output depends only on the validated Model, the plugins chosen by engine
 //! selection and the operator settings, so the same inputs always give
@@ -12,6 +13,11 @@ use std::collections::BTreeMap;
 use gantry_api::{ModelConfig, NodeConfig};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HPAScalingRules, HorizontalPodAutoscaler,
+    HorizontalPodAutoscalerBehavior, HorizontalPodAutoscalerSpec, MetricIdentifier, MetricSpec,
+    MetricTarget, PodsMetricSource,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::api::core::v1::{
@@ -31,7 +37,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::context::Settings;
-use crate::crd::{CacheType, EnginePlugin, MountStrategy};
+use crate::crd::{AutoscalingMode, CacheType, EnginePlugin, MountStrategy};
 use crate::model::validate::ValidModel;
 use crate::names::{self, *};
 
@@ -47,6 +53,11 @@ pub struct OwnedObjects {
     pub service: Service,
     /// Only when `replicas.min > 1`; otherwise an existing one is removed.
     pub pdb: Option<PodDisruptionBudget>,
+    /// Only in `autoscaling.mode: HPA`; otherwise an existing one is removed.
+    pub hpa: Option<HorizontalPodAutoscaler>,
+    /// `spec.replicas` of a Deployment being created. The built Deployment leaves the field out:
+    /// after creation it belongs to the autoscaler (docs/autoscaling.md, "Who owns replicas").
+    pub initial_replicas: i32,
 }
 
 /// Why objects could not be built. Only serialization can fail, which is a bug, not user input.
@@ -89,7 +100,13 @@ pub fn build(
     } else {
         None
     };
+    let hpa = match model.autoscaling.mode {
+        AutoscalingMode::Hpa => Some(stamp(hpa(model), "HorizontalPodAutoscaler")?),
+        AutoscalingMode::Builtin => None,
+    };
     Ok(OwnedObjects {
+        hpa,
+        initial_replicas: initial_replicas(model),
         config_map: stamp(config_map, "ConfigMap")?,
         pvc,
         deployment: stamp(
@@ -100,6 +117,83 @@ pub fn build(
         pdb,
         config_hash,
     })
+}
+
+/// Replicas of a new Deployment: `replicas.min` (at least 1 for an HPA, which cannot start
+/// from zero).
+pub fn initial_replicas(model: &ValidModel) -> i32 {
+    match model.autoscaling.mode {
+        AutoscalingMode::Builtin => model.replicas.min,
+        AutoscalingMode::Hpa => model.replicas.min.max(1),
+    }
+}
+
+/// Metric names the HPA reads through a metrics adapter: the node's own gauges, per pod.
+pub const HPA_METRIC_WAITING: &str = "gantry_num_requests_waiting";
+pub const HPA_METRIC_KV_USAGE: &str = "gantry_kv_cache_usage_perc";
+
+/// `autoscaling/v2` HPA on the node pods' waiting requests and KV-cache usage. The node
+/// exports KV usage as a fraction (0-1), so the percent target becomes a milli-quantity
+/// (80 % → `800m`). Both metrics are selected by the node's `model` label, which is the
+/// served name.
+fn hpa(model: &ValidModel) -> HorizontalPodAutoscaler {
+    let a = &model.autoscaling;
+    let pods_metric = |name: &str, target: Quantity| MetricSpec {
+        type_: "Pods".to_string(),
+        pods: Some(PodsMetricSource {
+            metric: MetricIdentifier {
+                name: name.to_string(),
+                selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "model".to_string(),
+                        model.served_name.clone(),
+                    )])),
+                    ..LabelSelector::default()
+                }),
+            },
+            target: MetricTarget {
+                type_: "AverageValue".to_string(),
+                average_value: Some(target),
+                ..MetricTarget::default()
+            },
+        }),
+        ..MetricSpec::default()
+    };
+    HorizontalPodAutoscaler {
+        metadata: metadata(model, owned_name(&model.name)),
+        spec: HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".to_string()),
+                kind: "Deployment".to_string(),
+                name: owned_name(&model.name),
+            },
+            // Validation refuses min 0 in HPA mode; max(1) keeps the object valid regardless.
+            min_replicas: Some(model.replicas.min.max(1)),
+            max_replicas: model.replicas.max,
+            metrics: Some(vec![
+                pods_metric(
+                    HPA_METRIC_WAITING,
+                    Quantity(a.target_queue_depth.to_string()),
+                ),
+                pods_metric(
+                    HPA_METRIC_KV_USAGE,
+                    Quantity(format!("{}m", a.target_vram_utilization * 10)),
+                ),
+            ]),
+            behavior: Some(HorizontalPodAutoscalerBehavior {
+                scale_down: Some(HPAScalingRules {
+                    stabilization_window_seconds: Some(a.scale_down_stabilization_seconds),
+                    ..HPAScalingRules::default()
+                }),
+                // Scale up at once, as the built-in autoscaler does.
+                scale_up: Some(HPAScalingRules {
+                    stabilization_window_seconds: Some(0),
+                    ..HPAScalingRules::default()
+                }),
+            }),
+        },
+        ..HorizontalPodAutoscaler::default()
+    }
 }
 
 /// The in-cluster base URL of a Model's node pods.
@@ -596,8 +690,9 @@ fn deployment(
     Deployment {
         metadata: metadata(model, owned_name(&model.name)),
         spec: DeploymentSpec {
-            // Until the autoscaler (issue 6) takes this field over, the Deployment runs `min`.
-            replicas: Some(model.replicas.min),
+            // Left out: the apply step sets it once at creation and hands it to the autoscaler
+            // (or the HPA), so a re-apply never resets the count.
+            replicas: None,
             revision_history_limit: Some(3),
             progress_deadline_seconds: Some(3900),
             selector: LabelSelector {

@@ -2,10 +2,11 @@
 //! objects as they are, the EnginePlugin cache, and the node pods' status reports.
 //!
 //! Reads are plain GETs in a fixed order (ConfigMap, Deployment, Service,
-//! PodDisruptionBudget, cache claim, then the node pods), so a reconcile's
+//! PodDisruptionBudget, HorizontalPodAutoscaler, cache claim, then the node pods), so a reconcile's
 //! requests are predictable and the mock-API tests can state them exactly.
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
@@ -25,6 +26,7 @@ pub struct Observed {
     pub deployment: Option<Deployment>,
     pub service: Option<Service>,
     pub pdb: Option<PodDisruptionBudget>,
+    pub hpa: Option<HorizontalPodAutoscaler>,
     pub pvc: Option<PersistentVolumeClaim>,
     /// Status reports of the Model's running node pods, sorted by pod name.
     pub reports: Vec<NodeReport>,
@@ -106,6 +108,13 @@ pub async fn read(model: &Model, ctx: &Context) -> Result<Observed, ReadError> {
         &owned,
     )
     .await?;
+    // Read in every mode: switching back from HPA to Builtin must find the HPA to delete it.
+    let hpa = get(
+        &Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), &ns),
+        "HorizontalPodAutoscaler",
+        &owned,
+    )
+    .await?;
     // The claim only matters while the spec asks for one; a claim left from an earlier spec
     // stays (it holds downloaded weights) until the Model is deleted.
     let wants_claim = model
@@ -141,6 +150,7 @@ pub async fn read(model: &Model, ctx: &Context) -> Result<Observed, ReadError> {
         deployment,
         service,
         pdb,
+        hpa,
         pvc,
         reports,
         plugins: ctx.engine_plugins(),

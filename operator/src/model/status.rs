@@ -131,6 +131,8 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
             model.metadata.generation,
             now,
         ),
+        // The autoscaler's field: never part of what this manager applies.
+        autoscaling: None,
         ..previous
     }
 }
@@ -507,9 +509,13 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
             cond::READY,
             TRUE,
             reason::SCALED_TO_ZERO,
-            "replicas.min is 0 and no node pod runs; the gateway starts one on the first request",
+            "scaled to zero (replicas.min is 0); the gateway starts a node pod on the first request",
         )
-    } else if f.deployment.is_some() && replicas.ready >= replicas.desired {
+    } else if f.deployment.is_some()
+        // The autoscaler adds pods under load: while they start, the Model still serves. Ready
+        // needs the desired count, or `replicas.min` (at least 1) when more are wanted.
+        && replicas.ready >= replicas.desired.min(f.valid.replicas.min.max(1))
+    {
         Decided::new(
             cond::READY,
             TRUE,
@@ -533,6 +539,9 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         architecture: f.architecture.map(str::to_string),
         observed_source: Some(f.valid.source.key()),
         replicas: Some(replicas),
+        // `status.autoscaling` is owned by the autoscaler's field manager; leaving it out of
+        // this apply leaves it as the autoscaler wrote it.
+        autoscaling: None,
         download,
         endpoint: f
             .deployment
@@ -551,7 +560,12 @@ pub async fn publish(
 ) -> Result<bool, StatusError> {
     let previous = model.status.clone().unwrap_or_default();
     // Compare as JSON: the same document is the same status, whatever the Rust representation.
-    if serde_json::to_value(&previous).ok() == serde_json::to_value(&status).ok() {
+    // `autoscaling` belongs to the autoscaler's field manager and is not compared.
+    let ours = ModelStatus {
+        autoscaling: None,
+        ..previous.clone()
+    };
+    if serde_json::to_value(&ours).ok() == serde_json::to_value(&status).ok() {
         return Ok(false);
     }
     let ns = model.namespace().unwrap_or_default();

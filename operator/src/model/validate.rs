@@ -13,8 +13,8 @@ use kube::ResourceExt;
 
 use crate::context::Settings;
 use crate::crd::{
-    Cache, CacheType, EngineConfig, GpuBackend, LoadPolicy, Model, ModelFormat, Replicas,
-    Scheduling,
+    Autoscaling, AutoscalingMode, Cache, CacheType, EngineConfig, GpuBackend, LoadPolicy, Model,
+    ModelFormat, Replicas, Scheduling,
 };
 
 /// A Model that passed validation, with every default filled in.
@@ -40,9 +40,102 @@ pub struct ValidModel {
     pub cpu: Option<Quantity>,
     pub scheduling: Scheduling,
     pub replicas: Replicas,
+    pub autoscaling: ValidAutoscaling,
     pub engine_config: EngineConfig,
     pub cache: Cache,
     pub load: LoadPolicy,
+}
+
+/// `spec.autoscaling` with every default filled in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValidAutoscaling {
+    pub mode: AutoscalingMode,
+    /// Requests per node pod to aim for.
+    pub target_queue_depth: i32,
+    /// KV-cache (VRAM) utilization per node pod to aim for, in percent.
+    pub target_vram_utilization: i32,
+    pub scale_down_stabilization_seconds: i32,
+    pub scale_to_zero_after_seconds: i32,
+}
+
+/// Defaults of `spec.autoscaling` (docs/autoscaling.md lists them).
+pub const DEFAULT_TARGET_QUEUE_DEPTH: i32 = 4;
+pub const DEFAULT_TARGET_VRAM_UTILIZATION: i32 = 80;
+pub const DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS: i32 = 300;
+pub const DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS: i32 = 600;
+
+impl Default for ValidAutoscaling {
+    fn default() -> Self {
+        ValidAutoscaling {
+            mode: AutoscalingMode::Builtin,
+            target_queue_depth: DEFAULT_TARGET_QUEUE_DEPTH,
+            target_vram_utilization: DEFAULT_TARGET_VRAM_UTILIZATION,
+            scale_down_stabilization_seconds: DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS,
+            scale_to_zero_after_seconds: DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
+        }
+    }
+}
+
+/// Fill the autoscaling defaults and re-check the ranges the CRD schema states.
+fn validate_autoscaling(
+    spec: Option<&Autoscaling>,
+    replicas: &Replicas,
+    problems: &mut Vec<Invalid>,
+) -> ValidAutoscaling {
+    let d = ValidAutoscaling::default();
+    let Some(a) = spec else { return d };
+    let mut field = |name: &'static str, value: Option<i32>, lo: i32, hi: i32, default: i32| {
+        let v = value.unwrap_or(default);
+        if !(lo..=hi).contains(&v) {
+            problems.push(Invalid::new(
+                name,
+                format!("must be between {lo} and {hi}, got {v}"),
+            ));
+        }
+        v
+    };
+    let out = ValidAutoscaling {
+        mode: a.mode,
+        target_queue_depth: field(
+            "spec.autoscaling.targetQueueDepth",
+            a.target_queue_depth,
+            1,
+            10000,
+            d.target_queue_depth,
+        ),
+        target_vram_utilization: field(
+            "spec.autoscaling.targetVramUtilization",
+            a.target_vram_utilization,
+            1,
+            100,
+            d.target_vram_utilization,
+        ),
+        scale_down_stabilization_seconds: field(
+            "spec.autoscaling.scaleDownStabilizationSeconds",
+            a.scale_down_stabilization_seconds,
+            0,
+            3600,
+            d.scale_down_stabilization_seconds,
+        ),
+        scale_to_zero_after_seconds: field(
+            "spec.autoscaling.scaleToZeroAfterSeconds",
+            a.scale_to_zero_after_seconds,
+            0,
+            86400,
+            d.scale_to_zero_after_seconds,
+        ),
+    };
+    // `minReplicas: 0` needs the alpha HPAScaleToZero gate; refusing is clearer than a silent 1.
+    if a.mode == AutoscalingMode::Hpa && replicas.min < 1 {
+        problems.push(Invalid::new(
+            "spec.replicas.min",
+            format!(
+                "must be >= 1 with autoscaling.mode HPA (a HorizontalPodAutoscaler cannot scale to zero; use mode Builtin for min 0), got {}",
+                replicas.min
+            ),
+        ));
+    }
+    out
 }
 
 /// A validated source.
@@ -194,6 +287,8 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
         ));
     }
 
+    let autoscaling = validate_autoscaling(spec.autoscaling.as_ref(), &replicas, &mut problems);
+
     let engine_config = spec.engine_config.clone().unwrap_or_default();
     for (field, value) in [
         (
@@ -264,6 +359,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             cpu: resources.cpu,
             scheduling: spec.scheduling.clone().unwrap_or_default(),
             replicas,
+            autoscaling,
             engine_config,
             cache,
             load: spec.load,

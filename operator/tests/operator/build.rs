@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use crate::support::{crate_dir, fixture_model, fixture_plugins};
 
-const CASES: [&str; 5] = ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"];
+const CASES: [&str; 6] = ["cpu", "gpu", "pvc-cache", "image-volume", "pinned", "hpa"];
 
 fn valid(case: &str) -> ValidModel {
     validate(&fixture_model(case), &Settings::default()).unwrap_or_else(|e| panic!("{case}: {e:?}"))
@@ -41,6 +41,9 @@ fn render(o: &OwnedObjects) -> String {
     docs.push(serde_yaml::to_string(&o.service).expect("yaml"));
     if let Some(pdb) = &o.pdb {
         docs.push(serde_yaml::to_string(pdb).expect("yaml"));
+    }
+    if let Some(hpa) = &o.hpa {
+        docs.push(serde_yaml::to_string(hpa).expect("yaml"));
     }
     docs.join("---\n")
 }
@@ -184,7 +187,7 @@ fn pvc_cache_model_gets_a_claim_and_a_disruption_budget() {
         o.pdb.is_some(),
         "replicas.min = 2 needs a PodDisruptionBudget"
     );
-    assert_eq!(o.deployment.spec.replicas, Some(2));
+    assert_eq!(o.initial_replicas, 2, "created at replicas.min");
     for (name, o) in [("cpu", built("cpu")), ("gpu", built("gpu"))] {
         assert!(
             o.pdb.is_none(),
@@ -396,4 +399,74 @@ fn a_config_change_changes_the_pod_template_so_pods_roll() {
     };
     assert_ne!(hash(&before), hash(&after));
     assert_eq!(hash(&after), after.config_hash);
+}
+
+#[test]
+fn the_deployment_leaves_replicas_to_the_autoscaler_and_starts_at_min() {
+    for case in CASES {
+        let o = built(case);
+        assert_eq!(
+            o.deployment.spec.replicas, None,
+            "{case}: a re-apply must not own spec.replicas"
+        );
+        let v = valid(case);
+        assert_eq!(o.initial_replicas, v.replicas.min.max(1), "{case}");
+    }
+    let mut zero = valid("cpu");
+    zero.replicas.min = 0;
+    assert_eq!(
+        build::initial_replicas(&zero),
+        0,
+        "Builtin may start at zero"
+    );
+}
+
+#[test]
+fn hpa_mode_emits_an_hpa_on_the_node_metrics_and_builtin_mode_none() {
+    for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"] {
+        assert!(built(case).hpa.is_none(), "{case} is Builtin: no HPA");
+    }
+    let hpa = built("hpa").hpa.expect("an HPA in HPA mode");
+    let spec = hpa.spec;
+    assert_eq!(spec.scale_target_ref.kind, "Deployment");
+    assert_eq!(spec.scale_target_ref.name, "llama31-8b");
+    assert_eq!((spec.min_replicas, spec.max_replicas), (Some(1), 4));
+    let metrics = spec.metrics.expect("metrics");
+    let targets: Vec<(String, String)> = metrics
+        .iter()
+        .map(|m| {
+            let pods = m.pods.as_ref().expect("Pods metric");
+            (
+                pods.metric.name.clone(),
+                pods.target.average_value.clone().expect("average value").0,
+            )
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            ("gantry_num_requests_waiting".to_string(), "6".to_string()),
+            // The node exports KV use as a fraction: 75 % is 0.75.
+            ("gantry_kv_cache_usage_perc".to_string(), "750m".to_string()),
+        ]
+    );
+    for m in &metrics {
+        let selector = m.pods.as_ref().and_then(|p| p.metric.selector.clone());
+        assert_eq!(
+            selector.and_then(|s| s.match_labels).expect("labels")["model"],
+            "llama-3.1-8b",
+            "the node labels its gauges with the served name"
+        );
+    }
+    let behavior = spec.behavior.expect("behavior");
+    assert_eq!(
+        behavior
+            .scale_down
+            .and_then(|d| d.stabilization_window_seconds),
+        Some(120)
+    );
+    assert_eq!(
+        hpa.metadata.owner_references.expect("owner")[0].uid,
+        "3f1c2b4a-0000-4000-8000-000000000006"
+    );
 }

@@ -182,9 +182,13 @@ fn the_examples_pass_admission() {
 }
 
 fn with(mut base: Value, pointer: &str, value: Value) -> Value {
-    *base
-        .pointer_mut(pointer)
-        .unwrap_or_else(|| panic!("no {pointer}")) = value;
+    // A missing last segment is added (e.g. `/spec/autoscaling` on a Model without one).
+    let (parent, key) = pointer.rsplit_once('/').expect("a JSON pointer");
+    let parent = base
+        .pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .unwrap_or_else(|| panic!("no object at {parent}"));
+    parent.insert(key.to_string(), value);
     base
 }
 
@@ -278,6 +282,39 @@ fn cel_keeps_format_immutable_and_replicas_ordered() {
     assert!(
         errors.iter().any(|e| e.contains("cache.size is required")),
         "{errors:?}"
+    );
+
+    let hpa_zero = with(
+        with(model.clone(), "/spec/replicas", json!({"min": 0, "max": 2})),
+        "/spec/autoscaling",
+        json!({"mode": "HPA"}),
+    );
+    let errors = cel_errors(&crd, &hpa_zero, None);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("replicas.min must be >= 1 with autoscaling.mode HPA")),
+        "{errors:?}"
+    );
+    let hpa_one = with(
+        with(model.clone(), "/spec/replicas", json!({"min": 1, "max": 2})),
+        "/spec/autoscaling",
+        json!({"mode": "HPA"}),
+    );
+    assert_eq!(
+        cel_errors(&crd, &hpa_one, None),
+        Vec::<String>::new(),
+        "HPA with min 1 passes"
+    );
+    let builtin_zero = with(
+        with(model.clone(), "/spec/replicas", json!({"min": 0, "max": 2})),
+        "/spec/autoscaling",
+        json!({"mode": "Builtin", "scaleToZeroAfterSeconds": 900}),
+    );
+    assert_eq!(
+        cel_errors(&crd, &builtin_zero, None),
+        Vec::<String>::new(),
+        "Builtin may scale to zero"
     );
 
     let bad_name = with(model, "/metadata/name", json!("3-gemma"));

@@ -1,6 +1,8 @@
 //! Operator tests in one binary (one link step): CRDs, the pure build and validate steps,
-//! generated objects against the Kubernetes types, and reconciles against a mock API server.
+//! generated objects against the Kubernetes types, reconciles against a mock API server, and
+//! the autoscaler's decisions on recorded metric series.
 
+mod autoscale;
 mod build;
 mod crds;
 mod leader;

@@ -8,6 +8,7 @@ use gantry_operator::model::build;
 use gantry_operator::model::resolve::resolve;
 use gantry_operator::model::validate::validate;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
@@ -41,13 +42,14 @@ fn check_by_kind(doc: &Value, what: &str) {
         Some("Service") => assert_round_trips::<Service>(doc, what),
         Some("PodDisruptionBudget") => assert_round_trips::<PodDisruptionBudget>(doc, what),
         Some("PersistentVolumeClaim") => assert_round_trips::<PersistentVolumeClaim>(doc, what),
+        Some("HorizontalPodAutoscaler") => assert_round_trips::<HorizontalPodAutoscaler>(doc, what),
         other => panic!("{what}: unexpected kind {other:?}"),
     }
 }
 
 #[test]
 fn every_built_object_reads_back_as_its_kubernetes_type() {
-    for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"] {
+    for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned", "hpa"] {
         let v = validate(&fixture_model(case), &Settings::default()).expect("valid");
         let r = resolve(
             &v,
@@ -63,6 +65,7 @@ fn every_built_object_reads_back_as_its_kubernetes_type() {
         ];
         docs.extend(o.pvc.iter().map(|x| serde_json::to_value(x).expect("json")));
         docs.extend(o.pdb.iter().map(|x| serde_json::to_value(x).expect("json")));
+        docs.extend(o.hpa.iter().map(|x| serde_json::to_value(x).expect("json")));
         for doc in docs {
             assert!(
                 doc["apiVersion"].is_string() && doc["kind"].is_string(),

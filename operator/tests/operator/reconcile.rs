@@ -45,7 +45,8 @@ fn ns_name(m: &Model) -> (String, String) {
     )
 }
 
-/// The four owned-object GETs every reconcile starts with (no PVC cache in these Models).
+/// The five owned-object GETs every reconcile starts with (no PVC cache in these Models; no
+/// HPA, as these Models are in Builtin mode).
 fn reads(
     m: &Model,
     cm: Option<Value>,
@@ -59,6 +60,10 @@ fn reads(
         Step::get(path("apps/v1", &ns, "deployments", &name), deploy),
         Step::get(path("v1", &ns, "services", &name), svc),
         Step::get(path("policy/v1", &ns, "poddisruptionbudgets", &name), pdb),
+        Step::get(
+            path("autoscaling/v2", &ns, "horizontalpodautoscalers", &name),
+            None,
+        ),
     ]
 }
 
@@ -67,6 +72,8 @@ fn applies(m: &Model) -> Vec<Step> {
     vec![
         Step::apply(path("v1", &ns, "configmaps", &name)),
         Step::apply(path("apps/v1", &ns, "deployments", &name)),
+        // Creation hands `spec.replicas` to the autoscaler's field manager.
+        Step::apply(path("apps/v1", &ns, "deployments", &name)).by("gantry-autoscaler"),
         Step::apply(path("v1", &ns, "services", &name)),
     ]
 }
@@ -97,6 +104,8 @@ fn desired(m: &Model, plugins: &[EnginePlugin], arch: Option<&str>) -> build::Ow
 fn ready_deployment(o: &build::OwnedObjects) -> Value {
     let mut d = serde_json::to_value(&o.deployment).expect("json");
     d["metadata"]["generation"] = json!(1);
+    // The apiserver always returns the count (set at creation, kept by the autoscaler).
+    d["spec"]["replicas"] = json!(1);
     d["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
                          "readyReplicas": 1, "availableReplicas": 1});
     d
@@ -189,7 +198,7 @@ async fn first_reconcile_applies_config_map_deployment_service_and_patches_statu
         .collect();
     assert_eq!(
         applied_kinds,
-        ["ConfigMap", "Deployment", "Service", "Model"]
+        ["ConfigMap", "Deployment", "Deployment", "Service", "Model"]
     );
     let status = status_body(&recorded);
     assert_eq!(status["observedGeneration"], 1);
@@ -463,9 +472,150 @@ async fn the_first_node_report_narrows_the_mounted_plugins_to_the_one_that_serve
         deploy["spec"]["template"]["metadata"]["annotations"]["gantry.dev/engine-plugins"],
         "llama-cpp-cpu"
     );
+    assert!(
+        deploy["spec"].get("replicas").is_none(),
+        "a re-apply leaves the autoscaler's replica count alone: {}",
+        deploy["spec"]
+    );
     let status = status_body(&recorded);
     assert_eq!(status["architecture"], "gemma3");
     assert_eq!(status["engine"]["plugin"], "llama-cpp-cpu");
+}
+
+#[tokio::test]
+async fn creating_the_deployment_sets_min_replicas_and_hands_the_field_to_the_autoscaler() {
+    let mut m = fixture_model("cpu");
+    m.spec.replicas = Some(gantry_operator::crd::Replicas { min: 2, max: 6 });
+    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let (ns, name) = ns_name(&m);
+    let mut steps = reads(&m, None, None, None, None);
+    steps.extend(applies(&m));
+    steps.push(Step::apply(path(
+        "policy/v1",
+        &ns,
+        "poddisruptionbudgets",
+        &name,
+    )));
+    steps.push(status_patch(&m));
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    let deployment_writes: Vec<&Recorded> = recorded
+        .iter()
+        .filter(|r| r.path.ends_with(&format!("/deployments/{name}")) && r.method == Method::PATCH)
+        .collect();
+    assert_eq!(deployment_writes.len(), 2);
+    assert!(
+        deployment_writes[0]
+            .query
+            .contains("fieldManager=gantry-operator")
+    );
+    assert_eq!(
+        deployment_writes[0].body.as_ref().expect("body")["spec"]["replicas"],
+        2,
+        "created at replicas.min"
+    );
+    assert!(
+        deployment_writes[1]
+            .query
+            .contains("fieldManager=gantry-autoscaler")
+    );
+    assert_eq!(
+        deployment_writes[1].body,
+        Some(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": name}, "spec": {"replicas": 2}}))
+    );
+}
+
+#[tokio::test]
+async fn a_deployment_whose_replicas_only_the_operator_owns_is_handed_over_before_a_reapply() {
+    // A Deployment an older operator created: gantry-operator alone owns spec.replicas, which
+    // something else has since set to 4. The re-apply (new plugins) leaves replicas out, which
+    // would drop the field; the autoscaler must own it first, at the live count.
+    let m = fixture_model("cpu");
+    let plugins = fixture_plugins();
+    let o = desired(&m, &plugins, None);
+    let mut live = ready_deployment(&o);
+    live["spec"]["replicas"] = json!(4);
+    live["metadata"]["managedFields"] = json!([{
+        "manager": "gantry-operator", "operation": "Apply", "apiVersion": "apps/v1",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}
+    }]);
+    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
+    let (ns, name) = ns_name(&m);
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(live),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)).by("gantry-autoscaler"));
+    steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
+    steps.push(status_patch(&m));
+    steps.extend([Step::event(&ns), Step::event(&ns)]);
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    let writes: Vec<&Recorded> = recorded
+        .iter()
+        .filter(|r| r.path.ends_with(&format!("/deployments/{name}")) && r.method == Method::PATCH)
+        .collect();
+    assert_eq!(
+        writes[0].body.as_ref().expect("body")["spec"],
+        json!({"replicas": 4}),
+        "handed over at the live count"
+    );
+    assert!(
+        writes[1].body.as_ref().expect("body")["spec"]
+            .get("replicas")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn switching_from_hpa_back_to_builtin_deletes_the_hpa() {
+    let m = fixture_model("cpu");
+    let plugins = fixture_plugins();
+    let o = desired(&m, &plugins, None);
+    let (ns, name) = ns_name(&m);
+    let mut hpa_model = m.clone();
+    hpa_model.spec.autoscaling = Some(gantry_operator::crd::Autoscaling {
+        mode: gantry_operator::crd::AutoscalingMode::Hpa,
+        ..Default::default()
+    });
+    let old_hpa = desired(&hpa_model, &plugins, None).hpa.expect("hpa");
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(ready_deployment(&o)),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps[4] = Step::get(
+        path("autoscaling/v2", &ns, "horizontalpodautoscalers", &name),
+        Some(serde_json::to_value(&old_hpa).expect("json")),
+    );
+    steps.push(pods(&m, Vec::new()));
+    steps.push(Step::delete(path(
+        "autoscaling/v2",
+        &ns,
+        "horizontalpodautoscalers",
+        &name,
+    )));
+    steps.push(status_patch(&m));
+    steps.push(Step::event(&ns));
+    let (ctx, server) = context(plugins, BTreeMap::new());
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert!(
+        recorded
+            .iter()
+            .any(|r| r.method == Method::DELETE && r.path.contains("horizontalpodautoscalers"))
+    );
 }
 
 #[tokio::test]
@@ -601,10 +751,11 @@ async fn a_server_error_on_apply_requeues_with_backoff_and_the_retry_finishes_th
     ));
 
     // The retry sees the ConfigMap already applied and picks up where it failed.
-    let applied_cm = recorded[4].body.clone().expect("configmap");
+    let applied_cm = recorded[5].body.clone().expect("configmap");
     let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
     let mut steps = reads(&m, Some(applied_cm), None, None, None);
     steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
+    steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)).by("gantry-autoscaler"));
     steps.push(Step::apply(path("v1", &ns, "services", &name)));
     steps.push(status_patch(&m));
     let server = server.run(steps);
@@ -740,4 +891,44 @@ async fn a_malformed_object_gets_a_warning_event_and_does_not_block_the_controll
         (Some("Warning"), Some("Malformed"))
     );
     assert_eq!(event["regarding"]["name"], "broken");
+}
+
+#[tokio::test]
+async fn a_model_scaling_up_stays_ready_while_the_new_pods_start() {
+    let m = example_model();
+    let plugins = example_plugins();
+    let o = desired(&m, &plugins, Some("gemma3"));
+    // The autoscaler asked for 3; one pod serves, two are starting.
+    let mut deploy = ready_deployment(&o);
+    deploy["spec"]["replicas"] = json!(3);
+    deploy["status"] = json!({"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3,
+                              "readyReplicas": 1, "availableReplicas": 1});
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(deploy),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(status_patch(&m));
+    steps.extend([
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let status = status_body(&finish(server).await);
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["message"].as_str()),
+        (Some("True"), Some("1/3 node pods ready"))
+    );
+    assert_eq!(condition(&status, "Progressing")["reason"], "RollingOut");
+    assert_eq!(
+        status["replicas"],
+        json!({"desired": 3, "current": 3, "ready": 1})
+    );
 }

@@ -92,6 +92,8 @@ pub struct Step {
     pub path: String,
     pub status: StatusCode,
     pub reply: Reply,
+    /// The field manager a PATCH must name.
+    pub manager: &'static str,
 }
 
 /// What the mock answers.
@@ -106,9 +108,16 @@ pub enum Reply {
 }
 
 impl Step {
+    /// The same step, expecting a PATCH under `manager`.
+    pub fn by(mut self, manager: &'static str) -> Step {
+        self.manager = manager;
+        self
+    }
+
     pub fn get(path: impl Into<String>, reply: Option<Value>) -> Step {
         match reply {
             Some(v) => Step {
+                manager: "gantry-operator",
                 method: Method::GET,
                 path: path.into(),
                 status: StatusCode::OK,
@@ -121,6 +130,7 @@ impl Step {
     pub fn not_found(method: Method, path: impl Into<String>) -> Step {
         let path = path.into();
         Step {
+            manager: "gantry-operator",
             method,
             reply: Reply::Json(status_body(404, "NotFound", &format!("{path} not found"))),
             path,
@@ -131,6 +141,7 @@ impl Step {
     /// A server-side apply (PATCH) answered with the applied object.
     pub fn apply(path: impl Into<String>) -> Step {
         Step {
+            manager: "gantry-operator",
             method: Method::PATCH,
             path: path.into(),
             status: StatusCode::OK,
@@ -141,6 +152,7 @@ impl Step {
     /// A status apply, answered with `object` carrying the applied status.
     pub fn apply_status(path: impl Into<String>, object: Value) -> Step {
         Step {
+            manager: "gantry-operator",
             method: Method::PATCH,
             path: path.into(),
             status: StatusCode::OK,
@@ -150,6 +162,7 @@ impl Step {
 
     pub fn create(path: impl Into<String>) -> Step {
         Step {
+            manager: "gantry-operator",
             method: Method::POST,
             path: path.into(),
             status: StatusCode::CREATED,
@@ -159,6 +172,7 @@ impl Step {
 
     pub fn replace(path: impl Into<String>) -> Step {
         Step {
+            manager: "gantry-operator",
             method: Method::PUT,
             path: path.into(),
             status: StatusCode::OK,
@@ -170,6 +184,7 @@ impl Step {
         let reply =
             json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}});
         Step {
+            manager: "gantry-operator",
             method: Method::DELETE,
             path: path.into(),
             status: StatusCode::OK,
@@ -184,6 +199,7 @@ impl Step {
             _ => "InternalError",
         };
         Step {
+            manager: "gantry-operator",
             method,
             path: path.into(),
             status: StatusCode::from_u16(code).expect("status code"),
@@ -197,6 +213,7 @@ impl Step {
 
     pub fn list(path: impl Into<String>, items: Vec<Value>) -> Step {
         Step {
+            manager: "gantry-operator",
             method: Method::GET,
             path: path.into(),
             status: StatusCode::OK,
@@ -285,8 +302,11 @@ impl ApiServer {
                 );
                 if method == Method::PATCH {
                     assert!(
-                        query.contains("fieldManager=gantry-operator"),
-                        "step {i}: {path}?{query} lacks the field manager"
+                        query
+                            .split('&')
+                            .any(|kv| kv == format!("fieldManager={}", step.manager)),
+                        "step {i}: {path}?{query} is not under field manager {}",
+                        step.manager
                     );
                     assert!(
                         query.contains("force=true"),

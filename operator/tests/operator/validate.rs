@@ -12,7 +12,7 @@ use crate::support::{fixture_model, t0};
 type Mutation = fn(&mut Model);
 
 /// (what is wrong, how to break the CPU fixture, the field the failure must name)
-const CASES: [(&str, Mutation, &str); 20] = [
+const CASES: [(&str, Mutation, &str); 22] = [
     (
         "name that is not a DNS-1035 label",
         |m| m.metadata.name = Some("3-gemma".into()),
@@ -118,6 +118,27 @@ const CASES: [(&str, Mutation, &str); 20] = [
         |m| m.spec.load = gantry_operator::crd::LoadPolicy::Lazy,
         "spec.load",
     ),
+    (
+        "HPA mode with replicas.min 0",
+        |m| {
+            m.spec.replicas = Some(gantry_operator::crd::Replicas { min: 0, max: 3 });
+            m.spec.autoscaling = Some(gantry_operator::crd::Autoscaling {
+                mode: gantry_operator::crd::AutoscalingMode::Hpa,
+                ..Default::default()
+            });
+        },
+        "spec.replicas.min",
+    ),
+    (
+        "a scale-to-zero delay above a day",
+        |m| {
+            m.spec.autoscaling = Some(gantry_operator::crd::Autoscaling {
+                scale_to_zero_after_seconds: Some(90000),
+                ..Default::default()
+            })
+        },
+        "spec.autoscaling.scaleToZeroAfterSeconds",
+    ),
 ];
 
 #[test]
@@ -136,7 +157,7 @@ fn every_validation_failure_names_its_field() {
 
 #[test]
 fn all_fixtures_are_valid() {
-    for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"] {
+    for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned", "hpa"] {
         validate(&fixture_model(case), &Settings::default())
             .unwrap_or_else(|e| panic!("{case}: {e:?}"));
     }
