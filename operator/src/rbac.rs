@@ -113,7 +113,7 @@ pub const RULES: &[Rule] = &[
         "models/status",
         Any,
         &["patch"],
-        "Model status step: server-side apply of status",
+        "Model status step and autoscaler: server-side apply of status",
     ),
     rule(
         Controller,
@@ -167,16 +167,7 @@ pub const RULES: &[Rule] = &[
         "deployments",
         Any,
         OWNED,
-        "Model apply step: node pods; the autoscaler sets replicas",
-    ),
-    rule(
-        Controller,
-        Cluster,
-        "apps",
-        "deployments/scale",
-        Any,
-        &["get", "patch", "update"],
-        "autoscaler: scale subresource of node Deployments",
+        "Model apply step: node pods; the autoscaler applies spec.replicas as gantry-autoscaler",
     ),
     rule(
         Controller,
