@@ -170,22 +170,24 @@ impl RouteTable {
     /// Replace every model with `specs`, keeping known replicas (by URL) and their counters.
     pub fn replace(&self, specs: Vec<ModelSpec>) {
         let old = self.snapshot();
-        let known: HashMap<&str, &Arc<Replica>> = old
+        // One Replica per URL, shared by every model it serves, so that it is probed once and
+        // its outstanding count covers all its models.
+        let mut known: HashMap<String, Arc<Replica>> = old
             .values()
             .flat_map(|m| m.replicas.iter())
-            .map(|r| (r.url.as_str(), r))
+            .map(|r| (r.url.clone(), Arc::clone(r)))
             .collect();
         let mut next = HashMap::with_capacity(specs.len());
         for spec in specs {
             let replicas = spec
                 .endpoints
                 .iter()
-                .map(|(url, ready)| match known.get(url.as_str()) {
-                    Some(r) => {
-                        r.source_ready.store(*ready, Ordering::Relaxed);
-                        Arc::clone(r)
-                    }
-                    None => Arc::new(Replica::new(url.clone(), *ready, self.trust_source)),
+                .map(|(url, ready)| {
+                    let r = known.entry(url.clone()).or_insert_with(|| {
+                        Arc::new(Replica::new(url.clone(), *ready, self.trust_source))
+                    });
+                    r.source_ready.store(*ready, Ordering::Relaxed);
+                    Arc::clone(r)
                 })
                 .collect();
             if next.contains_key(&spec.id) {

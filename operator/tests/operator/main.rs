@@ -3,6 +3,7 @@
 
 mod build;
 mod crds;
+mod gateway_kube;
 mod leader;
 mod node_report;
 mod objects;
