@@ -105,6 +105,7 @@ async fn requests_route_by_model_and_refusals_have_the_openai_shape() {
     );
 
     let metrics = gw.metrics().await;
+    promtool_check(&metrics);
     assert_eq!(
         metric(
             &metrics,

@@ -204,6 +204,27 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// `promtool check metrics` accepts the text (Debian's prometheus package; scripts/setup.sh
+/// installs it).
+pub fn promtool_check(text: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/setup.sh installs it)");
+    std::io::Write::write_all(promtool.stdin.as_mut().expect("stdin"), text.as_bytes())
+        .expect("write metrics");
+    let out = promtool.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Settings for tests: quick probes, the rest as shipped.
 pub fn fast_settings() -> GatewaySettings {
     GatewaySettings {
