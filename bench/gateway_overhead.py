@@ -30,7 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 RATE = int(os.environ.get("GANTRY_BENCH_RATE", "1000"))
-DURATION = int(os.environ.get("GANTRY_BENCH_SECONDS", "10"))
+# Interleaved rounds: each target gets ROUNDS slices of SLICE seconds, in turn, so that drift in
+# the machine's other load falls on all three alike; the slices are pooled per target.
+ROUNDS = int(os.environ.get("GANTRY_BENCH_ROUNDS", "5"))
+SLICE = int(os.environ.get("GANTRY_BENCH_SLICE_SECONDS", "2"))
+DURATION = ROUNDS * SLICE
 BODY = json.dumps(
     {"model": "tiny", "prompt": "The gateway benchmark", "max_tokens": 1, "temperature": 0}
 )
@@ -61,17 +65,36 @@ def post(url: str) -> dict:
         return json.load(r)
 
 
-def loadgen(label: str, url: str) -> dict:
+def loadgen(label: str, url: str, raw: Path) -> dict:
     out = subprocess.run(
         [str(TARGET / "gantry-loadgen"), "--url", url, "--body", BODY, "--rate", str(RATE),
-         "--duration", str(DURATION), "--warmup", "2", "--label", label],
-        check=True, capture_output=True, text=True, timeout=DURATION + 60,
+         "--duration", str(SLICE), "--warmup", "1", "--label", label, "--raw", str(raw)],
+        check=True, capture_output=True, text=True, timeout=SLICE + 60,
     )
-    result = json.loads(out.stdout)
-    lat = result["latency_us"]
-    print(f"{label:>8}: p50 {lat['p50']} us  p99 {lat['p99']} us  p99.9 {lat['p99_9']} us  "
-          f"errors {result['errors']}", file=sys.stderr)
-    return result
+    return json.loads(out.stdout)
+
+
+def pct(sorted_us: list, p: float) -> int:
+    rank = max(1, min(len(sorted_us), -(-len(sorted_us) * p // 100)))
+    return sorted_us[int(rank) - 1]
+
+
+def pooled(label: str, slices: list, raws: list) -> dict:
+    lat = sorted(int(x) for r in raws for x in r.read_text().split())
+    summary = {
+        "label": label,
+        "ok": len(lat),
+        "errors": sum(s["errors"] for s in slices),
+        "min_send_rate": min(s["achieved_send_rate"] for s in slices),
+        "latency_us": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
+                       "p99_9": pct(lat, 99.9), "max": lat[-1],
+                       "mean": sum(lat) / len(lat)},
+        "slices_p99_us": [s["latency_us"]["p99"] for s in slices],
+    }
+    lat_s = summary["latency_us"]
+    print(f"{label:>8}: p50 {lat_s['p50']} us  p99 {lat_s['p99']} us  p99.9 {lat_s['p99_9']} us  "
+          f"errors {summary['errors']}", file=sys.stderr)
+    return summary
 
 
 def nginx_conf(tmp: Path, listen: int, node_port: int) -> Path:
@@ -156,11 +179,19 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{nginx_port}/healthz")
         if post(f"http://127.0.0.1:{nginx_port}/v1/completions")["choices"] != first["choices"]:
             raise SystemExit("nginx answered differently from the node")
-        runs = {
-            "direct": loadgen("direct", f"http://127.0.0.1:{node_port}/v1/completions"),
-            "gantry": loadgen("gantry", f"http://127.0.0.1:{gw_port}/v1/completions"),
-            "nginx": loadgen("nginx", f"http://127.0.0.1:{nginx_port}/v1/completions"),
+        targets = {
+            "direct": f"http://127.0.0.1:{node_port}/v1/completions",
+            "gantry": f"http://127.0.0.1:{gw_port}/v1/completions",
+            "nginx": f"http://127.0.0.1:{nginx_port}/v1/completions",
         }
+        slices = {name: [] for name in targets}
+        raws = {name: [] for name in targets}
+        for r in range(ROUNDS):
+            for name, url in targets.items():
+                raw = tmp / f"{name}-{r}.txt"
+                slices[name].append(loadgen(name, url, raw))
+                raws[name].append(raw)
+        runs = {name: pooled(name, slices[name], raws[name]) for name in targets}
         with urllib.request.urlopen(f"http://127.0.0.1:{node_port}/metrics", timeout=5) as r:
             node_metrics = r.read().decode()
         hits = next((line.split()[-1] for line in node_metrics.splitlines()
@@ -172,7 +203,9 @@ def main() -> None:
         }
         result = {
             "benchmark": "gateway-overhead",
-            "method": "open loop, fixed rate; added = percentile through the proxy minus the same percentile direct",
+            "method": (f"open loop at a fixed rate; {ROUNDS} interleaved rounds of {SLICE} s per target "
+                       "(1 s unmeasured warm-up each), pooled; added = percentile through the proxy "
+                       "minus the same percentile direct"),
             "request": json.loads(BODY),
             "fast_path": "temperature-0 completion answered from the node's response cache",
             "node_response_cache_hits": float(hits),

@@ -32,6 +32,10 @@ struct Args {
     /// Label copied into the output.
     #[arg(long, default_value = "")]
     label: String,
+    /// Also write every measured latency (microseconds, one per line) to this file, so that
+    /// several short runs can be pooled.
+    #[arg(long)]
+    raw: Option<std::path::PathBuf>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -93,6 +97,10 @@ async fn main() -> Result<()> {
         }
     }
     lat.sort_unstable();
+    if let Some(path) = &args.raw {
+        let text: String = lat.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let us = |p| percentile(&lat, p);
     let out = serde_json::json!({
         "label": args.label,
