@@ -200,3 +200,34 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
         None => anyhow::bail!("--components named nothing to run"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn components_default_to_both_and_parse_a_list() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
+            Command::Run(run) => run.components,
+            Command::Crdgen { .. } => panic!("not run"),
+        };
+        assert_eq!(
+            parse(&["gantry-operator", "run"]),
+            [Component::Controller, Component::Gateway]
+        );
+        assert_eq!(
+            parse(&["gantry-operator", "run", "--components", "gateway"]),
+            [Component::Gateway]
+        );
+        assert!(
+            Cli::try_parse_from(["gantry-operator", "run", "--components", "gateway,router"])
+                .is_err()
+        );
+    }
+}
