@@ -15,7 +15,7 @@ use crate::leader::LeaseConfig;
 #[command(
     name = "gantry-operator",
     version,
-    about = "Gantry operator: Model and EnginePlugin controllers"
+    about = "Gantry operator: Model and EnginePlugin controllers, and the OpenAI gateway"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -24,8 +24,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the controllers against the cluster in KUBECONFIG or the in-cluster config.
-    Run(RunArgs),
+    /// Run the components (controllers, gateway) against the cluster in KUBECONFIG or the
+    /// in-cluster config.
+    Run(Box<RunArgs>),
     /// Print the CRDs as YAML, or write them into one or more directories.
     Crdgen {
         /// Directory to write `gantry.dev_*.yaml` into (repeatable). Without it, print to stdout.
@@ -46,8 +47,25 @@ pub enum RbacFormat {
     Markdown,
 }
 
+/// A part of the operator process that `run` can start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Component {
+    /// The Model and EnginePlugin controllers (behind leader election).
+    Controller,
+    /// The OpenAI gateway (active-active, no leader election).
+    Gateway,
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Components to run in this process, comma-separated.
+    #[arg(
+        long,
+        env = "GANTRY_COMPONENTS",
+        value_delimiter = ',',
+        default_value = "controller,gateway"
+    )]
+    pub components: Vec<Component>,
     /// Image of the node pods.
     #[arg(long, env = "GANTRY_NODE_IMAGE", default_value_t = default_node_image())]
     pub node_image: String,
@@ -74,6 +92,7 @@ pub struct RunArgs {
     pub identity: Option<String>,
     #[command(flatten)]
     pub autoscaler: crate::autoscale::AutoscalerArgs,
+    pub gateway: crate::gateway::GatewayArgs,
 }
 
 pub fn init_logging() {
@@ -119,27 +138,118 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => {
-            let settings = Settings {
-                node_image: args.node_image,
-                default_gpu_resource: args.gpu_resource,
-                ..Settings::default()
-            };
-            let lease = (!args.no_leader_election).then(|| {
-                LeaseConfig::new(
-                    args.lease_namespace,
-                    args.lease_name,
-                    identity(args.identity),
-                )
-            });
-            run(RunConfig {
-                settings,
-                metrics_addr: args.metrics_addr,
-                lease,
-                concurrency: args.concurrency,
-                autoscaler: args.autoscaler.config(),
-            })
-            .await?;
+            run_components(*args).await?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Start the chosen components; return when the first one ends (an error ends the process).
+async fn run_components(args: RunArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut tasks = tokio::task::JoinSet::new();
+    if args.components.contains(&Component::Gateway) {
+        let g = args.gateway.clone();
+        let needs_client = g.endpoints_file.is_none() || g.api_keys_secret.is_some();
+        let client = if needs_client {
+            Some(
+                kube::Client::try_default()
+                    .await
+                    .context("cannot build a Kubernetes client for the gateway")?,
+            )
+        } else {
+            None
+        };
+        let discovery = match (&g.endpoints_file, &client) {
+            (Some(path), _) => crate::gateway::Discovery::File(path.clone()),
+            (None, Some(c)) => crate::gateway::Discovery::Kube {
+                client: c.clone(),
+                namespace: g.watch_namespace.clone(),
+            },
+            (None, None) => anyhow::bail!("the gateway needs --endpoints-file or a cluster"),
+        };
+        let config = crate::gateway::GatewayConfig {
+            settings: g.settings(),
+            discovery,
+            keys: g.key_source(),
+            client,
+            scaler: None,
+        };
+        let listener = tokio::net::TcpListener::bind(g.gateway_addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", g.gateway_addr))?;
+        tasks.spawn(crate::gateway::serve(listener, config, shutdown_signal()));
+    }
+    if args.components.contains(&Component::Controller) {
+        let settings = Settings {
+            node_image: args.node_image,
+            default_gpu_resource: args.gpu_resource,
+            ..Settings::default()
+        };
+        let lease = (!args.no_leader_election).then(|| {
+            LeaseConfig::new(
+                args.lease_namespace,
+                args.lease_name,
+                identity(args.identity),
+            )
+        });
+        tasks.spawn(run(RunConfig {
+            settings,
+            metrics_addr: args.metrics_addr,
+            lease,
+            concurrency: args.concurrency,
+            autoscaler: args.autoscaler.config(),
+        }));
+    }
+    match tasks.join_next().await {
+        Some(done) => done.context("component task panicked")?,
+        None => anyhow::bail!("--components named nothing to run"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn components_default_to_both_and_parse_a_list() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
+            Command::Run(run) => run.components,
+            Command::Crdgen { .. } => panic!("not run"),
+        };
+        assert_eq!(
+            parse(&["gantry-operator", "run"]),
+            [Component::Controller, Component::Gateway]
+        );
+        assert_eq!(
+            parse(&["gantry-operator", "run", "--components", "gateway"]),
+            [Component::Gateway]
+        );
+        assert!(
+            Cli::try_parse_from(["gantry-operator", "run", "--components", "gateway,router"])
+                .is_err()
+        );
     }
 }

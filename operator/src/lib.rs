@@ -1,5 +1,6 @@
 //! The Gantry operator (library half of the `gantry-operator` binary): CRD types, the Model and
-//! EnginePlugin reconcilers, the built-in autoscaler, leader election and controller metrics.
+//! EnginePlugin reconcilers, the built-in autoscaler, leader election, controller metrics, and
+//! the OpenAI gateway ([`gateway`]).
 //!
 //! A Model reconcile is a pipeline, each step its own module under [`model`]:
 //! read → validate → resolve + build (pure) → apply → status. The
@@ -14,6 +15,7 @@ pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod crd;
+pub mod gateway;
 pub mod leader;
 pub mod malformed;
 pub mod metrics;

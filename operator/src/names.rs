@@ -36,10 +36,8 @@ pub const ANNOTATION_CONFIG_HASH: &str = "gantry.dev/config-hash";
 /// Comma-separated EnginePlugin names mounted into a node pod. The EnginePlugin
 /// reconcile reads it to know which pods should report a plugin.
 pub const ANNOTATION_PLUGINS: &str = "gantry.dev/engine-plugins";
-
-/// Set by the gateway on a Model's node Deployment (RFC 3339) when a request waits for a
-/// Model scaled to zero; the autoscaler scales from zero when it is newer than the last scale
-/// to zero.
+/// Set by the gateway on a Model's node Deployment (RFC 3339 UTC time) when a request arrives for
+/// a Model with no ready pod: the autoscaler reads it as "scale up from zero now".
 pub const ANNOTATION_SCALE_UP_REQUESTED: &str = "gantry.dev/scale-up-requested-at";
 
 /// Node pod contract: port, paths and directories (see docs/operator.md).

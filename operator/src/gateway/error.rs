@@ -1,0 +1,170 @@
+//! Gateway errors (the edge of every gateway request): one type, one `IntoResponse`, OpenAI's
+//! error shape.
+//!
+//! The body is `{"error": {"message", "type", "param", "code"}}`, the same shape the node's
+//! `ApiError` (node-pod/src/error.rs) answers with, so a client sees one shape whether the gateway
+//! or a node refused the call.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// A refusal or failure the gateway answers itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<&'static str>,
+    pub code: &'static str,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: &'a str,
+}
+
+impl GatewayError {
+    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: String) -> Self {
+        GatewayError {
+            status,
+            kind,
+            message,
+            param: None,
+            code,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the body is not JSON, or not an object with a string `model`.
+    pub fn invalid_body(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_value",
+            message.into(),
+        )
+    }
+
+    /// 400 naming the `model` field.
+    pub fn invalid_model(message: impl Into<String>) -> Self {
+        GatewayError {
+            param: Some("model"),
+            ..Self::invalid_body(message)
+        }
+    }
+
+    /// 413: the body exceeds `--max-body-bytes`.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("request body must be <= {limit} bytes"),
+        )
+    }
+
+    /// 404 for a model no Model serves (or one the key may not see).
+    pub fn model_not_found(model: &str) -> Self {
+        GatewayError {
+            param: Some("model"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                format!("The model `{model}` does not exist"),
+            )
+        }
+    }
+
+    /// 401: no key, or a key that matches none.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            message.into(),
+        )
+    }
+
+    /// 403: a valid key that may not use this model.
+    pub fn forbidden(model: &str) -> Self {
+        GatewayError {
+            param: Some("model"),
+            ..Self::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                "model_not_allowed",
+                format!("this API key may not use the model `{model}`"),
+            )
+        }
+    }
+
+    /// 503 with `Retry-After`: held-request bound reached, hold timed out, or no replica.
+    pub fn unavailable(message: impl Into<String>, retry_after: u64) -> Self {
+        GatewayError {
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "unavailable",
+                message.into(),
+            )
+        }
+    }
+
+    /// 502: the node failed after the request was sent, before any response byte.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            "upstream_error",
+            message.into(),
+        )
+    }
+
+    /// The JSON body.
+    pub fn body_json(&self) -> String {
+        serde_json::to_string(&Body {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code,
+            },
+        })
+        .unwrap_or_else(|_| "{\"error\":{\"message\":\"unserializable error\"}}".into())
+    }
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, self.body_json()).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(s) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}

@@ -1,0 +1,471 @@
+//! The proxied OpenAI routes (the gateway's request path): auth → body (size-limited) →
+//! `model` → route → replica (held while none is ready) → upstream call (retried on another
+//! replica before the first response byte) → response relayed chunk by chunk.
+//!
+//! The upstream body is never buffered: each chunk the node writes is handed to the client's
+//! connection as it arrives. When the client goes away, the server drops the relayed body and
+//! with it the upstream response, which closes the node connection; the node sees the
+//! disconnect and frees the sequence at its next step. Retries happen only before a response
+//! exists: on a refused connection (the request never reached a node) and on a 503 (the node
+//! refused it whole). Any other failure after sending is a 502: the node may have started work.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use backon::BackoffBuilder;
+use futures::StreamExt;
+use serde::Deserialize;
+
+use crate::gateway::GatewayState;
+use crate::gateway::auth::Caller;
+use crate::gateway::error::GatewayError;
+use crate::gateway::routes::{Lease, ModelRoute, NoReplica};
+
+/// Longest `Retry-After` honoured when skipping a replica that answered 503.
+const MAX_REPLICA_BACKOFF: Duration = Duration::from_secs(30);
+/// `Retry-After` the gateway sends when it refuses to hold a request.
+const RETRY_AFTER_SECONDS: u64 = 5;
+
+/// The one field the gateway reads; serde still checks that the whole body is JSON.
+#[derive(Deserialize)]
+struct Peek {
+    model: Option<serde_json::Value>,
+}
+
+/// Authenticate from `Authorization: Bearer <key>` when keys are configured.
+pub fn authenticate(
+    state: &GatewayState,
+    headers: &HeaderMap,
+) -> Result<Option<Caller>, GatewayError> {
+    let Some(keys) = &state.keys else {
+        return Ok(None);
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            GatewayError::unauthorized("missing API key: send it as `Authorization: Bearer <key>`")
+        })?;
+    keys.check(presented)
+        .map(Some)
+        .ok_or_else(|| GatewayError::unauthorized("invalid API key"))
+}
+
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::too_large(limit));
+    }
+    match axum::body::to_bytes(body, limit).await {
+        Ok(b) => Ok(b),
+        Err(e) => {
+            let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(s) = src {
+                if s.is::<http_body_util::LengthLimitError>() {
+                    return Err(GatewayError::too_large(limit));
+                }
+                src = s.source();
+            }
+            Err(GatewayError::invalid_body(format!(
+                "cannot read the request body: {e}"
+            )))
+        }
+    }
+}
+
+fn model_of(body: &[u8]) -> Result<String, GatewayError> {
+    let peek: Peek = serde_json::from_slice(body).map_err(|e| {
+        GatewayError::invalid_body(format!("the request body is not valid JSON: {e}"))
+    })?;
+    match peek.model {
+        Some(serde_json::Value::String(m)) if !m.is_empty() => Ok(m),
+        Some(serde_json::Value::String(_)) => {
+            Err(GatewayError::invalid_model("`model` must not be empty"))
+        }
+        Some(_) => Err(GatewayError::invalid_model("`model` must be a string")),
+        None => Err(GatewayError::invalid_model("`model` is required")),
+    }
+}
+
+/// Counts a held request (total and per model) while alive.
+struct Held<'a> {
+    state: &'a GatewayState,
+    model: &'a str,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.state.held.fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .metrics
+            .held
+            .with_label_values(&[self.model])
+            .dec();
+    }
+}
+
+/// A replica for `id`, holding the request while none is ready (scale from zero, a restart)
+/// up to the hold timeout and within the held-request bounds. Returns the lease and the time
+/// spent held.
+async fn acquire(state: &GatewayState, id: &str) -> Result<(Lease, Duration), GatewayError> {
+    let route = state
+        .table
+        .get(id)
+        .ok_or_else(|| GatewayError::model_not_found(id))?;
+    match state.table.pick(&route, &[]) {
+        Ok(lease) => return Ok((lease, Duration::ZERO)),
+        Err(NoReplica::Failed) => return Err(failed(id)),
+        Err(NoReplica::NoneReady) => {}
+    }
+    // Hold, within bounds.
+    let s = &state.settings;
+    let gauge = state.metrics.held.with_label_values(&[id]);
+    let total = state.held.fetch_add(1, Ordering::Relaxed) + 1;
+    gauge.inc();
+    let _held = Held { state, model: id };
+    if total > s.max_held || gauge.get() > s.max_held_per_model as i64 {
+        return Err(GatewayError::unavailable(
+            format!(
+                "too many requests waiting for a replica of `{id}` (at most {} per model, {} in all)",
+                s.max_held_per_model, s.max_held
+            ),
+            RETRY_AFTER_SECONDS,
+        ));
+    }
+    let start = Instant::now();
+    let deadline = start + s.hold_timeout;
+    let mut changed = state.table.subscribe();
+    let mut route = route;
+    loop {
+        if route.spec.min_replicas == 0 {
+            state.scale.request(id, route.spec.target.clone());
+        }
+        changed.borrow_and_update();
+        match state.table.pick(&route, &[]) {
+            Ok(lease) => {
+                let waited = start.elapsed();
+                state
+                    .metrics
+                    .hold
+                    .with_label_values(&["served"])
+                    .observe(waited.as_secs_f64());
+                return Ok((lease, waited));
+            }
+            Err(NoReplica::Failed) => return Err(failed(id)),
+            Err(NoReplica::NoneReady) => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            state
+                .metrics
+                .hold
+                .with_label_values(&["timeout"])
+                .observe(start.elapsed().as_secs_f64());
+            return Err(GatewayError::unavailable(
+                format!(
+                    "no replica of `{id}` became ready within {} s",
+                    s.hold_timeout.as_secs()
+                ),
+                RETRY_AFTER_SECONDS,
+            ));
+        }
+        // Wake on any table change, and at least every scale-up interval to ask again.
+        let wait = (deadline - now).min(crate::gateway::scale::SCALE_UP_MIN_INTERVAL);
+        let _ = tokio::time::timeout(wait, changed.changed()).await;
+        route = state
+            .table
+            .get(id)
+            .ok_or_else(|| GatewayError::model_not_found(id))?;
+    }
+}
+
+fn failed(id: &str) -> GatewayError {
+    GatewayError::unavailable(
+        format!("the model `{id}` cannot serve: see its Model status"),
+        30,
+    )
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn relay_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Request headers passed to the node: content type and accept, and a request id if any.
+/// The caller's `Authorization` stays at the gateway.
+fn upstream_headers(from: &HeaderMap) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for name in [header::ACCEPT, HeaderName::from_static("x-request-id")] {
+        if let Some(v) = from.get(&name) {
+            h.insert(name, v.clone());
+        }
+    }
+    h
+}
+
+/// One proxied POST to `path`.
+pub async fn proxy(
+    State(state): State<Arc<GatewayState>>,
+    path: &'static str,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let t0 = Instant::now();
+    let mut model_label = String::new();
+    let resp = match forward(&state, path, &headers, body, t0, &mut model_label).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    state
+        .metrics
+        .requests
+        .with_label_values(&[model_label.as_str(), resp.status().as_str()])
+        .inc();
+    resp
+}
+
+async fn forward(
+    state: &GatewayState,
+    path: &'static str,
+    headers: &HeaderMap,
+    body: Body,
+    t0: Instant,
+    model_label: &mut String,
+) -> Result<Response, GatewayError> {
+    let caller = authenticate(state, headers)?;
+    let bytes = read_body(body, headers, state.settings.max_body_bytes).await?;
+    let id = model_of(&bytes)?;
+    if let Some(c) = &caller
+        && !c.may_use(&id)
+    {
+        return Err(GatewayError::forbidden(&id));
+    }
+    if state.table.get(&id).is_none() {
+        return Err(GatewayError::model_not_found(&id));
+    }
+    // A known model from here on: label metrics with it (unknown ids would grow the series).
+    model_label.push_str(&id);
+    let (mut lease, held) = acquire(state, &id).await?;
+    let mut tried: Vec<String> = Vec::new();
+    let mut delays = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_millis(500))
+        .with_max_times(state.settings.max_retries)
+        .with_jitter()
+        .build();
+    let up_headers = upstream_headers(headers);
+    let mut waited = held;
+    loop {
+        let replica = Arc::clone(&lease.replica);
+        let sent_at = Instant::now();
+        let result = state
+            .client
+            .post(format!("{}{path}", replica.url))
+            .headers(up_headers.clone())
+            .body(bytes.clone())
+            .send()
+            .await;
+        let answered_at = Instant::now();
+        let (kind, unavailable) = match result {
+            Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                let after = retry_after(resp.headers())
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(MAX_REPLICA_BACKOFF);
+                state.table.back_off(&replica, after);
+                ("unavailable", Some(resp))
+            }
+            Ok(resp) => {
+                let overhead = sent_at.duration_since(t0).saturating_sub(waited);
+                return Ok(relay(state, resp, lease, &id, overhead, answered_at));
+            }
+            Err(e) if e.is_connect() => {
+                tracing::debug!(model = %id, replica = %replica.url, error = %e, "connect failed");
+                state.table.connect_failed(&replica);
+                ("connect", None)
+            }
+            Err(e) => {
+                state
+                    .metrics
+                    .upstream_errors
+                    .with_label_values(&[id.as_str(), "request"])
+                    .inc();
+                return Err(GatewayError::bad_gateway(format!(
+                    "the node serving `{id}` failed before answering: {e}"
+                )));
+            }
+        };
+        state
+            .metrics
+            .upstream_errors
+            .with_label_values(&[id.as_str(), kind])
+            .inc();
+        tried.push(replica.url.clone());
+        drop(lease);
+        let next = state
+            .table
+            .get(&id)
+            .and_then(|route: Arc<ModelRoute>| state.table.pick(&route, &tried).ok());
+        let delay = delays.next();
+        match (next, delay) {
+            (Some(l), Some(d)) => {
+                state
+                    .metrics
+                    .retries
+                    .with_label_values(&[id.as_str()])
+                    .inc();
+                tokio::time::sleep(d).await;
+                waited += d;
+                lease = l;
+            }
+            _ => {
+                return match unavailable {
+                    // The node's own 503 (with its Retry-After) goes to the client as is.
+                    Some(resp) => {
+                        let overhead = sent_at.duration_since(t0).saturating_sub(waited);
+                        Ok(relay_unleased(state, resp, &id, overhead, answered_at))
+                    }
+                    None => Err(GatewayError::unavailable(
+                        format!("no replica of `{id}` accepted a connection"),
+                        1,
+                    )),
+                };
+            }
+        }
+    }
+}
+
+fn response_head(resp: &reqwest::Response) -> Response {
+    let mut out = Response::new(Body::empty());
+    *out.status_mut() = resp.status();
+    relay_headers(resp.headers(), out.headers_mut());
+    out
+}
+
+/// Relay the upstream response: headers now, body chunk by chunk as it arrives. The lease
+/// (outstanding count) lives until the body ends or the client drops it.
+fn relay(
+    state: &GatewayState,
+    resp: reqwest::Response,
+    lease: Lease,
+    id: &str,
+    before_send: Duration,
+    answered_at: Instant,
+) -> Response {
+    let mut out = response_head(&resp);
+    let errors = state
+        .metrics
+        .upstream_errors
+        .with_label_values(&[id, "body"]);
+    let body = resp.bytes_stream().map(move |chunk| {
+        let _outstanding = &lease;
+        chunk.inspect_err(|_| errors.inc())
+    });
+    *out.body_mut() = Body::from_stream(body);
+    state
+        .metrics
+        .overhead
+        .observe((before_send + answered_at.elapsed()).as_secs_f64());
+    out
+}
+
+fn relay_unleased(
+    state: &GatewayState,
+    resp: reqwest::Response,
+    id: &str,
+    before_send: Duration,
+    answered_at: Instant,
+) -> Response {
+    let mut out = response_head(&resp);
+    let errors = state
+        .metrics
+        .upstream_errors
+        .with_label_values(&[id, "body"]);
+    *out.body_mut() = Body::from_stream(
+        resp.bytes_stream()
+            .map(move |chunk| chunk.inspect_err(|_| errors.inc())),
+    );
+    state
+        .metrics
+        .overhead
+        .observe((before_send + answered_at.elapsed()).as_secs_f64());
+    out
+}
+
+/// `GET /v1/models`: the models that serve now or can scale up, and that the caller may use.
+pub async fn models(State(state): State<Arc<GatewayState>>, headers: HeaderMap) -> Response {
+    let caller = match authenticate(&state, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let snapshot = state.table.snapshot();
+    let mut ids: Vec<&String> = snapshot
+        .iter()
+        .filter(|(id, route)| route.listable() && caller.as_ref().is_none_or(|c| c.may_use(id)))
+        .map(|(id, _)| id)
+        .collect();
+    ids.sort();
+    let data: Vec<serde_json::Value> = ids
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "gantry"}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_is_read_from_the_body_with_a_field_naming_error() {
+        assert_eq!(
+            model_of(br#"{"model":"m","x":[1]}"#).ok().as_deref(),
+            Some("m")
+        );
+        let e = model_of(br#"{"messages":[]}"#).expect_err("missing");
+        assert_eq!((e.status.as_u16(), e.param), (400, Some("model")));
+        let e = model_of(br#"{"model":3}"#).expect_err("number");
+        assert!(e.message.contains("string"));
+        let e = model_of(b"{not json").expect_err("junk");
+        assert_eq!((e.status.as_u16(), e.param), (400, None));
+    }
+}

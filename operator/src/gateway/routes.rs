@@ -1,0 +1,341 @@
+//! The routing table (between discovery and every proxied request): which replicas serve each
+//! model id, how loaded each one is, and the least-loaded pick.
+//!
+//! Discovery sources (static file or kube reflectors) hand over whole snapshots with
+//! [`RouteTable::replace`]; replicas are kept by base URL across snapshots so their counters
+//! survive. The prober updates each replica's liveness and queue depth; every change wakes the
+//! requests held for a model with no ready replica.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+/// Which Deployment to scale up for a model (kube source); `None` for static endpoints.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScaleTarget {
+    pub namespace: String,
+    pub deployment: String,
+}
+
+/// One model as a discovery source sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// The OpenAI model id (`spec.servedName` or the Model name).
+    pub id: String,
+    /// Node base URLs (`http://host:port`) and whether the source says each is ready.
+    pub endpoints: Vec<(String, bool)>,
+    /// `replicas.min`: 0 means requests are held while a first replica starts.
+    pub min_replicas: i32,
+    /// `replicas.max`.
+    pub max_replicas: i32,
+    /// The Model cannot serve (invalid spec, no engine, download failed): refused, not held.
+    pub failed: bool,
+    pub target: Option<ScaleTarget>,
+}
+
+/// One node pod (or node process) serving a model.
+#[derive(Debug)]
+pub struct Replica {
+    /// Base URL without a trailing slash.
+    pub url: String,
+    /// The discovery source's readiness (EndpointSlice condition; always true for a static file).
+    source_ready: AtomicBool,
+    /// The prober's verdict: the last `/v1/status` said ready and not draining.
+    up: AtomicBool,
+    /// Requests this gateway has sent and not yet finished (body fully relayed or dropped).
+    outstanding: AtomicU64,
+    /// Waiting requests the node last reported.
+    waiting: AtomicU64,
+    /// Skip until then: the node answered 503 with this `Retry-After`, or refused a connection.
+    unavailable_until: Mutex<Option<Instant>>,
+}
+
+impl Replica {
+    fn new(url: String, source_ready: bool, up: bool) -> Self {
+        Replica {
+            url,
+            source_ready: AtomicBool::new(source_ready),
+            up: AtomicBool::new(up),
+            outstanding: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            unavailable_until: Mutex::new(None),
+        }
+    }
+
+    pub fn outstanding(&self) -> u64 {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    fn usable(&self, now: Instant) -> bool {
+        self.source_ready.load(Ordering::Relaxed)
+            && self.up.load(Ordering::Relaxed)
+            && self
+                .unavailable_until
+                .lock()
+                .map(|u| u.is_none_or(|t| t <= now))
+                .unwrap_or(true)
+    }
+
+    fn load(&self) -> u64 {
+        self.outstanding.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// A replica picked for one request: counts as outstanding until dropped.
+#[derive(Debug)]
+pub struct Lease {
+    pub replica: Arc<Replica>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.replica.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A model's routing entry.
+#[derive(Debug)]
+pub struct ModelRoute {
+    pub spec: ModelSpec,
+    pub replicas: Vec<Arc<Replica>>,
+}
+
+impl ModelRoute {
+    /// Listed by `/v1/models`: not failed, and a replica is ready now or one can be scaled up
+    /// from zero (`replicas.min == 0`, `replicas.max > 0`).
+    pub fn listable(&self) -> bool {
+        !self.spec.failed
+            && (self.replicas.iter().any(|r| r.usable(Instant::now()))
+                || self.spec.min_replicas == 0 && self.spec.max_replicas > 0)
+    }
+}
+
+/// Why no replica could be picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoReplica {
+    /// No replica is usable now; one may come (scale up, start, recover).
+    NoneReady,
+    /// The Model is marked failed.
+    Failed,
+}
+
+/// All models, swapped whole on every discovery snapshot.
+#[derive(Debug)]
+pub struct RouteTable {
+    models: RwLock<Arc<HashMap<String, Arc<ModelRoute>>>>,
+    /// New replicas start up (kube: trust the EndpointSlice) or down until probed (static file).
+    trust_source: bool,
+    /// Bumped on every change that may make a replica usable.
+    changed: watch::Sender<u64>,
+    /// Rotates the starting point among equally loaded replicas.
+    rotor: AtomicUsize,
+    synced: AtomicBool,
+}
+
+impl RouteTable {
+    pub fn new(trust_source: bool) -> Self {
+        RouteTable {
+            models: RwLock::new(Arc::new(HashMap::new())),
+            trust_source,
+            changed: watch::Sender::new(0),
+            rotor: AtomicUsize::new(0),
+            synced: AtomicBool::new(false),
+        }
+    }
+
+    /// A snapshot of every model.
+    pub fn snapshot(&self) -> Arc<HashMap<String, Arc<ModelRoute>>> {
+        self.models
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<ModelRoute>> {
+        self.snapshot().get(id).cloned()
+    }
+
+    /// True once a source has delivered its first complete snapshot (`/readyz`).
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// Replace every model with `specs`, keeping known replicas (by URL) and their counters.
+    pub fn replace(&self, specs: Vec<ModelSpec>) {
+        let old = self.snapshot();
+        // One Replica per URL, shared by every model it serves, so that it is probed once and
+        // its outstanding count covers all its models.
+        let mut known: HashMap<String, Arc<Replica>> = old
+            .values()
+            .flat_map(|m| m.replicas.iter())
+            .map(|r| (r.url.clone(), Arc::clone(r)))
+            .collect();
+        let mut next = HashMap::with_capacity(specs.len());
+        for spec in specs {
+            let replicas = spec
+                .endpoints
+                .iter()
+                .map(|(url, ready)| {
+                    let r = known.entry(url.clone()).or_insert_with(|| {
+                        Arc::new(Replica::new(url.clone(), *ready, self.trust_source))
+                    });
+                    r.source_ready.store(*ready, Ordering::Relaxed);
+                    Arc::clone(r)
+                })
+                .collect();
+            if next.contains_key(&spec.id) {
+                tracing::warn!(model = %spec.id, "two Models serve the same id; the first one listed wins");
+                continue;
+            }
+            next.insert(spec.id.clone(), Arc::new(ModelRoute { spec, replicas }));
+        }
+        match self.models.write() {
+            Ok(mut m) => *m = Arc::new(next),
+            Err(e) => *e.into_inner() = Arc::new(next),
+        }
+        self.synced.store(true, Ordering::Relaxed);
+        self.notify();
+    }
+
+    /// Every distinct replica, for the prober.
+    pub fn replicas(&self) -> Vec<Arc<Replica>> {
+        let mut seen = std::collections::HashSet::new();
+        self.snapshot()
+            .values()
+            .flat_map(|m| m.replicas.iter())
+            .filter(|r| seen.insert(r.url.clone()))
+            .cloned()
+            .collect()
+    }
+
+    /// Record a probe result. Wakes held requests when a replica comes up.
+    pub fn probed(&self, replica: &Replica, up: bool, waiting: u64) {
+        replica.waiting.store(waiting, Ordering::Relaxed);
+        let was = replica.up.swap(up, Ordering::Relaxed);
+        if up && !was {
+            self.notify();
+        }
+    }
+
+    /// The node refused a connection: skip it until the prober sees it up again.
+    pub fn connect_failed(&self, replica: &Replica) {
+        replica.up.store(false, Ordering::Relaxed);
+    }
+
+    /// The node answered 503 with `Retry-After: after`: skip it that long.
+    pub fn back_off(&self, replica: &Replica, after: Duration) {
+        if let Ok(mut u) = replica.unavailable_until.lock() {
+            *u = Some(Instant::now() + after);
+        }
+    }
+
+    /// A receiver that changes whenever a replica may have become usable.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The least-loaded usable replica of `route` not in `exclude`: fewest of (this gateway's
+    /// outstanding requests + the node's reported waiting requests); ties rotate.
+    pub fn pick(&self, route: &ModelRoute, exclude: &[String]) -> Result<Lease, NoReplica> {
+        if route.spec.failed {
+            return Err(NoReplica::Failed);
+        }
+        let now = Instant::now();
+        let n = route.replicas.len();
+        let start = if n > 0 {
+            self.rotor.fetch_add(1, Ordering::Relaxed) % n
+        } else {
+            0
+        };
+        let best = (0..n)
+            .map(|i| &route.replicas[(start + i) % n])
+            .filter(|r| r.usable(now) && !exclude.iter().any(|e| *e == r.url))
+            .min_by_key(|r| r.load())
+            .ok_or(NoReplica::NoneReady)?;
+        best.outstanding.fetch_add(1, Ordering::Relaxed);
+        Ok(Lease {
+            replica: Arc::clone(best),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, urls: &[&str]) -> ModelSpec {
+        ModelSpec {
+            id: id.into(),
+            endpoints: urls.iter().map(|u| (u.to_string(), true)).collect(),
+            min_replicas: 1,
+            max_replicas: 1,
+            failed: false,
+            target: None,
+        }
+    }
+
+    #[test]
+    fn pick_prefers_the_replica_with_fewer_outstanding_plus_waiting() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b"])]);
+        let route = t.get("m").expect("route");
+        let first = t.pick(&route, &[]).expect("pick");
+        let second = t.pick(&route, &[]).expect("pick");
+        assert_ne!(first.replica.url, second.replica.url);
+        // b reports a queue: a wins while it has fewer in total.
+        let b = route
+            .replicas
+            .iter()
+            .find(|r| r.url == "http://b")
+            .expect("b");
+        t.probed(b, true, 5);
+        drop(second);
+        drop(first);
+        for _ in 0..3 {
+            let l = t.pick(&route, &[]).expect("pick");
+            assert_eq!(l.replica.url, "http://a");
+            std::mem::forget(l);
+        }
+    }
+
+    #[test]
+    fn replicas_survive_a_snapshot_with_their_counters() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a"])]);
+        let lease = t.pick(&t.get("m").expect("m"), &[]).expect("pick");
+        t.replace(vec![spec("m", &["http://a", "http://b"])]);
+        let a = t.get("m").expect("m").replicas[0].clone();
+        assert_eq!(a.outstanding(), 1);
+        drop(lease);
+        assert_eq!(a.outstanding(), 0);
+    }
+
+    #[test]
+    fn failed_and_down_models_are_not_picked() {
+        let t = RouteTable::new(false);
+        let mut s = spec("m", &["http://a"]);
+        t.replace(vec![s.clone()]);
+        assert_eq!(
+            t.pick(&t.get("m").expect("m"), &[]).err(),
+            Some(NoReplica::NoneReady),
+            "a static replica is down until probed"
+        );
+        s.failed = true;
+        t.replace(vec![s]);
+        assert_eq!(
+            t.pick(&t.get("m").expect("m"), &[]).err(),
+            Some(NoReplica::Failed)
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! Gateway tests on loopback (outside the reconcile path, on the gateway's request path): real
+//! `gantry-node` processes serving a tiny GGUF through the llama.cpp plugin, fed to an
+//! in-process gateway through the static endpoint source.
+//!
+//! Needs `cargo build --release --workspace --all-targets` first (the node binary and the
+//! plugin are read from the build output), which scripts/test.sh does.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gantry_operator::gateway::GatewaySettings;
+use serde_json::{Value, json};
+
+use support::*;
+
+fn completion(model: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0})
+}
+
+fn streaming(model: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "prompt": "Tell me a long story", "max_tokens": max_tokens,
+           "temperature": 0, "stream": true})
+}
+
+fn assert_openai_error(v: &Value, code: &str, param: Option<&str>) {
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    assert_eq!(e["code"], code, "{v}");
+    assert_eq!(e["param"].as_str(), param, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_route_by_model_and_refusals_have_the_openai_shape() {
+    let _cpu = measuring().await;
+    let a = Node::start("alpha", free_port());
+    let b = Node::start("beta", free_port());
+    let gw = Gateway::start(
+        json!({"models": {"alpha": [a.base], "beta": [b.base]}}),
+        GatewaySettings {
+            max_body_bytes: 64 * 1024,
+            ..fast_settings()
+        },
+        None,
+    )
+    .await;
+    a.wait_ready().await;
+    b.wait_ready().await;
+    gw.wait_routable("alpha").await;
+    gw.wait_routable("beta").await;
+
+    for _ in 0..3 {
+        let (s, v) = gw
+            .post("/v1/completions", completion("alpha", 2), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["model"], "alpha");
+    }
+    let (s, v) = gw
+        .post("/v1/completions", completion("beta", 2), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["model"], "beta");
+    // Each node saw only its own model's requests.
+    assert_eq!(a.requests_ok("alpha").await, 3.0);
+    assert_eq!(b.requests_ok("beta").await, 1.0);
+
+    let (s, v) = gw.get("/v1/models", None).await;
+    assert_eq!(s, 200);
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta"]);
+
+    let (s, v) = gw
+        .post("/v1/completions", completion("gamma", 2), None)
+        .await;
+    assert_eq!(s, 404);
+    assert_openai_error(&v, "model_not_found", Some("model"));
+    let (s, v) = gw
+        .post_raw("/v1/chat/completions", "{\"model\": ", None)
+        .await;
+    assert_eq!(s, 400);
+    assert_openai_error(&v, "invalid_value", None);
+    let (s, v) = gw
+        .post("/v1/chat/completions", json!({"messages": []}), None)
+        .await;
+    assert_eq!(s, 400);
+    assert_openai_error(&v, "invalid_value", Some("model"));
+    let big = json!({"model": "alpha", "prompt": "x".repeat(100 * 1024)});
+    let (s, v) = gw.post("/v1/completions", big, None).await;
+    assert_eq!(s, 413);
+    assert_openai_error(&v, "request_too_large", None);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("65536"),
+        "{v}"
+    );
+
+    let metrics = gw.metrics().await;
+    promtool_check(&metrics);
+    assert_eq!(
+        metric(
+            &metrics,
+            "gantry_gateway_requests_total{code=\"200\",model=\"alpha\"}"
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "gantry_gateway_requests_total{code=\"404\",model=\"\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(metric(&metrics, "gantry_gateway_overhead_seconds_count").is_some_and(|n| n >= 4.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_load_spreads_across_replicas_within_one_and_a_half_shares() {
+    let _cpu = measuring().await;
+    let nodes = [
+        Node::start("tiny", free_port()),
+        Node::start("tiny", free_port()),
+    ];
+    let gw = Gateway::start(
+        json!({"models": {"tiny": [nodes[0].base, nodes[1].base]}}),
+        fast_settings(),
+        None,
+    )
+    .await;
+    for n in &nodes {
+        n.wait_ready().await;
+    }
+    gw.wait_probed("tiny").await;
+    // 48 requests, 8 at a time, of uneven lengths.
+    let total = 48usize;
+    let results = futures::stream::iter(0..total)
+        .map(|i| {
+            let gw = &gw;
+            async move {
+                gw.post(
+                    "/v1/completions",
+                    completion("tiny", 4 + (i % 5) as u32 * 6),
+                    None,
+                )
+                .await
+                .0
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<u16>>()
+        .await;
+    assert!(results.iter().all(|s| *s == 200), "{results:?}");
+    let counts = [
+        nodes[0].requests_ok("tiny").await,
+        nodes[1].requests_ok("tiny").await,
+    ];
+    assert_eq!(counts[0] + counts[1], total as f64, "{counts:?}");
+    let share = total as f64 / 2.0;
+    for c in counts {
+        assert!(
+            c <= 1.5 * share,
+            "one replica got {c} of {total}: {counts:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_a_node_fails_only_its_in_flight_requests_and_new_ones_go_to_the_survivor() {
+    let _cpu = measuring().await;
+    let mut doomed = Node::start("tiny", free_port());
+    let survivor = Node::start("tiny", free_port());
+    let gw = Gateway::start(
+        json!({"models": {"tiny": [doomed.base, survivor.base]}}),
+        fast_settings(),
+        None,
+    )
+    .await;
+    doomed.wait_ready().await;
+    survivor.wait_ready().await;
+    gw.wait_probed("tiny").await;
+    // Four long streams, two on each node (least-loaded alternates them).
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(
+            gw.stream("/v1/completions", streaming("tiny", 400), None)
+                .await,
+        );
+    }
+    for n in [&doomed, &survivor] {
+        n.wait_running(2).await;
+    }
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|rx| tokio::spawn(drain(rx)))
+        .collect();
+    doomed.kill();
+    let mut outcomes = Vec::new();
+    for h in handles {
+        outcomes.push(
+            tokio::time::timeout(Duration::from_secs(30), h)
+                .await
+                .expect("stream ended")
+                .expect("join"),
+        );
+    }
+    assert!(
+        outcomes.iter().all(|o| o.events > 0),
+        "all four were streaming: {outcomes:?}"
+    );
+    let completed = outcomes.iter().filter(|o| o.finished).count();
+    assert_eq!(
+        completed, 2,
+        "only the killed node's two streams fail: {outcomes:?}"
+    );
+    // New requests: all answered, by the survivor, even though the dead node is still listed.
+    for _ in 0..6 {
+        let (s, v) = gw
+            .post("/v1/completions", completion("tiny", 2), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    // Its two streams and the six new requests (a stream is counted as it closes: poll).
+    survivor.wait_requests_ok("tiny", 8.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streaming_passes_through_chunk_by_chunk() {
+    let _cpu = measuring().await;
+    let node = Node::start("tiny", free_port());
+    let gw = Gateway::start(
+        json!({"models": {"tiny": [node.base]}}),
+        fast_settings(),
+        None,
+    )
+    .await;
+    node.wait_ready().await;
+    gw.wait_routable("tiny").await;
+    let body = streaming("tiny", 300);
+    // Same request (the response cache is off), direct and through the gateway.
+    let direct = timed_events(
+        reqwest_client()
+            .post(format!("{}/v1/completions", node.base))
+            .json(&body),
+    )
+    .await;
+    let via = timed_events(
+        reqwest_client()
+            .post(format!("{}/v1/completions", gw.base))
+            .json(&body),
+    )
+    .await;
+    assert_eq!(direct.len(), via.len(), "same events through the gateway");
+    assert!(via.len() > 100, "{} events", via.len());
+    let last = via.last().map(|e| e.0).unwrap_or_default();
+    // The first chunks arrive while the node is still generating, not all at the end.
+    assert!(
+        via[0].0 < last / 4,
+        "first event at {:?} of {:?}",
+        via[0].0,
+        last
+    );
+    assert!(
+        via[10].0 < last / 2,
+        "tenth event at {:?} of {:?}",
+        via[10].0,
+        last
+    );
+    // And as early as they do direct, within scheduling noise.
+    for i in [0, 1, 2, 5] {
+        assert!(
+            via[i].0 <= direct[i].0 + Duration::from_millis(100),
+            "event {i}: {:?} through the gateway vs {:?} direct",
+            via[i].0,
+            direct[i].0
+        );
+    }
+    assert_eq!(via.last().map(|e| e.1.as_str()), Some("[DONE]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_disconnect_through_the_gateway_frees_the_sequence_on_the_node() {
+    let _cpu = measuring().await;
+    let node = Node::start("tiny", free_port());
+    let gw = Gateway::start(
+        json!({"models": {"tiny": [node.base]}}),
+        fast_settings(),
+        None,
+    )
+    .await;
+    node.wait_ready().await;
+    gw.wait_routable("tiny").await;
+    let mut rx = gw
+        .stream("/v1/completions", streaming("tiny", 1800), None)
+        .await;
+    for _ in 0..3 {
+        rx.recv().await.expect("a chunk");
+    }
+    assert_eq!(node.running().await, 1);
+    drop(rx);
+    let t0 = Instant::now();
+    while node.running().await != 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "the node still runs the sequence"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric(&metrics, "gantry_gateway_held_requests{model=\"tiny\"}").unwrap_or(0.0),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scale_from_zero_holds_a_request_until_a_node_started_20_s_later_answers_it() {
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let scaler = gantry_operator::gateway::scale::RecordingScaler::default();
+    let gw = Gateway::start(
+        json!({"models": {"cold": {"endpoints": [base], "minReplicas": 0, "maxReplicas": 1}}}),
+        GatewaySettings {
+            max_held_per_model: 1,
+            ..fast_settings()
+        },
+        Some(scaler.clone()),
+    )
+    .await;
+    // Listed while at zero: it can scale up.
+    let (_, models) = gw.get("/v1/models", None).await;
+    assert_eq!(models["data"][0]["id"], "cold", "{models}");
+    let t0 = Instant::now();
+    let held = tokio::spawn({
+        let gw = gw.clone();
+        async move {
+            gw.post("/v1/completions", completion("cold", 2), None)
+                .await
+        }
+    });
+    // The bound: a second request for the same model is refused at once with Retry-After.
+    let held_now = async {
+        loop {
+            if metric(
+                &gw.metrics().await,
+                "gantry_gateway_held_requests{model=\"cold\"}",
+            ) == Some(1.0)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), held_now)
+        .await
+        .expect("the first request is held");
+    let t1 = Instant::now();
+    let r = reqwest_client()
+        .post(format!("{}/v1/completions", gw.base))
+        .json(&completion("cold", 2))
+        .send()
+        .await
+        .expect("second");
+    assert_eq!(r.status(), 503);
+    assert!(t1.elapsed() < Duration::from_secs(1), "refused at once");
+    let retry_after: u64 = r.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!(retry_after > 0);
+    assert_openai_error(&r.json().await.expect("json"), "unavailable", None);
+    assert_eq!(
+        scaler.calls(),
+        vec![("cold".to_string(), None)],
+        "one scale-up request"
+    );
+
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(t0.elapsed())).await;
+    assert!(!held.is_finished(), "still held after 20 s");
+    let node = Node::start("cold", port);
+    let (s, v) = tokio::time::timeout(Duration::from_secs(30), held)
+        .await
+        .expect("answered")
+        .expect("join");
+    assert_eq!(s, 200, "{v}");
+    assert!(t0.elapsed() >= Duration::from_secs(20));
+    assert_eq!(node.requests_ok("cold").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn api_keys_allow_deny_and_restrict_models_without_reaching_a_node() {
+    let node = Node::start("alpha", free_port());
+    let keys = tempfile::NamedTempFile::new().expect("keys file");
+    std::fs::write(
+        keys.path(),
+        "everything: {key: sk-all}\nalpha-only: {key: sk-alpha, models: [alpha]}\nbeta-only: {key: sk-beta, models: [beta]}\n",
+    )
+    .expect("write keys");
+    let gw = Gateway::start_with_keys(
+        json!({"models": {"alpha": [node.base], "beta": [node.base]}}),
+        fast_settings(),
+        keys.path(),
+    )
+    .await;
+    node.wait_ready().await;
+    gw.wait_routable_with("alpha", Some("sk-all")).await;
+
+    let (s, v) = gw
+        .post("/v1/completions", completion("alpha", 2), None)
+        .await;
+    assert_eq!(s, 401);
+    assert_openai_error(&v, "invalid_api_key", None);
+    let (s, v) = gw
+        .post("/v1/completions", completion("alpha", 2), Some("sk-wrong"))
+        .await;
+    assert_eq!(s, 401);
+    assert_openai_error(&v, "invalid_api_key", None);
+    let (s, v) = gw
+        .post("/v1/completions", completion("alpha", 2), Some("sk-beta"))
+        .await;
+    assert_eq!(s, 403);
+    assert_openai_error(&v, "model_not_allowed", Some("model"));
+    let (s, _) = gw.get("/v1/models", None).await;
+    assert_eq!(s, 401);
+    assert_eq!(
+        node.requests_total().await,
+        0.0,
+        "no refused call reached the node"
+    );
+
+    let (s, v) = gw
+        .post("/v1/completions", completion("alpha", 2), Some("sk-alpha"))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = gw
+        .post("/v1/completions", completion("alpha", 2), Some("sk-all"))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(node.requests_total().await, 2.0);
+    let (_, v) = gw.get("/v1/models", Some("sk-beta")).await;
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["beta"]);
+}
