@@ -92,6 +92,7 @@ pub struct RunArgs {
     pub identity: Option<String>,
     #[command(flatten)]
     pub autoscaler: crate::autoscale::AutoscalerArgs,
+    #[command(flatten)]
     pub gateway: crate::gateway::GatewayArgs,
 }
 
@@ -237,7 +238,7 @@ mod tests {
     fn components_default_to_both_and_parse_a_list() {
         let parse = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
             Command::Run(run) => run.components,
-            Command::Crdgen { .. } => panic!("not run"),
+            Command::Crdgen { .. } | Command::Rbac { .. } => panic!("not run"),
         };
         assert_eq!(
             parse(&["gantry-operator", "run"]),

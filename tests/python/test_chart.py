@@ -222,7 +222,7 @@ def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
         assert p["spec"]["modalities"] == manifest["modalities"]
 
 
-GATEWAY_METRICS = {"gantry_gateway_requests_total", "gantry_gateway_added_latency_seconds",
+GATEWAY_METRICS = {"gantry_gateway_requests_total", "gantry_gateway_overhead_seconds",
                    "gantry_gateway_held_requests", "gantry_gateway_upstream_errors_total"}
 
 
