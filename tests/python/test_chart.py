@@ -97,7 +97,7 @@ def test_more_than_one_gateway_replica_splits_the_deployments_and_accounts():
     assert gw["replicas"] == 3
     assert gw["template"]["spec"]["serviceAccountName"] == "gantry-gateway"
     env = {e["name"]: e.get("value") for e in gw["template"]["spec"]["containers"][0]["env"]}
-    assert env["GANTRY_COMPONENTS"] == "gateway" and env["GANTRY_API_KEYS_SECRET"] == "gantry-api-keys"
+    assert env["GANTRY_COMPONENTS"] == "gateway" and env["GANTRY_GATEWAY_API_KEYS_SECRET"] == "gantry-api-keys"
     assert "GANTRY_NODE_IMAGE" not in env
     assert {p["metadata"]["name"] for p in of_kind(objects, "PodDisruptionBudget")} == {"gantry-controller", "gantry-gateway"}
     assert {s["metadata"]["name"] for s in of_kind(objects, "ServiceAccount")} == {"gantry-controller", "gantry-gateway"}
