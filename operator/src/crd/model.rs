@@ -125,7 +125,9 @@ pub struct ModelSource {
     #[schemars(regex(pattern = r"^[A-Za-z0-9_.-]{1,32}$"))]
     pub quantization: Option<String>,
     /// Secret holding a token for the source (Hugging Face or HTTP bearer token). Passed to the
-    /// node as `GANTRY_SOURCE_TOKEN` (and `HF_TOKEN` for `hf://`).
+    /// node as `GANTRY_SOURCE_TOKEN` (and `HF_TOKEN` for `hf://`). For `s3://` the whole Secret
+    /// also becomes the node's environment: keys `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// optional `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL`, `AWS_REGION`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretKeyRef>,
 }

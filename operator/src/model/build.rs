@@ -22,11 +22,11 @@ use k8s_openapi::api::autoscaling::v2::{
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, ImageVolumeSource, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, ImageVolumeSource, KeyToPath,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, SecretEnvSource, SecretKeySelector, SecurityContext, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -611,6 +611,19 @@ fn deployment(
             env.push(env_from_secret("HF_TOKEN", secret, key));
         }
     }
+    // S3 credentials and endpoint come as the standard `AWS_*` keys of the same Secret
+    // (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`,
+    // `AWS_ENDPOINT_URL`, `AWS_REGION`): the whole Secret is exposed as environment.
+    let env_from = match &model.source.secret {
+        Some((secret, _)) if model.source.is_s3() => Some(vec![EnvFromSource {
+            secret_ref: Some(SecretEnvSource {
+                name: secret.clone(),
+                optional: Some(false),
+            }),
+            ..EnvFromSource::default()
+        }]),
+        _ => None,
+    };
 
     let node = Container {
         name: "node".to_string(),
@@ -627,6 +640,7 @@ fn deployment(
             format!("0.0.0.0:{NODE_PORT}"),
         ]),
         env: Some(env),
+        env_from,
         ports: Some(vec![ContainerPort {
             name: Some(NODE_PORT_NAME.to_string()),
             container_port: NODE_PORT,

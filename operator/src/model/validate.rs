@@ -166,6 +166,10 @@ impl ValidSource {
     pub fn is_hugging_face(&self) -> bool {
         self.uri.starts_with("hf://")
     }
+
+    pub fn is_s3(&self) -> bool {
+        self.uri.starts_with("s3://")
+    }
 }
 
 /// One reason a Model cannot be served as written.

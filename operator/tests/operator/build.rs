@@ -9,7 +9,15 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use crate::support::{crate_dir, fixture_model, fixture_plugins};
 
-const CASES: [&str; 6] = ["cpu", "gpu", "pvc-cache", "image-volume", "pinned", "hpa"];
+const CASES: [&str; 7] = [
+    "cpu",
+    "gpu",
+    "pvc-cache",
+    "image-volume",
+    "pinned",
+    "hpa",
+    "s3",
+];
 
 fn valid(case: &str) -> ValidModel {
     validate(&fixture_model(case), &Settings::default()).unwrap_or_else(|e| panic!("{case}: {e:?}"))
@@ -114,6 +122,33 @@ fn cpu_model_without_architecture_mounts_every_fitting_cpu_plugin() {
     assert_eq!(parsed.models[0].quantization.as_deref(), Some("Q4_K_M"));
     assert_eq!(parsed.models[0].context_length, Some(4096));
     assert_eq!(parsed.cache_dir.as_deref(), Some("/var/cache/gantry"));
+}
+
+#[test]
+fn s3_model_gets_the_secret_as_aws_environment_and_no_token_in_the_config() {
+    let o = built("s3");
+    let c = node(&o);
+    let from = c
+        .env_from
+        .as_ref()
+        .expect("envFrom for an s3:// source with a Secret");
+    assert_eq!(from.len(), 1);
+    let secret = from[0].secret_ref.as_ref().expect("secretRef");
+    assert_eq!(secret.name, "minio-credentials");
+    assert_eq!(secret.optional, Some(false));
+    let env = c.env.as_ref().expect("env");
+    assert!(
+        !env.iter().any(|e| e.name == "HF_TOKEN"),
+        "no HF_TOKEN for s3://"
+    );
+    let config = &o.config_map.data.as_ref().expect("data")["models.yaml"];
+    assert!(config.contains("s3://models/llama-3.2-1b"));
+    assert!(
+        !config.contains("minio-credentials"),
+        "the Secret name stays out of the ConfigMap"
+    );
+    // An hf:// Model with a Secret gets the token only, never the whole Secret.
+    assert!(node(&built("gpu")).env_from.is_none());
 }
 
 #[test]
