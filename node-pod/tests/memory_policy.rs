@@ -8,58 +8,21 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
-use common::{built_lib, faulty_manifest, install_plugin, profile_dir};
+use common::{NodeProc, built_lib, faulty_manifest, install_plugin, profile_dir, spawn_node};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
-
-/// A running node; killed on drop.
-struct NodeProc {
-    child: Child,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
 
 fn start(config: Value, ram_limit: u64, dir: tempfile::TempDir) -> NodeProc {
     start_with(config, &profile_dir().join("engines"), ram_limit, dir)
 }
 
 fn start_with(config: Value, plugins: &Path, ram_limit: u64, dir: tempfile::TempDir) -> NodeProc {
-    let port = free_port();
-    let cfg_path = dir.path().join("node.yaml");
-    std::fs::write(&cfg_path, serde_yaml::to_string(&config).expect("yaml")).expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
-        .args(["serve", "--config"])
-        .arg(&cfg_path)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
-        .arg(plugins)
-        .args(["--ram-limit", &ram_limit.to_string(), "--threads", "2"])
-        .env("GANTRY_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn gantry-node");
-    NodeProc {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    }
+    spawn_node(&config, plugins, dir, |cmd| {
+        cmd.args(["--ram-limit", &ram_limit.to_string(), "--threads", "2"]);
+    })
 }
 
 fn http() -> reqwest::Client {

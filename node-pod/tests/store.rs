@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use common::profile_dir;
+use common::{NodeProc, free_port, profile_dir, spawn_node};
 use futures::StreamExt;
 use gantry_api::ArtifactState;
 use gantry_engine_abi::Format;
@@ -741,50 +741,14 @@ async fn s3_sources_select_exactly_and_download_verified_from_a_real_server() {
 
 // ---------------------------------------------------------------- the node downloading
 
-struct NodeProc {
-    child: Child,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
-
 fn start_node(models: Value, hub: &Hub) -> NodeProc {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let cfg = dir.path().join("node.yaml");
     let config = json!({"models": models, "cacheDir": dir.path().join("cache")});
-    std::fs::write(&cfg, serde_yaml::to_string(&config).expect("yaml")).expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
-        .arg(profile_dir().join("engines"))
-        .env("HF_ENDPOINT", &hub.base)
-        .env_remove("HF_TOKEN")
-        .env_remove("GANTRY_CACHE_DIR")
-        .env("GANTRY_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn gantry-node");
-    NodeProc {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    }
+    spawn_node(&config, &profile_dir().join("engines"), dir, |cmd| {
+        cmd.env("HF_ENDPOINT", &hub.base)
+            .env_remove("HF_TOKEN")
+            .env_remove("GANTRY_CACHE_DIR");
+    })
 }
 
 fn http() -> reqwest::Client {
@@ -1015,8 +979,6 @@ async fn the_node_fetches_from_s3_with_aws_env_and_judges_each_model_from_its_me
     .await;
     let hub = Hub::start().await; // unused by these sources; HF_ENDPOINT points somewhere harmless
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let cfg = dir.path().join("node.yaml");
     let config = json!({
         "cacheDir": dir.path().join("cache"),
         "models": [
@@ -1024,29 +986,16 @@ async fn the_node_fetches_from_s3_with_aws_env_and_judges_each_model_from_its_me
             {"id": "st", "source": "s3://models/st", "format": "safetensors"}
         ]
     });
-    std::fs::write(&cfg, serde_yaml::to_string(&config).expect("yaml")).expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
-        .arg(profile_dir().join("engines"))
-        .env("HF_ENDPOINT", &hub.base)
-        .env("AWS_ENDPOINT_URL", &s3.endpoint)
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", S3_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("AWS_ENDPOINT_URL_S3")
-        .env_remove("GANTRY_CACHE_DIR")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn gantry-node");
-    let node = NodeProc {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    };
+    let node = spawn_node(&config, &profile_dir().join("engines"), dir, |cmd| {
+        cmd.env("HF_ENDPOINT", &hub.base)
+            .env("AWS_ENDPOINT_URL", &s3.endpoint)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", S3_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_ENDPOINT_URL_S3")
+            .env_remove("GANTRY_CACHE_DIR");
+    });
     let t0 = Instant::now();
     let s = loop {
         let s = node_status(&node).await;

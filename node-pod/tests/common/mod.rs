@@ -99,3 +99,53 @@ pub fn llama_plugin(max_batch_size: u32, context_length: u32) -> Plugin {
         .cloned()
         .unwrap_or_else(|| panic!("llama_cpp refused: {:?}", rec.summary().reason))
 }
+
+/// A running `gantry-node serve` process; killed on drop.
+pub struct NodeProc {
+    pub child: std::process::Child,
+    pub base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// Start the node binary on a free loopback port with `config` written as YAML into `dir`
+/// (kept alive as long as the process) and plugins from `plugins`; `customize` adds flags and
+/// environment before the spawn.
+pub fn spawn_node(
+    config: &serde_json::Value,
+    plugins: &Path,
+    dir: tempfile::TempDir,
+    customize: impl FnOnce(&mut std::process::Command),
+) -> NodeProc {
+    let port = free_port();
+    let cfg_path = dir.path().join("node.yaml");
+    std::fs::write(&cfg_path, serde_yaml::to_string(config).expect("yaml")).expect("write config");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gantry-node"));
+    cmd.args(["serve", "--config"])
+        .arg(&cfg_path)
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
+        .arg(plugins)
+        .env("GANTRY_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    customize(&mut cmd);
+    let child = cmd.spawn().expect("spawn gantry-node");
+    NodeProc {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    }
+}
