@@ -1,0 +1,106 @@
+"""The cluster's one OpenAI endpoint, checked with the official `openai` client: the same node
+as test_openai.py, reached through `gantry-operator run --components gateway` with static
+discovery (no cluster). Every answer must be the node's own, passed through unchanged."""
+import os
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import TARGET, _free_port
+
+
+@pytest.fixture(scope="session")
+def gateway(node):
+    operator = TARGET / "gantry-operator"
+    if not operator.is_file():
+        pytest.fail(f"{operator} is missing: run `cargo build --release --workspace` (scripts/test.sh does)")
+    work = Path(tempfile.mkdtemp(prefix="gantry-gw-"))
+    endpoints = work / "endpoints.yaml"
+    endpoints.write_text(f"models:\n  tiny: ['{node}']\n  tiny-emb: ['{node}']\n  gemma: ['{node}']\n")
+    port = _free_port()
+    log = open(work / "gateway.log", "w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_GATEWAY_")}
+    env["GANTRY_LOG"] = "info"
+    proc = subprocess.Popen(
+        [operator, "run", "--components", "gateway", "--endpoints-file", endpoints,
+         "--gateway-addr", f"127.0.0.1:{port}", "--probe-interval-ms", "200"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"gateway exited early:\n{(work / 'gateway.log').read_text()}")
+        try:
+            # /v1/models lists a model once a probe found its replica ready.
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=1) as r:
+                if b'"gemma"' in r.read():
+                    break
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"gateway did not route to the node in 30 s:\n{(work / 'gateway.log').read_text()}")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def via_gateway(gateway):
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_through_the_gateway(via_gateway):
+    ids = {m.id for m in via_gateway.models.list().data}
+    assert ids == {"tiny", "tiny-emb", "gemma"}
+
+
+def test_chat_through_the_gateway_equals_the_node(via_gateway, client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
+    through = via_gateway.chat.completions.create(**kw)
+    direct = client.chat.completions.create(**kw)
+    assert through.object == "chat.completion"
+    assert through.choices[0].message.content == direct.choices[0].message.content
+    assert through.usage.completion_tokens == 8
+
+
+def test_streaming_through_the_gateway_keeps_every_event(via_gateway, client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=10, temperature=0,
+              stream=True, stream_options={"include_usage": True})
+    through = list(via_gateway.chat.completions.create(**kw))
+    direct = list(client.chat.completions.create(**kw))
+    assert len(through) == len(direct)
+    text = lambda chunks: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text(through) == text(direct)
+    assert through[-1].choices == [] and through[-1].usage.completion_tokens == 10
+
+
+def test_completions_and_embeddings_through_the_gateway(via_gateway):
+    r = via_gateway.completions.create(
+        model="gemma", prompt="Question: What is the capital of France?\nAnswer:", max_tokens=6, temperature=0
+    )
+    assert r.choices[0].text.startswith(" Paris")
+    e = via_gateway.embeddings.create(model="tiny-emb", input=["a", "b"])
+    assert len(e.data) == 2 and len(e.data[0].embedding) > 0
+
+
+def test_gateway_errors_are_openai_shaped(via_gateway):
+    with pytest.raises(openai.NotFoundError) as nf:
+        via_gateway.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert nf.value.body["code"] == "model_not_found"
+    assert "nope" in nf.value.body["message"]
+    # A node-side validation error passes through unchanged, field and limit named.
+    with pytest.raises(openai.BadRequestError) as bad:
+        via_gateway.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], temperature=3.5
+        )
+    assert bad.value.body["param"] == "temperature"
+    assert "2" in bad.value.body["message"]
