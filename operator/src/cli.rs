@@ -161,7 +161,8 @@ async fn shutdown_signal() {
     }
 }
 
-/// Start the chosen components; return when the first one ends (an error ends the process).
+/// Start the chosen components. An error in any of them ends the process at once; a clean end
+/// (after SIGTERM) waits up to [`COMPONENT_DRAIN`] for the others to finish.
 async fn run_components(args: RunArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let mut tasks = tokio::task::JoinSet::new();
@@ -219,10 +220,35 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
         }));
     }
     match tasks.join_next().await {
-        Some(done) => done.context("component task panicked")?,
+        Some(done) => done.context("component task panicked")??,
         None => anyhow::bail!("--components named nothing to run"),
     }
+    // One component ended cleanly (SIGTERM): give the others their own drain, chiefly the
+    // gateway's in-flight streams when the controller stops first. Bounded, because a follower
+    // still waiting for the Lease never ends by itself.
+    let rest = async {
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %format!("{e:#}"), "component ended with an error")
+                }
+                Err(e) => tracing::error!(error = %e, "component task panicked"),
+            }
+        }
+    };
+    if tokio::time::timeout(COMPONENT_DRAIN, rest).await.is_err() {
+        tracing::warn!(
+            seconds = COMPONENT_DRAIN.as_secs(),
+            "components still running after the drain period; exiting"
+        );
+    }
+    Ok(())
 }
+
+/// How long the remaining components may take to finish after the first one ends; below
+/// Kubernetes' default 30 s termination grace period.
+const COMPONENT_DRAIN: std::time::Duration = std::time::Duration::from_secs(25);
 
 #[cfg(test)]
 mod tests {
