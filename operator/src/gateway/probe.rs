@@ -12,26 +12,38 @@ use gantry_api::{NODE_STATUS_PATH, NodeStatus};
 
 use crate::gateway::routes::{Replica, RouteTable};
 
-async fn probe_one(client: &reqwest::Client, replica: &Replica, timeout: Duration) -> (bool, u64) {
+/// What one status call said.
+enum Probe {
+    /// An answer: ready (and not draining), and the waiting requests of its models.
+    Answer { up: bool, waiting: u64 },
+    /// Nothing listens there: the node is gone.
+    Refused,
+    /// No usable answer in time (timeout, error status, unreadable body).
+    Missed,
+}
+
+async fn probe_one(client: &reqwest::Client, replica: &Replica, timeout: Duration) -> Probe {
     let url = format!("{}{NODE_STATUS_PATH}", replica.url);
-    let answer = async {
-        let resp = client.get(url).timeout(timeout).send().await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        resp.json::<NodeStatus>().await.ok()
+    let resp = match client.get(url).timeout(timeout).send().await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => return Probe::Refused,
+        Err(_) => return Probe::Missed,
+    };
+    if !resp.status().is_success() {
+        return Probe::Missed;
     }
-    .await;
-    match answer {
-        Some(s) => (
-            s.ready && !s.draining,
-            s.models.iter().map(|m| m.queue.waiting).sum(),
-        ),
-        None => (false, 0),
+    match resp.json::<NodeStatus>().await {
+        Ok(s) => Probe::Answer {
+            up: s.ready && !s.draining,
+            waiting: s.models.iter().map(|m| m.queue.waiting).sum(),
+        },
+        Err(_) => Probe::Missed,
     }
 }
 
-/// Probe every replica in the table every `every`, forever. Each probe is bounded by `every`.
+/// Probe every replica in the table every `every`, forever. Each probe is bounded by `every`
+/// (at least 200 ms); a replica leaves the rotation when refused, when it says it is not ready,
+/// or after [`crate::gateway::routes::PROBE_MISSES_DOWN`] unanswered probes in a row.
 pub async fn run(table: Arc<RouteTable>, client: reqwest::Client, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -44,8 +56,12 @@ pub async fn run(table: Arc<RouteTable>, client: reqwest::Client, every: Duratio
                 .map(|r| probe_one(&client, r, every.max(Duration::from_millis(200)))),
         )
         .await;
-        for (r, (up, waiting)) in replicas.iter().zip(results) {
-            table.probed(r, up, waiting);
+        for (r, probe) in replicas.iter().zip(results) {
+            match probe {
+                Probe::Answer { up, waiting } => table.probed(r, up, waiting),
+                Probe::Refused => table.probed(r, false, 0),
+                Probe::Missed => table.probe_missed(r),
+            }
         }
     }
 }

@@ -7,7 +7,7 @@
 //! requests held for a model with no ready replica.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,9 @@ pub struct ModelSpec {
 }
 
 /// One node pod (or node process) serving a model.
+/// Probes in a row without an answer (timeouts) before a replica leaves the rotation.
+pub const PROBE_MISSES_DOWN: u32 = 3;
+
 #[derive(Debug)]
 pub struct Replica {
     /// Base URL without a trailing slash.
@@ -49,6 +52,8 @@ pub struct Replica {
     outstanding: AtomicU64,
     /// Waiting requests the node last reported.
     waiting: AtomicU64,
+    /// Probes in a row that got no answer in time (reset by any answer).
+    probe_misses: AtomicU32,
     /// Skip until then: the node answered 503 with this `Retry-After`, or refused a connection.
     unavailable_until: Mutex<Option<Instant>>,
 }
@@ -61,6 +66,7 @@ impl Replica {
             up: AtomicBool::new(up),
             outstanding: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
+            probe_misses: AtomicU32::new(0),
             unavailable_until: Mutex::new(None),
         }
     }
@@ -217,10 +223,21 @@ impl RouteTable {
 
     /// Record a probe result. Wakes held requests when a replica comes up.
     pub fn probed(&self, replica: &Replica, up: bool, waiting: u64) {
+        replica.probe_misses.store(0, Ordering::Relaxed);
         replica.waiting.store(waiting, Ordering::Relaxed);
         let was = replica.up.swap(up, Ordering::Relaxed);
         if up && !was {
             self.notify();
+        }
+    }
+
+    /// A probe got no answer in time. A node busy generating can be slow to answer one status
+    /// call, so the replica keeps its place until [`PROBE_MISSES_DOWN`] misses in a row; a
+    /// refused connection (here or on the request path) takes it out at once.
+    pub fn probe_missed(&self, replica: &Replica) {
+        let misses = replica.probe_misses.fetch_add(1, Ordering::Relaxed) + 1;
+        if misses >= PROBE_MISSES_DOWN {
+            replica.up.store(false, Ordering::Relaxed);
         }
     }
 
@@ -307,6 +324,30 @@ mod tests {
             assert_eq!(l.replica.url, "http://a");
             std::mem::forget(l);
         }
+    }
+
+    #[test]
+    fn a_replica_leaves_the_rotation_only_after_three_missed_probes_in_a_row() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a"])]);
+        let route = t.get("m").expect("route");
+        let a = &route.replicas[0];
+        t.probed(a, true, 0);
+        t.probe_missed(a);
+        t.probe_missed(a);
+        assert!(a.is_up(), "two slow answers keep a busy node in rotation");
+        t.probed(a, true, 0);
+        t.probe_missed(a);
+        t.probe_missed(a);
+        assert!(a.is_up(), "an answer resets the count");
+        t.probe_missed(a);
+        assert!(!a.is_up(), "the third miss in a row takes it out");
+        assert_eq!(t.pick(&route, &[]).err(), Some(NoReplica::NoneReady));
+        t.probed(a, true, 0);
+        assert!(
+            t.pick(&route, &[]).is_ok(),
+            "the next answer brings it back"
+        );
     }
 
     #[test]
