@@ -408,6 +408,8 @@ async fn scale_from_zero_holds_a_request_until_a_node_started_20_s_later_answers
 
     tokio::time::sleep(Duration::from_secs(20).saturating_sub(t0.elapsed())).await;
     assert!(!held.is_finished(), "still held after 20 s");
+    // Starting a node loads a model: keep that off the cores while another test measures.
+    let _cpu = measuring().await;
     let node = Node::start("cold", port);
     let (s, v) = tokio::time::timeout(Duration::from_secs(30), held)
         .await
@@ -420,6 +422,7 @@ async fn scale_from_zero_holds_a_request_until_a_node_started_20_s_later_answers
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn api_keys_allow_deny_and_restrict_models_without_reaching_a_node() {
+    let _cpu = measuring().await;
     let node = Node::start("alpha", free_port());
     let keys = tempfile::NamedTempFile::new().expect("keys file");
     std::fs::write(

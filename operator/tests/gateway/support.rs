@@ -12,9 +12,10 @@ use gantry_operator::gateway::{Discovery, GatewayConfig, GatewaySettings, auth::
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
-/// Tests that measure (load spread, timing, kills) take this so that they do not share the
-/// machine's few cores with each other: a node starved by another test's generation would
-/// skew what they measure. Tests that mostly wait run beside them.
+/// Every phase that starts nodes or generates takes this, so that tests do not share the
+/// machine's few cores with each other: a node starved by another test's model load or
+/// generation would skew what the measuring tests see (least-loaded routing rightly favours the
+/// faster replica). Only the scale-from-zero test's 20 s wait runs beside the others.
 pub async fn measuring() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
