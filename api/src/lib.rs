@@ -2,7 +2,8 @@
 //!
 //! The node's engine registry produces [`EngineVerdict`]s and the operator
 //! folds them into `Model` status; both sides use these exact types so the
-//! document cannot drift between them.
+//! document cannot drift between them. The OpenAI error body ([`openai_error_json`]) lives here
+//! too, so the node and the gateway refuse calls in one shape.
 #![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
@@ -196,6 +197,37 @@ pub struct ModelConfig {
     /// `eager` (default) or `lazy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<String>,
+}
+
+/// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`. The node's
+/// `ApiError` and the gateway's `GatewayError` both answer with it.
+pub fn openai_error_json(
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> String {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        error: Inner<'a>,
+    }
+    #[derive(Serialize)]
+    struct Inner<'a> {
+        message: &'a str,
+        #[serde(rename = "type")]
+        kind: &'a str,
+        param: Option<&'a str>,
+        code: Option<&'a str>,
+    }
+    serde_json::to_string(&Body {
+        error: Inner {
+            message,
+            kind,
+            param,
+            code,
+        },
+    })
+    .unwrap_or_else(|_| "{\"error\":{\"message\":\"unserializable error\"}}".into())
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use gantry_engine_abi::{EngineError, Status};
-use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
@@ -20,20 +19,6 @@ pub struct ApiError {
     pub code: Option<String>,
     /// Seconds for a `Retry-After` header (503s).
     pub retry_after: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
-}
-
-#[derive(Serialize)]
-struct Inner<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: Option<&'a str>,
 }
 
 impl ApiError {
@@ -122,15 +107,12 @@ impl std::fmt::Display for ApiError {
 impl ApiError {
     /// The JSON body, also used inside an SSE stream when a stream fails midway.
     pub fn body_json(&self) -> String {
-        serde_json::to_string(&Body {
-            error: Inner {
-                message: &self.message,
-                kind: self.kind,
-                param: self.param.as_deref(),
-                code: self.code.as_deref(),
-            },
-        })
-        .unwrap_or_else(|_| "{\"error\":{\"message\":\"unserializable error\"}}".into())
+        gantry_api::openai_error_json(
+            &self.message,
+            self.kind,
+            self.param.as_deref(),
+            self.code.as_deref(),
+        )
     }
 }
 

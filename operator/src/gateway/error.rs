@@ -2,12 +2,12 @@
 //! error shape.
 //!
 //! The body is `{"error": {"message", "type", "param", "code"}}`, the same shape the node's
-//! `ApiError` (node-pod/src/error.rs) answers with, so a client sees one shape whether the gateway
+//! `ApiError` (node-pod/src/error.rs) answers with (both render it through
+//! `gantry_api::openai_error_json`), so a client sees one shape whether the gateway
 //! or a node refused the call.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 /// A refusal or failure the gateway answers itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,20 +19,6 @@ pub struct GatewayError {
     pub code: &'static str,
     /// Seconds for a `Retry-After` header.
     pub retry_after: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
-}
-
-#[derive(Serialize)]
-struct Inner<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: &'a str,
 }
 
 impl GatewayError {
@@ -136,15 +122,7 @@ impl GatewayError {
 
     /// The JSON body.
     pub fn body_json(&self) -> String {
-        serde_json::to_string(&Body {
-            error: Inner {
-                message: &self.message,
-                kind: self.kind,
-                param: self.param,
-                code: self.code,
-            },
-        })
-        .unwrap_or_else(|_| "{\"error\":{\"message\":\"unserializable error\"}}".into())
+        gantry_api::openai_error_json(&self.message, self.kind, self.param, Some(self.code))
     }
 }
 
