@@ -12,7 +12,7 @@
 
 pub mod cache;
 pub mod cli;
-pub mod config;
+pub use gantry_api::config;
 pub mod engine_host;
 pub mod error;
 pub mod gguf;

@@ -9,6 +9,7 @@
 //! these files.
 #![forbid(unsafe_code)]
 
+pub mod acceptance;
 pub mod autoscale;
 pub mod cli;
 pub mod conditions;

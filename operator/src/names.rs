@@ -47,7 +47,7 @@ pub const NODE_CONFIG_DIR: &str = "/etc/gantry";
 pub const NODE_CONFIG_FILE: &str = "models.yaml";
 pub const NODE_PLUGINS_DIR: &str = "/opt/gantry/engines";
 pub const NODE_CACHE_DIR: &str = "/var/cache/gantry";
-pub const NODE_MODELS_DIR: &str = "/models";
+pub const NODE_MODELS_DIR: &str = gantry_api::source::PVC_MOUNT_DIR;
 /// Static copier shipped in every plugin image (InitContainer mount strategy).
 pub const PLUGIN_COPIER: &str = "/copy";
 

@@ -18,6 +18,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use crate::metrics::Metrics;
 use crate::names::{AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER};
 
+/// After the apiserver refused a write, or a spec was refused, try again this late (someone
+/// may fix RBAC, quota or the spec).
+pub const RETRY_REFUSED: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// How a failed API call should be retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Retry {

@@ -2,8 +2,10 @@
 //! run the controllers in-process, apply the docs examples, wait for the Deployment and the
 //! Model status, then delete the Model and check that everything it owned is gone.
 //!
-//! Opt-in: runs only when `GANTRY_E2E_KUBECONFIG` names the kubeconfig of a disposable cluster
-//! (kind, k3d, minikube). Without it the test prints a SKIPPED line and checks nothing.
+//! Opt-in: the test is `#[ignore]`d, so a plain `cargo test` lists it as ignored, never as
+//! passed. `scripts/test.sh` runs it with `--ignored` when `GANTRY_E2E_KUBECONFIG` names the
+//! kubeconfig of a disposable cluster (kind, k3d, minikube); run that way without the variable,
+//! it fails.
 //! Optional: `GANTRY_E2E_EXTERNAL_OPERATOR=1` when the cluster already runs the operator (the
 //! test then does not start one), `GANTRY_E2E_WAIT_READY=1` to also wait for `Ready=True`
 //! (needs the node and plugin images pullable by the cluster).
@@ -62,12 +64,12 @@ fn condition_is(model: &Model, type_: &str, status: &str) -> bool {
 }
 
 #[tokio::test]
+#[ignore = "needs a real cluster: set GANTRY_E2E_KUBECONFIG and run with --ignored (scripts/test.sh does)"]
 async fn operator_end_to_end_on_a_real_cluster() {
     let Some(kubeconfig) = std::env::var_os("GANTRY_E2E_KUBECONFIG") else {
-        eprintln!(
-            "SKIPPED operator_e2e: set GANTRY_E2E_KUBECONFIG to the kubeconfig of a disposable cluster to run it"
+        panic!(
+            "operator_e2e needs GANTRY_E2E_KUBECONFIG: the kubeconfig of a disposable cluster (kind, k3d, minikube)"
         );
-        return;
     };
     if let Err(e) = end_to_end(PathBuf::from(kubeconfig)).await {
         panic!("operator end-to-end failed: {e:#}");

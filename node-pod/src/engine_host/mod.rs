@@ -3,21 +3,21 @@
 //!
 //! Discovery scans `<plugins>/{engine_id}/{gpu_backend}/manifest.json` in
 //! directory order (sorted, so it is the same on every node). Each manifest
-//! passes the specification's validation table ([`manifest`]), then the
+//! passes the specification's validation table (`gantry_formats::manifest`), then the
 //! library is opened and its ABI checked ([`plugin`]). A refused plugin is
 //! recorded with its reason and logged as an alert; the node keeps going.
 #![allow(unsafe_code)] // The engine host is one of the three places allowed to call plugin code.
 
-pub mod manifest;
 pub mod plugin;
 
 use std::path::{Path, PathBuf};
 
-use gantry_api::{EngineVerdict, Rejection, RejectionKind};
+use gantry_api::selection::{Candidate, Selection, Wanted, select};
+use gantry_api::{EngineVerdict, RejectionKind};
 use gantry_engine_abi::{Backend, EngineConfig, Format};
 use serde::Serialize;
 
-pub use manifest::{ManifestError, PluginManifest};
+pub use gantry_formats::manifest::{ManifestError, PluginManifest};
 pub use plugin::{ModelExec, ModelShared, OpenError, Plugin};
 
 /// One discovered plugin directory and what became of it.
@@ -235,76 +235,56 @@ impl EngineRegistry {
             .or_else(|| self.records.iter().find(|r| r.id() == id))
     }
 
-    /// Which plugin serves a model of `format` and `architecture`, honouring
-    /// an engine pin. Candidates are tried in id order (no benchmark scores
-    /// yet, so the name breaks ties); the first that passes every rule wins.
-    /// Otherwise every candidate is listed with its reason. Never falls back
-    /// to another format, and a pin is never overridden.
+    /// Which plugin serves a model of `format` and `architecture`, honouring an engine pin, by
+    /// the rules the operator applies too ([`gantry_api::selection`]): a plugin this node
+    /// refused is a candidate with its refusal, so the verdict lists it with the reason.
     pub fn resolve(&self, format: Format, architecture: &str, pin: Option<&str>) -> EngineVerdict {
-        let mut candidates: Vec<&PluginRecord> = self.records.iter().collect();
-        candidates.sort_by_key(|r| r.id());
-        let mut rejections = Vec::new();
-        for r in candidates {
-            let id = r.id();
-            let reject = |kind, reason: String| Rejection {
-                plugin: id.clone(),
-                kind,
-                reason,
-            };
-            if let Some(pin) = pin
-                && pin != id
-            {
-                rejections.push(reject(
-                    RejectionKind::Pin,
-                    format!("model is pinned to engine {pin}"),
-                ));
-                continue;
-            }
-            let (m, plugin) = match (&r.manifest, &r.state) {
-                (Some(m), PluginState::Loaded(p)) => (m, p),
-                (_, PluginState::Refused { label, reason }) => {
-                    let kind = match *label {
-                        "abi_mismatch" => RejectionKind::Abi,
-                        "gpu_backend_mismatch" => RejectionKind::Backend,
-                        _ => RejectionKind::LoadError,
-                    };
-                    rejections.push(reject(kind, format!("plugin not loaded: {reason}")));
-                    continue;
+        let ids: Vec<String> = self.records.iter().map(PluginRecord::id).collect();
+        let none: Vec<String> = Vec::new();
+        let candidates: Vec<Candidate<'_>> = self
+            .records
+            .iter()
+            .zip(&ids)
+            .map(|(r, id)| {
+                let refused = match &r.state {
+                    PluginState::Refused { label, reason } => {
+                        Some((refusal_kind(label), format!("plugin not loaded: {reason}")))
+                    }
+                    PluginState::Loaded(_) => None,
+                };
+                let m = r.manifest.as_ref();
+                Candidate {
+                    name: id,
+                    engine_id: id,
+                    refused,
+                    gpu_backend: m.map_or(self.backend.as_str(), |m| m.gpu_backend.as_str()),
+                    formats: m.map_or(&none, |m| &m.formats),
+                    architectures: m.map_or(&none, |m| &m.architectures),
                 }
-                (None, PluginState::Loaded(_)) => continue, // unreachable by construction
-            };
-            if !m.supports_format(format) {
-                rejections.push(reject(
-                    RejectionKind::Format,
-                    format!(
-                        "format {format} not supported (plugin formats: {})",
-                        m.formats.join(", ")
-                    ),
-                ));
-                continue;
-            }
-            if !m.supports_architecture(architecture) {
-                rejections.push(reject(
-                    RejectionKind::Architecture,
-                    format!("architecture {architecture} is not in the plugin's list"),
-                ));
-                continue;
-            }
-            return EngineVerdict::Supported {
-                plugin: id,
-                version: plugin.info().engine_version.clone(),
-            };
+            })
+            .collect();
+        let want = Wanted {
+            format: format.as_str(),
+            architecture: Some(architecture),
+            pin,
+            backend: self.backend.as_str(),
+            backend_note: "",
+            pin_scope: "installed on this node",
+        };
+        match select(&candidates, &want) {
+            Selection::Chosen(i) => EngineVerdict::Supported {
+                plugin: ids[i].clone(),
+                version: self.records[i]
+                    .plugin()
+                    .map(|p| p.info().engine_version.clone())
+                    .unwrap_or_default(),
+            },
+            Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
+            // Unreachable with a known architecture; treated as "nothing chosen".
+            Selection::Pending(_) => EngineVerdict::Unsupported {
+                rejections: Vec::new(),
+            },
         }
-        if let Some(pin) = pin
-            && !self.records.iter().any(|r| r.id() == pin)
-        {
-            rejections.push(Rejection {
-                plugin: pin.to_string(),
-                kind: RejectionKind::Pin,
-                reason: format!("pinned engine {pin} is not installed on this node"),
-            });
-        }
-        EngineVerdict::Unsupported { rejections }
     }
 
     /// The loaded plugin behind a `Supported` verdict.
@@ -313,6 +293,15 @@ impl EngineRegistry {
             .iter()
             .filter(|r| r.id() == id)
             .find_map(PluginRecord::plugin)
+    }
+}
+
+/// The rejection kind of a plugin the node refused, by its refusal label.
+fn refusal_kind(label: &str) -> RejectionKind {
+    match label {
+        "abi_mismatch" => RejectionKind::Abi,
+        "gpu_backend_mismatch" => RejectionKind::Backend,
+        _ => RejectionKind::LoadError,
     }
 }
 

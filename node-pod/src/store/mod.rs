@@ -314,7 +314,7 @@ impl ModelStore {
         req: &FetchRequest<'_>,
         progress: &Arc<Progress>,
     ) -> Result<Fetched, StoreError> {
-        let source = Source::parse(req.source)?;
+        let source = source::parse(req.source)?;
         let quantization = Self::quantization(req, &source)?;
         if let Source::File { path } = &source {
             return resolve_local(path, req.format, quantization.as_deref(), req.files);
@@ -329,7 +329,7 @@ impl ModelStore {
             .when(StoreError::is_transient)
             .await?;
         let selection = select(&listing, req.format, quantization.as_deref(), req.files)?;
-        let dir = self.cache_dir.join(source.cache_subdir());
+        let dir = self.cache_dir.join(source::cache_subdir(&source));
         std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
             path: dir.clone(),
             source,

@@ -203,7 +203,7 @@ impl Remote {
                 size: 0,
                 sha256: None,
             }]),
-            Source::File { .. } => Err(StoreError::Listing(
+            Source::File { .. } | Source::Pvc { .. } => Err(StoreError::Listing(
                 "a local source is listed from disk, not over the network".into(),
             )),
         }
@@ -375,7 +375,7 @@ impl Remote {
                     .sign(Duration::from_secs(PRESIGN_SECONDS))
                     .to_string()
             }
-            Source::File { .. } => {
+            Source::File { .. } | Source::Pvc { .. } => {
                 return Err(StoreError::Listing(
                     "a local source is not downloaded".into(),
                 ));

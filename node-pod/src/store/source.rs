@@ -1,165 +1,85 @@
 //! Model store, step 1 (before any request, at node start): where a model's artifacts live.
 //!
-//! Parses the source URI the operator renders (`hf://org/repo[@revision][:QUANT]`,
-//! `https://…`, `file:///…`, `s3://bucket/prefix`) and carries the
+//! The URI grammar itself is shared with the operator (`gantry_api::source`); this module adds
+//! what only the node does with a source: where its files go in the cache, and the
 //! endpoints and credentials each kind needs, read from the standard
 //! environment variables (`HF_ENDPOINT`, `HF_TOKEN`, `HF_TOKEN_PATH`,
 //! `GANTRY_SOURCE_TOKEN`, `AWS_*`) or set explicitly.
 
 use std::path::PathBuf;
 
-use url::Url;
+pub use gantry_api::source::Source;
+use gantry_api::source::SourceError;
 
 use super::StoreError;
 
-/// Where a model's files are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// A Hugging Face repository at a revision (branch, tag or commit).
-    Hf {
-        repo: String,
-        revision: String,
-        /// The `:QUANT` suffix of `hf://org/repo:Q4_K_M`.
-        quantization: Option<String>,
-    },
-    /// A direct URL: one file, or the base the model's `files` are relative to.
-    Https { url: Url },
-    /// A local file or directory (a mounted volume).
-    File { path: PathBuf },
-    /// Objects under a prefix of an S3-compatible bucket.
-    S3 { bucket: String, prefix: String },
-}
-
-fn invalid(uri: &str, reason: impl Into<String>) -> StoreError {
-    StoreError::Source {
-        uri: uri.to_string(),
-        reason: reason.into(),
+impl From<SourceError> for StoreError {
+    fn from(e: SourceError) -> Self {
+        StoreError::Source {
+            uri: e.uri,
+            reason: e.reason,
+        }
     }
 }
 
-/// One path segment of a repo id: what the Hub accepts (letters, digits, `-`, `_`, `.`).
-fn repo_segment_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s != "."
-        && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+/// Parse a source by the shared grammar ([`gantry_api::source`]) and refuse what only the
+/// operator can resolve: a `pvc://` claim reaches a node already mounted, as `file:///models/...`.
+pub fn parse(uri: &str) -> Result<Source, StoreError> {
+    match Source::parse(uri)? {
+        Source::Pvc { .. } => Err(StoreError::Source {
+            uri: uri.to_string(),
+            reason: "the scheme must be hf://, https://, file:// or s3:// \
+                     (a pvc:// claim reaches the node mounted, as file:///models/claim/path)"
+                .to_string(),
+        }),
+        s => Ok(s),
+    }
 }
 
-impl Source {
-    pub fn parse(uri: &str) -> Result<Self, StoreError> {
-        if let Some(rest) = uri.strip_prefix("hf://") {
-            // `org/repo[@revision][:QUANT]`; a repo id never holds `@` or `:`.
-            let (rest, quantization) = match rest.rsplit_once(':') {
-                Some((r, q)) if !q.is_empty() && !q.contains('/') => (r, Some(q.to_string())),
-                Some(_) => return Err(invalid(uri, "an empty quantization after `:`")),
-                None => (rest, None),
-            };
-            let (repo, revision) = match rest.split_once('@') {
-                Some((r, rev)) if !rev.is_empty() => (r, rev.to_string()),
-                Some(_) => return Err(invalid(uri, "an empty revision after `@`")),
-                None => (rest, "main".to_string()),
-            };
-            let parts: Vec<&str> = repo.split('/').collect();
-            if parts.len() != 2 || !parts.iter().all(|p| repo_segment_ok(p)) {
-                return Err(invalid(
-                    uri,
-                    "expected hf://org/repo[@revision][:QUANT] with letters, digits, `-`, `_`, `.`",
+/// The cache directory for a source, relative to the cache root. Each part is sanitized so
+/// that no source can name a path outside it.
+pub fn cache_subdir(source: &Source) -> PathBuf {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect::<String>()
+            .trim_start_matches('.')
+            .to_string()
+    };
+    match source {
+        Source::Hf { repo, revision, .. } => PathBuf::from("hf")
+            .join(clean(&repo.replace('/', "--")))
+            .join(clean(&revision.replace('/', "--"))),
+        Source::S3 { bucket, prefix } => {
+            let mut p = PathBuf::from("s3").join(clean(bucket));
+            for seg in prefix.split('/').filter(|s| !s.is_empty()) {
+                p.push(clean(seg));
+            }
+            p
+        }
+        Source::Https { url } => {
+            let mut p = PathBuf::from("https").join(clean(url.host_str().unwrap_or("host")));
+            if let Some(port) = url.port() {
+                p = p.with_file_name(format!(
+                    "{}-{port}",
+                    clean(url.host_str().unwrap_or("host"))
                 ));
             }
-            if revision
-                .split('/')
-                .any(|s| s.is_empty() || s == "." || s == "..")
-            {
-                return Err(invalid(uri, format!("bad revision {revision:?}")));
+            for seg in url.path().split('/').filter(|s| !s.is_empty()) {
+                p.push(clean(seg));
             }
-            return Ok(Source::Hf {
-                repo: repo.to_string(),
-                revision,
-                quantization,
-            });
+            p
         }
-        if let Some(rest) = uri.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(invalid(uri, "expected s3://bucket/prefix"));
-            }
-            if prefix.split('/').any(|s| s == "..") {
-                return Err(invalid(uri, "the prefix must not contain `..`"));
-            }
-            return Ok(Source::S3 {
-                bucket: bucket.to_string(),
-                prefix: prefix.trim_matches('/').to_string(),
-            });
-        }
-        if let Some(p) = uri.strip_prefix("file://") {
-            if !p.starts_with('/') {
-                return Err(invalid(
-                    uri,
-                    "a file:// source must be absolute (file:///path)",
-                ));
-            }
-            return Ok(Source::File {
-                path: PathBuf::from(p),
-            });
-        }
-        if uri.starts_with("https://") || uri.starts_with("http://") {
-            let url = Url::parse(uri).map_err(|e| invalid(uri, e.to_string()))?;
-            return Ok(Source::Https { url });
-        }
-        Err(invalid(
-            uri,
-            "the scheme must be hf://, https://, file:// or s3://",
-        ))
-    }
-
-    /// Whether the files must be fetched into the cache first.
-    pub fn is_remote(&self) -> bool {
-        !matches!(self, Source::File { .. })
-    }
-
-    /// The cache directory for this source, relative to the cache root.
-    /// Each part is sanitized so that no source can name a path outside it.
-    pub fn cache_subdir(&self) -> PathBuf {
-        let clean = |s: &str| -> String {
-            s.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                        c
-                    } else {
-                        '-'
-                    }
-                })
-                .collect::<String>()
-                .trim_start_matches('.')
-                .to_string()
-        };
-        match self {
-            Source::Hf { repo, revision, .. } => PathBuf::from("hf")
-                .join(clean(&repo.replace('/', "--")))
-                .join(clean(&revision.replace('/', "--"))),
-            Source::S3 { bucket, prefix } => {
-                let mut p = PathBuf::from("s3").join(clean(bucket));
-                for seg in prefix.split('/').filter(|s| !s.is_empty()) {
-                    p.push(clean(seg));
-                }
-                p
-            }
-            Source::Https { url } => {
-                let mut p = PathBuf::from("https").join(clean(url.host_str().unwrap_or("host")));
-                if let Some(port) = url.port() {
-                    p = p.with_file_name(format!(
-                        "{}-{port}",
-                        clean(url.host_str().unwrap_or("host"))
-                    ));
-                }
-                for seg in url.path().split('/').filter(|s| !s.is_empty()) {
-                    p.push(clean(seg));
-                }
-                p
-            }
-            Source::File { path } => path.clone(),
-        }
+        Source::File { path } => path.clone(),
+        Source::Pvc { claim, path } => PathBuf::from(gantry_api::source::PVC_MOUNT_DIR)
+            .join(clean(claim))
+            .join(path),
     }
 }
 
@@ -246,7 +166,7 @@ mod tests {
     #[test]
     fn hf_uris_parse_with_revision_and_quantization() {
         assert_eq!(
-            Source::parse("hf://google/gemma-3-270m").expect("plain"),
+            parse("hf://google/gemma-3-270m").expect("plain"),
             Source::Hf {
                 repo: "google/gemma-3-270m".into(),
                 revision: "main".into(),
@@ -254,7 +174,7 @@ mod tests {
             }
         );
         assert_eq!(
-            Source::parse("hf://org/repo@v1.0:Q4_K_M").expect("full"),
+            parse("hf://org/repo@v1.0:Q4_K_M").expect("full"),
             Source::Hf {
                 repo: "org/repo".into(),
                 revision: "v1.0".into(),
@@ -272,29 +192,29 @@ mod tests {
             "file://rel",
             "s3:///x",
         ] {
-            assert!(Source::parse(bad).is_err(), "{bad} should be refused");
+            assert!(parse(bad).is_err(), "{bad} should be refused");
         }
     }
 
     #[test]
     fn cache_dirs_stay_inside_the_cache() {
-        let s = Source::parse("s3://bucket/a/../b").expect_err("dotdot");
+        let s = parse("s3://bucket/a/../b").expect_err("dotdot");
         assert!(s.to_string().contains(".."), "{s}");
-        let s = Source::parse("hf://org/repo@refs/pr/1").expect("pr ref");
-        assert_eq!(s.cache_subdir(), PathBuf::from("hf/org--repo/refs--pr--1"));
-        let s = Source::parse("https://h.example:8443/m/x.gguf").expect("url");
+        let s = parse("hf://org/repo@refs/pr/1").expect("pr ref");
+        assert_eq!(cache_subdir(&s), PathBuf::from("hf/org--repo/refs--pr--1"));
+        let s = parse("https://h.example:8443/m/x.gguf").expect("url");
         assert_eq!(
-            s.cache_subdir(),
+            cache_subdir(&s),
             PathBuf::from("https/h.example-8443/m/x.gguf")
         );
-        let s = Source::parse("s3://b/models/gemma/").expect("s3");
+        let s = parse("s3://bkt/models/gemma/").expect("s3");
         assert_eq!(
             s,
             Source::S3 {
-                bucket: "b".into(),
+                bucket: "bkt".into(),
                 prefix: "models/gemma".into()
             }
         );
-        assert_eq!(s.cache_subdir(), PathBuf::from("s3/b/models/gemma"));
+        assert_eq!(cache_subdir(&s), PathBuf::from("s3/bkt/models/gemma"));
     }
 }

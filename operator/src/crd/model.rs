@@ -480,48 +480,16 @@ pub struct CandidateRejection {
     /// EnginePlugin name (or engine id, when the rejection comes from a node pod).
     pub plugin: String,
     /// Stable category: `format`, `architecture`, `backend`, `abi`, `pin` or `load_error`.
-    pub kind: RejectionCategory,
+    pub kind: gantry_api::RejectionKind,
     /// Human-readable reason.
     pub reason: String,
-}
-
-/// Rejection categories, the same as the node's (`gantry_api::RejectionKind`).
-#[derive(JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RejectionCategory {
-    /// The plugin does not read the model's format.
-    Format,
-    /// The plugin does not list the model's architecture.
-    Architecture,
-    /// The plugin is built for another GPU backend.
-    Backend,
-    /// The plugin's ABI is not the node's.
-    Abi,
-    /// The model is pinned to another engine.
-    Pin,
-    /// The plugin is not usable (invalid, shadowed or failed to load).
-    LoadError,
-}
-
-impl From<gantry_api::RejectionKind> for RejectionCategory {
-    fn from(k: gantry_api::RejectionKind) -> Self {
-        use gantry_api::RejectionKind as K;
-        match k {
-            K::Format => RejectionCategory::Format,
-            K::Architecture => RejectionCategory::Architecture,
-            K::Backend => RejectionCategory::Backend,
-            K::Abi => RejectionCategory::Abi,
-            K::Pin => RejectionCategory::Pin,
-            K::LoadError => RejectionCategory::LoadError,
-        }
-    }
 }
 
 impl From<&gantry_api::Rejection> for CandidateRejection {
     fn from(r: &gantry_api::Rejection) -> Self {
         CandidateRejection {
             plugin: r.plugin.clone(),
-            kind: r.kind.into(),
+            kind: r.kind,
             reason: r.reason.clone(),
         }
     }

@@ -205,13 +205,14 @@ pub fn endpoint(model: &ValidModel) -> String {
     )
 }
 
-/// The node's model config (YAML) for one Model.
+/// The node's model config (YAML) for one Model: the node's own type, so the node reads
+/// exactly what is rendered here.
 pub fn node_config(model: &ValidModel) -> NodeConfig {
     let positive = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
     NodeConfig {
         models: vec![ModelConfig {
             id: model.served_name.clone(),
-            source: model.source.node_uri.clone(),
+            source: Some(model.source.node_uri.clone()),
             format: model.format.as_str().to_string(),
             quantization: model.source.quantization.clone(),
             files: model.source.files.clone(),
@@ -219,9 +220,14 @@ pub fn node_config(model: &ValidModel) -> NodeConfig {
             context_length: positive(model.engine_config.context_length),
             max_batch_size: positive(model.engine_config.max_batch_size),
             threads: positive(model.engine_config.threads),
-            load: Some(model.load.as_str().to_string()),
+            load: match model.load {
+                crate::crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
+                crate::crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
+            },
+            ..ModelConfig::default()
         }],
-        cache_dir: Some(NODE_CACHE_DIR.to_string()),
+        cache_dir: Some(NODE_CACHE_DIR.into()),
+        ..NodeConfig::default()
     }
 }
 

@@ -25,7 +25,7 @@ use kube::runtime::controller::Action;
 use crate::conditions::{FALSE, TRUE, find, model as cond};
 use crate::context::Context;
 use crate::crd::Model;
-use crate::write::Retry;
+use crate::write::{RETRY_REFUSED, Retry};
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "model";
@@ -34,8 +34,6 @@ pub const CONTROLLER: &str = "model";
 pub const RESYNC_SETTLED: Duration = Duration::from_secs(300);
 /// Re-check a Model that is still converging this often.
 pub const RESYNC_CONVERGING: Duration = Duration::from_secs(15);
-/// After the apiserver refused a write, try again this late (someone may fix RBAC or quota).
-pub const RETRY_REFUSED: Duration = Duration::from_secs(300);
 
 /// A failed Model reconcile, by pipeline step.
 #[derive(Debug, thiserror::Error)]

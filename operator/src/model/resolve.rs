@@ -1,22 +1,22 @@
-//! Model reconcile, engine selection (pure, between validate and build): which EnginePlugins a
-//! Model's node pods mount, by the node registry's own rules.
+//! Model reconcile, resolve step (pure, between validate and build): which EnginePlugins a
+//! Model's node pods mount.
 //!
-//! Mirrors `EngineRegistry::resolve` in node-pod/src/engine_host/mod.rs:
-//! candidates in engine-id order (then EnginePlugin name), each checked in the
-//! order pin → accepted (ABI, spec, id conflict) → backend → format →
-//! architecture; the first that passes wins; a pin is never overridden and
-//! there is no fallback to another format. When nothing passes, every
-//! candidate is listed with its reason.
+//! The rules are the node's own, by construction: both sides call
+//! `gantry_api::selection::select` (candidates in engine-id order, then EnginePlugin name; pin →
+//! accepted → backend → format → architecture; the first that passes wins; no fallback). This
+//! step only describes each EnginePlugin as a candidate, with its acceptance
+//! (`crate::acceptance`) as the refusal.
 //!
 //! The one difference: the operator may not know the architecture yet (see
 //! docs/operator.md, "Engine selection"). Then every candidate that passes the
 //! other rules is mounted, and the first node report decides.
 
+use gantry_api::selection::{Candidate, Selection, Wanted, select};
 use kube::ResourceExt;
 
-use crate::crd::{CandidateRejection, EnginePlugin, RejectionCategory};
+use crate::acceptance::accept;
+use crate::crd::{CandidateRejection, EnginePlugin};
 use crate::model::validate::ValidModel;
-use crate::plugin::validate::accept;
 
 /// The outcome of engine selection.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,82 +47,47 @@ pub fn resolve(
     plugins: &[EnginePlugin],
     abi_major: u32,
 ) -> Resolution {
-    let mut candidates: Vec<&EnginePlugin> = plugins.iter().collect();
-    candidates.sort_by(|a, b| {
-        (a.spec.engine_id.as_str(), a.name_any()).cmp(&(b.spec.engine_id.as_str(), b.name_any()))
-    });
-    let mut rejections = Vec::new();
-    let mut passing = Vec::new();
-    for plugin in candidates {
-        let reject = |kind, reason: String| CandidateRejection {
-            plugin: plugin.name_any(),
-            kind,
-            reason,
-        };
-        let spec = &plugin.spec;
-        if let Some(pin) = &model.pin
-            && pin != &spec.engine_id
-        {
-            rejections.push(reject(
-                RejectionCategory::Pin,
-                format!("model is pinned to engine {pin}"),
-            ));
-            continue;
+    let names: Vec<String> = plugins.iter().map(|p| p.name_any()).collect();
+    let formats: Vec<Vec<String>> = plugins
+        .iter()
+        .map(|p| {
+            p.spec
+                .formats
+                .iter()
+                .map(|f| f.as_str().to_string())
+                .collect()
+        })
+        .collect();
+    let candidates: Vec<Candidate<'_>> = plugins
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Candidate {
+            name: &names[i],
+            engine_id: &p.spec.engine_id,
+            refused: accept(p, plugins, abi_major)
+                .err()
+                .map(|r| (r.rejection(), format!("plugin not accepted: {r}"))),
+            gpu_backend: p.spec.gpu_backend.as_str(),
+            formats: &formats[i],
+            architectures: &p.spec.architectures,
+        })
+        .collect();
+    let note = format!(" (resources.gpus = {})", model.gpus);
+    let want = Wanted {
+        format: model.format.as_str(),
+        architecture,
+        pin: model.pin.as_deref(),
+        backend: model.backend.as_str(),
+        backend_note: &note,
+        pin_scope: "provided by any EnginePlugin",
+    };
+    match select(&candidates, &want) {
+        Selection::Chosen(i) => Resolution::Resolved(Box::new(plugins[i].clone())),
+        Selection::Pending(ids) => {
+            Resolution::Pending(ids.into_iter().map(|i| plugins[i].clone()).collect())
         }
-        if let Err(refusal) = accept(plugin, plugins, abi_major) {
-            rejections.push(reject(
-                refusal.rejection(),
-                format!("plugin not accepted: {refusal}"),
-            ));
-            continue;
-        }
-        if spec.gpu_backend != model.backend {
-            rejections.push(reject(
-                RejectionCategory::Backend,
-                format!(
-                    "plugin is built for {}, the model runs on {} (resources.gpus = {})",
-                    spec.gpu_backend.as_str(),
-                    model.backend.as_str(),
-                    model.gpus
-                ),
-            ));
-            continue;
-        }
-        if !spec.formats.contains(&model.format) {
-            let formats: Vec<&str> = spec.formats.iter().map(|f| f.as_str()).collect();
-            rejections.push(reject(
-                RejectionCategory::Format,
-                format!(
-                    "format {} not supported (plugin formats: {})",
-                    model.format.as_str(),
-                    formats.join(", ")
-                ),
-            ));
-            continue;
-        }
-        match architecture {
-            Some(arch) if !spec.architectures.iter().any(|a| a == arch) => {
-                rejections.push(reject(
-                    RejectionCategory::Architecture,
-                    format!("architecture {arch} is not in the plugin's list"),
-                ));
-            }
-            // Known and supported: the first such candidate wins, as on the node.
-            Some(_) => return Resolution::Resolved(Box::new(plugin.clone())),
-            None => passing.push(plugin.clone()),
+        Selection::Rejected(rejections) => {
+            Resolution::Unresolved(rejections.iter().map(CandidateRejection::from).collect())
         }
     }
-    if !passing.is_empty() {
-        return Resolution::Pending(passing);
-    }
-    if let Some(pin) = &model.pin
-        && !plugins.iter().any(|p| &p.spec.engine_id == pin)
-    {
-        rejections.push(CandidateRejection {
-            plugin: pin.clone(),
-            kind: RejectionCategory::Pin,
-            reason: format!("pinned engine {pin} is not provided by any EnginePlugin"),
-        });
-    }
-    Resolution::Unresolved(rejections)
 }

@@ -8,6 +8,8 @@
 //! non-GGUF format. Each failure quotes the field, becomes part of the
 //! `InvalidSpec` condition message, and the reconcile waits for a change.
 
+pub use gantry_api::source::is_dns1123_subdomain;
+use gantry_api::source::{Source, check_relative_file};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
@@ -320,7 +322,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
     check_quantity(&mut problems, "spec.cache.size", cache.size.as_ref(), true);
 
     if let Some(pin) = &spec.engine
-        && !crate::plugin::validate::is_engine_id(pin)
+        && !crate::acceptance::is_engine_id(pin)
     {
         problems.push(Invalid::new(
             "spec.engine",
@@ -374,73 +376,27 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
     }
 }
 
-/// Per scheme: the admission pattern already guarantees the shape, this re-checks it and
-/// refuses `..` segments, which a pattern cannot express readably. `pvc://` sources are
-/// rewritten to a read-only mount of the claim, so the node only ever sees `file://`.
+/// The URI by the grammar the node applies too (`gantry_api::source`), plus the one cluster
+/// policy (no plain `http://`). `pvc://` sources are rewritten to a read-only mount of the
+/// claim, so the node only ever sees `file://`.
 fn validate_source(model: &Model) -> Result<ValidSource, Vec<Invalid>> {
     let src = &model.spec.source;
     let uri = src.uri.trim();
     let mut problems = Vec::new();
-    let bad = |m: String| Invalid::new("spec.source.uri", m);
     let mut claim = None;
     let mut node_uri = uri.to_string();
-    if let Some(rest) = uri.strip_prefix("hf://") {
-        let (repo, rev) = match rest.split_once('@') {
-            Some((r, v)) => (r, Some(v)),
-            None => (rest, None),
-        };
-        let parts: Vec<&str> = repo.split('/').collect();
-        if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-            problems.push(bad(format!(
-                "hf:// sources are hf://org/repo[@revision], got {uri:?}"
-            )));
-        }
-        if rev.is_some_and(str::is_empty) {
-            problems.push(bad("the revision after @ is empty".to_string()));
-        }
-    } else if let Some(rest) = uri.strip_prefix("https://") {
-        if rest.is_empty() || rest.starts_with('/') {
-            problems.push(bad(format!("https:// sources need a host, got {uri:?}")));
-        }
-    } else if let Some(rest) = uri.strip_prefix("pvc://") {
-        match rest.split_once('/') {
-            Some((c, path)) if is_dns1123_subdomain(c) && !path.is_empty() => {
-                if has_parent_segment(path) {
-                    problems.push(bad("pvc:// paths must not contain `..`".to_string()));
-                }
-                claim = Some(c.to_string());
-                node_uri = format!("file://{}/{c}/{path}", crate::names::NODE_MODELS_DIR);
+    match Source::parse(uri).and_then(|s| s.check_cluster_policy(uri).map(|()| s)) {
+        Ok(source) => {
+            node_uri = source.node_uri(uri);
+            if let Source::Pvc { claim: c, .. } = &source {
+                claim = Some(c.clone());
             }
-            _ => problems.push(bad(format!(
-                "pvc:// sources are pvc://claim/path with a valid claim name, got {uri:?}"
-            ))),
         }
-    } else if let Some(path) = uri.strip_prefix("file://") {
-        if !path.starts_with('/') || path.len() < 2 {
-            problems.push(bad(format!(
-                "file:// sources need an absolute path (file:///...), got {uri:?}"
-            )));
-        } else if has_parent_segment(path) {
-            problems.push(bad("file:// paths must not contain `..`".to_string()));
-        }
-    } else if let Some(rest) = uri.strip_prefix("s3://") {
-        let bucket = rest.split('/').next().unwrap_or_default();
-        if bucket.len() < 3 || !is_dns1123_subdomain(bucket) {
-            problems.push(bad(format!(
-                "s3:// sources are s3://bucket/prefix, got {uri:?}"
-            )));
-        }
-    } else {
-        problems.push(bad(format!(
-            "scheme must be one of hf://, https://, pvc://, file://, s3://, got {uri:?}"
-        )));
+        Err(e) => problems.push(Invalid::new("spec.source.uri", e.reason)),
     }
     for f in &src.files {
-        if f.is_empty() || f.starts_with('/') || has_parent_segment(f) {
-            problems.push(Invalid::new(
-                "spec.source.files",
-                format!("entries are relative paths without `..`, got {f:?}"),
-            ));
+        if let Err(message) = check_relative_file(f) {
+            problems.push(Invalid::new("spec.source.files", message));
         }
     }
     let secret = src.secret_ref.as_ref().map(|r| {
@@ -469,10 +425,6 @@ fn validate_source(model: &Model) -> Result<ValidSource, Vec<Invalid>> {
     } else {
         Err(problems)
     }
-}
-
-fn has_parent_segment(path: &str) -> bool {
-    path.split('/').any(|s| s == "..")
 }
 
 fn check_quantity(
@@ -557,16 +509,6 @@ pub fn is_dns1035_label(s: &str) -> bool {
 }
 
 /// Lower-case alphanumerics, `-` and `.`, starting and ending alphanumeric, at most 253.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 253
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-}
-
 fn is_served_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()

@@ -3,7 +3,6 @@
 //! changed. EnginePlugins own nothing, so there is no build or apply step and no finalizer.
 
 pub mod status;
-pub mod validate;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,7 @@ use crate::names::{
     ANNOTATION_PLUGINS, FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME,
 };
 use crate::node_report;
-use crate::write::{Retry, classify};
+use crate::write::{RETRY_REFUSED, Retry, classify};
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "engineplugin";
@@ -77,7 +76,7 @@ pub async fn reconcile(
 /// The pipeline for one EnginePlugin.
 pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Action, Error> {
     let all = ctx.engine_plugins();
-    let accepted = validate::accept(plugin, &all, ctx.settings.abi_major);
+    let accepted = crate::acceptance::accept(plugin, &all, ctx.settings.abi_major);
 
     // Read: the node pods (any namespace) whose template mounts this plugin.
     let selector = format!("{LABEL_NAME}={NODE_APP_NAME},{LABEL_MANAGED_BY}={FIELD_MANAGER}");
@@ -122,7 +121,7 @@ pub fn error_policy(
     };
     tracing::warn!(plugin = %name, error = %error, kind = error.metric_label(), "reconcile failed");
     match error.retry() {
-        Retry::Permanent => Action::requeue(crate::model::RETRY_REFUSED),
+        Retry::Permanent => Action::requeue(RETRY_REFUSED),
         Retry::Transient => Action::requeue(ctx.backoff(&format!("EnginePlugin/{name}"))),
     }
 }

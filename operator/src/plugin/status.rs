@@ -8,7 +8,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use super::CONTROLLER;
-use super::validate::Refusal;
+use crate::acceptance::Refusal;
 use crate::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, plugin as cond, reason};
 use crate::context::Context;
 use crate::crd::{EnginePlugin, EnginePluginStatus, LoadError};

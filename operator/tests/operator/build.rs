@@ -121,7 +121,10 @@ fn cpu_model_without_architecture_mounts_every_fitting_cpu_plugin() {
     assert_eq!(parsed.models[0].id, "gemma-3-270m");
     assert_eq!(parsed.models[0].quantization.as_deref(), Some("Q4_K_M"));
     assert_eq!(parsed.models[0].context_length, Some(4096));
-    assert_eq!(parsed.cache_dir.as_deref(), Some("/var/cache/gantry"));
+    assert_eq!(
+        parsed.cache_dir.as_deref(),
+        Some(std::path::Path::new("/var/cache/gantry"))
+    );
 }
 
 #[test]

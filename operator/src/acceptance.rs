@@ -1,5 +1,6 @@
-//! EnginePlugin reconcile, validate step (pure, no client): decides `Accepted`, and is the same
-//! check the Model reconcile's engine selection applies to every candidate.
+//! EnginePlugin acceptance (pure, no client), shared by two reconciles: the EnginePlugin
+//! reconcile's validate step decides `Accepted` with it, and the Model reconcile's resolve step
+//! refuses a candidate with it, so `model/` and `plugin/` need nothing from each other.
 //!
 //! A plugin is accepted when its spec passes the manifest rules the node
 //! applies (semver version, engine id, sha256 form, non-empty formats and
@@ -10,7 +11,9 @@
 use kube::ResourceExt;
 
 use crate::conditions::reason;
-use crate::crd::{EnginePlugin, EnginePluginSpec, RejectionCategory};
+use gantry_api::RejectionKind;
+
+use crate::crd::{EnginePlugin, EnginePluginSpec};
 
 /// Why a plugin is not accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -43,12 +46,10 @@ impl Refusal {
     }
 
     /// How a Model lists this plugin among its rejected candidates (the node's categories).
-    pub fn rejection(&self) -> RejectionCategory {
+    pub fn rejection(&self) -> RejectionKind {
         match self {
-            Refusal::AbiMismatch { .. } => RejectionCategory::Abi,
-            Refusal::Invalid { .. } | Refusal::EngineIdConflict { .. } => {
-                RejectionCategory::LoadError
-            }
+            Refusal::AbiMismatch { .. } => RejectionKind::Abi,
+            Refusal::Invalid { .. } | Refusal::EngineIdConflict { .. } => RejectionKind::LoadError,
         }
     }
 

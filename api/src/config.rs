@@ -1,4 +1,7 @@
-//! Node configuration (before the request path): the YAML model list and the `serve` flags that shorthand it.
+//! The node config (operator build step → node start-up): the YAML model list the operator
+//! renders into a Model's ConfigMap and the node reads at start, one type for both sides, with
+//! the rules the YAML shape cannot express ([`NodeConfig::validate`]) and the `serve` flags'
+//! single-model shorthand ([`NodeConfig::single`]).
 //!
 //! ```yaml
 //! models:
@@ -17,16 +20,22 @@ use std::time::Duration;
 use gantry_engine_abi::Format;
 use serde::{Deserialize, Serialize};
 
+use crate::source::{Source, check_relative_file};
+
+/// Where the operator mounts the node's model config inside a node pod
+/// (`gantry-node serve --config ...`).
+pub const NODE_CONFIG_PATH: &str = "/etc/gantry/models.yaml";
+
 /// The whole node configuration file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeConfig {
     #[serde(default)]
     pub models: Vec<ModelConfig>,
-    /// Where downloaded artifacts go.
-    #[serde(default)]
+    /// Where downloaded artifacts go (the cache volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<PathBuf>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "SchedulerConfig::is_default")]
     pub scheduler: SchedulerConfig,
 }
 
@@ -41,47 +50,48 @@ pub enum LoadPolicy {
     Lazy,
 }
 
-/// One model this node serves.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+/// One model this node serves. The field order is the order the operator renders them in.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelConfig {
-    /// OpenAI model id.
+    /// OpenAI model id (a Model's `servedName`).
     pub id: String,
     /// Local file (a `.gguf`) or directory.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Where the model lives, as the operator writes it (`file:///...`,
-    /// `hf://org/repo`, `https://...`, `s3://...`); `path` or `source`, not both.
-    #[serde(default)]
+    /// `hf://org/repo`, `https://...`, `s3://...`; a Model's `pvc://claim/path`
+    /// arrives as `file:///models/claim/path`); `path` or `source`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// GGUF quantization to pick, matched exactly (`Q4_K_M`).
-    #[serde(default)]
-    pub quantization: Option<String>,
-    /// Files to fetch, relative to the source.
-    #[serde(default)]
-    pub files: Vec<String>,
-    /// Engine threads for this model.
-    #[serde(default)]
-    pub threads: Option<u32>,
     /// `gguf` or `safetensors`.
     pub format: String,
-    /// Pin an engine id (`llama_cpp`).
-    #[serde(default)]
+    /// GGUF quantization to pick, matched exactly (`Q4_K_M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
+    /// Files to fetch, relative to the source; empty: what the format needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// Pin an engine id (`llama_cpp`); never overridden.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
     /// Per-sequence context length; 0 or absent = the model's trained length, capped at 8192.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_length: Option<u32>,
     /// Sequences decoded together.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_batch_size: Option<u32>,
+    /// Engine threads for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
     /// Overrides the model's own chat template.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
     /// Request deadline in seconds (0 = none); a request may ask for less, or more up to `maxRequestTimeoutSeconds`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_seconds: Option<u64>,
     /// The most a request may ask for with `timeout` (0 = unlimited).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_request_timeout_seconds: Option<u64>,
     #[serde(default)]
     pub load: LoadPolicy,
@@ -124,7 +134,7 @@ impl ModelConfig {
             && self
                 .source
                 .as_deref()
-                .and_then(|s| crate::store::Source::parse(s).ok())
+                .and_then(|s| Source::parse(s).ok())
                 .is_some_and(|s| s.is_remote())
     }
 
@@ -164,6 +174,13 @@ pub struct SchedulerConfig {
     pub shutdown_grace_seconds: u64,
     /// Threads per engine (0 = all cores).
     pub threads: u32,
+}
+
+impl SchedulerConfig {
+    /// Whether every setting is the default (the operator renders no `scheduler` block then).
+    pub fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -228,9 +245,23 @@ impl NodeConfig {
                 m.local_path()?;
             }
             if let Some(uri) = &m.source {
-                crate::store::Source::parse(uri).map_err(|e| ConfigError::Invalid {
+                let source = Source::parse(uri).map_err(|e| ConfigError::Invalid {
                     field: format!("models[{}].source", m.id),
                     reason: e.to_string(),
+                })?;
+                if let Source::Pvc { .. } = source {
+                    return invalid(
+                        format!("models[{}].source", m.id),
+                        format!(
+                            "a pvc:// claim reaches the node mounted, as file:///models/claim/path; got {uri:?}"
+                        ),
+                    );
+                }
+            }
+            for f in &m.files {
+                check_relative_file(f).map_err(|reason| ConfigError::Invalid {
+                    field: format!("models[{}].files", m.id),
+                    reason,
                 })?;
             }
             if m.max_batch_size == Some(0) {
@@ -286,18 +317,8 @@ impl NodeConfig {
             models: vec![ModelConfig {
                 id,
                 path: Some(path.to_path_buf()),
-                source: None,
-                quantization: None,
-                files: Vec::new(),
-                threads: None,
                 format: format.into(),
-                engine: None,
-                context_length: None,
-                max_batch_size: None,
-                chat_template: None,
-                request_timeout_seconds: None,
-                max_request_timeout_seconds: None,
-                load: LoadPolicy::Eager,
+                ..ModelConfig::default()
             }],
             ..NodeConfig::default()
         };
@@ -327,22 +348,27 @@ mod tests {
 
     #[test]
     fn the_config_the_operator_renders_parses_here() {
-        let rendered = gantry_api::NodeConfig {
-            models: vec![gantry_api::ModelConfig {
+        let rendered = NodeConfig {
+            models: vec![ModelConfig {
                 id: "gemma".into(),
-                source: "file:///models/cache/gemma.gguf".into(),
+                source: Some("file:///models/cache/gemma.gguf".into()),
                 format: "gguf".into(),
                 quantization: Some("Q4_K_M".into()),
                 engine: Some("llama_cpp".into()),
                 context_length: Some(4096),
                 max_batch_size: Some(8),
                 threads: Some(2),
-                load: Some("eager".into()),
+                load: LoadPolicy::Eager,
                 ..Default::default()
             }],
             cache_dir: Some("/var/cache/gantry".into()),
+            ..Default::default()
         };
         let yaml = serde_yaml::to_string(&rendered).expect("yaml");
+        assert!(
+            !yaml.contains("scheduler"),
+            "defaults are not rendered: {yaml}"
+        );
         let cfg: NodeConfig =
             serde_yaml::from_str(&yaml).expect("the node reads the operator's config");
         cfg.validate().expect("valid");

@@ -1,0 +1,186 @@
+//! The node status document (node `/v1/status` → operator status step): what the node's engine
+//! registry, model store and scheduler report, and what the operator folds into `Model` and
+//! `EnginePlugin` status. Both sides use these exact types so the document cannot drift.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Why one candidate plugin cannot serve a model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rejection {
+    /// Plugin id (or the manifest path when the manifest could not be read).
+    pub plugin: String,
+    /// Stable machine-readable kind: `format`, `architecture`, `backend`,
+    /// `abi`, `pin`, `load_error`.
+    pub kind: RejectionKind,
+    /// Human-readable reason.
+    pub reason: String,
+}
+
+/// Stable categories of rejection, used as status reasons by the node and in `Model` status.
+#[derive(JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    /// The plugin does not read the model's format.
+    Format,
+    /// The plugin does not list the model's architecture.
+    Architecture,
+    /// The plugin is built for another GPU backend.
+    Backend,
+    /// The plugin's ABI is not the node's.
+    Abi,
+    /// The model is pinned to another engine.
+    Pin,
+    /// The plugin is not usable (invalid, shadowed or failed to load).
+    LoadError,
+}
+
+/// The registry's answer for one model: supported by one plugin, or not
+/// supported with every candidate's reason. There is no third state and no
+/// fallback to another format or engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "camelCase")]
+pub enum EngineVerdict {
+    #[serde(rename_all = "camelCase")]
+    Supported { plugin: String, version: String },
+    #[serde(rename_all = "camelCase")]
+    Unsupported { rejections: Vec<Rejection> },
+}
+
+impl EngineVerdict {
+    pub fn is_supported(&self) -> bool {
+        matches!(self, EngineVerdict::Supported { .. })
+    }
+}
+
+/// Path of the node's status document.
+pub const NODE_STATUS_PATH: &str = "/v1/status";
+
+/// The node's status document (`GET /v1/status`): what the operator reads to
+/// fill `Model` and `EnginePlugin` status, and what people read when debugging.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// `gantry-node` version.
+    pub version: String,
+    /// Compute backend of this node: `cpu` or `cuda`.
+    pub backend: String,
+    /// Same answer as `/readyz`.
+    pub ready: bool,
+    /// SIGTERM received: finishing in-flight work, refusing new requests.
+    pub draining: bool,
+    pub plugins: Vec<PluginStatus>,
+    pub models: Vec<ModelStatus>,
+}
+
+/// One discovered plugin and whether it loaded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginStatus {
+    pub id: String,
+    pub version: Option<String>,
+    pub abi_version: Option<String>,
+    pub gpu_backend: Option<String>,
+    pub loaded: bool,
+    /// Stable reason label when refused (`abi_mismatch`, `id_conflict`,
+    /// `binary_not_found`, `sha256_mismatch`, `gpu_backend_mismatch`, ...).
+    pub reason: Option<String>,
+    /// Human-readable refusal message.
+    pub message: Option<String>,
+}
+
+/// One model assigned to this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelStatus {
+    /// The OpenAI model id.
+    pub id: String,
+    pub format: String,
+    /// From `config.json` or the GGUF header; `None` until artifacts are read.
+    pub architecture: Option<String>,
+    /// `None` until the architecture is known.
+    pub verdict: Option<EngineVerdict>,
+    pub artifact: ArtifactStatus,
+    pub load: LoadStatus,
+    pub queue: QueueStatus,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ArtifactState {
+    #[default]
+    Pending,
+    Downloading,
+    Ready,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactStatus {
+    pub state: ArtifactState,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub bytes_per_second: f64,
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LoadState {
+    #[default]
+    Unloaded,
+    Loading,
+    Loaded,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadStatus {
+    pub state: LoadState,
+    pub plugin: Option<String>,
+    pub message: Option<String>,
+    pub bytes_used: u64,
+}
+
+/// Scheduler figures, the same numbers `/metrics` exports as gauges.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    pub waiting: u64,
+    pub running: u64,
+    pub kv_capacity_tokens: u64,
+    pub kv_used_tokens: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_json_is_tagged_and_camel_case() {
+        let v = EngineVerdict::Unsupported {
+            rejections: vec![Rejection {
+                plugin: "llama_cpp".into(),
+                kind: RejectionKind::LoadError,
+                reason: "x".into(),
+            }],
+        };
+        let j = serde_json::to_value(&v).expect("json");
+        assert_eq!(j["verdict"], "unsupported");
+        assert_eq!(j["rejections"][0]["kind"], "load_error");
+        let back: EngineVerdict = serde_json::from_value(j).expect("roundtrip");
+        assert_eq!(back, v);
+        let s = serde_json::to_value(EngineVerdict::Supported {
+            plugin: "a".into(),
+            version: "1.0.0".into(),
+        })
+        .expect("json");
+        assert_eq!(
+            s,
+            serde_json::json!({"verdict": "supported", "plugin": "a", "version": "1.0.0"})
+        );
+    }
+}
