@@ -1,3 +1,5 @@
+//! Tests of the memory policy's pure decisions and of the RAM and weight sizes they read.
+
 use super::*;
 use gantry_engine_abi::Format;
 

@@ -428,7 +428,14 @@ mod tests {
     /// local directories and downloads share.
     #[test]
     fn the_primary_file_of_each_listing() {
-        let cases: &[(&[&str], Format, Option<&str>, Result<&str, &str>)] = &[
+        /// A listing, its format and quantization, and the primary file or a part of the error.
+        type Case<'a> = (
+            &'a [&'a str],
+            Format,
+            Option<&'a str>,
+            Result<&'a str, &'a str>,
+        );
+        let cases: &[Case<'_>] = &[
             (&["m.gguf"], Format::Gguf, None, Ok("m.gguf")),
             (
                 &["m.gguf", "mmproj-m.gguf"],

@@ -1,3 +1,5 @@
+//! Tests of the chat template: ChatML, the transformers context, Python behaviour, tokenizer configs.
+
 use super::pycompat::python_float_repr;
 use super::*;
 use serde_json::json;

@@ -1,3 +1,5 @@
+//! Tests of request validation: every refusal names its field and limit; messages are typed as sent.
+
 use super::*;
 use crate::http::openai::parse;
 
