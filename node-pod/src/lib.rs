@@ -1,13 +1,15 @@
 //! The Gantry node (`gantry-node`): everything between an OpenAI request and an engine plugin.
 //!
-//! Request path, one module per step (docs/architecture.md walks it):
-//! `http` (axum; JSON only here) → `http::validate` → `template` (chat
-//! templates) → `tokenizer` → `cache` (temperature-0 answers) → `scheduler`
+//! Request path, one module per step, each visited once (docs/architecture.md walks it):
+//! `http` (axum; JSON only here: `openai` parses, `validate` types the
+//! request) → `node` (`ready_model`, lazy loads) → `template` (chat
+//! templates) → `tokenizer` → `http::limits` (the request against the
+//! model) → `http::response` → `cache` (temperature-0 answers) → `scheduler`
 //! (continuous batching, one owner per model) → `engine_host` (plugin calls)
 //! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
 //! (model lifecycle and readiness), `memory` (LRU unloads, OOM refusals),
 //! `config`, `store` (sources, downloads, artifact selection), `gguf` (metadata), `metrics`,
-//! `error` (the one OpenAI-shaped error type) and `cli`.
+//! `error` (the one OpenAI-shaped error type and every HTTP mapping) and `cli`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
 pub mod cache;

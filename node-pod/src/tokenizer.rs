@@ -1,4 +1,4 @@
-//! Tokenization (after the chat template, before the scheduler): text to token ids.
+//! Tokenization (after the chat template, before the model limits): text to token ids.
 //!
 //! A model directory with a `tokenizer.json` uses the `tokenizers` crate (the
 //! Hugging Face reference implementation); otherwise the engine plugin's own
@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use gantry_engine_abi::EngineError;
+use gantry_engine_abi::{EngineError, ModelInfo};
 
 use crate::engine_host::ModelShared;
 
@@ -40,6 +40,24 @@ impl Tokenizer {
             Tokenizer::Plugin(_) => "plugin",
             Tokenizer::Hf(_) => "tokenizer.json",
         }
+    }
+
+    /// Encode a rendered chat template: special-token text becomes the
+    /// special tokens, and BOS is added only when the model wants one and
+    /// the template did not already write it (templates usually do).
+    pub fn encode_chat(&self, text: &str, info: &ModelInfo) -> Result<Vec<i32>, EngineError> {
+        let add_bos = info.add_bos
+            && !info
+                .bos_text
+                .as_deref()
+                .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        self.encode(text, add_bos, true)
+    }
+
+    /// Encode a completion prompt or an embedding input: BOS when the model
+    /// wants one; special-token text stays text.
+    pub fn encode_prompt(&self, text: &str, info: &ModelInfo) -> Result<Vec<i32>, EngineError> {
+        self.encode(text, info.add_bos, false)
     }
 
     /// Encode `text`. `add_special` prepends BOS when the model wants it;

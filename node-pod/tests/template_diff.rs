@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
+use gantry_node::http::validate;
 use gantry_node::template::{ChatTemplate, TemplateSource};
 use serde_json::{Value, json};
 
@@ -236,13 +237,15 @@ fn minijinja_renders_the_template_corpus_like_jinja2() -> anyhow::Result<()> {
             for add_generation_prompt in [true, false] {
                 let id = format!("{name}/{}/agp={add_generation_prompt}", conversation.name);
                 let messages = conversation.messages.as_array().context("messages")?;
+                // Typed by validation, as the node renders a request.
+                let typed = validate::messages(messages).map_err(|e| anyhow::anyhow!("{e}"))?;
                 let tools = conversation.tools.as_ref().and_then(Value::as_array);
                 let extra = conversation.extra.as_ref().and_then(Value::as_object);
                 let ours = match &compiled {
                     Err(error) => Outcome::Refused(error.to_string()),
                     Ok(template) => {
                         match template.render(
-                            messages,
+                            &typed,
                             tools.map(Vec::as_slice),
                             add_generation_prompt,
                             extra,

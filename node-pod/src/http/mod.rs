@@ -5,7 +5,9 @@
 //! rest of the node plain Rust types. Errors leave through `ApiError`.
 
 pub mod generate;
+pub mod limits;
 pub mod openai;
+pub mod response;
 pub mod validate;
 
 use std::net::SocketAddr;
@@ -25,7 +27,7 @@ use tokio::sync::oneshot;
 use crate::error::ApiError;
 use crate::node::{ModelState, Node};
 use crate::scheduler::{EmbedJob, Job};
-use openai::{EmbeddingInput, EmbeddingRequest, TokenizeRequest};
+use openai::{EmbeddingRequest, TokenizeRequest};
 
 /// Largest request body accepted (prompts of a few hundred thousand tokens fit).
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -201,7 +203,7 @@ async fn models(State(s): State<AppState>) -> Response {
 async fn tokenize(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
     let r = async {
         let req: TokenizeRequest = openai::parse(&body)?;
-        let (_, ready) = generate::ready_model(&s, &req.model).await?;
+        let (_, ready) = s.node.ready_model(&req.model).await?;
         let tokens =
             ready
                 .tokenizer
@@ -230,65 +232,13 @@ async fn embeddings(State(s): State<AppState>, body: axum::body::Bytes) -> Respo
 
 async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiError> {
     let req: EmbeddingRequest = openai::parse(body)?;
-    let base64 = match req.encoding_format.as_deref() {
-        None | Some("float") => false,
-        Some("base64") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "encoding_format",
-                format!("`encoding_format` must be \"float\" or \"base64\", got {other:?}"),
-            ));
-        }
-    };
-    let (_m, ready) = generate::ready_model(s, &req.model).await?;
-    let info = ready.shared.info();
-    if !info.supports_embedding() {
-        return Err(ApiError::unsupported(
-            "model",
-            format!("model `{}` does not produce embeddings", req.model),
-        ));
-    }
-    if let Some(d) = req.dimensions
-        && d != i64::from(info.embedding_dims)
-    {
-        return Err(ApiError::unsupported(
-            "dimensions",
-            format!(
-                "`dimensions` must be {} for this model (no truncation), got {d}",
-                info.embedding_dims
-            ),
-        ));
-    }
-    let inputs: Vec<Vec<i32>> = match &req.input {
-        EmbeddingInput::Text(t) => vec![embed_text(&ready, t, 0)?],
-        EmbeddingInput::Texts(v) => v
-            .iter()
-            .enumerate()
-            .map(|(i, t)| embed_text(&ready, t, i))
-            .collect::<Result<_, _>>()?,
-        EmbeddingInput::Tokens(ids) => vec![generate::token_ids(ids, info.vocab_size)?],
-        EmbeddingInput::TokenLists(l) => l
-            .iter()
-            .map(|ids| generate::token_ids(ids, info.vocab_size))
-            .collect::<Result<_, _>>()?,
-    };
-    if inputs.is_empty() {
-        return Err(ApiError::invalid("input", "`input` holds nothing to embed"));
-    }
-    let ctx = ready.scheduler.context_length as usize;
+    let valid = validate::embedding(&req)?;
+    let (_m, ready) = s.node.ready_model(&valid.model).await?;
+    let inputs = limits::embedding(&ready, &valid)?;
     let _guard = InflightGuard::new(s.node.clone());
     let mut data = Vec::with_capacity(inputs.len());
     let mut total = 0usize;
     for (i, tokens) in inputs.into_iter().enumerate() {
-        if tokens.len() > ctx {
-            return Err(ApiError::invalid(
-                "input",
-                format!(
-                    "`input[{i}]` has {} tokens; the most is {ctx}",
-                    tokens.len()
-                ),
-            ));
-        }
         total += tokens.len();
         let (tx, rx) = oneshot::channel();
         ready
@@ -297,7 +247,7 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
         let v = rx
             .await
             .map_err(|_| ApiError::internal("the scheduler dropped the embedding"))??;
-        let embedding = if base64 {
+        let embedding = if valid.base64 {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
         } else {
@@ -306,21 +256,9 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
         data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
     }
     Ok((
-        req.model.clone(),
-        json!({"object": "list", "data": data, "model": req.model, "usage": {"prompt_tokens": total, "total_tokens": total}}),
+        valid.model.clone(),
+        json!({"object": "list", "data": data, "model": valid.model, "usage": {"prompt_tokens": total, "total_tokens": total}}),
     ))
-}
-
-fn embed_text(ready: &crate::node::ReadyModel, text: &str, i: usize) -> Result<Vec<i32>, ApiError> {
-    if text.trim().is_empty() {
-        return Err(ApiError::invalid(
-            "input",
-            format!("`input[{i}]` is empty or whitespace"),
-        ));
-    }
-    Ok(ready
-        .tokenizer
-        .encode(text, ready.shared.info().add_bos, false)?)
 }
 
 /// Serve until SIGTERM/SIGINT, then drain: `/readyz` fails at once, new

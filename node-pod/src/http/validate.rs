@@ -1,22 +1,70 @@
-//! Validation (HTTP → here → chat template): OpenAI parameters become a checked `ValidParams`.
+//! HTTP layer, validation (after parsing, before the model is looked up): a parsed OpenAI
+//! request becomes a checked `Valid*Request`.
 //!
-//! Every range check lives here and every message quotes the field and the
-//! limit ("`temperature` must be within [0, 2], got 3"). A parameter the node
-//! cannot honour is refused; nothing is silently ignored. Length checks that
-//! need the tokenized prompt are in [`check_lengths`].
+//! Every check that needs only the request lives here, and every message
+//! quotes the field and the limit ("`temperature` must be within [0, 2], got
+//! 3"). A parameter the node cannot honour is refused; nothing is silently
+//! ignored. Messages leave as typed [`ChatMessage`]s, prompts as
+//! [`ValidPrompt`]s: nothing later reads request JSON again. What needs the
+//! loaded model (its kind, vocabulary, context length and timeout limits) is
+//! checked once it is ready, in `limits.rs`.
 
 use std::time::Duration;
 
 use gantry_engine_abi::Sampling;
 use serde_json::Value;
 
-use super::openai::{ChatRequest, Common, CompletionRequest};
+use serde_json::Map;
+
+use super::openai::{
+    ChatRequest, Common, CompletionRequest, EmbeddingInput, EmbeddingRequest, PromptSpec,
+};
 use crate::error::ApiError;
+use crate::template::{ChatMessage, Content, Role, TextPart, ToolCall};
 
 /// Most stop sequences a request may carry (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
 /// Most alternatives per token (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// A chat request, checked: what the template, the limits and the scheduler need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidChatRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    /// Function specs, passed to the template as sent.
+    pub tools: Option<Vec<Value>>,
+    /// The template's extra variables: `chat_template_kwargs`, and `tool_choice` when given.
+    pub template_kwargs: Map<String, Value>,
+    pub params: ValidParams,
+}
+
+/// A legacy completion request, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCompletionRequest {
+    pub model: String,
+    pub prompt: ValidPrompt,
+    pub params: ValidParams,
+}
+
+/// One prompt: text with more than whitespace, or a non-empty list of token ids
+/// (checked against the vocabulary once the model is known).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValidPrompt {
+    Text(String),
+    Tokens(Vec<i64>),
+}
+
+/// An embeddings request, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidEmbeddingRequest {
+    pub model: String,
+    /// At least one.
+    pub inputs: Vec<ValidPrompt>,
+    /// `encoding_format: "base64"`.
+    pub base64: bool,
+    pub dimensions: Option<i64>,
+}
 
 /// What generation needs, checked.
 #[derive(Clone, Debug, PartialEq)]
@@ -216,9 +264,8 @@ fn response_format(v: &Option<Value>) -> Result<(), ApiError> {
     }
 }
 
-/// Check a chat request; returns the parameters and whether the model must
-/// accept images (which a text-only model refuses).
-pub fn chat(req: &ChatRequest) -> Result<ValidParams, ApiError> {
+/// Check a chat request: parameters, and every message typed.
+pub fn chat(req: &ChatRequest) -> Result<ValidChatRequest, ApiError> {
     let mut c = req.common();
     if req.max_completion_tokens.is_some() {
         if c.max_tokens.is_some() && c.max_tokens != req.max_completion_tokens {
@@ -277,71 +324,10 @@ pub fn chat(req: &ChatRequest) -> Result<ValidParams, ApiError> {
             "`messages` must hold at least one message",
         ));
     }
-    let mut any_text = false;
-    for (i, m) in req.messages.iter().enumerate() {
-        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::invalid(
-                format!("messages[{i}].role"),
-                format!("`messages[{i}].role` is required"),
-            )
-        })?;
-        if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
-            return Err(ApiError::invalid(
-                format!("messages[{i}].role"),
-                format!(
-                    "`messages[{i}].role` must be system, developer, user, assistant or tool, got {role:?}"
-                ),
-            ));
-        }
-        match m.get("content") {
-            None | Some(Value::Null) => {
-                if role != "assistant" {
-                    return Err(ApiError::invalid(
-                        format!("messages[{i}].content"),
-                        format!("`messages[{i}].content` is required"),
-                    ));
-                }
-            }
-            Some(Value::String(s)) => any_text |= !s.trim().is_empty(),
-            Some(Value::Array(parts)) => {
-                for (j, part) in parts.iter().enumerate() {
-                    match part.get("type").and_then(Value::as_str) {
-                        Some("text") => {
-                            let t = part.get("text").and_then(Value::as_str).ok_or_else(|| {
-                                ApiError::invalid(
-                                    format!("messages[{i}].content[{j}].text"),
-                                    format!("`messages[{i}].content[{j}].text` must be a string"),
-                                )
-                            })?;
-                            any_text |= !t.trim().is_empty();
-                        }
-                        Some(kind @ ("image_url" | "input_audio" | "file")) => {
-                            return Err(ApiError::unsupported(
-                                format!("messages[{i}].content[{j}]"),
-                                format!(
-                                    "`messages[{i}].content[{j}]` is of type {kind:?}, but the model is text-only"
-                                ),
-                            ));
-                        }
-                        other => {
-                            return Err(ApiError::invalid(
-                                format!("messages[{i}].content[{j}].type"),
-                                format!(
-                                    "`messages[{i}].content[{j}].type` {other:?} is not a known content part"
-                                ),
-                            ));
-                        }
-                    }
-                }
-            }
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}].content"),
-                    format!("`messages[{i}].content` must be a string or a list of parts"),
-                ));
-            }
-        }
-    }
+    let messages = messages(&req.messages)?;
+    let any_text = messages
+        .iter()
+        .any(|m| m.content.as_ref().is_some_and(Content::has_text));
     if !any_text {
         return Err(ApiError::invalid(
             "messages",
@@ -364,10 +350,129 @@ pub fn chat(req: &ChatRequest) -> Result<ValidParams, ApiError> {
         (true, n) => Some(n.unwrap_or(0) as u32),
         (false, _) => None,
     };
-    Ok(with_logprobs(p, top))
+    let mut template_kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(tc) = &req.tool_choice {
+        template_kwargs.insert("tool_choice".into(), tc.clone());
+    }
+    Ok(ValidChatRequest {
+        model: req.model.clone(),
+        messages: messages
+            .into_iter()
+            .map(parse_tool_call_arguments)
+            .collect(),
+        tools: req.tools.clone(),
+        template_kwargs,
+        params: with_logprobs(p, top),
+    })
 }
 
-pub fn completion(req: &CompletionRequest) -> Result<ValidParams, ApiError> {
+/// Check and type the messages of a conversation, keeping what the client
+/// sent (tool-call arguments too) for the template.
+pub fn messages(sent: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
+    sent.iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect()
+}
+
+fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
+    let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(
+            format!("messages[{i}].role"),
+            format!("`messages[{i}].role` is required"),
+        )
+    })?;
+    let role = Role::parse(role).ok_or_else(|| {
+        ApiError::invalid(
+            format!("messages[{i}].role"),
+            format!(
+                "`messages[{i}].role` must be system, developer, user, assistant or tool, got {role:?}"
+            ),
+        )
+    })?;
+    let content = match m.get("content") {
+        None | Some(Value::Null) if role != Role::Assistant => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].content"),
+                format!("`messages[{i}].content` is required"),
+            ));
+        }
+        None => None,
+        Some(Value::Null) => Some(Content::Null),
+        Some(Value::String(s)) => Some(Content::Text(s.clone())),
+        Some(Value::Array(parts)) => Some(Content::Parts(
+            parts
+                .iter()
+                .enumerate()
+                .map(|(j, part)| text_part(i, j, part))
+                .collect::<Result<_, _>>()?,
+        )),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].content"),
+                format!("`messages[{i}].content` must be a string or a list of parts"),
+            ));
+        }
+    };
+    let fields = m.as_object().cloned().unwrap_or_default();
+    let order: Vec<String> = fields.keys().cloned().collect();
+    let mut rest = Map::new();
+    let mut tool_calls = None;
+    for (key, value) in fields {
+        match (key.as_str(), value) {
+            ("role" | "content", _) => {}
+            ("tool_calls", Value::Array(calls)) => {
+                tool_calls = Some(calls.into_iter().map(ToolCall::new).collect());
+            }
+            (_, value) => {
+                rest.insert(key, value);
+            }
+        }
+    }
+    Ok(ChatMessage::new(role, content, tool_calls, rest, order))
+}
+
+fn text_part(i: usize, j: usize, part: &Value) -> Result<TextPart, ApiError> {
+    match part.get("type").and_then(Value::as_str) {
+        Some("text") => {
+            let t = part.get("text").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(
+                    format!("messages[{i}].content[{j}].text"),
+                    format!("`messages[{i}].content[{j}].text` must be a string"),
+                )
+            })?;
+            Ok(TextPart::new(
+                t.to_string(),
+                part.as_object().cloned().unwrap_or_default(),
+            ))
+        }
+        Some(kind @ ("image_url" | "input_audio" | "file")) => Err(ApiError::unsupported(
+            format!("messages[{i}].content[{j}]"),
+            format!("`messages[{i}].content[{j}]` is of type {kind:?}, but the model is text-only"),
+        )),
+        other => Err(ApiError::invalid(
+            format!("messages[{i}].content[{j}].type"),
+            format!("`messages[{i}].content[{j}].type` {other:?} is not a known content part"),
+        )),
+    }
+}
+
+/// OpenAI clients send `tool_calls[].function.arguments` as a JSON string;
+/// templates expect an object (they `tojson` it), so it is parsed here, as
+/// llama-server and vLLM do. Arguments that are not a JSON object stay as sent.
+fn parse_tool_call_arguments(mut m: ChatMessage) -> ChatMessage {
+    for call in m.tool_calls.iter_mut().flatten() {
+        if let Some(crate::template::Arguments::Text(s)) = &call.arguments
+            && let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(s)
+        {
+            call.arguments = Some(crate::template::Arguments::Object(obj));
+        }
+    }
+    m
+}
+
+/// Check a legacy completion request: parameters and its one prompt.
+pub fn completion(req: &CompletionRequest) -> Result<ValidCompletionRequest, ApiError> {
     let p = common(&req.common())?;
     if req.echo.unwrap_or(false) {
         return Err(ApiError::unsupported(
@@ -400,186 +505,85 @@ pub fn completion(req: &CompletionRequest) -> Result<ValidParams, ApiError> {
         }
         Some(n) => Some(n as u32),
     };
-    Ok(with_logprobs(p, top))
+    let one = |t: &str| -> Result<ValidPrompt, ApiError> {
+        if t.trim().is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "`prompt` is empty or whitespace",
+            ));
+        }
+        Ok(ValidPrompt::Text(t.to_string()))
+    };
+    let prompt = match &req.prompt {
+        PromptSpec::Text(t) => one(t)?,
+        PromptSpec::Texts(v) if v.len() == 1 => one(&v[0])?,
+        PromptSpec::Tokens(ids) => token_ids(ids)?,
+        PromptSpec::TokenLists(l) if l.len() == 1 => token_ids(&l[0])?,
+        _ => {
+            return Err(ApiError::unsupported(
+                "prompt",
+                "`prompt` must be one prompt (batches of prompts are not supported; send one request each)",
+            ));
+        }
+    };
+    Ok(ValidCompletionRequest {
+        model: req.model.clone(),
+        prompt,
+        params: with_logprobs(p, top),
+    })
 }
 
-/// Length rules once the prompt is tokenized: not empty, fits the context,
-/// and `max_tokens` defaults to what is left.
-pub fn check_lengths(
-    prompt_tokens: usize,
-    max_tokens: Option<u32>,
-    context: u32,
-) -> Result<u32, ApiError> {
-    let ctx = context as usize;
-    if prompt_tokens == 0 {
-        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+fn token_ids(ids: &[i64]) -> Result<ValidPrompt, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid("prompt", "`prompt` holds no tokens"));
     }
-    if prompt_tokens >= ctx {
-        return Err(ApiError {
-            code: Some("context_length_exceeded".into()),
-            ..ApiError::invalid(
-                "messages",
-                format!(
-                    "the prompt has {prompt_tokens} tokens; the context length is {ctx}, leaving no room to generate"
-                ),
-            )
-        });
+    Ok(ValidPrompt::Tokens(ids.to_vec()))
+}
+
+/// Check an embeddings request: the encoding, and that every input has something to embed.
+pub fn embedding(req: &EmbeddingRequest) -> Result<ValidEmbeddingRequest, ApiError> {
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("`encoding_format` must be \"float\" or \"base64\", got {other:?}"),
+            ));
+        }
+    };
+    let text = |i: usize, t: &str| -> Result<ValidPrompt, ApiError> {
+        if t.trim().is_empty() {
+            return Err(ApiError::invalid(
+                "input",
+                format!("`input[{i}]` is empty or whitespace"),
+            ));
+        }
+        Ok(ValidPrompt::Text(t.to_string()))
+    };
+    let inputs: Vec<ValidPrompt> = match &req.input {
+        EmbeddingInput::Text(t) => vec![text(0, t)?],
+        EmbeddingInput::Texts(v) => v
+            .iter()
+            .enumerate()
+            .map(|(i, t)| text(i, t))
+            .collect::<Result<_, _>>()?,
+        EmbeddingInput::Tokens(ids) => vec![token_ids(ids)?],
+        EmbeddingInput::TokenLists(l) => l
+            .iter()
+            .map(|ids| token_ids(ids))
+            .collect::<Result<_, _>>()?,
+    };
+    if inputs.is_empty() {
+        return Err(ApiError::invalid("input", "`input` holds nothing to embed"));
     }
-    let room = (ctx - prompt_tokens) as u32;
-    match max_tokens {
-        None => Ok(room),
-        Some(m) if m > room => Err(ApiError {
-            code: Some("context_length_exceeded".into()),
-            ..ApiError::invalid(
-                "max_tokens",
-                format!(
-                    "`max_tokens` must be <= {room} (context length {ctx} minus {prompt_tokens} prompt tokens), got {m}"
-                ),
-            )
-        }),
-        Some(m) => Ok(m),
-    }
+    Ok(ValidEmbeddingRequest {
+        model: req.model.clone(),
+        inputs,
+        base64,
+        dimensions: req.dimensions,
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::http::openai::parse;
-
-    fn chat_err(body: serde_json::Value) -> ApiError {
-        match parse::<ChatRequest>(body.to_string().as_bytes()) {
-            Err(e) => e,
-            Ok(req) => chat(&req).expect_err("should be refused"),
-        }
-    }
-
-    fn msg() -> serde_json::Value {
-        serde_json::json!([{"role": "user", "content": "hi"}])
-    }
-
-    #[test]
-    fn each_range_check_names_its_field_and_limit() {
-        let cases = [
-            (
-                "temperature",
-                serde_json::json!(3),
-                "`temperature` must be within [0, 2], got 3",
-            ),
-            (
-                "top_p",
-                serde_json::json!(1.5),
-                "`top_p` must be within [0, 1], got 1.5",
-            ),
-            (
-                "top_k",
-                serde_json::json!(-1),
-                "`top_k` must be >= 0, got -1",
-            ),
-            (
-                "min_p",
-                serde_json::json!(2),
-                "`min_p` must be within [0, 1], got 2",
-            ),
-            (
-                "presence_penalty",
-                serde_json::json!(-3),
-                "`presence_penalty` must be within [-2, 2], got -3",
-            ),
-            (
-                "frequency_penalty",
-                serde_json::json!(2.5),
-                "`frequency_penalty` must be within [-2, 2], got 2.5",
-            ),
-            (
-                "repetition_penalty",
-                serde_json::json!(11),
-                "`repetition_penalty` must be within [0, 10], got 11",
-            ),
-            (
-                "max_tokens",
-                serde_json::json!(0),
-                "`max_tokens` must be >= 1, got 0",
-            ),
-            (
-                "n",
-                serde_json::json!(2),
-                "`n` must be 1 (one choice per request), got 2",
-            ),
-            (
-                "top_logprobs",
-                serde_json::json!(21),
-                "`top_logprobs` must be within [0, 20], got 21",
-            ),
-        ];
-        for (field, value, message) in cases {
-            let mut body = serde_json::json!({"model": "m", "messages": msg()});
-            body[field] = value;
-            if field == "top_logprobs" {
-                body["logprobs"] = true.into();
-            }
-            let e = chat_err(body);
-            assert_eq!(
-                (e.status, e.param.as_deref(), e.message.as_str()),
-                (400, Some(field), message)
-            );
-        }
-    }
-
-    #[test]
-    fn parameters_the_model_cannot_honour_are_refused() {
-        let image = serde_json::json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]);
-        let e = chat_err(serde_json::json!({"model": "m", "messages": image}));
-        assert!(e.message.contains("text-only"), "{}", e.message);
-        let e = chat_err(
-            serde_json::json!({"model": "m", "messages": msg(), "response_format": {"type": "json_object"}}),
-        );
-        assert_eq!(e.param.as_deref(), Some("response_format"));
-        let e = chat_err(serde_json::json!({"model": "m", "messages": msg(), "frobnicate": 1}));
-        assert_eq!(
-            (e.param.as_deref(), e.code.as_deref()),
-            (Some("frobnicate"), Some("unsupported_parameter"))
-        );
-        let e = chat_err(
-            serde_json::json!({"model": "m", "messages": msg(), "tool_choice": "required"}),
-        );
-        assert_eq!(e.param.as_deref(), Some("tool_choice"));
-        let ok = parse::<ChatRequest>(serde_json::json!({"model": "m", "messages": msg(), "response_format": {"type": "text"}, "user": "u", "seed": 3}).to_string().as_bytes()).expect("parse");
-        let p = chat(&ok).expect("valid");
-        assert_eq!(p.sampling.seed, 3);
-    }
-
-    #[test]
-    fn an_empty_or_whitespace_prompt_is_a_400() {
-        let e = chat_err(
-            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "  \n "}]}),
-        );
-        assert!(e.message.contains("empty"));
-        let e = chat_err(serde_json::json!({"model": "m", "messages": []}));
-        assert_eq!(e.param.as_deref(), Some("messages"));
-    }
-
-    #[test]
-    fn type_errors_name_the_field() {
-        let e =
-            chat_err(serde_json::json!({"model": "m", "messages": msg(), "temperature": "hot"}));
-        assert_eq!(e.param.as_deref(), Some("temperature"));
-        assert!(
-            e.message.starts_with("`temperature`: invalid type"),
-            "{}",
-            e.message
-        );
-    }
-
-    #[test]
-    fn lengths_default_and_overflow() {
-        assert_eq!(check_lengths(10, None, 100).expect("ok"), 90);
-        assert_eq!(check_lengths(10, Some(5), 100).expect("ok"), 5);
-        let e = check_lengths(10, Some(91), 100).expect_err("too long");
-        assert_eq!(
-            e.message,
-            "`max_tokens` must be <= 90 (context length 100 minus 10 prompt tokens), got 91"
-        );
-        assert!(check_lengths(100, None, 100).is_err());
-        assert!(check_lengths(0, None, 100).is_err());
-    }
-}
+mod tests;

@@ -446,6 +446,7 @@ impl Drop for ProgressLogger {
 }
 
 /// A local file or directory: list it, select by the same rules, no copy.
+/// A file is the model itself, when it is of the registered format.
 pub fn resolve_local(
     path: &Path,
     format: Format,
@@ -453,6 +454,12 @@ pub fn resolve_local(
     files: &[String],
 ) -> Result<Fetched, StoreError> {
     if path.is_file() {
+        if !select::is_model_file(&path.to_string_lossy(), format) {
+            return Err(StoreError::Selection(format!(
+                "{} is not a {format} file (the registered format is fixed)",
+                path.display()
+            )));
+        }
         return Ok(Fetched {
             dir: path.parent().unwrap_or(Path::new("/")).to_path_buf(),
             primary: path.to_path_buf(),

@@ -135,7 +135,17 @@ fn gguf_artifacts(listing: &[RemoteFile]) -> Result<Vec<GgufArtifact>, StoreErro
     Ok(singles)
 }
 
-/// Choose the files of a model from a source's listing.
+/// Whether a file named directly (a model path that is a file) can be what
+/// an engine of `format` opens; every other choice goes through [`select`].
+pub fn is_model_file(path: &str, format: Format) -> bool {
+    match format {
+        Format::Gguf => is_gguf(path),
+        Format::Safetensors => path.ends_with(".safetensors") || path.ends_with(".json"),
+    }
+}
+
+/// Choose the files of a model from a source's listing: the one rule for
+/// downloads and local directories alike.
 ///
 /// `wanted` restricts the listing to the model's `files` (each must exist).
 pub fn select(
@@ -412,6 +422,105 @@ mod tests {
         assert!(e.to_string().contains("safetensors"), "{e}");
         let e = select(&ls(&["config.json"]), Format::Gguf, None, &[]).expect_err("none");
         assert!(e.to_string().contains("no .gguf"), "{e}");
+    }
+
+    /// The file the engine opens, for each kind of listing: the one choice
+    /// local directories and downloads share.
+    #[test]
+    fn the_primary_file_of_each_listing() {
+        /// A listing, its format and quantization, and the primary file or a part of the error.
+        type Case<'a> = (
+            &'a [&'a str],
+            Format,
+            Option<&'a str>,
+            Result<&'a str, &'a str>,
+        );
+        let cases: &[Case<'_>] = &[
+            (&["m.gguf"], Format::Gguf, None, Ok("m.gguf")),
+            (
+                &["m.gguf", "mmproj-m.gguf"],
+                Format::Gguf,
+                None,
+                Ok("m.gguf"),
+            ),
+            (
+                &["README.md", "m.gguf", "m.safetensors"],
+                Format::Gguf,
+                None,
+                Ok("m.gguf"),
+            ),
+            (
+                &["a.gguf", "b.gguf"],
+                Format::Gguf,
+                None,
+                Err("several GGUF candidates"),
+            ),
+            (
+                &["a-Q8_0.gguf", "a-Q4_0.gguf"],
+                Format::Gguf,
+                Some("Q4_0"),
+                Ok("a-Q4_0.gguf"),
+            ),
+            (
+                &["mmproj-m.gguf"],
+                Format::Gguf,
+                None,
+                Err("no .gguf model file"),
+            ),
+            (
+                &["config.json", "model.safetensors"],
+                Format::Safetensors,
+                None,
+                Ok("model.safetensors"),
+            ),
+            (
+                &[
+                    "config.json",
+                    "a.safetensors",
+                    "b.safetensors",
+                    "model.safetensors.index.json",
+                ],
+                Format::Safetensors,
+                None,
+                Ok("model.safetensors.index.json"),
+            ),
+            (
+                &["config.json", "a.safetensors", "b.safetensors"],
+                Format::Safetensors,
+                None,
+                Err("several .safetensors files"),
+            ),
+            (
+                &["model.safetensors"],
+                Format::Safetensors,
+                None,
+                Err("needs config.json"),
+            ),
+            (
+                &["config.json", "m.gguf"],
+                Format::Safetensors,
+                None,
+                Err("no top-level .safetensors"),
+            ),
+        ];
+        for (names, format, quant, want) in cases {
+            let got = select(&ls(names), *format, *quant, &[]);
+            match (got, want) {
+                (Ok(s), Ok(p)) => assert_eq!(s.primary, *p, "{names:?}"),
+                (Err(e), Err(msg)) => assert!(e.to_string().contains(msg), "{names:?}: {e}"),
+                (got, want) => panic!("{names:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        let files = [
+            ("m.gguf", Format::Gguf, true),
+            ("m.safetensors", Format::Gguf, false),
+            ("model.safetensors", Format::Safetensors, true),
+            ("model.safetensors.index.json", Format::Safetensors, true),
+            ("m.gguf", Format::Safetensors, false),
+        ];
+        for (name, format, ok) in files {
+            assert_eq!(is_model_file(name, format), ok, "{name}");
+        }
     }
 
     #[test]

@@ -1,0 +1,293 @@
+//! Engine host, model calls (the scheduler's `step` and the tokenizer's calls land here): a
+//! loaded model's handle, split in two to encode the header's threading rules.
+//!
+//! [`ModelShared`] (`info`/`tokenize`/`detokenize`) may be called from any
+//! thread; [`ModelExec`] (`seq_*`/`step`/`embed`) is owned by one scheduler
+//! and takes `&mut self`. The plugin's `unload_model` runs when the last of
+//! the two is dropped.
+
+use std::sync::Arc;
+
+use gantry_engine_abi::ffi;
+use gantry_engine_abi::{EngineError, ModelInfo, SampledToken, StepEntry};
+
+use super::{PluginInner, fill_growing, new_err, opt_string, read_err};
+
+/// The raw model handle; unloads when the last of shared/exec is dropped.
+pub(super) struct ModelHandle {
+    pub(super) plugin: Arc<PluginInner>,
+    pub(super) raw: *mut ffi::gantry_model_t,
+}
+
+// SAFETY: the header allows model_info/tokenize/detokenize from any thread
+// concurrently; exec calls are funnelled through the single `ModelExec`.
+unsafe impl Send for ModelHandle {}
+// SAFETY: as above.
+unsafe impl Sync for ModelHandle {}
+
+impl Drop for ModelHandle {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from load_model and is released exactly once.
+        unsafe { (self.plugin.vt.unload_model)(self.raw) };
+    }
+}
+
+impl ModelHandle {
+    pub(super) fn read_info(&self) -> Result<ModelInfo, EngineError> {
+        // SAFETY: zeroed is a valid bit pattern for this plain C struct
+        // (null pointers, zero numbers, false).
+        let mut raw: ffi::gantry_model_info_t = unsafe { std::mem::zeroed() };
+        raw.struct_size = size_of::<ffi::gantry_model_info_t>() as u32;
+        let mut err = new_err();
+        // SAFETY: live handle, host-allocated out struct.
+        let status = unsafe { (self.plugin.vt.model_info)(self.raw, &mut raw, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        let tok = |t: i32| (t >= 0).then_some(t);
+        // SAFETY: strings and arrays are owned by the model, valid until unload;
+        // we copy them out now.
+        unsafe {
+            let eog = if raw.eog_tokens.is_null() || raw.n_eog_tokens == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(raw.eog_tokens, raw.n_eog_tokens).to_vec()
+            };
+            Ok(ModelInfo {
+                architecture: opt_string(raw.architecture).unwrap_or_default(),
+                vocab_size: raw.vocab_size,
+                context_length: raw.context_length,
+                trained_context_length: raw.trained_context_length,
+                kv_capacity_tokens: raw.kv_capacity_tokens,
+                max_sequences: raw.max_sequences,
+                bos_token: tok(raw.bos_token),
+                eos_token: tok(raw.eos_token),
+                eog_tokens: eog,
+                bos_text: opt_string(raw.bos_text),
+                eos_text: opt_string(raw.eos_text),
+                chat_template: opt_string(raw.chat_template),
+                bytes_used: raw.bytes_used,
+                modalities: raw.modalities,
+                embedding_dims: raw.embedding_dims,
+                add_bos: raw.add_bos,
+            })
+        }
+    }
+}
+
+/// Calls on a model that any thread may make at any time.
+pub struct ModelShared {
+    pub(super) handle: Arc<ModelHandle>,
+    pub(super) info: ModelInfo,
+}
+
+impl std::fmt::Debug for ModelShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelShared")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl ModelShared {
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn plugin_id(&self) -> &str {
+        &self.handle.plugin.info.engine_id
+    }
+
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        // Most text is at most one token per byte, plus BOS.
+        fill_growing("tokenize", text.len() + 8, |buf: &mut [i32], n, err| {
+            // SAFETY: `text` and `buf` are valid for the lengths given.
+            unsafe {
+                (self.handle.plugin.vt.tokenize)(
+                    self.handle.raw,
+                    text.as_ptr().cast(),
+                    text.len(),
+                    add_special,
+                    parse_special,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                    n,
+                    err,
+                )
+            }
+        })
+    }
+
+    /// Raw bytes of `tokens`; may end inside a UTF-8 character.
+    pub fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        fill_growing(
+            "detokenize",
+            tokens.len() * 16 + 16,
+            |buf: &mut [u8], n, err| {
+                // SAFETY: `tokens` and `buf` are valid for the lengths given.
+                unsafe {
+                    (self.handle.plugin.vt.detokenize)(
+                        self.handle.raw,
+                        tokens.as_ptr(),
+                        tokens.len(),
+                        render_special,
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        n,
+                        err,
+                    )
+                }
+            },
+        )
+    }
+}
+
+/// Calls that only the model's scheduler makes (never concurrently).
+pub struct ModelExec {
+    pub(super) handle: Arc<ModelHandle>,
+    pub(super) shared: Arc<ModelShared>,
+}
+
+impl std::fmt::Debug for ModelExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelExec")
+            .field("model", &self.shared.info.architecture)
+            .finish()
+    }
+}
+
+impl ModelExec {
+    pub fn shared(&self) -> &Arc<ModelShared> {
+        &self.shared
+    }
+
+    pub fn seq_open(&mut self) -> Result<u64, EngineError> {
+        let mut seq = 0u64;
+        let mut err = new_err();
+        // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+        let status =
+            unsafe { (self.handle.plugin.vt.seq_open)(self.handle.raw, &mut seq, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(seq)
+    }
+
+    pub fn seq_release(&mut self, seq: u64) {
+        // SAFETY: live handle; unknown ids are a no-op by contract.
+        unsafe { (self.handle.plugin.vt.seq_release)(self.handle.raw, seq) };
+    }
+
+    /// One forward pass; see the header's `step`.
+    pub fn step(
+        &mut self,
+        entries: &[StepEntry<'_>],
+    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        // The C views borrow from these vectors, which outlive the call.
+        let biases: Vec<Vec<ffi::gantry_logit_bias_t>> = entries
+            .iter()
+            .map(|e| {
+                e.sample.map_or_else(Vec::new, |s| {
+                    s.logit_bias
+                        .iter()
+                        .map(|&(token, bias)| ffi::gantry_logit_bias_t { token, bias })
+                        .collect()
+                })
+            })
+            .collect();
+        let samplings: Vec<Option<ffi::gantry_sampling_t>> = entries
+            .iter()
+            .zip(&biases)
+            .map(|(e, b)| {
+                e.sample.map(|s| ffi::gantry_sampling_t {
+                    struct_size: size_of::<ffi::gantry_sampling_t>() as u32,
+                    temperature: s.temperature,
+                    top_p: s.top_p,
+                    top_k: s.top_k,
+                    min_p: s.min_p,
+                    repetition_penalty: s.repetition_penalty,
+                    presence_penalty: s.presence_penalty,
+                    frequency_penalty: s.frequency_penalty,
+                    penalty_last_n: s.penalty_last_n,
+                    seed: s.seed,
+                    logit_bias: if b.is_empty() {
+                        std::ptr::null()
+                    } else {
+                        b.as_ptr()
+                    },
+                    n_logit_bias: b.len(),
+                    top_logprobs: s.top_logprobs.min(ffi::GANTRY_MAX_TOP_LOGPROBS as u32),
+                    want_logprob: s.want_logprob,
+                })
+            })
+            .collect();
+        let raw: Vec<ffi::gantry_step_entry_t> = entries
+            .iter()
+            .zip(&samplings)
+            .map(|(e, s)| ffi::gantry_step_entry_t {
+                seq: e.seq,
+                tokens: e.tokens.as_ptr(),
+                n_tokens: e.tokens.len(),
+                flags: if s.is_some() {
+                    ffi::GANTRY_STEP_SAMPLE
+                } else {
+                    0
+                },
+                sampling: s.as_ref().map_or(std::ptr::null(), std::ptr::from_ref),
+            })
+            .collect();
+        let mut results = vec![ffi::gantry_step_result_t::default(); raw.len()];
+        let mut err = new_err();
+        // SAFETY: `raw`, `samplings`, `biases` and `results` are valid and
+        // outlive the call; `&mut self` keeps exec calls exclusive.
+        let status = unsafe {
+            (self.handle.plugin.vt.step)(
+                self.handle.raw,
+                raw.as_ptr(),
+                raw.len(),
+                results.as_mut_ptr(),
+                err.as_mut(),
+            )
+        };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(results
+            .into_iter()
+            .zip(entries)
+            .map(|(r, e)| {
+                e.sample.map(|_| SampledToken {
+                    token: r.token,
+                    logprob: r.logprob,
+                    top: r.top[..(r.n_top as usize).min(ffi::GANTRY_MAX_TOP_LOGPROBS)]
+                        .iter()
+                        .map(|t| (t.token, t.logprob))
+                        .collect(),
+                })
+            })
+            .collect())
+    }
+
+    pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        let dims = self.shared.info.embedding_dims as usize;
+        fill_growing("embed", dims, |out: &mut [f32], n, err| {
+            // SAFETY: buffers valid for the lengths given; exclusive via &mut self.
+            unsafe {
+                (self.handle.plugin.vt.embed)(
+                    self.handle.raw,
+                    tokens.as_ptr(),
+                    tokens.len(),
+                    out.as_mut_ptr(),
+                    out.len(),
+                    n,
+                    err,
+                )
+            }
+        })
+    }
+}

@@ -1,0 +1,480 @@
+//! HTTP layer, responses (the last step of a generation): cache or queue, then the scheduler's
+//! events as OpenAI JSON or as SSE.
+//!
+//! A temperature-0 answer found in the response cache is replayed; otherwise
+//! the job goes to the model's scheduler with a per-request event channel.
+//! A plain request collects the events into one `chat.completion` or
+//! `text_completion`; a stream sends one chunk per token, a final chunk with
+//! `finish_reason`, an optional usage chunk and `[DONE]`. Dropping the
+//! response (a client that disconnects) drops the event receiver, which the
+//! scheduler notices before its next step.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::limits::Generation;
+use super::{AppState, InflightGuard};
+use crate::cache::{CacheKey, CachedAnswer};
+use crate::error::ApiError;
+use crate::scheduler::{FinishReason, GenEvent, GenerateJob, Job, TokenLogprob};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    Chat,
+    Completion,
+}
+
+impl Flavor {
+    fn endpoint(self) -> &'static str {
+        match self {
+            Flavor::Chat => "chat_completions",
+            Flavor::Completion => "completions",
+        }
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn request_id(flavor: Flavor) -> String {
+    let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let prefix = match flavor {
+        Flavor::Chat => "chatcmpl",
+        Flavor::Completion => "cmpl",
+    };
+    format!("{prefix}-{:x}{n:06x}", t & 0xffff_ffff)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Answer a generation request: count it, replay a cached answer or queue the
+/// job, then collect the events into one JSON body or stream them as SSE.
+pub async fn respond(
+    state: AppState,
+    flavor: Flavor,
+    generation: Result<Generation, ApiError>,
+) -> Response {
+    let p = match generation {
+        Ok(p) => p,
+        Err(e) => {
+            state.count("-", flavor.endpoint(), e.status);
+            return e.into_response();
+        }
+    };
+    let guard = InflightGuard::new(state.node.clone());
+    let key = state
+        .node
+        .cache
+        .enabled()
+        .then(|| {
+            CacheKey::for_request(
+                &p.model_id,
+                &p.prompt,
+                p.max_tokens,
+                &p.params.stop,
+                p.params.logprobs,
+                &p.params.sampling,
+            )
+        })
+        .flatten();
+    let source = match key.as_ref().and_then(|k| state.node.cache.get(k)) {
+        Some(events) => Source::Cached(events.into_iter()),
+        None => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let now = Instant::now();
+            let job = GenerateJob {
+                prompt: p.prompt.clone(),
+                max_tokens: p.max_tokens,
+                sampling: p.params.sampling.clone(),
+                stop: p.params.stop.clone(),
+                logprobs: p.params.logprobs,
+                deadline: p.deadline.map(|d| now + d),
+                arrived: now,
+                events: tx,
+            };
+            if let Err(e) = p.ready.scheduler.submit(Job::Generate(job)) {
+                let e = ApiError::from(e);
+                state.count(&p.model_id, flavor.endpoint(), e.status);
+                return e.into_response();
+            }
+            Source::Live {
+                rx,
+                record: key.map(|k| (k, Vec::new())),
+                hard_deadline: p.deadline.map(|d| now + d + Duration::from_secs(2)),
+            }
+        }
+    };
+    let meta = Meta {
+        id: request_id(flavor),
+        created: now_secs(),
+        model: p.model_id.clone(),
+        flavor,
+        logprobs: p.params.logprobs.is_some(),
+        include_usage: p.params.include_usage,
+        stall: p.stall,
+    };
+    if p.params.stream {
+        state.count(&p.model_id, flavor.endpoint(), 200);
+        stream_response(state, meta, source, guard).into_response()
+    } else {
+        let resp = collect_response(&state, &meta, source).await;
+        let code = match &resp {
+            Ok(_) => 200,
+            Err(e) => e.status,
+        };
+        state.count(&p.model_id, flavor.endpoint(), code);
+        drop(guard);
+        match resp {
+            Ok(v) => axum::Json(v).into_response(),
+            Err(e) => e.into_response(),
+        }
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    flavor: Flavor,
+    logprobs: bool,
+    include_usage: bool,
+    stall: Duration,
+}
+
+/// Where a request's events come from.
+enum Source {
+    Cached(std::vec::IntoIter<GenEvent>),
+    Live {
+        rx: mpsc::UnboundedReceiver<GenEvent>,
+        /// Events kept to fill the response cache once the answer is complete.
+        record: Option<(CacheKey, Vec<GenEvent>)>,
+        hard_deadline: Option<Instant>,
+    },
+}
+
+enum Next {
+    Event(GenEvent),
+    /// No token within the stall limit (after the first one) or past the hard deadline.
+    Stalled,
+    Closed,
+}
+
+impl Source {
+    async fn next(&mut self, seen_first: bool, stall: Duration, state: &AppState) -> Next {
+        match self {
+            Source::Cached(it) => it.next().map_or(Next::Closed, Next::Event),
+            Source::Live {
+                rx,
+                record,
+                hard_deadline,
+            } => {
+                let mut limit = if seen_first {
+                    stall
+                } else {
+                    Duration::from_secs(24 * 3600)
+                };
+                if let Some(d) = hard_deadline {
+                    limit = limit.min(d.saturating_duration_since(Instant::now()));
+                }
+                let ev = match tokio::time::timeout(limit, rx.recv()).await {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => return Next::Closed,
+                    Err(_) => return Next::Stalled,
+                };
+                if let Some((key, events)) = record {
+                    events.push(ev.clone());
+                    if matches!(ev, GenEvent::Done { .. })
+                        && let Some(answer) = CachedAnswer::new(key.clone(), std::mem::take(events))
+                    {
+                        state.node.cache.put(answer);
+                    }
+                }
+                Next::Event(ev)
+            }
+        }
+    }
+}
+
+fn usage(prompt: u32, completion: u32) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn chat_logprob(l: &TokenLogprob) -> Value {
+    json!({
+        "token": l.text,
+        "logprob": l.logprob,
+        "bytes": l.bytes,
+        "top_logprobs": l.top.iter().map(|(_, t, b, lp)| json!({"token": t, "logprob": lp, "bytes": b})).collect::<Vec<_>>(),
+    })
+}
+
+/// Legacy completions logprobs, accumulated.
+#[derive(Default)]
+struct LegacyLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    top: Vec<Value>,
+    offsets: Vec<usize>,
+}
+
+impl LegacyLogprobs {
+    fn push(&mut self, l: &TokenLogprob, offset: usize) {
+        self.tokens.push(l.text.clone());
+        self.token_logprobs.push(l.logprob);
+        let mut m = serde_json::Map::new();
+        for (_, t, _, lp) in &l.top {
+            m.insert(t.clone(), json!(lp));
+        }
+        self.top.push(Value::Object(m));
+        self.offsets.push(offset);
+    }
+    fn json(&self) -> Value {
+        json!({"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top, "text_offset": self.offsets})
+    }
+}
+
+async fn collect_response(
+    state: &AppState,
+    meta: &Meta,
+    mut source: Source,
+) -> Result<Value, ApiError> {
+    let mut text = String::new();
+    let mut chat_lp: Vec<Value> = Vec::new();
+    let mut legacy = LegacyLogprobs::default();
+    let mut seen_first = false;
+    loop {
+        match source.next(seen_first, meta.stall, state).await {
+            Next::Event(GenEvent::Token { text: t, logprob }) => {
+                seen_first = true;
+                if let Some(l) = &logprob {
+                    chat_lp.push(chat_logprob(l));
+                    legacy.push(l, text.len());
+                }
+                text.push_str(&t);
+            }
+            Next::Event(GenEvent::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                if reason == FinishReason::Deadline {
+                    return Err(ApiError::timeout(format!(
+                        "the request deadline passed after {completion_tokens} tokens; a non-streamed request returns nothing partial"
+                    )));
+                }
+                let u = usage(prompt_tokens, completion_tokens);
+                return Ok(match meta.flavor {
+                    Flavor::Chat => json!({
+                        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+                        "system_fingerprint": fingerprint(),
+                        "choices": [{
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": if meta.logprobs { json!({"content": chat_lp}) } else { Value::Null },
+                            "finish_reason": reason.as_openai(),
+                        }],
+                        "usage": u,
+                    }),
+                    Flavor::Completion => json!({
+                        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+                        "system_fingerprint": fingerprint(),
+                        "choices": [{
+                            "index": 0,
+                            "text": text,
+                            "logprobs": if meta.logprobs { legacy.json() } else { Value::Null },
+                            "finish_reason": reason.as_openai(),
+                        }],
+                        "usage": u,
+                    }),
+                });
+            }
+            Next::Event(GenEvent::Error(e)) => return Err(ApiError::from(e)),
+            Next::Stalled => {
+                return Err(ApiError::timeout(
+                    "no token arrived within the stall limit; the engine may be hung",
+                ));
+            }
+            Next::Closed => {
+                return Err(ApiError::internal(
+                    "the scheduler ended the request without an answer",
+                ));
+            }
+        }
+    }
+}
+
+fn fingerprint() -> String {
+    concat!("gantry-", env!("CARGO_PKG_VERSION")).to_string()
+}
+
+/// State carried from one SSE event to the next.
+struct StreamState {
+    state: AppState,
+    meta: Meta,
+    source: Source,
+    _guard: InflightGuard,
+    started: bool,
+    seen_first: bool,
+    done: bool,
+    text_len: usize,
+}
+
+fn data(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+impl StreamState {
+    fn chunk(
+        &self,
+        delta_text: &str,
+        logprob: Option<&TokenLogprob>,
+        finish: Option<&str>,
+    ) -> Value {
+        match self.meta.flavor {
+            Flavor::Chat => {
+                let delta = if finish.is_some() && delta_text.is_empty() {
+                    json!({})
+                } else {
+                    json!({"content": delta_text})
+                };
+                json!({
+                    "id": self.meta.id, "object": "chat.completion.chunk", "created": self.meta.created,
+                    "model": self.meta.model, "system_fingerprint": fingerprint(),
+                    "choices": [{
+                        "index": 0, "delta": delta,
+                        "logprobs": logprob.map(|l| json!({"content": [chat_logprob(l)]})),
+                        "finish_reason": finish,
+                    }],
+                })
+            }
+            Flavor::Completion => {
+                let lp = logprob.map(|l| {
+                    let mut one = LegacyLogprobs::default();
+                    one.push(l, self.text_len);
+                    one.json()
+                });
+                json!({
+                    "id": self.meta.id, "object": "text_completion", "created": self.meta.created,
+                    "model": self.meta.model, "system_fingerprint": fingerprint(),
+                    "choices": [{"index": 0, "text": delta_text, "logprobs": lp, "finish_reason": finish}],
+                })
+            }
+        }
+    }
+
+    fn usage_chunk(&self, prompt: u32, completion: u32) -> Value {
+        let object = match self.meta.flavor {
+            Flavor::Chat => "chat.completion.chunk",
+            Flavor::Completion => "text_completion",
+        };
+        json!({
+            "id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model,
+            "system_fingerprint": fingerprint(), "choices": [], "usage": usage(prompt, completion),
+        })
+    }
+
+    /// The events for the next step of the stream (empty = end).
+    async fn advance(&mut self) -> Vec<Event> {
+        if self.done {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if !self.started {
+            self.started = true;
+            if self.meta.flavor == Flavor::Chat {
+                let mut first = self.chunk("", None, None);
+                first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
+                out.push(data(&first));
+                return out;
+            }
+        }
+        match self
+            .source
+            .next(self.seen_first, self.meta.stall, &self.state)
+            .await
+        {
+            Next::Event(GenEvent::Token { text, logprob }) => {
+                self.seen_first = true;
+                out.push(data(&self.chunk(&text, logprob.as_ref(), None)));
+                self.text_len += text.len();
+            }
+            Next::Event(GenEvent::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                if reason == FinishReason::Deadline {
+                    tracing::info!(model = %self.meta.model, id = %self.meta.id, "request deadline passed; the stream ends with what it has");
+                }
+                out.push(data(&self.chunk("", None, Some(reason.as_openai()))));
+                if self.meta.include_usage {
+                    out.push(data(&self.usage_chunk(prompt_tokens, completion_tokens)));
+                }
+                out.push(Event::default().data("[DONE]"));
+                self.done = true;
+            }
+            Next::Event(GenEvent::Error(e)) => {
+                let e = ApiError::from(e);
+                out.push(Event::default().data(e.body_json()));
+                out.push(Event::default().data("[DONE]"));
+                self.done = true;
+            }
+            Next::Stalled => {
+                tracing::warn!(model = %self.meta.model, id = %self.meta.id, "no token within the stall limit; ending the stream");
+                out.push(data(&self.chunk("", None, Some("length"))));
+                out.push(Event::default().data("[DONE]"));
+                self.done = true;
+            }
+            Next::Closed => {
+                out.push(
+                    Event::default().data(
+                        ApiError::internal("the request ended without an answer").body_json(),
+                    ),
+                );
+                self.done = true;
+            }
+        }
+        out
+    }
+}
+
+fn stream_response(
+    state: AppState,
+    meta: Meta,
+    source: Source,
+    guard: InflightGuard,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let st = StreamState {
+        state,
+        meta,
+        source,
+        _guard: guard,
+        started: false,
+        seen_first: false,
+        done: false,
+        text_len: 0,
+    };
+    let events = stream::unfold(st, |mut st| async move {
+        let batch = st.advance().await;
+        if batch.is_empty() {
+            None
+        } else {
+            Some((stream::iter(batch.into_iter().map(Ok)), st))
+        }
+    })
+    .flatten();
+    Sse::new(events)
+}

@@ -1,0 +1,288 @@
+//! Node state, memory policy applied (before and after every model load): last use,
+//! estimates, unloads and refusals.
+//!
+//! The decisions are memory.rs's pure functions over a snapshot of the
+//! resident models; this is the node's side, which takes the snapshot and
+//! carries the decisions out.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gantry_engine_abi::Format;
+
+use super::{Bytes, NodeMemory, Note, Pool, Refusal, Resident, Unload};
+use crate::config::LoadPolicy;
+use crate::node::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
+
+/// The memory policy's side of the node (the decisions are memory.rs's pure
+/// functions): last use, estimates, unloads and refusals.
+impl Node {
+    /// Replace the RAM budget: `bytes`, or when 0 the cgroup limit, else MemTotal.
+    pub fn with_ram_limit(mut self, bytes: u64) -> Self {
+        self.memory = NodeMemory::new(
+            self.engine_config.backend,
+            self.engine_config.vram_limit_bytes,
+            bytes,
+        );
+        self
+    }
+
+    /// A request was admitted for `m`: it is now the most recently used.
+    pub fn touch(&self, m: &ServedModel) {
+        m.memory.touch(self.started.elapsed().as_millis() as u64);
+    }
+
+    /// The pool a model's weights and KV live in on this node.
+    fn pool(&self) -> Pool {
+        Pool::of(self.engine_config.backend)
+    }
+
+    /// Bytes `m` will hold once loaded, before loading it: its weight files
+    /// plus the KV cache for its context (per-sequence context x sequences,
+    /// at f16, from the GGUF header). Returns the total and how it was made.
+    fn estimate(&self, m: &ServedModel, primary: &Path) -> (u64, String) {
+        let weights = super::weight_bytes(primary, m.format);
+        let mut how = format!("weights {}", super::human(weights));
+        let mut kv = 0u64;
+        if m.format == Format::Gguf {
+            match crate::gguf::read_header(primary) {
+                Ok(h) => {
+                    let wanted = m
+                        .config
+                        .context_length
+                        .filter(|c| *c > 0)
+                        .unwrap_or(self.engine_config.context_length);
+                    let trained = h
+                        .context_length()
+                        .and_then(|c| u32::try_from(c).ok())
+                        .unwrap_or(u32::MAX)
+                        .max(1);
+                    let per_seq = if wanted == 0 {
+                        trained
+                    } else {
+                        wanted.min(trained)
+                    };
+                    let seqs = m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH).max(1);
+                    let cells = u64::from(per_seq) * u64::from(seqs);
+                    match h.kv_bytes_per_token() {
+                        Some(per_cell) => {
+                            kv = per_cell.saturating_mul(cells);
+                            how.push_str(&format!(
+                                " + KV {} ({per_seq} tokens x {seqs} sequences)",
+                                super::human(kv)
+                            ));
+                        }
+                        None => {
+                            how.push_str(" (the header gives no attention shape; KV not counted)")
+                        }
+                    }
+                }
+                Err(e) => how.push_str(&format!(" (header unreadable: {e}; KV not counted)")),
+            }
+        }
+        (weights.saturating_add(kv), how)
+    }
+
+    /// What a loaded model holds: the engine's report, else the estimate.
+    fn held(&self, m: &ServedModel, r: &ReadyModel) -> Bytes {
+        let reported = r.shared.info().bytes_used;
+        let n = if reported > 0 {
+            reported
+        } else {
+            m.memory.estimate.load(Ordering::Relaxed)
+        };
+        Bytes::in_pool(self.pool(), n)
+    }
+
+    /// Every loaded model as the policy sees it. Idle means nothing holds
+    /// the model but its state (no request between admission and its last
+    /// token) and nothing is queued; only `load: lazy` models may go, since
+    /// an eager model's absence would make the node unready.
+    fn residents(&self) -> Vec<Resident> {
+        let mut out = Vec::new();
+        for m in self.models.values() {
+            let Ok(state) = m.state.read() else { continue };
+            if let ModelState::Ready(r) = &*state {
+                out.push(Resident {
+                    id: m.config.id.clone(),
+                    held: self.held(m, r),
+                    last_used: m.memory.last_used(),
+                    evictable: m.config.load == LoadPolicy::Lazy && is_idle(r),
+                });
+            }
+        }
+        out
+    }
+
+    /// Unload `u` if it is still idle (a request may have taken it since the
+    /// plan was made). Its scheduler stops and the engine frees the model
+    /// once the state's reference, the last one, is dropped here.
+    fn unload_for_memory(&self, u: &Unload, why: &str) -> bool {
+        let Some(m) = self.models.get(&u.id) else {
+            return false;
+        };
+        let Ok(mut state) = m.state.write() else {
+            return false;
+        };
+        let held = match &*state {
+            ModelState::Ready(r) if is_idle(r) => self.held(m, r),
+            _ => return false,
+        };
+        let pool = u.pool;
+        let limit = self.memory.limits.get(pool);
+        let message = format!(
+            "unloaded as the least recently used idle model: {} use was {} of {} (watermark {} %) {why}; it reloads on its next request",
+            pool.name(),
+            super::human(u.used),
+            super::human(limit),
+            super::WATERMARK_PERCENT,
+        );
+        tracing::warn!(target: "gantry::alert", model = %u.id, pool = pool.label(), used = u.used, limit, freed = held.get(pool), "{message}");
+        *state = ModelState::Idle;
+        drop(state);
+        m.memory.set_note(Some(Note::Unloaded(message)));
+        let reason = format!("{}_watermark", pool.label());
+        self.metrics
+            .model_unloads
+            .with_label_values(&[u.id.as_str(), reason.as_str()])
+            .inc();
+        self.metrics
+            .vram_used_bytes
+            .with_label_values(&[&u.id])
+            .set(0.0);
+        true
+    }
+
+    /// Before loading `m`: estimate its need and unload least-recently-used
+    /// idle models until it fits under the watermark, or refuse. A model
+    /// whose last request is still finishing (its response sent, its
+    /// scheduler not yet idle) gets a short, bounded moment to settle before
+    /// the load is refused; so does a model that became busy after the plan.
+    pub(crate) fn make_room(&self, m: &ServedModel, primary: &Path) -> Result<(), Refusal> {
+        /// How long a load waits for busy lazy models to go idle.
+        const SETTLE: Duration = Duration::from_millis(500);
+        let (need, how) = self.estimate(m, primary);
+        m.memory.estimate.store(need, Ordering::Relaxed);
+        let need = Bytes::in_pool(self.pool(), need);
+        let id = m.config.id.as_str();
+        let why = format!("before loading model `{id}`");
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let settling = Instant::now() < deadline && self.lazy_model_busy(id);
+            match super::plan_load(&self.memory.limits, id, need, &self.residents()) {
+                Err(mut r) if r.never_fits || !settling => {
+                    r.message.push_str(&format!(" (estimate: {how})"));
+                    return Err(r);
+                }
+                Err(_) => {}
+                Ok(unloads) => {
+                    let mut all = true;
+                    for u in &unloads {
+                        all &= self.unload_for_memory(u, &why);
+                    }
+                    if all {
+                        self.update_memory_gauges();
+                        return Ok(());
+                    }
+                    if Instant::now() >= deadline {
+                        let pool = self.pool();
+                        return Err(Refusal {
+                            pool,
+                            message: format!(
+                                "{}: model `{id}` needs {how}; the models that could make room kept getting busy",
+                                pool.oom()
+                            ),
+                            never_fits: false,
+                        });
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A loaded `load: lazy` model other than `except` is serving a request.
+    fn lazy_model_busy(&self, except: &str) -> bool {
+        self.models.values().any(|m| {
+            m.config.id != except
+                && m.config.load == LoadPolicy::Lazy
+                && m.state
+                    .read()
+                    .is_ok_and(|s| matches!(&*s, ModelState::Ready(r) if !is_idle(r)))
+        })
+    }
+
+    /// `m` came up: bring the pools back under their watermarks, and if the
+    /// engine's real footprint does not fit at all, unload `m` itself.
+    pub(crate) fn after_load(&self, m: &ServedModel) {
+        let id = m.config.id.as_str();
+        let (unloads, over) = super::plan_after_load(&self.memory.limits, id, &self.residents());
+        let why = format!("after model `{id}` loaded");
+        for u in &unloads {
+            self.unload_for_memory(u, &why);
+        }
+        if let Some(pool) = over {
+            let held = m.ready().map_or(0, |r| self.held(m, &r).get(pool));
+            let message = format!(
+                "{}: model `{id}` holds {} of {} once loaded (the engine's report), more than fits beside the models in use; unloaded again",
+                pool.oom(),
+                super::human(held),
+                pool.name()
+            );
+            m.set(ModelState::Idle);
+            let never_fits = false;
+            self.refuse_load(
+                m,
+                Refusal {
+                    pool,
+                    message,
+                    never_fits,
+                },
+            );
+        }
+        self.update_memory_gauges();
+    }
+
+    /// Record a refused load: the model stays unloaded (its next request
+    /// tries again), its status says why, and an alert is logged.
+    pub(crate) fn refuse_load(&self, m: &ServedModel, r: Refusal) {
+        tracing::error!(target: "gantry::alert", model = %m.config.id, code = %r.pool.oom(), "model load refused: {}", r.message);
+        self.metrics
+            .model_load_refusals
+            .with_label_values(&[m.config.id.as_str(), r.pool.oom().name()])
+            .inc();
+        m.memory.set_note(Some(Note::Refused(r)));
+        m.set(ModelState::Idle);
+        self.update_memory_gauges();
+    }
+
+    fn update_memory_gauges(&self) {
+        let mut used = Bytes::default();
+        for r in self.residents() {
+            used.vram = used.vram.saturating_add(r.held.vram);
+            used.ram = used.ram.saturating_add(r.held.ram);
+        }
+        for pool in Pool::ALL {
+            let l = [pool.label()];
+            self.metrics
+                .memory_used_bytes
+                .with_label_values(&l)
+                .set(used.get(pool) as f64);
+            self.metrics
+                .memory_limit_bytes
+                .with_label_values(&l)
+                .set(self.memory.limits.get(pool) as f64);
+        }
+    }
+}
+
+/// No request holds the model (the state's reference is the only one) and
+/// nothing is queued or running in its scheduler.
+fn is_idle(r: &Arc<ReadyModel>) -> bool {
+    let f = &r.scheduler.figures;
+    Arc::strong_count(r) == 1
+        && f.waiting.load(Ordering::Relaxed) == 0
+        && f.running.load(Ordering::Relaxed) == 0
+}

@@ -1,0 +1,289 @@
+//! Node state, model lifecycle (the step after validation): the model a request names, ready
+//! to serve — loaded first when it is lazy — or why it is not.
+//!
+//! `ready_model` answers for every request; its refusals are [`Unavailable`],
+//! which `error.rs` maps to HTTP (404, or 503 with `Retry-After`, or 507 when
+//! the memory policy refused the load). `load` brings a model up: memory
+//! room (memory/node.rs), the engine's `load_model`, the chat template, the
+//! tokenizer and the model's scheduler.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gantry_api::{ArtifactState, ArtifactStatus, EngineVerdict};
+use gantry_engine_abi::{ModelDescriptor, Status};
+
+use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
+use crate::config::ModelConfig;
+use crate::memory::{Pool, Refusal};
+use crate::scheduler::SchedulerSettings;
+use crate::template::{ChatTemplate, TemplateSource};
+use crate::tokenizer::Tokenizer;
+
+/// Why a model cannot take a request now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Unavailable {
+    /// The node is shutting down.
+    Draining,
+    /// No model by that id on this node.
+    Unknown(String),
+    /// Its artifacts are still being fetched; how far it got, when known.
+    Downloading {
+        id: String,
+        progress: Option<ArtifactStatus>,
+    },
+    /// Being inspected or loaded by another request or at start-up.
+    Loading(String),
+    /// Being loaded; the caller should retry shortly.
+    LoadingNow(String),
+    /// The memory policy or the engine refused to load it.
+    Refused(Refusal),
+    /// This request's load failed.
+    LoadFailed { id: String, message: String },
+    /// It failed before this request (artifacts or an earlier load).
+    Failed { id: String, message: String },
+    /// No engine supports it; why, per plugin.
+    Unsupported { id: String, why: String },
+    /// The blocking load task could not be joined.
+    LoadTask(String),
+}
+
+impl Node {
+    /// The model `id` ready to serve, loading it first when it is idle
+    /// (`load: lazy`, or unloaded by the memory policy).
+    pub async fn ready_model(
+        self: &Arc<Self>,
+        id: &str,
+    ) -> Result<(Arc<ServedModel>, Arc<ReadyModel>), Unavailable> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Unavailable::Draining);
+        }
+        let m = self
+            .models
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Unavailable::Unknown(id.to_string()))?;
+        let id = id.to_string();
+        match m.state() {
+            ModelState::Ready(r) => {
+                self.touch(&m); // the memory policy's "last used"
+                Ok((m, r))
+            }
+            ModelState::Idle => {
+                // This request loads the model.
+                self.touch(&m);
+                let (n, mm) = (self.clone(), m.clone());
+                tokio::task::spawn_blocking(move || n.load(&mm))
+                    .await
+                    .map_err(|e| Unavailable::LoadTask(e.to_string()))?;
+                match m.state() {
+                    ModelState::Ready(r) => Ok((m, r)),
+                    // Refused by the memory policy or the engine: 507 with OOM_RAM/OOM_VRAM.
+                    ModelState::Idle => Err(match m.memory.refusal() {
+                        Some(r) => Unavailable::Refused(r),
+                        None => Unavailable::LoadingNow(id),
+                    }),
+                    ModelState::Failed(message) => Err(Unavailable::LoadFailed { id, message }),
+                    _ => Err(Unavailable::LoadingNow(id)),
+                }
+            }
+            ModelState::Pending
+                if m.download
+                    .as_ref()
+                    .is_some_and(|d| d.state() != ArtifactState::Ready) =>
+            {
+                Err(Unavailable::Downloading {
+                    id,
+                    progress: m.download.as_ref().map(|p| p.snapshot()),
+                })
+            }
+            ModelState::Pending | ModelState::Loading => Err(Unavailable::Loading(id)),
+            ModelState::Failed(message) => Err(Unavailable::Failed { id, message }),
+            ModelState::Unsupported => {
+                let why = m
+                    .verdict
+                    .read()
+                    .ok()
+                    .and_then(|v| v.clone())
+                    .map(|v| match v {
+                        EngineVerdict::Unsupported { rejections } => rejections
+                            .iter()
+                            .map(|r| format!("{}: {}", r.plugin, r.reason))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                        EngineVerdict::Supported { .. } => String::new(),
+                    })
+                    .unwrap_or_default();
+                Err(Unavailable::Unsupported { id, why })
+            }
+        }
+    }
+
+    /// Load a supported model and start its scheduler. Blocking.
+    pub fn load(&self, m: &ServedModel) {
+        let _serial = m.load_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(m.state(), ModelState::Idle) {
+            return;
+        }
+        let Some(reg) = self.registry.get() else {
+            return;
+        };
+        let plugin_id = match m.verdict.read().ok().and_then(|v| v.clone()) {
+            Some(EngineVerdict::Supported { plugin, .. }) => plugin,
+            _ => return,
+        };
+        let Some(plugin) = reg.plugin(&plugin_id) else {
+            return;
+        };
+        let Some(primary) = m.primary.read().ok().and_then(|p| p.clone()) else {
+            return;
+        };
+        // Plan, unload and load as one step: no other load counts the same free bytes.
+        let _room = self.memory.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(r) = self.make_room(m, &primary) {
+            self.refuse_load(m, r);
+            return;
+        }
+        m.set(ModelState::Loading);
+        let t0 = Instant::now();
+        let desc = ModelDescriptor {
+            model_id: m.config.id.clone(),
+            model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            primary_file: primary.clone(),
+            format: m.format,
+            quantization: m
+                .fetched
+                .get()
+                .and_then(|f| f.quantization.clone())
+                .or_else(|| m.config.quantization.clone()),
+            mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
+            context_length: m.config.context_length.unwrap_or(0),
+            max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
+        };
+        let (shared, exec) = match plugin.load_model(&desc) {
+            Ok(x) => x,
+            Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
+                // The engine refused and freed what it had (no partial loads).
+                let pool = if e.status == Status::OomVram {
+                    Pool::Vram
+                } else {
+                    Pool::Ram
+                };
+                let message = format!(
+                    "{}: the engine refused model `{}`: {}",
+                    e.status, m.config.id, e.message
+                );
+                let never_fits = false;
+                self.refuse_load(
+                    m,
+                    Refusal {
+                        pool,
+                        message,
+                        never_fits,
+                    },
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::error!(model = %m.config.id, error = %e, "model load failed");
+                m.set(ModelState::Failed(format!("load failed: {e}")));
+                return;
+            }
+        };
+        let load_s = t0.elapsed().as_secs_f64();
+        self.metrics
+            .model_load_seconds
+            .with_label_values(&[&m.config.id])
+            .set(load_s);
+        let info = shared.info().clone();
+        self.metrics
+            .vram_used_bytes
+            .with_label_values(&[&m.config.id])
+            .set(info.bytes_used as f64);
+        self.metrics
+            .vram_total_bytes
+            .with_label_values(&[&m.config.id])
+            .set(self.engine_config.vram_limit_bytes as f64);
+        let model_dir = primary.parent().unwrap_or(Path::new("."));
+        let template = match choose_template(&m.config, &info, model_dir) {
+            Ok(t) => t,
+            Err(e) => {
+                m.set(ModelState::Failed(format!("chat template: {e}")));
+                return;
+            }
+        };
+        if template.source() == TemplateSource::DefaultChatml {
+            tracing::warn!(model = %m.config.id, "the model has no chat template; using the default ChatML template");
+        }
+        let tokenizer = match Tokenizer::for_model(model_dir, shared.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                m.set(ModelState::Failed(format!("tokenizer: {e}")));
+                return;
+            }
+        };
+        let sched = &self.config.scheduler;
+        let settings = SchedulerSettings {
+            prefill_chunk_tokens: sched.prefill_chunk_tokens as usize,
+            step_timeout: std::time::Duration::from_secs(sched.step_timeout_seconds.max(1)),
+        };
+        let scheduler = match crate::scheduler::spawn(
+            m.config.id.clone(),
+            exec,
+            self.metrics.clone(),
+            settings,
+            self.hung.clone(),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                m.set(ModelState::Failed(format!(
+                    "cannot start the scheduler: {e}"
+                )));
+                return;
+            }
+        };
+        tracing::info!(model = %m.config.id, plugin = %plugin_id, load_s, ctx = info.context_length, kv = info.kv_capacity_tokens, template = template.source().as_str(), "model ready");
+        m.set(ModelState::Ready(Arc::new(ReadyModel {
+            shared,
+            scheduler,
+            template,
+            tokenizer,
+            plugin: plugin_id,
+        })));
+        m.memory.set_note(None);
+        self.after_load(m);
+    }
+}
+
+/// Override > the model's own (GGUF or tokenizer_config.json) > ChatML.
+fn choose_template(
+    cfg: &ModelConfig,
+    info: &gantry_engine_abi::ModelInfo,
+    model_dir: &Path,
+) -> Result<ChatTemplate, crate::template::TemplateError> {
+    let bos = info.bos_text.clone();
+    let eos = info.eos_text.clone();
+    if let Some(t) = &cfg.chat_template {
+        return ChatTemplate::new(TemplateSource::Override, t, bos, eos);
+    }
+    if let Some(t) = &info.chat_template {
+        return ChatTemplate::new(TemplateSource::Model, t, bos, eos);
+    }
+    let tc = model_dir.join("tokenizer_config.json");
+    if tc.is_file() {
+        match ChatTemplate::from_tokenizer_config(&tc) {
+            Ok(t) => return Ok(t),
+            Err(e) => {
+                tracing::warn!(path = %tc.display(), error = %e, "cannot use the template in tokenizer_config.json")
+            }
+        }
+    }
+    ChatTemplate::new(
+        TemplateSource::DefaultChatml,
+        crate::template::CHATML,
+        bos,
+        eos,
+    )
+}

@@ -1,0 +1,134 @@
+//! Node state, status (beside the request path): what `/readyz`, `/healthz` and `/v1/status`
+//! report about the node, its plugins and every model.
+
+use std::sync::atomic::Ordering;
+
+use gantry_api::{
+    ArtifactState, ArtifactStatus, LoadState, LoadStatus, ModelStatus, NodeStatus, PluginStatus,
+    QueueStatus,
+};
+
+use super::{ModelState, Node, ServedModel};
+use crate::config::LoadPolicy;
+use crate::engine_host::PluginState;
+use crate::memory::Note;
+
+impl Node {
+    /// `/readyz`: every model has a supporting engine and its artifacts, and
+    /// eager models are loaded; never while draining.
+    pub fn is_ready(&self) -> bool {
+        if self.draining.load(Ordering::SeqCst) || self.registry.get().is_none() {
+            return false;
+        }
+        self.models.values().all(|m| match m.state() {
+            ModelState::Ready(_) => true,
+            ModelState::Idle => m.config.load == LoadPolicy::Lazy,
+            _ => false,
+        })
+    }
+
+    pub fn is_live(&self) -> bool {
+        !self.hung.load(Ordering::SeqCst)
+    }
+
+    /// The document served at `/v1/status`.
+    pub fn status(&self) -> NodeStatus {
+        let plugins = self
+            .registry
+            .get()
+            .map(|reg| {
+                reg.records
+                    .iter()
+                    .map(|r| {
+                        let s = r.summary();
+                        let (reason, message) = match &r.state {
+                            PluginState::Loaded(_) => (None, None),
+                            PluginState::Refused { label, reason } => {
+                                (Some(label.to_string()), Some(reason.clone()))
+                            }
+                        };
+                        PluginStatus {
+                            id: s.id,
+                            version: s.version,
+                            abi_version: s.abi_version,
+                            gpu_backend: s.gpu_backend,
+                            loaded: r.plugin().is_some(),
+                            reason,
+                            message,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let models = self.models.values().map(|m| self.model_status(m)).collect();
+        NodeStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: self.engine_config.backend.as_str().to_string(),
+            ready: self.is_ready(),
+            draining: self.draining.load(Ordering::SeqCst),
+            plugins,
+            models,
+        }
+    }
+
+    fn model_status(&self, m: &ServedModel) -> ModelStatus {
+        let state = m.state();
+        let artifact_ready = m.primary.read().map(|p| p.is_some()).unwrap_or(false);
+        let size = m.artifact_bytes.load(Ordering::Relaxed);
+        let downloaded = m.download.as_ref().map(|p| p.snapshot());
+        let (load_state, message) = match &state {
+            // The memory policy's last word: unloaded to relieve a pool, or refused.
+            ModelState::Idle => match m.memory.note() {
+                Some(Note::Refused(r)) => (LoadState::Failed, Some(r.message)),
+                Some(Note::Unloaded(msg)) => (LoadState::Unloaded, Some(msg)),
+                None => (LoadState::Unloaded, None),
+            },
+            ModelState::Pending | ModelState::Unsupported => (LoadState::Unloaded, None),
+            ModelState::Loading => (LoadState::Loading, None),
+            ModelState::Ready(_) => (LoadState::Loaded, None),
+            ModelState::Failed(msg) => (LoadState::Failed, Some(msg.clone())),
+        };
+        let (plugin, bytes_used, queue) = match &state {
+            ModelState::Ready(r) => {
+                let f = &r.scheduler.figures;
+                (
+                    Some(r.plugin.clone()),
+                    r.shared.info().bytes_used,
+                    QueueStatus {
+                        waiting: f.waiting.load(Ordering::Relaxed),
+                        running: f.running.load(Ordering::Relaxed),
+                        kv_capacity_tokens: r.scheduler.kv_capacity,
+                        kv_used_tokens: f.kv_used.load(Ordering::Relaxed),
+                    },
+                )
+            }
+            _ => (None, 0, QueueStatus::default()),
+        };
+        ModelStatus {
+            id: m.config.id.clone(),
+            format: m.format.as_str().to_string(),
+            architecture: m.architecture.read().ok().and_then(|a| a.clone()),
+            verdict: m.verdict.read().ok().and_then(|v| v.clone()),
+            artifact: downloaded.unwrap_or(ArtifactStatus {
+                state: if artifact_ready {
+                    ArtifactState::Ready
+                } else if matches!(state, ModelState::Failed(_)) {
+                    ArtifactState::Failed
+                } else {
+                    ArtifactState::Pending
+                },
+                bytes_done: size,
+                bytes_total: size,
+                bytes_per_second: 0.0,
+                message: None,
+            }),
+            load: LoadStatus {
+                state: load_state,
+                plugin,
+                message,
+                bytes_used,
+            },
+            queue,
+        }
+    }
+}
