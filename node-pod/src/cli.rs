@@ -9,7 +9,7 @@ use gantry_engine_abi::{Backend, EngineConfig};
 
 use std::sync::Arc;
 
-use crate::config::NodeConfig;
+use gantry_api::config::NodeConfig;
 use crate::engine_host::{EngineRegistry, PluginState, default_plugins_dir};
 use crate::node::Node;
 use crate::store::{ModelStore, SourceSettings};

@@ -8,16 +8,16 @@
 //! (continuous batching, one owner per model) → `engine_host` (plugin calls)
 //! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
 //! (model lifecycle and readiness), `memory` (LRU unloads, OOM refusals),
-//! `config`, `store` (sources, downloads, artifact selection), `gguf` (metadata), `metrics`,
+//! `store` (sources, downloads, artifact selection), `metrics`,
 //! `error` (the one OpenAI-shaped error type and every HTTP mapping) and `cli`.
+//! The rules the operator applies too (node config, source grammar, engine selection) come from
+//! `gantry-api`; the GGUF header and plugin manifest parsers from `gantry-formats`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
 pub mod cache;
 pub mod cli;
-pub use gantry_api::config;
 pub mod engine_host;
 pub mod error;
-pub mod gguf;
 pub mod http;
 pub mod memory;
 pub mod metrics;

@@ -25,7 +25,7 @@ use gantry_api::EngineVerdict;
 use gantry_engine_abi::{EngineConfig, Format};
 
 use crate::cache::ResponseCache;
-use crate::config::{LoadPolicy, ModelConfig, NodeConfig};
+use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
 use crate::engine_host::{EngineRegistry, ModelShared};
 use crate::memory::{ModelMemory, NodeMemory};
 use crate::metrics::Metrics;
@@ -318,7 +318,7 @@ impl Node {
 pub fn read_architecture(primary: &Path, format: Format) -> Result<String, String> {
     match format {
         Format::Gguf => {
-            let h = crate::gguf::read_header(primary)
+            let h = gantry_formats::gguf::read_header(primary)
                 .map_err(|e| format!("{}: {e}", primary.display()))?;
             h.architecture()
                 .map(str::to_string)

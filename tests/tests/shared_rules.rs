@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use gantry_api::RejectionKind;
 use gantry_engine_abi::{EngineConfig, Format};
-use gantry_node::config::NodeConfig;
+use gantry_api::config::NodeConfig;
 use gantry_node::engine_host::EngineRegistry;
 use gantry_operator::context::Settings;
 use gantry_operator::crd::{EnginePlugin, Model};

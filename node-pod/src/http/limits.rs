@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::validate::{ValidEmbeddingRequest, ValidParams, ValidPrompt};
-use crate::config::SchedulerConfig;
+use gantry_api::config::SchedulerConfig;
 use crate::error::ApiError;
 use crate::node::{ReadyModel, ServedModel};
 

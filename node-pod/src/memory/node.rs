@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use gantry_engine_abi::Format;
 
 use super::{Bytes, NodeMemory, Note, Pool, Refusal, Resident, Unload};
-use crate::config::LoadPolicy;
+use gantry_api::config::LoadPolicy;
 use crate::node::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
 
 /// The memory policy's side of the node (the decisions are memory.rs's pure
@@ -47,7 +47,7 @@ impl Node {
         let mut how = format!("weights {}", super::human(weights));
         let mut kv = 0u64;
         if m.format == Format::Gguf {
-            match crate::gguf::read_header(primary) {
+            match gantry_formats::gguf::read_header(primary) {
                 Ok(h) => {
                     let wanted = m
                         .config

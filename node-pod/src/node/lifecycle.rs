@@ -16,7 +16,7 @@ use gantry_api::{ArtifactState, ArtifactStatus, EngineVerdict};
 use gantry_engine_abi::{ModelDescriptor, Status};
 
 use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
-use crate::config::ModelConfig;
+use gantry_api::config::ModelConfig;
 use crate::memory::{Pool, Refusal};
 use crate::scheduler::SchedulerSettings;
 use crate::template::{ChatTemplate, TemplateSource};

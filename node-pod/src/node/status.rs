@@ -9,7 +9,7 @@ use gantry_api::{
 };
 
 use super::{ModelState, Node, ServedModel};
-use crate::config::LoadPolicy;
+use gantry_api::config::LoadPolicy;
 use crate::engine_host::PluginState;
 use crate::memory::Note;
 
