@@ -11,7 +11,6 @@
 
 pub mod autoscale;
 pub mod cli;
-pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod crd;
@@ -20,8 +19,10 @@ pub mod leader;
 pub mod malformed;
 pub mod metrics;
 pub mod model;
-pub mod names;
 pub mod node_report;
 pub mod plugin;
 pub mod rbac;
 pub mod write;
+
+// Shared with the gateway through `gantry-crd`; re-exported so the reconcile steps keep one path.
+pub use gantry_crd::{conditions, names};
