@@ -93,7 +93,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub autoscaler: crate::autoscale::AutoscalerArgs,
     #[command(flatten)]
-    pub gateway: crate::gateway::GatewayArgs,
+    pub gateway: gantry_gateway::GatewayArgs,
 }
 
 pub fn init_logging() {
@@ -179,14 +179,14 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
             None
         };
         let discovery = match (&g.endpoints_file, &client) {
-            (Some(path), _) => crate::gateway::Discovery::File(path.clone()),
-            (None, Some(c)) => crate::gateway::Discovery::Kube {
+            (Some(path), _) => gantry_gateway::Discovery::File(path.clone()),
+            (None, Some(c)) => gantry_gateway::Discovery::Kube {
                 client: c.clone(),
                 namespace: g.watch_namespace.clone(),
             },
             (None, None) => anyhow::bail!("the gateway needs --endpoints-file or a cluster"),
         };
-        let config = crate::gateway::GatewayConfig {
+        let config = gantry_gateway::GatewayConfig {
             settings: g.settings(),
             discovery,
             keys: g.key_source(),
@@ -196,7 +196,8 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(g.gateway_addr)
             .await
             .with_context(|| format!("cannot listen on {}", g.gateway_addr))?;
-        tasks.spawn(crate::gateway::serve(listener, config, shutdown_signal()));
+        let gateway = gantry_gateway::serve(listener, config, shutdown_signal());
+        tasks.spawn(async move { gateway.await.map_err(anyhow::Error::new) });
     }
     if args.components.contains(&Component::Controller) {
         let settings = Settings {
