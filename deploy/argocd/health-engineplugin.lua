@@ -1,6 +1,6 @@
 -- Argo CD health check for gantry.dev/EnginePlugin
 -- (resource.customizations.health.gantry.dev_EnginePlugin). Conditions from
--- operator/src/conditions.rs:
+-- crd/src/conditions.rs:
 --   Accepted=False (AbiMismatch, EngineIdConflict, InvalidSpec) -> Degraded
 --   Loaded=False (LoadErrors: a node pod refused the library)    -> Degraded
 --   Loaded=True                                                  -> Healthy

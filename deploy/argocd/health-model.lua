@@ -1,5 +1,5 @@
 -- Argo CD health check for gantry.dev/Model (resource.customizations.health.gantry.dev_Model).
--- Reads the conditions the operator writes (operator/src/conditions.rs, docs/operator.md):
+-- Reads the conditions the operator writes (crd/src/conditions.rs, docs/operator.md):
 --   Degraded=True                         -> Degraded (InvalidSpec, EngineUnresolved, DownloadFailed,
 --                                            LoadFailed, ApplyFailed, ProgressDeadlineExceeded)
 --   EngineResolved=False                  -> Degraded (NoMatchingEngine, RejectedByNode)

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::context::{Settings, default_node_image};
-use crate::controller::{RunConfig, run};
-use crate::crd::generate;
+use crate::controller::{self, RunConfig, run};
+use crate::crd::generate::{self, GenerateError};
 use crate::leader::LeaseConfig;
 
 #[derive(Debug, Parser)]
@@ -93,7 +93,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub autoscaler: crate::autoscale::AutoscalerArgs,
     #[command(flatten)]
-    pub gateway: crate::gateway::GatewayArgs,
+    pub gateway: gantry_gateway::GatewayArgs,
 }
 
 pub fn init_logging() {
@@ -111,14 +111,66 @@ fn identity(given: Option<String>) -> String {
         .unwrap_or_else(|| format!("gantry-operator-{}", std::process::id()))
 }
 
+/// Why a command failed; `main` prints it with its causes ([`error_chain`]) and exits 1.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Crdgen(#[from] GenerateError),
+    /// Printing to stdout failed (a closed pipe is not an error).
+    #[error(transparent)]
+    Stdout(std::io::Error),
+    #[error(transparent)]
+    RbacJson(#[from] serde_json::Error),
+    #[error(transparent)]
+    Run(#[from] ComponentError),
+}
+
+/// Why `run` could not start a component, or why one ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ComponentError {
+    #[error("cannot build a Kubernetes client for the gateway")]
+    GatewayClient(#[source] kube::Error),
+    #[error("the gateway needs --endpoints-file or a cluster")]
+    NoDiscovery,
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Gateway(#[from] gantry_gateway::ServeError),
+    #[error(transparent)]
+    Controller(#[from] controller::RunError),
+    #[error("component task panicked")]
+    Panicked(#[source] tokio::task::JoinError),
+    #[error("--components named nothing to run")]
+    NothingToRun,
+}
+
+/// An error and its causes on one line, `outer: cause: root cause`: how `main` and the
+/// component log report an error.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Run the parsed command.
-pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+pub async fn dispatch(cli: Cli) -> Result<ExitCode, CommandError> {
     match cli.command {
         Command::Crdgen { out } if out.is_empty() => {
             let yaml = generate::render_all()?;
             // `crdgen | head` closing the pipe early is not an error.
             match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(CommandError::Stdout(e))
+                }
                 _ => Ok(ExitCode::SUCCESS),
             }
         }
@@ -163,8 +215,7 @@ async fn shutdown_signal() {
 
 /// Start the chosen components. An error in any of them ends the process at once; a clean end
 /// (after SIGTERM) waits up to [`COMPONENT_DRAIN`] for the others to finish.
-async fn run_components(args: RunArgs) -> anyhow::Result<()> {
-    use anyhow::Context as _;
+async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
     let mut tasks = tokio::task::JoinSet::new();
     if args.components.contains(&Component::Gateway) {
         let g = args.gateway.clone();
@@ -173,20 +224,20 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
             Some(
                 kube::Client::try_default()
                     .await
-                    .context("cannot build a Kubernetes client for the gateway")?,
+                    .map_err(ComponentError::GatewayClient)?,
             )
         } else {
             None
         };
         let discovery = match (&g.endpoints_file, &client) {
-            (Some(path), _) => crate::gateway::Discovery::File(path.clone()),
-            (None, Some(c)) => crate::gateway::Discovery::Kube {
+            (Some(path), _) => gantry_gateway::Discovery::File(path.clone()),
+            (None, Some(c)) => gantry_gateway::Discovery::Kube {
                 client: c.clone(),
                 namespace: g.watch_namespace.clone(),
             },
-            (None, None) => anyhow::bail!("the gateway needs --endpoints-file or a cluster"),
+            (None, None) => return Err(ComponentError::NoDiscovery),
         };
-        let config = crate::gateway::GatewayConfig {
+        let config = gantry_gateway::GatewayConfig {
             settings: g.settings(),
             discovery,
             keys: g.key_source(),
@@ -195,8 +246,12 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
         };
         let listener = tokio::net::TcpListener::bind(g.gateway_addr)
             .await
-            .with_context(|| format!("cannot listen on {}", g.gateway_addr))?;
-        tasks.spawn(crate::gateway::serve(listener, config, shutdown_signal()));
+            .map_err(|source| ComponentError::Listen {
+                addr: g.gateway_addr,
+                source,
+            })?;
+        let gateway = gantry_gateway::serve(listener, config, shutdown_signal());
+        tasks.spawn(async move { gateway.await.map_err(ComponentError::Gateway) });
     }
     if args.components.contains(&Component::Controller) {
         let settings = Settings {
@@ -211,17 +266,18 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
                 identity(args.identity),
             )
         });
-        tasks.spawn(run(RunConfig {
+        let controller = run(RunConfig {
             settings,
             metrics_addr: args.metrics_addr,
             lease,
             concurrency: args.concurrency,
             autoscaler: args.autoscaler.config(),
-        }));
+        });
+        tasks.spawn(async move { controller.await.map_err(ComponentError::Controller) });
     }
     match tasks.join_next().await {
-        Some(done) => done.context("component task panicked")??,
-        None => anyhow::bail!("--components named nothing to run"),
+        Some(done) => done.map_err(ComponentError::Panicked)??,
+        None => return Err(ComponentError::NothingToRun),
     }
     // One component ended cleanly (SIGTERM): give the others their own drain, chiefly the
     // gateway's in-flight streams when the controller stops first. Bounded, because a follower
@@ -231,7 +287,7 @@ async fn run_components(args: RunArgs) -> anyhow::Result<()> {
             match done {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    tracing::error!(error = %format!("{e:#}"), "component ended with an error")
+                    tracing::error!(error = %error_chain(&e), "component ended with an error")
                 }
                 Err(e) => tracing::error!(error = %e, "component task panicked"),
             }

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -18,6 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::store::WriterDropped;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -25,7 +25,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use crate::autoscale::{self, AutoscalerConfig};
 use crate::context::{Context, Settings};
 use crate::crd::{EnginePlugin, Model};
-use crate::leader::{LeaderElector, LeaseConfig};
+use crate::leader::{LeaderElector, LeaseConfig, LeaseError};
 use crate::metrics::{self, Metrics};
 use crate::names::{FIELD_MANAGER, LABEL_MANAGED_BY};
 use crate::node_report::HttpNodeStatus;
@@ -44,6 +44,22 @@ pub struct RunConfig {
     pub autoscaler: Option<AutoscalerConfig>,
 }
 
+/// Why the controller could not start, or stopped leading.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")]
+    Client(#[source] kube::Error),
+    #[error("cannot register metrics")]
+    Metrics(#[source] prometheus::Error),
+    #[error("the EnginePlugin watch ended before listing")]
+    PluginWatch(#[source] WriterDropped),
+    #[error("cannot build the node status HTTP client")]
+    NodeStatusClient(#[source] reqwest::Error),
+    /// The Lease was lost: the process should exit and restart as a follower.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+}
+
 /// Names and generations of the cached EnginePlugins: changes only when a plugin is added,
 /// removed or its spec edited (status writes do not bump the generation).
 fn plugin_fingerprint(store: &Store<DeserializeGuard<EnginePlugin>>) -> BTreeMap<String, i64> {
@@ -56,16 +72,14 @@ fn plugin_fingerprint(store: &Store<DeserializeGuard<EnginePlugin>>) -> BTreeMap
 
 /// Run until SIGTERM/SIGINT, or until the Lease is lost (an error: the process should exit
 /// and restart as a follower).
-pub async fn run(config: RunConfig) -> anyhow::Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+pub async fn run(config: RunConfig) -> Result<(), RunError> {
+    let client = Client::try_default().await.map_err(RunError::Client)?;
     run_with_client(client, config).await
 }
 
 /// [`run`] with a given client (the end-to-end test points it at its own cluster).
-pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::new().context("cannot register metrics")?);
+pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), RunError> {
+    let metrics = Arc::new(Metrics::new().map_err(RunError::Metrics)?);
     let metrics_server = tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()));
 
     let mut elector = config
@@ -108,7 +122,7 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Resul
     plugin_store
         .wait_until_ready()
         .await
-        .context("the EnginePlugin watch ended before listing")?;
+        .map_err(RunError::PluginWatch)?;
 
     // Only the leader scales: two autoscalers would each keep their own history.
     let autoscaler = config.autoscaler.map(|a| {
@@ -121,8 +135,8 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Resul
         })
     });
 
-    let node_status = HttpNodeStatus::new(config.settings.node_port)
-        .context("cannot build the node status HTTP client")?;
+    let node_status =
+        HttpNodeStatus::new(config.settings.node_port).map_err(RunError::NodeStatusClient)?;
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.settings.clone(),
@@ -177,7 +191,7 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> anyhow::Resul
         Some(elector) => {
             tokio::select! {
                 _ = controllers => Ok(()),
-                lost = elector.hold(&metrics) => Err(anyhow::Error::new(lost)),
+                lost = elector.hold(&metrics) => Err(RunError::Lease(lost)),
             }
         }
         None => {

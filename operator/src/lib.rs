@@ -1,6 +1,7 @@
-//! The Gantry operator (library half of the `gantry-operator` binary): CRD types, the Model and
-//! EnginePlugin reconcilers, the built-in autoscaler, leader election, controller metrics, and
-//! the OpenAI gateway ([`gateway`]).
+//! The Gantry operator (library half of the `gantry-operator` binary): the Model and
+//! EnginePlugin reconcilers, the built-in autoscaler, leader election, controller metrics, CRD
+//! generation and the RBAC table. The CRD types come from `gantry-crd`; the OpenAI gateway is
+//! `gantry-gateway`, which `gantry-operator run --components gateway` starts ([`cli`]).
 //!
 //! A Model reconcile is a pipeline, each step its own module under [`model`]:
 //! read → validate → resolve + build (pure) → apply → status. The
@@ -12,17 +13,17 @@
 pub mod acceptance;
 pub mod autoscale;
 pub mod cli;
-pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod crd;
-pub mod gateway;
 pub mod leader;
 pub mod malformed;
 pub mod metrics;
 pub mod model;
-pub mod names;
 pub mod node_report;
 pub mod plugin;
 pub mod rbac;
 pub mod write;
+
+// Shared with the gateway through `gantry-crd`; re-exported so the reconcile steps keep one path.
+pub use gantry_crd::{conditions, names};

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use gantry_operator::cli::{Cli, dispatch, init_logging};
+use gantry_operator::cli::{Cli, dispatch, error_chain, init_logging};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -14,7 +14,7 @@ async fn main() -> ExitCode {
     match dispatch(cli).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gantry-operator: {e:#}");
+            eprintln!("gantry-operator: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -1,6 +1,6 @@
 """The Argo CD health checks (deploy/argocd/*.lua) run in a real Lua 5.1 (lupa's bundled `lupa.lua51`;
 Argo CD's gopher-lua is a Lua 5.1) on sample statuses that use the operator's real condition
-types and reasons (read from operator/src/conditions.rs, so a renamed reason fails here)."""
+types and reasons (read from crd/src/conditions.rs, so a renamed reason fails here)."""
 import re
 
 import lupa.lua51 as lupa
@@ -8,7 +8,7 @@ import pytest
 
 from k8s import ROOT
 
-CONDITIONS_RS = (ROOT / "operator/src/conditions.rs").read_text()
+CONDITIONS_RS = (ROOT / "crd/src/conditions.rs").read_text()
 REASONS = dict(re.findall(r'pub const ([A-Z_]+): &str = "([A-Za-z]+)";', CONDITIONS_RS.split("pub mod reason")[1]))
 
 

@@ -122,5 +122,5 @@ def test_hadolint_passes():
 def test_dockerignore_keeps_the_build_context_small_but_complete():
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert "target/" in ignored and ".git/" in ignored
-    for needed in ("Cargo.lock", "engines/", "operator/", "node-pod/", "copier/", "crds/"):
+    for needed in ("Cargo.lock", "engines/", "operator/", "gateway/", "crd/", "node-pod/", "copier/", "crds/"):
         assert not any(needed.startswith(i) for i in ignored), needed

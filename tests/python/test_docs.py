@@ -83,7 +83,7 @@ def test_every_yaml_example_parses_and_validates(where, body):
 
 def test_troubleshooting_has_a_section_for_every_condition_reason():
     text = (DOCS / "troubleshooting.md").read_text()
-    conditions = (ROOT / "operator/src/conditions.rs").read_text().split("pub mod reason")[1]
+    conditions = (ROOT / "crd/src/conditions.rs").read_text().split("pub mod reason")[1]
     reasons = re.findall(r'pub const [A-Z_]+: &str = "([A-Za-z]+)";', conditions)
     assert len(reasons) > 15
     headings = set(re.findall(r"^### (\w+)$", text, re.M))

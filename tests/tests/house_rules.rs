@@ -1,6 +1,7 @@
 //! Workspace rules that the compiler does not enforce by itself:
 //! `unsafe` only in the ABI crate, engine crates and the engine host; a
-//! `// SAFETY:` note on every `unsafe` block and impl; a `//!` header on every module.
+//! `// SAFETY:` note on every `unsafe` block and impl; a `//!` header on every module; no
+//! `anyhow` in the operator, gateway and CRD libraries.
 
 use std::path::{Path, PathBuf};
 
@@ -126,5 +127,26 @@ fn every_module_opens_with_a_doc_header() {
         missing.is_empty(),
         "modules without a `//!` header:\n{}",
         missing.join("\n")
+    );
+}
+
+/// Library crates of the control plane and the gateway report typed errors (one `thiserror`
+/// enum per step); `anyhow` is for binaries (`main.rs`) and tests only.
+#[test]
+fn anyhow_stays_out_of_the_operator_gateway_and_crd_libraries() {
+    let mut offenders = Vec::new();
+    for (rel, src) in sources() {
+        let library = ["operator/src/", "gateway/src/", "crd/src/"]
+            .iter()
+            .any(|dir| rel.starts_with(dir))
+            && !rel.ends_with("/main.rs");
+        if library && code_lines(&src).any(|(_, l)| l.contains("anyhow")) {
+            offenders.push(rel);
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "anyhow in library modules (use a thiserror enum):\n{}",
+        offenders.join("\n")
     );
 }

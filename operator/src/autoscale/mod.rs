@@ -18,7 +18,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -26,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
+use kube::runtime::reflector::store::WriterDropped;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -463,6 +463,19 @@ fn resume(stored: Option<&AutoscalingStatus>, current: i32) -> History {
     History::resume(zero_since)
 }
 
+/// Why the autoscaler stopped (it otherwise runs until aborted).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot build the autoscaler's node status client")]
+    NodeStatusClient(#[source] reqwest::Error),
+    #[error("{watch} watch ended")]
+    WatchEnded {
+        watch: &'static str,
+        #[source]
+        source: WriterDropped,
+    },
+}
+
 /// Watches Models, the operator's Deployments and node pods, and runs [`Autoscaler::tick`]
 /// every interval until the task is aborted (the controller does so when it stops leading).
 pub async fn run(
@@ -470,9 +483,9 @@ pub async fn run(
     config: AutoscalerConfig,
     settings: Settings,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     let node_status = HttpNodeStatus::with_timeout(settings.node_port, config.metrics_timeout)
-        .context("cannot build the autoscaler's node status client")?;
+        .map_err(RunError::NodeStatusClient)?;
     let managed = format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}");
     let (models, models_w) = reflector::store::<DeserializeGuard<Model>>();
     let (deployments, deployments_w) = reflector::store::<Deployment>();
@@ -506,16 +519,15 @@ pub async fn run(
         futures::join!(watch_models, watch_deployments, watch_pods);
     });
 
-    let result: anyhow::Result<()> = async {
-        models
-            .wait_until_ready()
-            .await
-            .context("Model watch ended")?;
+    let ended =
+        |watch: &'static str| move |source: WriterDropped| RunError::WatchEnded { watch, source };
+    let result: Result<(), RunError> = async {
+        models.wait_until_ready().await.map_err(ended("Model"))?;
         deployments
             .wait_until_ready()
             .await
-            .context("Deployment watch ended")?;
-        pods.wait_until_ready().await.context("Pod watch ended")?;
+            .map_err(ended("Deployment"))?;
+        pods.wait_until_ready().await.map_err(ended("Pod"))?;
         tracing::info!(interval_s = config.interval.as_secs(), "autoscaler running");
         let mut autoscaler = Autoscaler::new(client, Arc::new(node_status), metrics, settings);
         let mut ticks = tokio::time::interval(config.interval);

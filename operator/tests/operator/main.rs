@@ -5,7 +5,6 @@
 mod autoscale;
 mod build;
 mod crds;
-mod gateway_kube;
 mod leader;
 mod node_report;
 mod objects;

@@ -13,16 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use gantry_crd::Model;
+use gantry_crd::conditions::{self, reason};
+use gantry_crd::names::{self, FIELD_MANAGER, LABEL_MANAGED_BY, NODE_PORT_NAME};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
-use crate::conditions::{self, reason};
-use crate::crd::Model;
-use crate::gateway::routes::{ModelSpec, RouteTable, ScaleTarget};
-use crate::names::{self, FIELD_MANAGER, LABEL_MANAGED_BY, NODE_PORT_NAME};
+use crate::routes::{ModelSpec, RouteTable, ScaleTarget};
 
 /// The label the EndpointSlice controller puts on every slice of a Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";

@@ -21,10 +21,10 @@ use backon::BackoffBuilder;
 use futures::StreamExt;
 use serde::Deserialize;
 
-use crate::gateway::GatewayState;
-use crate::gateway::auth::Caller;
-use crate::gateway::error::GatewayError;
-use crate::gateway::routes::{Lease, ModelRoute, NoReplica};
+use crate::GatewayState;
+use crate::auth::Caller;
+use crate::error::GatewayError;
+use crate::routes::{Lease, ModelRoute, NoReplica};
 
 /// Longest `Retry-After` honoured when skipping a replica that answered 503.
 const MAX_REPLICA_BACKOFF: Duration = Duration::from_secs(30);
@@ -184,7 +184,7 @@ async fn acquire(state: &GatewayState, id: &str) -> Result<(Lease, Duration), Ga
             ));
         }
         // Wake on any table change, and at least every scale-up interval to ask again.
-        let wait = (deadline - now).min(crate::gateway::scale::SCALE_UP_MIN_INTERVAL);
+        let wait = (deadline - now).min(crate::scale::SCALE_UP_MIN_INTERVAL);
         let _ = tokio::time::timeout(wait, changed.changed()).await;
         route = state
             .table

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gantry_operator::gateway::scale::RecordingScaler;
-use gantry_operator::gateway::{Discovery, GatewayConfig, GatewaySettings, auth::KeySource};
+use gantry_gateway::scale::RecordingScaler;
+use gantry_gateway::{Discovery, GatewayConfig, GatewaySettings, auth::KeySource};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
@@ -242,7 +242,7 @@ pub struct Gateway {
 }
 
 struct GatewayInner {
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), gantry_gateway::ServeError>>,
     _endpoints: tempfile::NamedTempFile,
 }
 
@@ -292,7 +292,7 @@ impl Gateway {
             client: None,
             scaler: scaler.map(|s| Arc::new(s) as _),
         };
-        let task = tokio::spawn(gantry_operator::gateway::serve(
+        let task = tokio::spawn(gantry_gateway::serve(
             listener,
             config,
             std::future::pending(),

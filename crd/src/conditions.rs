@@ -1,5 +1,6 @@
-//! Status step (both reconcilers): condition types and reasons as constants, and the one
-//! function that builds a condition while keeping `lastTransitionTime` stable.
+//! Status step (both reconcilers; the gateway's discovery reads them back): condition types and
+//! reasons as constants, and the one function that builds a condition while keeping
+//! `lastTransitionTime` stable.
 //!
 //! Reasons are API: users, alerts and GitOps health checks match on them, so
 //! they are `PascalCase` constants here and nowhere else, and docs/operator.md

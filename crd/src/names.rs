@@ -1,7 +1,7 @@
-//! Shared names (every reconcile step): the field manager, label and annotation keys, and how
-//! owned objects are named.
+//! Shared names (every reconcile step, and the gateway's discovery and scale-up request): the
+//! field manager, label and annotation keys, and how owned objects are named.
 //!
-//! Keeping them in one module means the build step, the read step and the
+//! Keeping them in one module means the build step, the read step, the gateway and the
 //! tests cannot disagree about a selector or an annotation key.
 
 /// The one field manager for every server-side apply, object and status alike.

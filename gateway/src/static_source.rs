@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::gateway::routes::{ModelSpec, RouteTable};
+use crate::routes::{ModelSpec, RouteTable};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,14 +3,16 @@
 //! in-process gateway through the static endpoint source.
 //!
 //! Needs `cargo build --release --workspace --all-targets` first (the node binary and the
-//! plugin are read from the build output), which scripts/test.sh does.
+//! plugin are read from the build output), which scripts/test.sh does. `kube_api` needs no
+//! node: it checks discovery and the scale-up request against a mock API server.
 
+mod kube_api;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gantry_operator::gateway::GatewaySettings;
+use gantry_gateway::GatewaySettings;
 use serde_json::{Value, json};
 
 use support::*;
@@ -371,7 +373,7 @@ async fn a_client_disconnect_through_the_gateway_frees_the_sequence_on_the_node(
 async fn scale_from_zero_holds_a_request_until_a_node_started_20_s_later_answers_it() {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let scaler = gantry_operator::gateway::scale::RecordingScaler::default();
+    let scaler = gantry_gateway::scale::RecordingScaler::default();
     let gw = Gateway::start(
         json!({"models": {"cold": {"endpoints": [base], "minReplicas": 0, "maxReplicas": 1}}}),
         GatewaySettings {

@@ -1,5 +1,5 @@
-//! The in-cluster OpenAI gateway (`gantry-operator run --components gateway`): one endpoint for
-//! every Model, in front of the node pods.
+//! The in-cluster OpenAI gateway (data-plane edge, `gantry-operator run --components gateway`):
+//! one endpoint for every Model, in front of the node pods.
 //!
 //! Request path: [`proxy`] (auth from [`auth`], body, `model`) → [`routes`] (least-loaded
 //! replica; held while none is ready, asking [`scale`] for one) → upstream node → response
@@ -7,6 +7,10 @@
 //! reflectors) in a cluster, [`static_source`] (a YAML file) elsewhere; [`probe`] polls every
 //! replica's `/v1/status` for readiness and queue depth. The gateway keeps no state worth
 //! electing a leader for: replicas run active-active. docs/gateway.md describes it for users.
+//!
+//! The gateway shares only the custom resources, object names and condition reasons with the
+//! operator (through `gantry-crd`); the `gantry-operator` binary starts it through [`serve`].
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod error;
@@ -24,17 +28,16 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
-use crate::gateway::auth::{ApiKeys, KeySource};
-use crate::gateway::metrics::GatewayMetrics;
-use crate::gateway::routes::RouteTable;
-use crate::gateway::scale::{KubeScaler, RecordingScaler, ScaleRequests, Scaler};
+use crate::auth::{ApiKeys, KeySource};
+use crate::metrics::GatewayMetrics;
+use crate::routes::RouteTable;
+use crate::scale::{KubeScaler, RecordingScaler, ScaleRequests, Scaler};
 
 /// The gateway's flags (flattened into `gantry-operator run`).
 #[derive(Clone, Debug, clap::Args)]
@@ -256,15 +259,30 @@ impl std::fmt::Debug for GatewayConfig {
     }
 }
 
+/// Why the gateway could not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot register gateway metrics")]
+    Metrics(#[source] prometheus::Error),
+    #[error("cannot build the upstream HTTP client")]
+    UpstreamClient(#[source] reqwest::Error),
+    #[error("cannot load API keys")]
+    Keys(#[source] auth::KeysError),
+    #[error(transparent)]
+    EndpointsFile(#[from] static_source::EndpointsFileError),
+    #[error("gateway server")]
+    Serve(#[source] std::io::Error),
+}
+
 /// Serve on `listener` until `shutdown` resolves. Start-up fails on a bad endpoints file or
 /// key set; after that, bad edits are logged and the last good state kept.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: GatewayConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let metrics = Arc::new(GatewayMetrics::new().context("cannot register gateway metrics")?);
-    let client = upstream_client().context("cannot build the upstream HTTP client")?;
+) -> Result<(), ServeError> {
+    let metrics = Arc::new(GatewayMetrics::new().map_err(ServeError::Metrics)?);
+    let client = upstream_client().map_err(ServeError::UpstreamClient)?;
     let mut tasks = tokio::task::JoinSet::new();
 
     let keys = match &config.keys {
@@ -272,7 +290,7 @@ pub async fn serve(
             let keys = Arc::new(ApiKeys::default());
             auth::load(&keys, source, config.client.as_ref())
                 .await
-                .context("cannot load API keys")?;
+                .map_err(ServeError::Keys)?;
             tasks.spawn(auth::refresh(
                 keys.clone(),
                 source.clone(),
@@ -333,5 +351,5 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await;
     tasks.abort_all();
-    served.context("gateway server")
+    served.map_err(ServeError::Serve)
 }

@@ -4,16 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_operator::gateway::kube_source::{self, routes_from};
-use gantry_operator::gateway::routes::{RouteTable, ScaleTarget};
-use gantry_operator::gateway::scale::{KubeScaler, Scaler};
-use gantry_operator::names::ANNOTATION_SCALE_UP_REQUESTED;
+use gantry_crd::Model;
+use gantry_crd::names::ANNOTATION_SCALE_UP_REQUESTED;
+use gantry_gateway::kube_source::{self, routes_from};
+use gantry_gateway::routes::{RouteTable, ScaleTarget};
+use gantry_gateway::scale::{KubeScaler, Scaler};
 use http::{Method, Request, Response};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::client::Body;
 use serde_json::{Value, json};
-
-use crate::support::fixture_model;
 
 fn slice(ns: &str, service: &str, endpoints: &[(&str, Option<bool>)]) -> Value {
     json!({
@@ -33,8 +32,25 @@ fn slice(ns: &str, service: &str, endpoints: &[(&str, Option<bool>)]) -> Value {
     })
 }
 
+/// The operator tests' CPU Model (operator/tests/fixtures/models/cpu.yaml), through the Model type.
+fn fixture_model() -> Model {
+    serde_json::from_value(json!({
+        "apiVersion": "gantry.dev/v1alpha1", "kind": "Model",
+        "metadata": {"name": "gemma-3-270m", "namespace": "default",
+                     "uid": "3f1c2b4a-0000-4000-8000-000000000001", "generation": 1},
+        "spec": {
+            "source": {"uri": "hf://unsloth/gemma-3-270m-it-GGUF", "quantization": "Q4_K_M"},
+            "format": "gguf",
+            "servedName": "gemma-3-270m",
+            "resources": {"cpu": "2", "memory": "2Gi"},
+            "engineConfig": {"contextLength": 4096, "maxBatchSize": 8, "threads": 2},
+        },
+    }))
+    .expect("model")
+}
+
 fn model_json(min: i32) -> Value {
-    let mut m = serde_json::to_value(fixture_model("cpu")).expect("json");
+    let mut m = serde_json::to_value(fixture_model()).expect("json");
     m["spec"]["replicas"] = json!({"min": min, "max": 2});
     m
 }
@@ -200,7 +216,7 @@ async fn discovery_lists_models_and_their_endpoint_slices_into_routes() {
 
 #[test]
 fn a_model_whose_status_says_it_cannot_serve_is_failed_and_not_listed() {
-    let mut m: gantry_operator::crd::Model = serde_json::from_value(model_json(0)).expect("model");
+    let mut m: Model = serde_json::from_value(model_json(0)).expect("model");
     m.status = Some(
         serde_json::from_value(json!({"conditions": [{
             "type": "Ready", "status": "False", "reason": "EngineUnresolved",

@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use gantry_crd::names::ANNOTATION_SCALE_UP_REQUESTED;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 
-use crate::gateway::routes::ScaleTarget;
-use crate::names::ANNOTATION_SCALE_UP_REQUESTED;
+use crate::routes::ScaleTarget;
 
 /// Field manager (and user agent) of the gateway's one write.
 pub const GATEWAY_FIELD_MANAGER: &str = "gantry-gateway";

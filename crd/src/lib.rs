@@ -1,0 +1,25 @@
+//! Custom resources (the shapes every reconcile step reads and writes, and that the gateway's
+//! discovery reads): `Model`, `EnginePlugin`, their schema helpers, and the object names and
+//! condition types both the operator and the gateway rely on.
+//!
+//! This crate is the contract between the control plane (`gantry-operator`) and the data-plane
+//! edge (`gantry-gateway`); neither depends on the other. The CRD generator and the
+//! structural-schema check stay in the operator (`gantry-operator crdgen`).
+#![forbid(unsafe_code)]
+
+pub mod conditions;
+pub mod engine_plugin;
+pub mod model;
+pub mod names;
+pub mod schema;
+
+pub use engine_plugin::{
+    EnginePlugin, EnginePluginSpec, EnginePluginStatus, GpuBackend, LoadError, Modality,
+    MountStrategy,
+};
+pub use model::{
+    Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,
+    CandidateRejection, DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat,
+    ModelResources, ModelSource, ModelSpec, ModelStatus, ReplicaStatus,
+    Replicas, ResolvedEngine, Scheduling, SecretKeyRef,
+};
