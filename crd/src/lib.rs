@@ -20,6 +20,6 @@ pub use engine_plugin::{
 pub use model::{
     Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,
     CandidateRejection, DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat,
-    ModelResources, ModelSource, ModelSpec, ModelStatus, ReplicaStatus,
-    Replicas, ResolvedEngine, Scheduling, SecretKeyRef,
+    ModelResources, ModelSource, ModelSpec, ModelStatus, ReplicaStatus, Replicas, ResolvedEngine,
+    Scheduling, SecretKeyRef,
 };

@@ -9,10 +9,10 @@ use gantry_engine_abi::{Backend, EngineConfig};
 
 use std::sync::Arc;
 
-use gantry_api::config::NodeConfig;
 use crate::engine_host::{EngineRegistry, PluginState, default_plugins_dir};
 use crate::node::Node;
 use crate::store::{ModelStore, SourceSettings};
+use gantry_api::config::NodeConfig;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -25,7 +25,6 @@ use gantry_api::EngineVerdict;
 use gantry_engine_abi::{EngineConfig, Format};
 
 use crate::cache::ResponseCache;
-use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
 use crate::engine_host::{EngineRegistry, ModelShared};
 use crate::memory::{ModelMemory, NodeMemory};
 use crate::metrics::Metrics;
@@ -33,6 +32,7 @@ use crate::scheduler::SchedulerHandle;
 use crate::store::{FetchRequest, Fetched, ModelStore, Progress};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
+use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
 
 pub use lifecycle::Unavailable;
 

@@ -10,10 +10,10 @@
 
 use kube::ResourceExt;
 
-use crate::conditions::reason;
 use gantry_api::RejectionKind;
+use gantry_crd::conditions::reason;
 
-use crate::crd::{EnginePlugin, EnginePluginSpec};
+use gantry_crd::{EnginePlugin, EnginePluginSpec};
 
 /// Why a plugin is not accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::context::{Settings, default_node_image};
 use crate::controller::{self, RunConfig, run};
-use crate::crd::generate::{self, GenerateError};
+use crate::crdgen::generate::{self, GenerateError};
 use crate::leader::LeaseConfig;
 
 #[derive(Debug, Parser)]

@@ -11,10 +11,10 @@ use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use crate::crd::EnginePlugin;
 use crate::metrics::Metrics;
-use crate::names::NODE_PORT;
 use crate::node_report::NodeStatusSource;
+use gantry_crd::EnginePlugin;
+use gantry_crd::names::NODE_PORT;
 
 /// Operator-wide settings (from flags and environment; see `cli`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl Context {
         metrics: Arc<Metrics>,
     ) -> Self {
         let reporter = Reporter {
-            controller: crate::names::FIELD_MANAGER.to_string(),
+            controller: gantry_crd::names::FIELD_MANAGER.to_string(),
             instance: std::env::var("POD_NAME").ok(),
         };
         Context {

@@ -24,12 +24,12 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::autoscale::{self, AutoscalerConfig};
 use crate::context::{Context, Settings};
-use crate::crd::{EnginePlugin, Model};
 use crate::leader::{LeaderElector, LeaseConfig, LeaseError};
 use crate::metrics::{self, Metrics};
-use crate::names::{FIELD_MANAGER, LABEL_MANAGED_BY};
 use crate::node_report::HttpNodeStatus;
 use crate::{model, plugin};
+use gantry_crd::names::{FIELD_MANAGER, LABEL_MANAGED_BY};
+use gantry_crd::{EnginePlugin, Model};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]

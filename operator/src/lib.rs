@@ -15,7 +15,7 @@ pub mod autoscale;
 pub mod cli;
 pub mod context;
 pub mod controller;
-pub mod crd;
+pub mod crdgen;
 pub mod leader;
 pub mod malformed;
 pub mod metrics;
@@ -24,6 +24,3 @@ pub mod node_report;
 pub mod plugin;
 pub mod rbac;
 pub mod write;
-
-// Shared with the gateway through `gantry-crd`; re-exported so the reconcile steps keep one path.
-pub use gantry_crd::{conditions, names};

@@ -8,7 +8,7 @@ use kube::core::error_boundary::InvalidObject;
 use kube::runtime::events::{Event, EventType};
 
 use crate::context::Context;
-use crate::names::{API_GROUP, API_VERSION};
+use gantry_crd::names::{API_GROUP, API_VERSION};
 
 /// Report one malformed object of `kind`.
 pub async fn report(ctx: &Context, controller: &'static str, kind: &str, invalid: &InvalidObject) {

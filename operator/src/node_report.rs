@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use gantry_api::{NODE_STATUS_PATH, NodeStatus};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::names::ANNOTATION_CONFIG_HASH;
+use gantry_crd::names::ANNOTATION_CONFIG_HASH;
 
 /// Why a node pod's status could not be read. Never fails a reconcile: the pod is
 /// reported as silent and the status says so.
@@ -146,7 +146,7 @@ pub async fn collect(source: &dyn NodeStatusSource, pods: &[Pod]) -> Vec<NodeRep
         let annotations = pod.metadata.annotations.as_ref();
         let config_hash = annotations.and_then(|a| a.get(ANNOTATION_CONFIG_HASH).cloned());
         let plugins = annotations
-            .and_then(|a| a.get(crate::names::ANNOTATION_PLUGINS))
+            .and_then(|a| a.get(gantry_crd::names::ANNOTATION_PLUGINS))
             .map(|p| {
                 p.split(',')
                     .filter(|s| !s.is_empty())

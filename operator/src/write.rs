@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use k8s_openapi::api::apps::v1::Deployment;
 
 use crate::metrics::Metrics;
-use crate::names::{AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER};
+use gantry_crd::names::{AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER};
 
 /// After the apiserver refused a write, or a spec was refused, try again this late (someone
 /// may fix RBAC, quota or the spec).

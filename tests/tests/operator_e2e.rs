@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use gantry_crd::{EnginePlugin, Model};
 use gantry_operator::context::Settings;
 use gantry_operator::controller::{RunConfig, run_with_client};
-use gantry_operator::crd::{EnginePlugin, Model, generate};
+use gantry_operator::crdgen::generate;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

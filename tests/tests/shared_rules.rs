@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use gantry_api::RejectionKind;
-use gantry_engine_abi::{EngineConfig, Format};
 use gantry_api::config::NodeConfig;
+use gantry_crd::{EnginePlugin, Model};
+use gantry_engine_abi::{EngineConfig, Format};
 use gantry_node::engine_host::EngineRegistry;
 use gantry_operator::context::Settings;
-use gantry_operator::crd::{EnginePlugin, Model};
 use gantry_operator::model::resolve::{Resolution, resolve};
 use gantry_operator::model::validate::validate;
 

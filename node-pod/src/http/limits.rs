@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::validate::{ValidEmbeddingRequest, ValidParams, ValidPrompt};
-use gantry_api::config::SchedulerConfig;
 use crate::error::ApiError;
 use crate::node::{ReadyModel, ServedModel};
+use gantry_api::config::SchedulerConfig;
 
 /// A prompt as it reaches this step: encoded by the node, or token ids the
 /// client sent (still to be checked against the vocabulary).

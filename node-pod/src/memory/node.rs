@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use gantry_engine_abi::Format;
 
 use super::{Bytes, NodeMemory, Note, Pool, Refusal, Resident, Unload};
-use gantry_api::config::LoadPolicy;
 use crate::node::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
+use gantry_api::config::LoadPolicy;
 
 /// The memory policy's side of the node (the decisions are memory.rs's pure
 /// functions): last use, estimates, unloads and refusals.

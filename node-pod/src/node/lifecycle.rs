@@ -16,11 +16,11 @@ use gantry_api::{ArtifactState, ArtifactStatus, EngineVerdict};
 use gantry_engine_abi::{ModelDescriptor, Status};
 
 use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
-use gantry_api::config::ModelConfig;
 use crate::memory::{Pool, Refusal};
 use crate::scheduler::SchedulerSettings;
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
+use gantry_api::config::ModelConfig;
 
 /// Why a model cannot take a request now.
 #[derive(Clone, Debug, PartialEq)]

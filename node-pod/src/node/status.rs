@@ -9,9 +9,9 @@ use gantry_api::{
 };
 
 use super::{ModelState, Node, ServedModel};
-use gantry_api::config::LoadPolicy;
 use crate::engine_host::PluginState;
 use crate::memory::Note;
+use gantry_api::config::LoadPolicy;
 
 impl Node {
     /// `/readyz`: every model has a supporting engine and its artifacts, and

@@ -31,16 +31,16 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use crate::context::Settings;
-use crate::crd::{AutoscalingMode, AutoscalingStatus, Model};
 use crate::metrics::Metrics;
 use crate::model::validate::{ValidModel, validate};
-use crate::names::{
-    ANNOTATION_SCALE_UP_REQUESTED, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, LABEL_MANAGED_BY,
-    LABEL_MODEL, LABEL_NAME, NODE_APP_NAME, owned_name,
-};
 use crate::node_report::{HttpNodeStatus, NodeStatusSource, reachable};
 use crate::write;
 use decide::{Decision, History, Observation, PodLoad, Policy, reason};
+use gantry_crd::names::{
+    ANNOTATION_SCALE_UP_REQUESTED, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, LABEL_MANAGED_BY,
+    LABEL_MODEL, LABEL_NAME, NODE_APP_NAME, owned_name,
+};
+use gantry_crd::{AutoscalingMode, AutoscalingStatus, Model};
 
 /// Controller label of the autoscaler's writes in `gantry_operator_writes_total`.
 pub const CONTROLLER: &str = "autoscaler";

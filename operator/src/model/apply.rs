@@ -23,8 +23,8 @@ use super::build::OwnedObjects;
 use super::read::Observed;
 use super::validate::ValidModel;
 use crate::context::Context;
-use crate::names::{ANNOTATION_APPLIED_HASH, FIELD_MANAGER};
 use crate::write::{self, Retry, classify};
+use gantry_crd::names::{ANNOTATION_APPLIED_HASH, FIELD_MANAGER};
 
 /// What the cluster holds after the apply step.
 #[derive(Clone, Debug, Default)]

@@ -37,9 +37,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::context::Settings;
-use crate::crd::{AutoscalingMode, CacheType, EnginePlugin, MountStrategy};
 use crate::model::validate::ValidModel;
-use crate::names::{self, *};
+use gantry_crd::names::{self, *};
+use gantry_crd::{AutoscalingMode, CacheType, EnginePlugin, MountStrategy};
 
 /// Every object a served Model owns.
 #[derive(Clone, Debug, PartialEq)]
@@ -221,8 +221,8 @@ pub fn node_config(model: &ValidModel) -> NodeConfig {
             max_batch_size: positive(model.engine_config.max_batch_size),
             threads: positive(model.engine_config.threads),
             load: match model.load {
-                crate::crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
-                crate::crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
+                gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
+                gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
             },
             ..ModelConfig::default()
         }],

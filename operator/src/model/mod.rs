@@ -22,10 +22,10 @@ use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 
-use crate::conditions::{FALSE, TRUE, find, model as cond};
 use crate::context::Context;
-use crate::crd::Model;
 use crate::write::{RETRY_REFUSED, Retry};
+use gantry_crd::Model;
+use gantry_crd::conditions::{FALSE, TRUE, find, model as cond};
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "model";

@@ -14,10 +14,10 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::context::Context;
-use crate::crd::{CacheType, EnginePlugin, Model};
-use crate::names::{cache_claim_name, label_selector, owned_name, selector_labels};
 use crate::node_report::{self, NodeReport};
 use crate::write::{Retry, classify};
+use gantry_crd::names::{cache_claim_name, label_selector, owned_name, selector_labels};
+use gantry_crd::{CacheType, EnginePlugin, Model};
 
 /// What the cluster holds for one Model.
 #[derive(Clone, Debug, Default)]

@@ -15,8 +15,8 @@ use gantry_api::selection::{Candidate, Selection, Wanted, select};
 use kube::ResourceExt;
 
 use crate::acceptance::accept;
-use crate::crd::{CandidateRejection, EnginePlugin};
 use crate::model::validate::ValidModel;
+use gantry_crd::{CandidateRejection, EnginePlugin};
 
 /// The outcome of engine selection.
 #[derive(Clone, Debug, PartialEq)]

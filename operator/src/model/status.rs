@@ -18,13 +18,13 @@ use super::CONTROLLER;
 use super::apply::ApplyError;
 use super::resolve::Resolution;
 use super::validate::{self, Invalid, ValidModel};
-use crate::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
 use crate::context::Context;
-use crate::crd::{
-    CandidateRejection, DownloadStatus, Model, ModelStatus, ReplicaStatus, ResolvedEngine,
-};
 use crate::node_report::NodeReport;
 use crate::write;
+use gantry_crd::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
+use gantry_crd::{
+    CandidateRejection, DownloadStatus, Model, ModelStatus, ReplicaStatus, ResolvedEngine,
+};
 
 /// Why the status could not be written.
 #[derive(Debug, thiserror::Error)]

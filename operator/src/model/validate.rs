@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use crate::context::Settings;
-use crate::crd::{
+use gantry_crd::{
     Autoscaling, AutoscalingMode, Cache, CacheType, EngineConfig, GpuBackend, LoadPolicy, Model,
     ModelFormat, Replicas, Scheduling,
 };
@@ -331,7 +331,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
     }
     // A Model's node pods serve that one model, and a node loads lazily only
     // when it serves several (it refuses the config otherwise).
-    if spec.load == crate::crd::LoadPolicy::Lazy {
+    if spec.load == gantry_crd::LoadPolicy::Lazy {
         problems.push(Invalid::new(
             "spec.load",
             "`lazy` needs a node serving several models; a Model's node pods serve one, so use `eager`",

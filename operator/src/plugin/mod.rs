@@ -14,12 +14,12 @@ use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 
 use crate::context::Context;
-use crate::crd::EnginePlugin;
-use crate::names::{
-    ANNOTATION_PLUGINS, FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME,
-};
 use crate::node_report;
 use crate::write::{RETRY_REFUSED, Retry, classify};
+use gantry_crd::EnginePlugin;
+use gantry_crd::names::{
+    ANNOTATION_PLUGINS, FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME,
+};
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "engineplugin";

@@ -9,11 +9,11 @@ use kube::{Resource, ResourceExt};
 
 use super::CONTROLLER;
 use crate::acceptance::Refusal;
-use crate::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, plugin as cond, reason};
 use crate::context::Context;
-use crate::crd::{EnginePlugin, EnginePluginStatus, LoadError};
 use crate::node_report::NodeReport;
 use crate::write;
+use gantry_crd::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, plugin as cond, reason};
+use gantry_crd::{EnginePlugin, EnginePluginStatus, LoadError};
 
 /// Why the status could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +98,7 @@ pub fn fold(
                 reason: "not_discovered".to_string(),
                 message: format!(
                     "the node found no manifest under {}/{}/{}",
-                    crate::names::NODE_PLUGINS_DIR,
+                    gantry_crd::names::NODE_PLUGINS_DIR,
                     plugin.spec.engine_id,
                     plugin.spec.gpu_backend.as_str()
                 ),

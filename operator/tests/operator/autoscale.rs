@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gantry_api::{NodeStatus, QueueStatus};
+use gantry_crd::{Autoscaling, AutoscalingMode, AutoscalingStatus, Model, Replicas};
 use gantry_operator::autoscale::Autoscaler;
 use gantry_operator::autoscale::decide::{
     Decision, History, Observation, PodLoad, Policy, SMOOTHING_SAMPLES, reason,
 };
 use gantry_operator::context::Settings;
-use gantry_operator::crd::{Autoscaling, AutoscalingMode, AutoscalingStatus, Model, Replicas};
 use gantry_operator::model::{build, resolve::resolve, validate::validate};
 use gantry_operator::node_report::FixedNodeStatus;
 use http::Method;
@@ -553,7 +553,7 @@ async fn a_busy_model_gets_exactly_one_scale_write_and_its_reason_in_status() {
 #[tokio::test]
 async fn a_steady_model_whose_status_already_says_so_writes_nothing() {
     let mut m = scaling_model();
-    m.status = Some(gantry_operator::crd::ModelStatus {
+    m.status = Some(gantry_crd::ModelStatus {
         autoscaling: Some(AutoscalingStatus {
             mode: "Builtin".into(),
             desired_replicas: 2,

@@ -2,9 +2,9 @@
 //! self-documenting, the printer columns are the promised ones, and the admission rules
 //! (OpenAPI validation and CEL) accept the examples and refuse what they should.
 
-use gantry_operator::crd::generate::{self, schema_of};
-use gantry_operator::crd::structural;
-use gantry_operator::crd::{EnginePlugin, Model};
+use gantry_crd::{EnginePlugin, Model};
+use gantry_operator::crdgen::generate::{self, schema_of};
+use gantry_operator::crdgen::structural;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};

@@ -2,8 +2,8 @@
 //! golden file, the examples and the node config deserialize into their `k8s-openapi` (or
 //! Gantry) type with no field dropped — an unknown or misspelt field would be.
 
+use gantry_crd::{EnginePlugin, Model};
 use gantry_operator::context::Settings;
-use gantry_operator::crd::{EnginePlugin, Model};
 use gantry_operator::model::build;
 use gantry_operator::model::resolve::resolve;
 use gantry_operator::model::validate::validate;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::{NodeStatus, PluginStatus};
-use gantry_operator::crd::{EnginePlugin, EnginePluginStatus};
+use gantry_crd::{EnginePlugin, EnginePluginStatus};
 use gantry_operator::plugin;
 use http::Method;
 use kube::core::DeserializeGuard;

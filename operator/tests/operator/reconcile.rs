@@ -9,8 +9,8 @@ use gantry_api::{
     ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, NodeStatus, QueueStatus,
     Rejection, RejectionKind,
 };
+use gantry_crd::{EnginePlugin, Model, ModelStatus};
 use gantry_operator::context::Settings;
-use gantry_operator::crd::{EnginePlugin, Model, ModelStatus};
 use gantry_operator::model::{self, build, resolve::resolve, validate::validate};
 use http::Method;
 use kube::core::DeserializeGuard;
@@ -485,7 +485,7 @@ async fn the_first_node_report_narrows_the_mounted_plugins_to_the_one_that_serve
 #[tokio::test]
 async fn creating_the_deployment_sets_min_replicas_and_hands_the_field_to_the_autoscaler() {
     let mut m = fixture_model("cpu");
-    m.spec.replicas = Some(gantry_operator::crd::Replicas { min: 2, max: 6 });
+    m.spec.replicas = Some(gantry_crd::Replicas { min: 2, max: 6 });
     let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
     let (ns, name) = ns_name(&m);
     let mut steps = reads(&m, None, None, None, None);
@@ -582,8 +582,8 @@ async fn switching_from_hpa_back_to_builtin_deletes_the_hpa() {
     let o = desired(&m, &plugins, None);
     let (ns, name) = ns_name(&m);
     let mut hpa_model = m.clone();
-    hpa_model.spec.autoscaling = Some(gantry_operator::crd::Autoscaling {
-        mode: gantry_operator::crd::AutoscalingMode::Hpa,
+    hpa_model.spec.autoscaling = Some(gantry_crd::Autoscaling {
+        mode: gantry_crd::AutoscalingMode::Hpa,
         ..Default::default()
     });
     let old_hpa = desired(&hpa_model, &plugins, None).hpa.expect("hpa");

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::NodeStatus;
+use gantry_crd::{EnginePlugin, Model};
 use gantry_operator::context::{Context, Settings};
-use gantry_operator::crd::{EnginePlugin, Model};
 use gantry_operator::metrics::Metrics;
 use gantry_operator::node_report::FixedNodeStatus;
 use gantry_operator::rbac::{self, Component, Names, Scope};

@@ -1,8 +1,8 @@
 //! Validate step, pure: every validation failure, the field it names, and the conditions the
 //! status step derives from it.
 
+use gantry_crd::{CacheType, Model};
 use gantry_operator::context::Settings;
-use gantry_operator::crd::{CacheType, Model};
 use gantry_operator::model::status::fold_invalid;
 use gantry_operator::model::validate::validate;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -85,7 +85,7 @@ const CASES: [(&str, Mutation, &str); 22] = [
     ),
     (
         "min above max",
-        |m| m.spec.replicas = Some(gantry_operator::crd::Replicas { min: 3, max: 2 }),
+        |m| m.spec.replicas = Some(gantry_crd::Replicas { min: 3, max: 2 }),
         "spec.replicas",
     ),
     (
@@ -96,7 +96,7 @@ const CASES: [(&str, Mutation, &str); 22] = [
     (
         "PVC cache without size",
         |m| {
-            m.spec.cache = Some(gantry_operator::crd::Cache {
+            m.spec.cache = Some(gantry_crd::Cache {
                 type_: CacheType::PersistentVolumeClaim,
                 ..Default::default()
             })
@@ -110,20 +110,20 @@ const CASES: [(&str, Mutation, &str); 22] = [
     ),
     (
         "quantization on safetensors",
-        |m| m.spec.format = gantry_operator::crd::ModelFormat::Safetensors,
+        |m| m.spec.format = gantry_crd::ModelFormat::Safetensors,
         "spec.source.quantization",
     ),
     (
         "lazy loading on a single-model node",
-        |m| m.spec.load = gantry_operator::crd::LoadPolicy::Lazy,
+        |m| m.spec.load = gantry_crd::LoadPolicy::Lazy,
         "spec.load",
     ),
     (
         "HPA mode with replicas.min 0",
         |m| {
-            m.spec.replicas = Some(gantry_operator::crd::Replicas { min: 0, max: 3 });
-            m.spec.autoscaling = Some(gantry_operator::crd::Autoscaling {
-                mode: gantry_operator::crd::AutoscalingMode::Hpa,
+            m.spec.replicas = Some(gantry_crd::Replicas { min: 0, max: 3 });
+            m.spec.autoscaling = Some(gantry_crd::Autoscaling {
+                mode: gantry_crd::AutoscalingMode::Hpa,
                 ..Default::default()
             });
         },
@@ -132,7 +132,7 @@ const CASES: [(&str, Mutation, &str); 22] = [
     (
         "a scale-to-zero delay above a day",
         |m| {
-            m.spec.autoscaling = Some(gantry_operator::crd::Autoscaling {
+            m.spec.autoscaling = Some(gantry_crd::Autoscaling {
                 scale_to_zero_after_seconds: Some(90000),
                 ..Default::default()
             })
@@ -167,7 +167,7 @@ fn all_fixtures_are_valid() {
 fn several_failures_are_reported_together() {
     let mut model = fixture_model("cpu");
     model.spec.source.uri = "ftp://x".into();
-    model.spec.replicas = Some(gantry_operator::crd::Replicas { min: 5, max: 1 });
+    model.spec.replicas = Some(gantry_crd::Replicas { min: 5, max: 1 });
     let problems = validate(&model, &Settings::default()).expect_err("invalid");
     assert_eq!(problems.len(), 2, "{problems:?}");
 }
