@@ -16,5 +16,5 @@ pub mod source;
 pub mod status;
 
 pub use config::{LoadPolicy, ModelConfig, NODE_CONFIG_PATH, NodeConfig, SchedulerConfig};
-pub use openai::openai_error_json;
+pub use openai::{openai_error_json, openai_error_response};
 pub use status::*;

@@ -43,7 +43,50 @@ pub struct GgufHeader {
     pub version: u32,
     pub tensor_count: u64,
     pub metadata: BTreeMap<String, GgufValue>,
+    /// The tensor infos; read only with [`ParseOptions::tensor_infos`], else empty.
+    pub tensors: Vec<GgufTensorInfo>,
+    /// `general.alignment` (32 when absent).
+    pub alignment: u64,
+    /// Absolute file offset of the data section (padded to the alignment); 0 unless the tensor
+    /// infos were read.
+    pub data_offset: u64,
 }
+
+/// One tensor info as stored in a GGUF header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// ggml order: `dims[0]` is contiguous.
+    pub dims: Vec<u64>,
+    /// `ggml_type` id (0 = F32).
+    pub ggml_type: u32,
+    /// Offset relative to the start of the data section.
+    pub offset: u64,
+}
+
+/// How much of a header to keep. The node reads only the key/value section and keeps short
+/// arrays ([`ParseOptions::default`]); tools that inspect a file (the test kit) keep everything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// Items kept of each array (the rest are read and counted, not stored).
+    pub keep_array_items: u64,
+    /// Also read the tensor infos and the data section's offset.
+    pub tensor_infos: bool,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            keep_array_items: 64,
+            tensor_infos: false,
+        }
+    }
+}
+
+/// llama.cpp's `GGUF_DEFAULT_ALIGNMENT`.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// `GGML_MAX_DIMS`.
+const MAX_TENSOR_DIMS: u32 = 4;
 
 impl GgufHeader {
     pub fn architecture(&self) -> Option<&str> {
@@ -125,18 +168,21 @@ pub enum GgufError {
     TooLong { what: &'static str, len: u64 },
     #[error("GGUF key is not UTF-8")]
     Utf8,
+    #[error("GGUF key {0:?} appears twice")]
+    DuplicateKey(String),
+    #[error("GGUF tensor {name:?}: {reason}")]
+    Tensor { name: String, reason: String },
     #[error("cannot read GGUF file: {0}")]
     Io(String),
 }
 
-/// Arrays longer than this are summarised (length only).
-const KEEP_ARRAY_ITEMS: u64 = 64;
 /// Arrays nest at most this deep (GGUF allows arrays of arrays).
 const MAX_DEPTH: u32 = 4;
 
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    keep_array_items: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -169,6 +215,29 @@ impl<'a> Cursor<'a> {
         let b = self.take(len, what)?;
         Ok(String::from_utf8_lossy(b).into_owned())
     }
+    fn tensor_info(&mut self) -> Result<GgufTensorInfo, GgufError> {
+        let name = self.string("tensor name")?;
+        let n_dims = self.u32("tensor dims")?;
+        if n_dims > MAX_TENSOR_DIMS {
+            return Err(GgufError::Tensor {
+                name,
+                reason: format!("{n_dims} dimensions, at most {MAX_TENSOR_DIMS}"),
+            });
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(self.u64("tensor dim")?);
+        }
+        let ggml_type = self.u32("tensor type")?;
+        let offset = self.u64("tensor offset")?;
+        Ok(GgufTensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+        })
+    }
+
     fn value(&mut self, ty: u32, depth: u32) -> Result<GgufValue, GgufError> {
         let le = |b: &[u8]| {
             let mut a = [0u8; 8];
@@ -207,7 +276,7 @@ impl<'a> Cursor<'a> {
                 let mut items = Vec::new();
                 for i in 0..len {
                     let v = self.value(elem, depth + 1)?;
-                    if i < KEEP_ARRAY_ITEMS {
+                    if i < self.keep_array_items {
                         items.push(v);
                     }
                 }
@@ -222,8 +291,18 @@ impl<'a> Cursor<'a> {
 }
 
 /// Parse a header from bytes (the start of a file; may be the whole file).
+/// The key/value section of a GGUF file in `buf`, keeping short arrays (what the node needs).
 pub fn parse_header(buf: &[u8]) -> Result<GgufHeader, GgufError> {
-    let mut c = Cursor { buf, pos: 0 };
+    parse_header_with(buf, ParseOptions::default())
+}
+
+/// A GGUF header in `buf`, as much of it as `options` asks for.
+pub fn parse_header_with(buf: &[u8], options: ParseOptions) -> Result<GgufHeader, GgufError> {
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        keep_array_items: options.keep_array_items,
+    };
     let magic = c.take(4, "magic")?;
     if magic != b"GGUF" {
         let mut m = [0u8; 4];
@@ -247,25 +326,61 @@ pub fn parse_header(buf: &[u8]) -> Result<GgufHeader, GgufError> {
         let key = c.string("key")?;
         let ty = c.u32("value type")?;
         let v = c.value(ty, 0)?;
+        if metadata.contains_key(&key) {
+            return Err(GgufError::DuplicateKey(key));
+        }
         metadata.insert(key, v);
     }
-    Ok(GgufHeader {
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => v
+            .as_u64()
+            .filter(|a| a.is_power_of_two())
+            .ok_or_else(|| GgufError::Tensor {
+                name: String::new(),
+                reason: "general.alignment must be a power of two".to_string(),
+            })?,
+    };
+    let mut header = GgufHeader {
         version,
         tensor_count,
         metadata,
-    })
+        tensors: Vec::new(),
+        alignment,
+        data_offset: 0,
+    };
+    if options.tensor_infos {
+        // A tensor info takes at least 8 + 4 + 4 + 8 bytes.
+        if tensor_count.saturating_mul(24) > c.left() {
+            return Err(GgufError::TooLong {
+                what: "tensor count",
+                len: tensor_count,
+            });
+        }
+        for _ in 0..tensor_count {
+            header.tensors.push(c.tensor_info()?);
+        }
+        header.data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
+    }
+    Ok(header)
 }
 
 /// Read and parse a file's header. Reads at most `limit` bytes (headers with
 /// large vocabularies run to a few MiB; 64 MiB is far above any real one).
+/// The key/value section of the GGUF file at `path` (its first 64 MiB at most).
 pub fn read_header(path: &Path) -> Result<GgufHeader, GgufError> {
+    read_header_with(path, ParseOptions::default())
+}
+
+/// The header of the GGUF file at `path` (its first 64 MiB at most), as `options` asks.
+pub fn read_header_with(path: &Path, options: ParseOptions) -> Result<GgufHeader, GgufError> {
     const LIMIT: u64 = 64 << 20;
     let f = std::fs::File::open(path).map_err(|e| GgufError::Io(e.to_string()))?;
     let mut buf = Vec::new();
     f.take(LIMIT)
         .read_to_end(&mut buf)
         .map_err(|e| GgufError::Io(e.to_string()))?;
-    parse_header(&buf)
+    parse_header_with(&buf, options)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! `gantry_api::openai_error_json`), so a client sees one shape whether the gateway
 //! or a node refused the call.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 /// A refusal or failure the gateway answers itself.
@@ -134,15 +134,7 @@ impl std::fmt::Display for GatewayError {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, self.body_json()).into_response();
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(s) = self.retry_after {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        resp
+        gantry_api::openai_error_response(self.status.as_u16(), self.body_json(), self.retry_after)
+            .into_response()
     }
 }

@@ -8,6 +8,7 @@
 //! It excludes the node's time and the network between; time spent holding for a replica
 //! (scale from zero) is in `gantry_gateway_hold_seconds` instead, not here.
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -100,6 +101,24 @@ impl GatewayMetrics {
             upstream_errors,
             retries,
         })
+    }
+
+    /// The name of every metric family registered here, also those with no sample yet (which
+    /// `/metrics` leaves out); the dashboard test checks its queries against these.
+    pub fn family_names(&self) -> Vec<String> {
+        let collectors: [&dyn Collector; 6] = [
+            &self.requests,
+            &self.overhead,
+            &self.hold,
+            &self.held,
+            &self.upstream_errors,
+            &self.retries,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
     }
 
     /// Prometheus text exposition.

@@ -6,7 +6,6 @@
 //! `{"error": {"message", "type", "param", "code"}}`. Engine codes map to HTTP
 //! through `Status::http_status` (the specification's table) and nowhere else.
 
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use gantry_api::ArtifactStatus;
 use gantry_engine_abi::{EngineError, Status};
@@ -191,17 +190,8 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = (status, self.body_json()).into_response();
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(s) = self.retry_after {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        resp
+        gantry_api::openai_error_response(self.status, self.body_json(), self.retry_after)
+            .into_response()
     }
 }
 

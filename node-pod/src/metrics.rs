@@ -5,6 +5,7 @@
 //! `gantry_kv_cache_usage_perc` are the three gauges the Gateway API
 //! Inference Extension's endpoint picker reads (see docs/observability.md).
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
     core::{AtomicF64, GenericGaugeVec},
@@ -223,6 +224,41 @@ impl Metrics {
             ),
             registry: r,
         }
+    }
+
+    /// The name of every metric family registered here, also those with no sample yet (which
+    /// `/metrics` leaves out); the dashboard test checks its queries against these.
+    pub fn family_names(&self) -> Vec<String> {
+        let collectors: [&dyn Collector; 23] = [
+            &self.requests_waiting,
+            &self.requests_running,
+            &self.kv_cache_usage,
+            &self.kv_cache_capacity_tokens,
+            &self.vram_used_bytes,
+            &self.vram_total_bytes,
+            &self.ttft,
+            &self.inter_token,
+            &self.e2e,
+            &self.prompt_tokens,
+            &self.generation_tokens,
+            &self.requests,
+            &self.model_load_seconds,
+            &self.response_cache_hits,
+            &self.response_cache_misses,
+            &self.response_cache_bytes,
+            &self.engine_hung,
+            &self.steps,
+            &self.step_tokens,
+            &self.model_unloads,
+            &self.model_load_refusals,
+            &self.memory_used_bytes,
+            &self.memory_limit_bytes,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
     }
 
     /// The Prometheus text exposition.

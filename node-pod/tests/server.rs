@@ -613,7 +613,7 @@ async fn sigterm_fails_readiness_at_once_and_lets_inflight_streams_finish() {
 #[test]
 fn the_node_answers_healthz_right_after_start() {
     // Listening comes first; plugin discovery and model loads happen behind it.
-    // The time it takes is measured by bench/cold_start.sh, not asserted here.
+    // The time it takes is measured by bench/node_vs_llama_server.py (`cold_start`), not asserted here.
     let (_dir, p) = tiny_dir(TinyModelSpec::default());
     let port = free_port();
     let t0 = Instant::now();

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -34,6 +35,23 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
+    /// The name of every metric family registered here, also those with no sample yet (which
+    /// `/metrics` leaves out); the dashboard test checks its queries against these.
+    pub fn family_names(&self) -> Vec<String> {
+        let collectors: [&dyn Collector; 5] = [
+            &self.reconciles,
+            &self.errors,
+            &self.duration,
+            &self.writes,
+            &self.leader,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
+    }
+
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let reconciles = IntCounterVec::new(

@@ -1,4 +1,5 @@
-//! Test support: a minimal GGUF v3 writer and header reader (little-endian), with no dependency on llama.cpp.
+//! Test support: a minimal GGUF v3 writer (little-endian), with no dependency on llama.cpp, and
+//! a header reader on top of the node's own parser (`gantry-formats`).
 //!
 //! Layout written (the order llama.cpp's `gguf_init_from_file` reads):
 //! magic `GGUF`, version u32 = 3, tensor count i64, KV count i64, the KV pairs, the tensor infos,
@@ -9,10 +10,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufReader, Read};
 use std::path::Path;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
+pub use gantry_formats::gguf::{GgufHeader, GgufTensorInfo};
+use gantry_formats::gguf::{GgufValue as Parsed, ParseOptions, read_header_with};
 
 /// `GGUF` as little-endian bytes.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -24,19 +26,12 @@ pub const DEFAULT_ALIGNMENT: u32 = 32;
 pub const GGML_TYPE_F32: u32 = 0;
 
 // `gguf_type` ids (ggml/include/gguf.h).
-const T_U8: u32 = 0;
-const T_I8: u32 = 1;
-const T_U16: u32 = 2;
-const T_I16: u32 = 3;
 const T_U32: u32 = 4;
 const T_I32: u32 = 5;
 const T_F32: u32 = 6;
 const T_BOOL: u32 = 7;
 const T_STRING: u32 = 8;
 const T_ARRAY: u32 = 9;
-const T_U64: u32 = 10;
-const T_I64: u32 = 11;
-const T_F64: u32 = 12;
 
 /// A metadata value of one of the types this writer emits.
 #[derive(Debug, Clone, PartialEq)]
@@ -270,197 +265,37 @@ fn put_array_header(out: &mut Vec<u8>, elem_type: u32, n: usize) {
     put_u64(out, n as u64);
 }
 
-/// One tensor info as stored in a GGUF header.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GgufTensorInfo {
-    pub name: String,
-    /// ggml order: `dims[0]` is contiguous.
-    pub dims: Vec<u64>,
-    /// `ggml_type` id (0 = F32).
-    pub ggml_type: u32,
-    /// Offset relative to the start of the data section.
-    pub offset: u64,
-}
-
-/// Everything in a GGUF file except the tensor data.
-#[derive(Debug, Clone)]
-pub struct GgufHeader {
-    pub version: u32,
-    pub metadata: BTreeMap<String, serde_json::Value>,
-    pub tensors: Vec<GgufTensorInfo>,
-    /// Absolute file offset of the data section (already padded to the alignment).
-    pub data_offset: u64,
-    pub alignment: u64,
+/// Reads the header, KV metadata and tensor infos of a GGUF file, without touching tensor data,
+/// with the node's own parser (`gantry-formats`, fuzzed there), keeping every array item.
+pub fn read_gguf_header(path: &Path) -> Result<GgufHeader> {
+    let options = ParseOptions {
+        keep_array_items: u64::MAX,
+        tensor_infos: true,
+    };
+    read_header_with(path, options)
+        .with_context(|| format!("parsing GGUF header of {}", path.display()))
 }
 
 /// Reads only the header and KV metadata of a GGUF file (any version 2/3 file, any value type).
 /// Numbers map to JSON numbers (non-finite floats to `null`), bools to bools, strings to strings
 /// and arrays to JSON arrays.
 pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, serde_json::Value>> {
-    Ok(read_gguf_header(path)?.metadata)
+    Ok(read_gguf_header(path)?
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), json_value(v)))
+        .collect())
 }
 
-/// Reads the header, KV metadata and tensor infos of a GGUF file, without touching tensor data.
-pub fn read_gguf_header(path: &Path) -> Result<GgufHeader> {
-    let file = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let file_len = file.metadata()?.len();
-    let mut r = Reader {
-        inner: BufReader::new(file),
-        pos: 0,
-        limit: file_len,
-    };
-    let header = r
-        .header()
-        .with_context(|| format!("parsing GGUF header of {}", path.display()))?;
-    Ok(header)
-}
-
-/// A byte reader that knows the file length, so that corrupt lengths fail cleanly instead of
-/// triggering huge allocations.
-struct Reader<R> {
-    inner: R,
-    pos: u64,
-    limit: u64,
-}
-
-impl<R: Read> Reader<R> {
-    fn bytes<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let mut buf = [0u8; N];
-        self.inner
-            .read_exact(&mut buf)
-            .context("unexpected end of file")?;
-        self.pos += N as u64;
-        Ok(buf)
+fn json_value(v: &Parsed) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Parsed::Int(i) => Value::from(*i),
+        Parsed::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        Parsed::Bool(b) => Value::Bool(*b),
+        Parsed::Str(s) => Value::String(s.clone()),
+        Parsed::Array { items, .. } => Value::Array(items.iter().map(json_value).collect()),
     }
-
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.bytes()?))
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.bytes()?))
-    }
-
-    /// A count that must fit in what is left of the file, at `min_size` bytes per item.
-    fn count(&mut self, min_size: u64) -> Result<u64> {
-        let n = self.u64()?;
-        ensure!(
-            n.saturating_mul(min_size) <= self.limit.saturating_sub(self.pos),
-            "count {n} exceeds the file size"
-        );
-        Ok(n)
-    }
-
-    fn string(&mut self) -> Result<String> {
-        let n = self.count(1)?;
-        let mut buf = vec![0u8; n as usize];
-        self.inner
-            .read_exact(&mut buf)
-            .context("unexpected end of file")?;
-        self.pos += n;
-        String::from_utf8(buf).context("string is not UTF-8")
-    }
-
-    fn scalar(&mut self, ty: u32) -> Result<serde_json::Value> {
-        use serde_json::Value;
-        Ok(match ty {
-            T_U8 => Value::from(u8::from_le_bytes(self.bytes()?)),
-            T_I8 => Value::from(i8::from_le_bytes(self.bytes()?)),
-            T_U16 => Value::from(u16::from_le_bytes(self.bytes()?)),
-            T_I16 => Value::from(i16::from_le_bytes(self.bytes()?)),
-            T_U32 => Value::from(self.u32()?),
-            T_I32 => Value::from(i32::from_le_bytes(self.bytes()?)),
-            T_F32 => float_value(f64::from(f32::from_le_bytes(self.bytes()?))),
-            T_BOOL => Value::Bool(u8::from_le_bytes(self.bytes()?) != 0),
-            T_STRING => Value::String(self.string()?),
-            T_U64 => Value::from(self.u64()?),
-            T_I64 => Value::from(i64::from_le_bytes(self.bytes()?)),
-            T_F64 => float_value(f64::from_le_bytes(self.bytes()?)),
-            other => bail!("invalid GGUF value type {other}"),
-        })
-    }
-
-    fn value(&mut self) -> Result<serde_json::Value> {
-        let ty = self.u32()?;
-        if ty != T_ARRAY {
-            return self.scalar(ty);
-        }
-        let elem = self.u32()?;
-        ensure!(elem != T_ARRAY, "nested GGUF arrays are not supported");
-        let n = self.count(1)?;
-        let mut items = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            items.push(self.scalar(elem)?);
-        }
-        Ok(serde_json::Value::Array(items))
-    }
-
-    fn header(&mut self) -> Result<GgufHeader> {
-        let magic: [u8; 4] = self.bytes()?;
-        ensure!(magic == GGUF_MAGIC, "not a GGUF file (magic {magic:?})");
-        let version = self.u32()?;
-        ensure!(
-            version == 2 || version == 3,
-            "unsupported GGUF version {version}"
-        );
-        // Minimum sizes: a tensor info is at least 8+4+4+8 bytes, a KV pair at least 8+4+1.
-        let n_tensors = self.u64()?;
-        let n_kv = self.count(13)?;
-        ensure!(
-            n_tensors.saturating_mul(24) <= self.limit,
-            "tensor count {n_tensors} exceeds the file size"
-        );
-
-        let mut metadata = BTreeMap::new();
-        for _ in 0..n_kv {
-            let key = self.string()?;
-            let value = self
-                .value()
-                .with_context(|| format!("reading key {key:?}"))?;
-            ensure!(
-                metadata.insert(key.clone(), value).is_none(),
-                "duplicate key {key:?}"
-            );
-        }
-        let alignment = match metadata.get("general.alignment") {
-            Some(v) => v
-                .as_u64()
-                .filter(|a| a.is_power_of_two())
-                .context("general.alignment must be a power of two")?,
-            None => u64::from(DEFAULT_ALIGNMENT),
-        };
-
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        for _ in 0..n_tensors {
-            let name = self.string()?;
-            let n_dims = self.u32()?;
-            ensure!(n_dims <= 4, "tensor {name} has {n_dims} dims");
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(self.u64()?);
-            }
-            let ggml_type = self.u32()?;
-            let offset = self.u64()?;
-            tensors.push(GgufTensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-            });
-        }
-        let data_offset = self.pos.div_ceil(alignment) * alignment;
-        Ok(GgufHeader {
-            version,
-            metadata,
-            tensors,
-            data_offset,
-            alignment,
-        })
-    }
-}
-
-fn float_value(v: f64) -> serde_json::Value {
-    serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
 
 #[cfg(test)]
@@ -504,7 +339,7 @@ mod tests {
         let h = read_gguf_header(&path).expect("read");
         assert_eq!(h.version, 3);
         assert_eq!(h.alignment, 64);
-        let m = &h.metadata;
+        let m = read_gguf_metadata(&path).expect("metadata");
         assert_eq!(m["general.architecture"], json!("llama"));
         assert_eq!(m["general.alignment"], json!(64));
         assert_eq!(m["a.u32"], json!(7));

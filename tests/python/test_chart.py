@@ -222,21 +222,10 @@ def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
         assert p["spec"]["modalities"] == manifest["modalities"]
 
 
-GATEWAY_METRICS = {"gantry_gateway_requests_total", "gantry_gateway_overhead_seconds",
-                   "gantry_gateway_held_requests", "gantry_gateway_upstream_errors_total"}
-
-
-def test_dashboard_queries_only_metrics_that_exist():
+def test_dashboard_is_shipped_as_a_labelled_config_map():
+    # Which metrics its queries may name is checked against the node's, the operator's and the
+    # gateway's own registries by tests/tests/dashboard.rs.
     dashboard = json.loads((CHART / "files/grafana-dashboard.json").read_text())
-    sources = (ROOT / "node-pod/src/metrics.rs").read_text() + (ROOT / "operator/src/metrics.rs").read_text()
-    used = set()
-    for panel in dashboard["panels"]:
-        for t in panel["targets"]:
-            used |= set(re.findall(r"gantry_[a-z_]+", t["expr"]))
-    assert used
-    for name in used:
-        base = re.sub(r"_(bucket|sum|count)$", "", name)
-        assert f'"{base}"' in sources or base in GATEWAY_METRICS, f"{name} is not a Gantry metric"
     objects = render(OVERRIDES["service-monitor-and-dashboard"])
     [cm] = [c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == "gantry-dashboard"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"

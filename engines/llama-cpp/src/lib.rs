@@ -178,6 +178,12 @@ impl Exec {
         s.slot = Some(slot.id);
         s.n_past = reuse as i32;
         s.history = tokens[..reuse].to_vec();
+        // Tests read this line to check that reuse happened (what the engine evaluates).
+        logging::debug(&format!(
+            "sequence {seq}: first prompt chunk of {} tokens, {reuse} reused from a warm slot, {} evaluated",
+            tokens.len(),
+            tokens.len() - reuse
+        ));
         Ok(reuse)
     }
 

@@ -63,6 +63,14 @@ pub(crate) fn route_to_host(host: HostLog) -> Registration {
     Registration(id)
 }
 
+/// A line of the engine's own at debug level, to the newest live host logger.
+pub(crate) fn debug(line: &str) {
+    let hosts = router().hosts.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, host)) = hosts.last() {
+        host.log(LogLevel::Debug, line);
+    }
+}
+
 fn level_of(level: ggml_log_level) -> Option<LogLevel> {
     match level {
         llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR => Some(LogLevel::Error),
