@@ -2,10 +2,19 @@
 //! the node derives from a parsed header must return, never panic, hang or allocate without bound.
 #![no_main]
 
-use gantry_formats::gguf::{GgufValue, parse_header};
+use gantry_formats::gguf::{GgufValue, ParseOptions, parse_header, parse_header_with};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // The whole header as the test kit reads it: tensor infos too, every array item kept.
+    let full = ParseOptions {
+        keep_array_items: u64::MAX,
+        tensor_infos: true,
+    };
+    if let Ok(h) = parse_header_with(data, full) {
+        assert!(h.tensors.len() <= data.len());
+        assert!(h.data_offset % h.alignment == 0);
+    }
     let Ok(h) = parse_header(data) else {
         return;
     };

@@ -1,6 +1,9 @@
 """OpenAI wire compatibility, checked with the official `openai` Python client."""
 import base64
+import json
+import re
 import struct
+import subprocess
 
 import openai
 import pytest
@@ -67,14 +70,39 @@ def test_gemma_chat_answers_through_the_default_template(client):
     assert r.usage.prompt_tokens > 5
 
 
+def gemma_vocabulary() -> tuple[list[str], int]:
+    """Gemma's token strings and BOS id, read from the GGUF file itself (not through the node)."""
+    from conftest import TARGET, _gemma
+    out = subprocess.run([TARGET / "gantry-testkit", "metadata", _gemma()], check=True, capture_output=True, text=True)
+    meta = json.loads(out.stdout)
+    return meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.bos_token_id"]
+
+
+def spell(ids: list[int], vocab: list[str]) -> str:
+    """SentencePiece pieces back to text: `▁` is a space, `<0xHH>` a raw byte."""
+    out = bytearray()
+    for i in ids:
+        piece = vocab[i]
+        m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        out += bytes([int(m.group(1), 16)]) if m else piece.replace("\u2581", " ").encode()
+    return out.decode()
+
+
 def test_usage_matches_the_tokenizer(client, http):
     r = client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=5, temperature=0)
     tokens = http.post("/v1/tokenize", {"model": "gemma", "content": CAPITAL, "add_special": True})["tokens"]
     assert r.usage.prompt_tokens == len(tokens)
+    # The ids are a real tokenization of the prompt in the model's own vocabulary: BOS, then
+    # pieces that spell the prompt exactly.
+    vocab, bos = gemma_vocabulary()
+    assert tokens[0] == bos
+    assert spell(tokens[1:], vocab) == CAPITAL
+    assert 1 < len(tokens) < len(CAPITAL)
     events = [c for c in client.completions.create(model="gemma", prompt=CAPITAL, max_tokens=5, temperature=0, stream=True,
                                                    stream_options={"include_usage": True})]
     token_events = [c for c in events if c.choices and c.choices[0].finish_reason is None]
     assert events[-1].usage.completion_tokens == len(token_events) == 5
+    assert events[-1].usage.prompt_tokens == len(tokens)
 
 
 def test_stop_sequences_end_generation_and_are_not_emitted(client):
