@@ -2,15 +2,15 @@
 //! PodDisruptionBudget, cache PersistentVolumeClaim and (HPA mode) HorizontalPodAutoscaler of
 //! one Model.
 //!
-//! Output depends only on the validated Model, the plugins chosen by engine
-//! selection and the operator settings, so the same inputs always give
+//! Output depends only on the validated Model, its rendered node config
+//! (`model::node_config`), the plugins chosen by engine selection and the
+//! operator settings, so the same inputs always give
 //! byte-identical objects. Each object carries the hash of its own content
 //! (`gantry.dev/applied-hash`); the apply step compares it with the live
 //! object's to decide whether anything needs writing.
 
 use std::collections::BTreeMap;
 
-use gantry_api::{ModelConfig, NodeConfig};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -29,9 +29,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::context::Settings;
+use crate::model::node_config::{self, RenderError, RenderedConfig, short_hash};
 use crate::model::validate::ValidModel;
 use gantry_crd::names::{self, *};
 use gantry_crd::{AutoscalingMode, CacheType, EnginePlugin};
@@ -60,8 +60,8 @@ pub struct OwnedObjects {
 /// Why objects could not be built. Only serialization can fail, which is a bug, not user input.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("cannot render the node config: {0}")]
-    RenderConfig(#[source] serde_yaml::Error),
+    #[error(transparent)]
+    Render(#[from] RenderError),
     #[error("cannot serialize {kind} to hash it: {source}")]
     Hash {
         kind: &'static str,
@@ -73,19 +73,32 @@ pub enum BuildError {
 impl BuildError {
     pub fn metric_label(&self) -> &'static str {
         match self {
-            BuildError::RenderConfig(_) => "build_render_config",
+            BuildError::Render(e) => e.metric_label(),
             BuildError::Hash { .. } => "build_hash",
         }
     }
 }
 
-/// Build every owned object for `model`, mounting `plugins`.
+/// Build every owned object for `model`, mounting `plugins`: renders the node config, then
+/// [`assemble`]s. The reconcile has rendered it already (the observe step needs its hash) and
+/// calls [`assemble`] directly.
 pub fn build(
     model: &ValidModel,
     plugins: &[&EnginePlugin],
     settings: &Settings,
 ) -> Result<OwnedObjects, BuildError> {
-    let (config_map, config_hash) = config_map(model)?;
+    let config = node_config::render(model)?;
+    assemble(model, &config, plugins, settings)
+}
+
+/// Every owned object for `model` running the rendered node `config`, mounting `plugins`.
+pub fn assemble(
+    model: &ValidModel,
+    config: &RenderedConfig,
+    plugins: &[&EnginePlugin],
+    settings: &Settings,
+) -> Result<OwnedObjects, BuildError> {
+    let config_map = config_map(model, config);
     let pvc = match model.cache.type_ {
         CacheType::PersistentVolumeClaim => {
             Some(stamp(cache_claim(model), "PersistentVolumeClaim")?)
@@ -107,12 +120,12 @@ pub fn build(
         config_map: stamp(config_map, "ConfigMap")?,
         pvc,
         deployment: stamp(
-            deployment(model, plugins, &config_hash, settings),
+            deployment(model, plugins, &config.hash, settings),
             "Deployment",
         )?,
         service: stamp(service(model), "Service")?,
         pdb,
-        config_hash,
+        config_hash: config.hash.clone(),
     })
 }
 
@@ -193,41 +206,6 @@ fn hpa(model: &ValidModel) -> HorizontalPodAutoscaler {
     }
 }
 
-/// The in-cluster base URL of a Model's node pods.
-pub fn endpoint(model: &ValidModel) -> String {
-    format!(
-        "http://{}.{}.svc:{NODE_PORT}/v1",
-        owned_name(&model.name),
-        model.namespace
-    )
-}
-
-/// The node's model config (YAML) for one Model: the node's own type, so the node reads
-/// exactly what is rendered here.
-pub fn node_config(model: &ValidModel) -> NodeConfig {
-    let positive = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
-    NodeConfig {
-        models: vec![ModelConfig {
-            id: model.served_name.clone(),
-            source: Some(model.source.node_uri.clone()),
-            format: model.format.as_str().to_string(),
-            quantization: model.source.quantization.clone(),
-            files: model.source.files.clone(),
-            engine: model.pin.clone(),
-            context_length: positive(model.engine_config.context_length),
-            max_batch_size: positive(model.engine_config.max_batch_size),
-            threads: positive(model.engine_config.threads),
-            load: match model.load {
-                gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
-                gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
-            },
-            ..ModelConfig::default()
-        }],
-        cache_dir: Some(NODE_CACHE_DIR.into()),
-        ..NodeConfig::default()
-    }
-}
-
 /// `controller: true` makes the garbage collector delete the object with its Model and lets
 /// the apply step tell our objects from a user's of the same name; `blockOwnerDeletion` keeps
 /// a foreground deletion of the Model waiting until they are gone.
@@ -266,30 +244,15 @@ where
     Ok(obj)
 }
 
-/// 16 hex digits of sha256: collisions between two versions of one object are not a concern.
-fn short_hash(bytes: &[u8]) -> String {
-    hex::encode(&Sha256::digest(bytes)[..8])
-}
-
-fn config_yaml(model: &ValidModel) -> Result<String, BuildError> {
-    serde_yaml::to_string(&node_config(model)).map_err(BuildError::RenderConfig)
-}
-
-/// Hash of the node config: on the pod template, and how the status step tells pods running
-/// the current config from pods still rolling out.
-pub fn config_hash(model: &ValidModel) -> Result<String, BuildError> {
-    Ok(short_hash(config_yaml(model)?.as_bytes()))
-}
-
-fn config_map(model: &ValidModel) -> Result<(ConfigMap, String), BuildError> {
-    let yaml = config_yaml(model)?;
-    let hash = short_hash(yaml.as_bytes());
-    let cm = ConfigMap {
+fn config_map(model: &ValidModel, config: &RenderedConfig) -> ConfigMap {
+    ConfigMap {
         metadata: metadata(model, owned_name(&model.name)),
-        data: Some(BTreeMap::from([(NODE_CONFIG_FILE.to_string(), yaml)])),
+        data: Some(BTreeMap::from([(
+            NODE_CONFIG_FILE.to_string(),
+            config.yaml.clone(),
+        )])),
         ..ConfigMap::default()
-    };
-    Ok((cm, hash))
+    }
 }
 
 /// The claim outlives pods (weights survive restarts) but not the Model. Its spec is immutable

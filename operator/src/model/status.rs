@@ -21,6 +21,7 @@ use crate::context::Context;
 use crate::node_report::NodeReport;
 use crate::write;
 use gantry_crd::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
+use gantry_crd::names::{NODE_PORT, owned_name};
 use gantry_crd::{Model, ModelStatus, ReplicaStatus};
 
 mod reports;
@@ -62,26 +63,6 @@ pub struct Facts<'a> {
     /// A refusal by the apiserver that retrying will not fix.
     pub apply_error: Option<&'a ApplyError>,
     pub now: Timestamp,
-}
-
-/// The architecture to select by: a node pod's report, else `spec.architecture`, else what an
-/// earlier report found for the same source.
-pub fn observed_architecture(
-    valid: &ValidModel,
-    reports: &[&NodeReport],
-    previous: Option<&ModelStatus>,
-) -> Option<String> {
-    let reported = reports
-        .iter()
-        .filter_map(|r| r.model(&valid.served_name))
-        .find_map(|m| m.architecture.clone());
-    reported
-        .or_else(|| valid.declared_architecture.clone())
-        .or_else(|| {
-            previous
-                .filter(|p| p.observed_source.as_deref() == Some(valid.source.key().as_str()))
-                .and_then(|p| p.architecture.clone())
-        })
 }
 
 /// Status for a Model whose spec failed validation. Observations unrelated to the spec
@@ -310,12 +291,18 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         // this apply leaves it as the autoscaler wrote it.
         autoscaling: None,
         download,
-        endpoint: f
-            .deployment
-            .is_some()
-            .then(|| super::build::endpoint(f.valid)),
+        endpoint: f.deployment.is_some().then(|| endpoint(f.valid)),
         candidates,
     }
+}
+
+/// The in-cluster base URL of a Model's node pods.
+pub fn endpoint(model: &ValidModel) -> String {
+    format!(
+        "http://{}.{}.svc:{NODE_PORT}/v1",
+        owned_name(&model.name),
+        model.namespace
+    )
 }
 
 /// Write `status` if it differs from the stored one, then record Events for its transitions.
