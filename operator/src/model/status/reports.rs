@@ -2,7 +2,7 @@
 //! `EngineResolved` and `ArtifactReady` conditions, the download progress and the load failure
 //! that `model::status::fold` weighs against the Deployment's state.
 //!
-//! Only reports of node pods running the current config reach here.
+//! Only reports of node pods running the current config reach here (`model::observe`).
 
 use gantry_api::{ArtifactState, EngineVerdict, LoadState};
 use kube::ResourceExt;
