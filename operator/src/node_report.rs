@@ -128,6 +128,16 @@ pub struct NodeReport {
     pub status: Result<NodeStatus, ReportError>,
 }
 
+impl NodeReport {
+    /// The entry for model `id` in this pod's status document, if it answered and lists it.
+    pub fn model(&self, id: &str) -> Option<&gantry_api::ModelStatus> {
+        self.status
+            .as_ref()
+            .ok()
+            .and_then(|s: &NodeStatus| s.models.iter().find(|m| m.id == id))
+    }
+}
+
 /// Running pods with an IP; the others cannot answer yet.
 pub fn reachable(pod: &Pod) -> Option<&str> {
     let status = pod.status.as_ref()?;

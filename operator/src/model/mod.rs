@@ -1,5 +1,7 @@
-//! Model reconcile: the pipeline read → validate → resolve + build (pure) → apply → status,
-//! and the error policy that decides, per error kind, when to try again.
+//! Model reconcile: the pipeline driver. It calls each step once, in this order — read →
+//! validate → render → observe → resolve → build (validate to build are pure) → apply →
+//! status — then decides when to look again, and the error policy decides, per error kind,
+//! when to try again after a failure.
 //!
 //! Guarantees: the user's `spec` is never written; owned objects carry an
 //! ownerReference to the Model, so deleting the Model deletes them through the
@@ -10,6 +12,8 @@
 
 pub mod apply;
 pub mod build;
+pub mod node_config;
+pub mod observe;
 pub mod read;
 pub mod resolve;
 pub mod status;
@@ -41,6 +45,8 @@ pub enum Error {
     #[error(transparent)]
     Read(#[from] read::ReadError),
     #[error(transparent)]
+    Render(#[from] node_config::RenderError),
+    #[error(transparent)]
     Build(#[from] build::BuildError),
     #[error(transparent)]
     Apply(#[from] apply::ApplyError),
@@ -52,6 +58,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Read(e) => e.metric_label(),
+            Error::Render(e) => e.metric_label(),
             Error::Build(e) => e.metric_label(),
             Error::Apply(e) => e.metric_label(),
             Error::Status(e) => e.metric_label(),
@@ -61,8 +68,9 @@ impl Error {
     pub fn retry(&self) -> Retry {
         match self {
             Error::Read(e) => e.retry(),
-            // A build failure is a bug in this operator; retrying slowly keeps the log readable.
-            Error::Build(_) => Retry::Permanent,
+            // A render or build failure is a bug in this operator; retrying slowly keeps the log
+            // readable.
+            Error::Render(_) | Error::Build(_) => Retry::Permanent,
             Error::Apply(e) => e.retry(),
             Error::Status(e) => e.retry(),
         }
@@ -114,17 +122,17 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
         }
     };
 
-    // Only pods running the current config speak for the Model.
-    let config_hash = build::config_hash(&valid)?;
-    let current: Vec<&crate::node_report::NodeReport> = observed
-        .reports
-        .iter()
-        .filter(|r| r.config_hash.as_deref() == Some(config_hash.as_str()))
-        .collect();
-    let architecture = status::observed_architecture(&valid, &current, model.status.as_ref());
+    let config = node_config::render(&valid)?;
+    let observation = observe::observe(
+        &valid,
+        &config.hash,
+        &observed.reports,
+        model.status.as_ref(),
+    );
+    let architecture = observation.architecture.as_deref();
     let resolution = resolve::resolve(
         &valid,
-        architecture.as_deref(),
+        architecture,
         &observed.plugins,
         ctx.settings.abi_major,
     );
@@ -132,7 +140,7 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     let desired = if mounted.is_empty() {
         None
     } else {
-        Some(build::build(&valid, &mounted, &ctx.settings)?)
+        Some(build::assemble(&valid, &config, &mounted, &ctx.settings)?)
     };
 
     let (applied, apply_error) = match apply::apply(&valid, desired.as_ref(), &observed, ctx).await
@@ -154,12 +162,15 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     }
 
     // Pods being removed (no engine) no longer speak for the Model.
-    let reports: &[&crate::node_report::NodeReport] =
-        if desired.is_some() { &current } else { &[] };
+    let reports: &[&crate::node_report::NodeReport] = if desired.is_some() {
+        &observation.current
+    } else {
+        &[]
+    };
     let facts = status::Facts {
         model,
         valid: &valid,
-        architecture: architecture.as_deref(),
+        architecture,
         resolution: &resolution,
         deployment: applied.deployment.as_ref(),
         reports,

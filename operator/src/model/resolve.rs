@@ -1,4 +1,4 @@
-//! Model reconcile, resolve step (pure, between validate and build): which EnginePlugins a
+//! Model reconcile, resolve step (pure, between observe and build): which EnginePlugins a
 //! Model's node pods mount.
 //!
 //! The rules are the node's own, by construction: both sides call

@@ -7,7 +7,6 @@
 //! rates, no counters. So when the world is still, the folded status equals
 //! the stored one and the reconcile writes nothing.
 
-use gantry_api::{ArtifactState, EngineVerdict, LoadState, NodeStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -22,9 +21,10 @@ use crate::context::Context;
 use crate::node_report::NodeReport;
 use crate::write;
 use gantry_crd::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
-use gantry_crd::{
-    CandidateRejection, DownloadStatus, Model, ModelStatus, ReplicaStatus, ResolvedEngine,
-};
+use gantry_crd::names::{NODE_PORT, owned_name};
+use gantry_crd::{Model, ModelStatus, ReplicaStatus};
+
+mod reports;
 
 /// Why the status could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -63,34 +63,6 @@ pub struct Facts<'a> {
     /// A refusal by the apiserver that retrying will not fix.
     pub apply_error: Option<&'a ApplyError>,
     pub now: Timestamp,
-}
-
-/// The architecture to select by: a node pod's report, else `spec.architecture`, else what an
-/// earlier report found for the same source.
-pub fn observed_architecture(
-    valid: &ValidModel,
-    reports: &[&NodeReport],
-    previous: Option<&ModelStatus>,
-) -> Option<String> {
-    let reported = reports
-        .iter()
-        .filter_map(|r| model_entry(r, &valid.served_name))
-        .find_map(|m| m.architecture.clone());
-    reported
-        .or_else(|| valid.declared_architecture.clone())
-        .or_else(|| {
-            previous
-                .filter(|p| p.observed_source.as_deref() == Some(valid.source.key().as_str()))
-                .and_then(|p| p.architecture.clone())
-        })
-}
-
-fn model_entry<'a>(report: &'a NodeReport, id: &str) -> Option<&'a gantry_api::ModelStatus> {
-    report
-        .status
-        .as_ref()
-        .ok()
-        .and_then(|s: &NodeStatus| s.models.iter().find(|m| m.id == id))
 }
 
 /// Status for a Model whose spec failed validation. Observations unrelated to the spec
@@ -160,221 +132,6 @@ fn known_reason(r: &str) -> Option<&'static str> {
     ALL.into_iter().find(|k| *k == r)
 }
 
-/// The engine part of the status: condition, resolved engine and rejected candidates.
-///
-/// Precedence: a node's verdict beats the operator's own selection, because the node knows
-/// what it actually loaded; a single refusing node is enough for `False`.
-fn fold_engine(f: &Facts<'_>) -> (Decided, Option<ResolvedEngine>, Vec<CandidateRejection>) {
-    let id = &f.valid.served_name;
-    let verdicts = f
-        .reports
-        .iter()
-        .filter_map(|r| Some((r, model_entry(r, id)?.verdict.as_ref()?)));
-    let mut confirmed = None;
-    for (report, verdict) in verdicts {
-        match verdict {
-            // One refusing node is enough to say so: its pods cannot serve.
-            EngineVerdict::Unsupported { rejections } => {
-                let candidates: Vec<CandidateRejection> =
-                    rejections.iter().map(Into::into).collect();
-                let msg = format!(
-                    "node pod {} found no loaded plugin that serves the model: {}",
-                    report.pod,
-                    summarize(&candidates)
-                );
-                return (
-                    Decided::new(cond::ENGINE_RESOLVED, FALSE, reason::REJECTED_BY_NODE, msg),
-                    None,
-                    candidates,
-                );
-            }
-            EngineVerdict::Supported { plugin, version } => {
-                confirmed.get_or_insert((report, plugin, version));
-            }
-        }
-    }
-    if let Some((report, engine_id, version)) = confirmed {
-        let object = f
-            .resolution
-            .mounted()
-            .into_iter()
-            .find(|p| &p.spec.engine_id == engine_id)
-            .map(ResourceExt::name_any);
-        let msg = format!(
-            "engine {engine_id} {version}{} serves architecture {}; confirmed by node pod {}",
-            object
-                .as_ref()
-                .map(|o| format!(" (EnginePlugin {o})"))
-                .unwrap_or_default(),
-            f.architecture.unwrap_or("unknown"),
-            report.pod
-        );
-        return (
-            Decided::new(cond::ENGINE_RESOLVED, TRUE, reason::RESOLVED, msg),
-            Some(ResolvedEngine {
-                id: engine_id.clone(),
-                version: Some(version.clone()),
-                plugin: object,
-            }),
-            Vec::new(),
-        );
-    }
-    match f.resolution {
-        Resolution::Resolved(p) => (
-            Decided::new(
-                cond::ENGINE_RESOLVED,
-                TRUE,
-                reason::RESOLVED,
-                format!(
-                    "EnginePlugin {} (engine {} {}) serves architecture {}",
-                    p.name_any(),
-                    p.spec.engine_id,
-                    p.spec.version,
-                    f.architecture.unwrap_or("unknown")
-                ),
-            ),
-            Some(ResolvedEngine {
-                id: p.spec.engine_id.clone(),
-                version: Some(p.spec.version.clone()),
-                plugin: Some(p.name_any()),
-            }),
-            Vec::new(),
-        ),
-        Resolution::Pending(ps) => (
-            Decided::new(
-                cond::ENGINE_RESOLVED,
-                UNKNOWN,
-                reason::ARCHITECTURE_PENDING,
-                format!(
-                    "the architecture is not known yet; mounted candidates {}; the first node report decides (set spec.architecture to decide before pods start)",
-                    ps.iter()
-                        .map(ResourceExt::name_any)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
-            None,
-            Vec::new(),
-        ),
-        Resolution::Unresolved(rejections) => {
-            let msg = format!(
-                "no EnginePlugin serves format {}, architecture {}, backend {}{}: {}",
-                f.valid.format.as_str(),
-                f.architecture.unwrap_or("(not known yet)"),
-                f.valid.backend.as_str(),
-                f.valid
-                    .pin
-                    .as_ref()
-                    .map(|p| format!(", engine pin {p}"))
-                    .unwrap_or_default(),
-                if rejections.is_empty() {
-                    "no EnginePlugin objects exist".to_string()
-                } else {
-                    summarize(rejections)
-                }
-            );
-            (
-                Decided::new(
-                    cond::ENGINE_RESOLVED,
-                    FALSE,
-                    reason::NO_MATCHING_ENGINE,
-                    msg,
-                ),
-                None,
-                rejections.clone(),
-            )
-        }
-    }
-}
-
-fn summarize(candidates: &[CandidateRejection]) -> String {
-    candidates
-        .iter()
-        .map(|c| format!("{}: {}", c.plugin, c.reason))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Artifact condition and download progress from the reports.
-fn fold_artifact(f: &Facts<'_>) -> (Decided, Option<DownloadStatus>) {
-    let entries: Vec<(&NodeReport, &gantry_api::ModelStatus)> = f
-        .reports
-        .iter()
-        .filter_map(|r| Some((*r, model_entry(r, &f.valid.served_name)?)))
-        .collect();
-    // Progress of the pod furthest behind: the model is ready only when all are.
-    let download = entries
-        .iter()
-        .map(|(_, m)| &m.artifact)
-        .filter(|a| a.bytes_total > 0 || a.bytes_done > 0)
-        .min_by(|a, b| {
-            let frac = |x: &gantry_api::ArtifactStatus| {
-                if x.bytes_total == 0 {
-                    0.0
-                } else {
-                    x.bytes_done as f64 / x.bytes_total as f64
-                }
-            };
-            frac(a).total_cmp(&frac(b))
-        })
-        .map(|a| DownloadStatus {
-            bytes_done: i64::try_from(a.bytes_done).unwrap_or(i64::MAX),
-            bytes_total: i64::try_from(a.bytes_total).unwrap_or(i64::MAX),
-        });
-    if let Some((r, m)) = entries
-        .iter()
-        .find(|(_, m)| m.artifact.state == ArtifactState::Failed)
-    {
-        let msg = format!(
-            "node pod {}: {}",
-            r.pod,
-            m.artifact.message.as_deref().unwrap_or("download failed")
-        );
-        return (
-            Decided::new(cond::ARTIFACT_READY, FALSE, reason::DOWNLOAD_FAILED, msg),
-            download,
-        );
-    }
-    if entries.is_empty() {
-        let msg = if f.deployment.is_some() {
-            "waiting for a node pod to report"
-        } else {
-            "no node pod runs"
-        };
-        return (
-            Decided::new(cond::ARTIFACT_READY, UNKNOWN, reason::AWAITING_REPORT, msg),
-            None,
-        );
-    }
-    if entries
-        .iter()
-        .all(|(_, m)| m.artifact.state == ArtifactState::Ready)
-    {
-        return (
-            Decided::new(
-                cond::ARTIFACT_READY,
-                TRUE,
-                reason::DOWNLOADED,
-                format!("weights present on {} node pod(s)", entries.len()),
-            ),
-            download,
-        );
-    }
-    let msg = match &download {
-        Some(d) if d.bytes_total > 0 => format!(
-            "{} of {} bytes ({}%)",
-            d.bytes_done,
-            d.bytes_total,
-            d.bytes_done.saturating_mul(100) / d.bytes_total
-        ),
-        _ => "download starting".to_string(),
-    };
-    (
-        Decided::new(cond::ARTIFACT_READY, FALSE, reason::DOWNLOADING, msg),
-        download,
-    )
-}
-
 /// Rollout state of the Deployment: (Progressing condition, stuck?).
 fn fold_progress(deployment: Option<&Deployment>) -> (Decided, bool) {
     let Some(d) = deployment else {
@@ -440,8 +197,8 @@ fn fold_progress(deployment: Option<&Deployment>) -> (Decided, bool) {
 pub fn fold(f: &Facts<'_>) -> ModelStatus {
     let previous = f.model.status.clone().unwrap_or_default();
     let generation = f.model.metadata.generation;
-    let (engine_cond, engine, candidates) = fold_engine(f);
-    let (artifact_cond, download) = fold_artifact(f);
+    let (engine_cond, engine, candidates) = reports::fold_engine(f);
+    let (artifact_cond, download) = reports::fold_artifact(f);
     let (progress_cond, stuck) = fold_progress(f.deployment);
     let engine_failed = engine_cond.status == FALSE;
 
@@ -458,16 +215,7 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         None => ReplicaStatus::default(),
     };
 
-    let load_failure = f.reports.iter().find_map(|r| {
-        let m = model_entry(r, &f.valid.served_name)?;
-        (m.load.state == LoadState::Failed).then(|| {
-            format!(
-                "node pod {}: {}",
-                r.pod,
-                m.load.message.as_deref().unwrap_or("model load failed")
-            )
-        })
-    });
+    let load_failure = reports::fold_load(f);
     let degraded = if let Some(e) = f.apply_error {
         Decided::new(cond::DEGRADED, TRUE, reason::APPLY_FAILED, e.to_string())
     } else if engine_failed {
@@ -543,12 +291,18 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         // this apply leaves it as the autoscaler wrote it.
         autoscaling: None,
         download,
-        endpoint: f
-            .deployment
-            .is_some()
-            .then(|| super::build::endpoint(f.valid)),
+        endpoint: f.deployment.is_some().then(|| endpoint(f.valid)),
         candidates,
     }
+}
+
+/// The in-cluster base URL of a Model's node pods.
+pub fn endpoint(model: &ValidModel) -> String {
+    format!(
+        "http://{}.{}.svc:{NODE_PORT}/v1",
+        owned_name(&model.name),
+        model.namespace
+    )
 }
 
 /// Write `status` if it differs from the stored one, then record Events for its transitions.

@@ -1,0 +1,77 @@
+//! Model reconcile, render step (pure, no client; after validate, before observe): the node
+//! config a Model's pods read, rendered once as YAML, and its hash.
+//!
+//! The hash goes on the pod template (`gantry.dev/config-hash`); the observe step uses it to
+//! tell node pods running the current config from pods still rolling out, and the build step
+//! puts the YAML into the ConfigMap. Nothing here depends on the engine, so it is known before
+//! engine selection, which needs the architecture those current pods report.
+
+use gantry_api::{ModelConfig, NodeConfig};
+use sha2::{Digest, Sha256};
+
+use crate::model::validate::ValidModel;
+use gantry_crd::names::NODE_CACHE_DIR;
+
+/// The node config of one Model as the node reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedConfig {
+    /// The YAML document, the ConfigMap's only key.
+    pub yaml: String,
+    /// [`short_hash`] of `yaml`.
+    pub hash: String,
+}
+
+/// Why the node config could not be rendered. Only serialization can fail, which is a bug, not
+/// user input.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("cannot render the node config: {0}")]
+    Yaml(#[source] serde_yaml::Error),
+}
+
+impl RenderError {
+    pub fn metric_label(&self) -> &'static str {
+        // Rendering was part of the build step; the label is kept so dashboards keep counting.
+        match self {
+            RenderError::Yaml(_) => "build_render_config",
+        }
+    }
+}
+
+/// Render `model`'s node config and hash it.
+pub fn render(model: &ValidModel) -> Result<RenderedConfig, RenderError> {
+    let yaml = serde_yaml::to_string(&node_config(model)).map_err(RenderError::Yaml)?;
+    let hash = short_hash(yaml.as_bytes());
+    Ok(RenderedConfig { yaml, hash })
+}
+
+/// The node's model config (YAML) for one Model: the node's own type, so the node reads
+/// exactly what is rendered here.
+pub fn node_config(model: &ValidModel) -> NodeConfig {
+    let positive = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
+    NodeConfig {
+        models: vec![ModelConfig {
+            id: model.served_name.clone(),
+            source: Some(model.source.node_uri.clone()),
+            format: model.format.as_str().to_string(),
+            quantization: model.source.quantization.clone(),
+            files: model.source.files.clone(),
+            engine: model.pin.clone(),
+            context_length: positive(model.engine_config.context_length),
+            max_batch_size: positive(model.engine_config.max_batch_size),
+            threads: positive(model.engine_config.threads),
+            load: match model.load {
+                gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
+                gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
+            },
+            ..ModelConfig::default()
+        }],
+        cache_dir: Some(NODE_CACHE_DIR.into()),
+        ..NodeConfig::default()
+    }
+}
+
+/// 16 hex digits of sha256: collisions between two versions of one object are not a concern.
+pub fn short_hash(bytes: &[u8]) -> String {
+    hex::encode(&Sha256::digest(bytes)[..8])
+}

@@ -1,0 +1,245 @@
+//! Model reconcile, status step (pure part): what the node pods' reports say, folded into the
+//! `EngineResolved` and `ArtifactReady` conditions, the download progress and the load failure
+//! that `model::status::fold` weighs against the Deployment's state.
+//!
+//! Only reports of node pods running the current config reach here (`model::observe`).
+
+use gantry_api::{ArtifactState, EngineVerdict, LoadState};
+use kube::ResourceExt;
+
+use super::Facts;
+use crate::model::resolve::Resolution;
+use crate::node_report::NodeReport;
+use gantry_crd::conditions::{Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
+use gantry_crd::{CandidateRejection, DownloadStatus, ResolvedEngine};
+
+/// The engine part of the status: condition, resolved engine and rejected candidates.
+///
+/// Precedence: a node's verdict beats the operator's own selection, because the node knows
+/// what it actually loaded; a single refusing node is enough for `False`.
+pub(super) fn fold_engine(
+    f: &Facts<'_>,
+) -> (Decided, Option<ResolvedEngine>, Vec<CandidateRejection>) {
+    let id = &f.valid.served_name;
+    let verdicts = f
+        .reports
+        .iter()
+        .filter_map(|r| Some((r, r.model(id)?.verdict.as_ref()?)));
+    let mut confirmed = None;
+    for (report, verdict) in verdicts {
+        match verdict {
+            // One refusing node is enough to say so: its pods cannot serve.
+            EngineVerdict::Unsupported { rejections } => {
+                let candidates: Vec<CandidateRejection> =
+                    rejections.iter().map(Into::into).collect();
+                let msg = format!(
+                    "node pod {} found no loaded plugin that serves the model: {}",
+                    report.pod,
+                    summarize(&candidates)
+                );
+                return (
+                    Decided::new(cond::ENGINE_RESOLVED, FALSE, reason::REJECTED_BY_NODE, msg),
+                    None,
+                    candidates,
+                );
+            }
+            EngineVerdict::Supported { plugin, version } => {
+                confirmed.get_or_insert((report, plugin, version));
+            }
+        }
+    }
+    if let Some((report, engine_id, version)) = confirmed {
+        let object = f
+            .resolution
+            .mounted()
+            .into_iter()
+            .find(|p| &p.spec.engine_id == engine_id)
+            .map(ResourceExt::name_any);
+        let msg = format!(
+            "engine {engine_id} {version}{} serves architecture {}; confirmed by node pod {}",
+            object
+                .as_ref()
+                .map(|o| format!(" (EnginePlugin {o})"))
+                .unwrap_or_default(),
+            f.architecture.unwrap_or("unknown"),
+            report.pod
+        );
+        return (
+            Decided::new(cond::ENGINE_RESOLVED, TRUE, reason::RESOLVED, msg),
+            Some(ResolvedEngine {
+                id: engine_id.clone(),
+                version: Some(version.clone()),
+                plugin: object,
+            }),
+            Vec::new(),
+        );
+    }
+    match f.resolution {
+        Resolution::Resolved(p) => (
+            Decided::new(
+                cond::ENGINE_RESOLVED,
+                TRUE,
+                reason::RESOLVED,
+                format!(
+                    "EnginePlugin {} (engine {} {}) serves architecture {}",
+                    p.name_any(),
+                    p.spec.engine_id,
+                    p.spec.version,
+                    f.architecture.unwrap_or("unknown")
+                ),
+            ),
+            Some(ResolvedEngine {
+                id: p.spec.engine_id.clone(),
+                version: Some(p.spec.version.clone()),
+                plugin: Some(p.name_any()),
+            }),
+            Vec::new(),
+        ),
+        Resolution::Pending(ps) => (
+            Decided::new(
+                cond::ENGINE_RESOLVED,
+                UNKNOWN,
+                reason::ARCHITECTURE_PENDING,
+                format!(
+                    "the architecture is not known yet; mounted candidates {}; the first node report decides (set spec.architecture to decide before pods start)",
+                    ps.iter()
+                        .map(ResourceExt::name_any)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            None,
+            Vec::new(),
+        ),
+        Resolution::Unresolved(rejections) => {
+            let msg = format!(
+                "no EnginePlugin serves format {}, architecture {}, backend {}{}: {}",
+                f.valid.format.as_str(),
+                f.architecture.unwrap_or("(not known yet)"),
+                f.valid.backend.as_str(),
+                f.valid
+                    .pin
+                    .as_ref()
+                    .map(|p| format!(", engine pin {p}"))
+                    .unwrap_or_default(),
+                if rejections.is_empty() {
+                    "no EnginePlugin objects exist".to_string()
+                } else {
+                    summarize(rejections)
+                }
+            );
+            (
+                Decided::new(
+                    cond::ENGINE_RESOLVED,
+                    FALSE,
+                    reason::NO_MATCHING_ENGINE,
+                    msg,
+                ),
+                None,
+                rejections.clone(),
+            )
+        }
+    }
+}
+
+fn summarize(candidates: &[CandidateRejection]) -> String {
+    candidates
+        .iter()
+        .map(|c| format!("{}: {}", c.plugin, c.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Artifact condition and download progress from the reports.
+pub(super) fn fold_artifact(f: &Facts<'_>) -> (Decided, Option<DownloadStatus>) {
+    let entries: Vec<(&NodeReport, &gantry_api::ModelStatus)> = f
+        .reports
+        .iter()
+        .filter_map(|r| Some((*r, r.model(&f.valid.served_name)?)))
+        .collect();
+    // Progress of the pod furthest behind: the model is ready only when all are.
+    let download = entries
+        .iter()
+        .map(|(_, m)| &m.artifact)
+        .filter(|a| a.bytes_total > 0 || a.bytes_done > 0)
+        .min_by(|a, b| {
+            let frac = |x: &gantry_api::ArtifactStatus| {
+                if x.bytes_total == 0 {
+                    0.0
+                } else {
+                    x.bytes_done as f64 / x.bytes_total as f64
+                }
+            };
+            frac(a).total_cmp(&frac(b))
+        })
+        .map(|a| DownloadStatus {
+            bytes_done: i64::try_from(a.bytes_done).unwrap_or(i64::MAX),
+            bytes_total: i64::try_from(a.bytes_total).unwrap_or(i64::MAX),
+        });
+    if let Some((r, m)) = entries
+        .iter()
+        .find(|(_, m)| m.artifact.state == ArtifactState::Failed)
+    {
+        let msg = format!(
+            "node pod {}: {}",
+            r.pod,
+            m.artifact.message.as_deref().unwrap_or("download failed")
+        );
+        return (
+            Decided::new(cond::ARTIFACT_READY, FALSE, reason::DOWNLOAD_FAILED, msg),
+            download,
+        );
+    }
+    if entries.is_empty() {
+        let msg = if f.deployment.is_some() {
+            "waiting for a node pod to report"
+        } else {
+            "no node pod runs"
+        };
+        return (
+            Decided::new(cond::ARTIFACT_READY, UNKNOWN, reason::AWAITING_REPORT, msg),
+            None,
+        );
+    }
+    if entries
+        .iter()
+        .all(|(_, m)| m.artifact.state == ArtifactState::Ready)
+    {
+        return (
+            Decided::new(
+                cond::ARTIFACT_READY,
+                TRUE,
+                reason::DOWNLOADED,
+                format!("weights present on {} node pod(s)", entries.len()),
+            ),
+            download,
+        );
+    }
+    let msg = match &download {
+        Some(d) if d.bytes_total > 0 => format!(
+            "{} of {} bytes ({}%)",
+            d.bytes_done,
+            d.bytes_total,
+            d.bytes_done.saturating_mul(100) / d.bytes_total
+        ),
+        _ => "download starting".to_string(),
+    };
+    (
+        Decided::new(cond::ARTIFACT_READY, FALSE, reason::DOWNLOADING, msg),
+        download,
+    )
+}
+
+/// The first load failure a node pod reports, as a message.
+pub(super) fn fold_load(f: &Facts<'_>) -> Option<String> {
+    f.reports.iter().find_map(|r| {
+        let m = r.model(&f.valid.served_name)?;
+        (m.load.state == LoadState::Failed).then(|| {
+            format!(
+                "node pod {}: {}",
+                r.pod,
+                m.load.message.as_deref().unwrap_or("model load failed")
+            )
+        })
+    })
+}
