@@ -104,17 +104,15 @@ impl ModelConfig {
     pub fn local_path(&self) -> Result<PathBuf, ConfigError> {
         match (&self.path, &self.source) {
             (Some(p), None) => Ok(p.clone()),
-            (None, Some(uri)) => match uri.strip_prefix("file://") {
-                Some(p) if p.starts_with('/') => Ok(PathBuf::from(p)),
-                Some(_) => Err(ConfigError::Invalid {
-                    field: format!("models[{}].source", self.id),
-                    reason: format!(
-                        "a file:// source must be absolute (file:///path), got {uri:?}"
-                    ),
-                }),
-                None => Err(ConfigError::Invalid {
+            (None, Some(uri)) => match Source::parse_on_node(uri) {
+                Ok(Source::File { path }) => Ok(path),
+                Ok(_) => Err(ConfigError::Invalid {
                     field: format!("models[{}].source", self.id),
                     reason: format!("{uri:?} is not a local path; the model store downloads it"),
+                }),
+                Err(e) => Err(ConfigError::Invalid {
+                    field: format!("models[{}].source", self.id),
+                    reason: e.to_string(),
                 }),
             },
             (Some(_), Some(_)) => Err(ConfigError::Invalid {
@@ -134,7 +132,7 @@ impl ModelConfig {
             && self
                 .source
                 .as_deref()
-                .and_then(|s| Source::parse(s).ok())
+                .and_then(|s| Source::parse_on_node(s).ok())
                 .is_some_and(|s| s.is_remote())
     }
 
@@ -245,18 +243,10 @@ impl NodeConfig {
                 m.local_path()?;
             }
             if let Some(uri) = &m.source {
-                let source = Source::parse(uri).map_err(|e| ConfigError::Invalid {
+                Source::parse_on_node(uri).map_err(|e| ConfigError::Invalid {
                     field: format!("models[{}].source", m.id),
                     reason: e.to_string(),
                 })?;
-                if let Source::Pvc { .. } = source {
-                    return invalid(
-                        format!("models[{}].source", m.id),
-                        format!(
-                            "a pvc:// claim reaches the node mounted, as file:///models/claim/path; got {uri:?}"
-                        ),
-                    );
-                }
             }
             for f in &m.files {
                 check_relative_file(f).map_err(|reason| ConfigError::Invalid {

@@ -183,6 +183,19 @@ impl Source {
         ))
     }
 
+    /// The grammar as a node applies it (config validation and the model store): a `pvc://`
+    /// claim reaches a node already mounted, as `file:///models/claim/path`, so a node config
+    /// never names one.
+    pub fn parse_on_node(uri: &str) -> Result<Self, SourceError> {
+        match Source::parse(uri)? {
+            Source::Pvc { .. } => Err(invalid(
+                uri,
+                "a pvc:// claim reaches the node mounted: name it as file:///models/claim/path",
+            )),
+            s => Ok(s),
+        }
+    }
+
     /// What a Model in a cluster may not use although the grammar allows it: plain `http://`
     /// (weights and tokens would cross the network unencrypted). The node accepts it for local
     /// runs and tests.

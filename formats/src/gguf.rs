@@ -170,6 +170,8 @@ pub enum GgufError {
     Utf8,
     #[error("GGUF key {0:?} appears twice")]
     DuplicateKey(String),
+    #[error("GGUF general.alignment must be a power of two")]
+    Alignment,
     #[error("GGUF tensor {name:?}: {reason}")]
     Tensor { name: String, reason: String },
     #[error("cannot read GGUF file: {0}")]
@@ -336,10 +338,7 @@ pub fn parse_header_with(buf: &[u8], options: ParseOptions) -> Result<GgufHeader
         Some(v) => v
             .as_u64()
             .filter(|a| a.is_power_of_two())
-            .ok_or_else(|| GgufError::Tensor {
-                name: String::new(),
-                reason: "general.alignment must be a power of two".to_string(),
-            })?,
+            .ok_or(GgufError::Alignment)?,
     };
     let mut header = GgufHeader {
         version,

@@ -52,15 +52,12 @@ fn operator_accepts_uri(uri: &str) -> Result<(), String> {
     }
 }
 
-/// The node's answer for a URI it is given: its config validation, which also runs the model
-/// store's parser.
+/// The node's answer for a URI it is given: its config validation, which runs the parser its
+/// model store runs (`Source::parse_on_node`).
 fn node_accepts_uri(uri: &str) -> Result<(), String> {
     let yaml = format!("models:\n  - id: m\n    source: {uri:?}\n    format: gguf\n");
     let cfg: NodeConfig = serde_yaml::from_str(&yaml).expect("yaml");
-    cfg.validate().map_err(|e| e.to_string())?;
-    gantry_node::store::source::parse(uri)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    cfg.validate().map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

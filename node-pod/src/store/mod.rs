@@ -314,7 +314,7 @@ impl ModelStore {
         req: &FetchRequest<'_>,
         progress: &Arc<Progress>,
     ) -> Result<Fetched, StoreError> {
-        let source = source::parse(req.source)?;
+        let source = Source::parse_on_node(req.source)?;
         let quantization = Self::quantization(req, &source)?;
         if let Source::File { path } = &source {
             return resolve_local(path, req.format, quantization.as_deref(), req.files);

@@ -22,20 +22,6 @@ impl From<SourceError> for StoreError {
     }
 }
 
-/// Parse a source by the shared grammar ([`gantry_api::source`]) and refuse what only the
-/// operator can resolve: a `pvc://` claim reaches a node already mounted, as `file:///models/...`.
-pub fn parse(uri: &str) -> Result<Source, StoreError> {
-    match Source::parse(uri)? {
-        Source::Pvc { .. } => Err(StoreError::Source {
-            uri: uri.to_string(),
-            reason: "the scheme must be hf://, https://, file:// or s3:// \
-                     (a pvc:// claim reaches the node mounted, as file:///models/claim/path)"
-                .to_string(),
-        }),
-        s => Ok(s),
-    }
-}
-
 /// The cache directory for a source, relative to the cache root. Each part is sanitized so
 /// that no source can name a path outside it.
 pub fn cache_subdir(source: &Source) -> PathBuf {
@@ -76,6 +62,8 @@ pub fn cache_subdir(source: &Source) -> PathBuf {
             }
             p
         }
+        // A node never parses a `pvc://` source (`Source::parse_on_node`); the claim's
+        // mount is where it would be.
         Source::File { path } => path.clone(),
         Source::Pvc { claim, path } => PathBuf::from(gantry_api::source::PVC_MOUNT_DIR)
             .join(clean(claim))
@@ -166,7 +154,7 @@ mod tests {
     #[test]
     fn hf_uris_parse_with_revision_and_quantization() {
         assert_eq!(
-            parse("hf://google/gemma-3-270m").expect("plain"),
+            Source::parse_on_node("hf://google/gemma-3-270m").expect("plain"),
             Source::Hf {
                 repo: "google/gemma-3-270m".into(),
                 revision: "main".into(),
@@ -174,7 +162,7 @@ mod tests {
             }
         );
         assert_eq!(
-            parse("hf://org/repo@v1.0:Q4_K_M").expect("full"),
+            Source::parse_on_node("hf://org/repo@v1.0:Q4_K_M").expect("full"),
             Source::Hf {
                 repo: "org/repo".into(),
                 revision: "v1.0".into(),
@@ -192,22 +180,25 @@ mod tests {
             "file://rel",
             "s3:///x",
         ] {
-            assert!(parse(bad).is_err(), "{bad} should be refused");
+            assert!(
+                Source::parse_on_node(bad).is_err(),
+                "{bad} should be refused"
+            );
         }
     }
 
     #[test]
     fn cache_dirs_stay_inside_the_cache() {
-        let s = parse("s3://bucket/a/../b").expect_err("dotdot");
+        let s = Source::parse_on_node("s3://bucket/a/../b").expect_err("dotdot");
         assert!(s.to_string().contains(".."), "{s}");
-        let s = parse("hf://org/repo@refs/pr/1").expect("pr ref");
+        let s = Source::parse_on_node("hf://org/repo@refs/pr/1").expect("pr ref");
         assert_eq!(cache_subdir(&s), PathBuf::from("hf/org--repo/refs--pr--1"));
-        let s = parse("https://h.example:8443/m/x.gguf").expect("url");
+        let s = Source::parse_on_node("https://h.example:8443/m/x.gguf").expect("url");
         assert_eq!(
             cache_subdir(&s),
             PathBuf::from("https/h.example-8443/m/x.gguf")
         );
-        let s = parse("s3://bkt/models/gemma/").expect("s3");
+        let s = Source::parse_on_node("s3://bkt/models/gemma/").expect("s3");
         assert_eq!(
             s,
             Source::S3 {

@@ -8,7 +8,7 @@
 //! non-GGUF format. Each failure quotes the field, becomes part of the
 //! `InvalidSpec` condition message, and the reconcile waits for a change.
 
-pub use gantry_api::source::is_dns1123_subdomain;
+use gantry_api::source::is_dns1123_subdomain;
 use gantry_api::source::{Source, check_relative_file};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
