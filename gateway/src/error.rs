@@ -74,6 +74,17 @@ impl GatewayError {
         }
     }
 
+    /// 404 for a path the gateway does not serve.
+    pub fn no_route() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            "no such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings"
+                .to_string(),
+        )
+    }
+
     /// 401: no key, or a key that matches none.
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(

@@ -111,6 +111,9 @@ pub fn routes_from(models: &[Arc<Model>], slices: &[Arc<EndpointSlice>]) -> Vec<
                     namespace: ns,
                     deployment,
                 }),
+                created: m
+                    .creation_timestamp()
+                    .map_or(0, |t| t.0.as_second().max(0) as u64),
             }
         })
         .collect()

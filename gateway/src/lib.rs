@@ -58,9 +58,9 @@ pub struct GatewayArgs {
         default_value = "gantry-system"
     )]
     pub namespace: String,
-    /// Largest request body accepted, in bytes (413 beyond).
-    #[arg(long, env = "GANTRY_GATEWAY_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
-    pub max_body_bytes: usize,
+    /// Connection limits and the body limit (the same flags and defaults as the node's).
+    #[command(flatten)]
+    pub edge: gantry_edge::EdgeArgs,
     /// How long a request waits for a first ready replica (scale from zero) before a 503.
     #[arg(
         long,
@@ -95,7 +95,10 @@ pub struct GatewayArgs {
 /// Tunables of a running gateway.
 #[derive(Clone, Debug)]
 pub struct GatewaySettings {
+    /// Largest request body (413 beyond); the node's default is the same.
     pub max_body_bytes: usize,
+    /// Connection cap and timeouts of the gateway's own listener.
+    pub edge: gantry_edge::EdgeArgs,
     pub hold_timeout: Duration,
     pub max_held: usize,
     pub max_held_per_model: usize,
@@ -106,7 +109,8 @@ pub struct GatewaySettings {
 impl Default for GatewaySettings {
     fn default() -> Self {
         GatewaySettings {
-            max_body_bytes: 16 * 1024 * 1024,
+            max_body_bytes: gantry_edge::DEFAULT_MAX_BODY_BYTES,
+            edge: gantry_edge::EdgeArgs::default(),
             hold_timeout: Duration::from_secs(600),
             max_held: 256,
             max_held_per_model: 64,
@@ -119,7 +123,8 @@ impl Default for GatewaySettings {
 impl GatewayArgs {
     pub fn settings(&self) -> GatewaySettings {
         GatewaySettings {
-            max_body_bytes: self.max_body_bytes,
+            max_body_bytes: self.edge.max_body_bytes,
+            edge: self.edge.clone(),
             hold_timeout: Duration::from_secs(self.hold_timeout_seconds),
             max_held: self.max_held,
             max_held_per_model: self.max_held_per_model,
@@ -183,7 +188,9 @@ impl std::fmt::Debug for Discovery {
 pub fn upstream_client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
-        .pool_idle_timeout(Duration::from_secs(90))
+        // Below the node's idle timeout (60 s by default), so the gateway never reuses a
+        // connection the node is closing.
+        .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true)
         .http1_only()
         .user_agent(scale::GATEWAY_FIELD_MANAGER)
@@ -192,7 +199,8 @@ pub fn upstream_client() -> reqwest::Result<reqwest::Client> {
 
 /// The gateway's router over `state`.
 pub fn router(state: Arc<GatewayState>) -> Router {
-    Router::new()
+    let max_body = state.settings.max_body_bytes;
+    let routes = Router::new()
         .route("/v1/models", get(proxy::models))
         .route(
             "/v1/chat/completions",
@@ -209,7 +217,9 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(state)
+        .fallback(|| async { crate::error::GatewayError::no_route() })
+        .with_state(state);
+    gantry_edge::layers(routes, max_body)
 }
 
 async fn readyz(State(s): State<Arc<GatewayState>>) -> impl IntoResponse {
@@ -347,9 +357,9 @@ pub async fn serve(
         held: AtomicUsize::new(0),
     });
     tracing::info!(addr = ?listener.local_addr().ok(), discovery = ?config.discovery, "gateway serving");
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let edge = state.settings.edge.clone();
+    let edge_metrics = Some(state.metrics.edge.clone());
+    let served = gantry_edge::serve(listener, router(state), edge, edge_metrics, shutdown).await;
     tasks.abort_all();
     served.map_err(ServeError::Serve)
 }

@@ -28,6 +28,8 @@ pub struct GatewayMetrics {
     pub upstream_errors: IntCounterVec,
     /// Retries on another replica, by model.
     pub retries: IntCounterVec,
+    /// Connections at the edge (gantry-edge).
+    pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
 }
 
 impl std::fmt::Debug for GatewayMetrics {
@@ -92,7 +94,12 @@ impl GatewayMetrics {
         registry.register(Box::new(held.clone()))?;
         registry.register(Box::new(upstream_errors.clone()))?;
         registry.register(Box::new(retries.clone()))?;
+        let edge = std::sync::Arc::new(gantry_edge::EdgeMetrics::register(
+            &registry,
+            "gantry_gateway",
+        )?);
         Ok(GatewayMetrics {
+            edge,
             registry,
             requests,
             overhead,
@@ -114,11 +121,13 @@ impl GatewayMetrics {
             &self.upstream_errors,
             &self.retries,
         ];
-        collectors
+        let mut names: Vec<String> = collectors
             .iter()
             .flat_map(|c| c.desc())
             .map(|d| d.fq_name.clone())
-            .collect()
+            .collect();
+        names.extend(gantry_edge::EdgeMetrics::family_names("gantry_gateway"));
+        names
     }
 
     /// Prometheus text exposition.

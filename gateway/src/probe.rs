@@ -15,7 +15,11 @@ use crate::routes::{Replica, RouteTable};
 /// What one status call said.
 enum Probe {
     /// An answer: ready (and not draining), and the waiting requests of its models.
-    Answer { up: bool, waiting: u64 },
+    Answer {
+        up: bool,
+        waiting: u64,
+        models: Vec<gantry_api::ModelStatus>,
+    },
     /// Nothing listens there: the node is gone.
     Refused,
     /// No usable answer in time (timeout, error status, unreadable body).
@@ -36,6 +40,7 @@ async fn probe_one(client: &reqwest::Client, replica: &Replica, timeout: Duratio
         Ok(s) => Probe::Answer {
             up: s.ready && !s.draining,
             waiting: s.models.iter().map(|m| m.queue.waiting).sum(),
+            models: s.models,
         },
         Err(_) => Probe::Missed,
     }
@@ -58,8 +63,12 @@ pub async fn run(table: Arc<RouteTable>, client: reqwest::Client, every: Duratio
         .await;
         for (r, probe) in replicas.iter().zip(results) {
             match probe {
-                Probe::Answer { up, waiting } => table.probed(r, up, waiting),
-                Probe::Refused => table.probed(r, false, 0),
+                Probe::Answer {
+                    up,
+                    waiting,
+                    models,
+                } => table.probed(r, up, waiting, models),
+                Probe::Refused => table.probed(r, false, 0, Vec::new()),
                 Probe::Missed => table.probe_missed(r),
             }
         }

@@ -446,9 +446,35 @@ pub async fn models(State(state): State<Arc<GatewayState>>, headers: HeaderMap) 
     ids.sort();
     let data: Vec<serde_json::Value> = ids
         .into_iter()
-        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "gantry"}))
+        .filter_map(|id| snapshot.get(id).map(|route| model_card(id, route)))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// One `/v1/models` entry: OpenAI's fields, then what the Model's replicas report (the same
+/// fields a node's own `/v1/models` has, where its status carries them).
+fn model_card(id: &str, route: &crate::routes::ModelRoute) -> serde_json::Value {
+    let reports: Vec<gantry_api::ModelStatus> = route
+        .replicas
+        .iter()
+        .filter_map(|r| r.reported(id))
+        .collect();
+    let loaded: Vec<&gantry_api::ModelStatus> = reports
+        .iter()
+        .filter(|m| m.load.state == gantry_api::LoadState::Loaded)
+        .collect();
+    let any = loaded.first().copied().or(reports.first());
+    serde_json::json!({
+        "id": id,
+        "object": "model",
+        "created": route.spec.created,
+        "owned_by": "gantry",
+        "format": any.map(|m| m.format.clone()),
+        "architecture": any.and_then(|m| m.architecture.clone()),
+        "engine": loaded.first().and_then(|m| m.load.plugin.clone()),
+        "ready": !loaded.is_empty(),
+        "replicas_ready": loaded.len(),
+    })
 }
 
 #[cfg(test)]

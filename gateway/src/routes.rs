@@ -34,6 +34,9 @@ pub struct ModelSpec {
     /// The Model cannot serve (invalid spec, no engine, download failed): refused, not held.
     pub failed: bool,
     pub target: Option<ScaleTarget>,
+    /// Unix seconds the model appeared (the Model's creation time; the file's load time for
+    /// a static endpoints file): `created` in `/v1/models`.
+    pub created: u64,
 }
 
 /// One node pod (or node process) serving a model.
@@ -56,11 +59,14 @@ pub struct Replica {
     probe_misses: AtomicU32,
     /// Skip until then: the node answered 503 with this `Retry-After`, or refused a connection.
     unavailable_until: Mutex<Option<Instant>>,
+    /// What the node's last `/v1/status` said about each of its models, by id.
+    reported: Mutex<Vec<gantry_api::ModelStatus>>,
 }
 
 impl Replica {
     fn new(url: String, source_ready: bool, up: bool) -> Self {
         Replica {
+            reported: Mutex::new(Vec::new()),
             url,
             source_ready: AtomicBool::new(source_ready),
             up: AtomicBool::new(up),
@@ -77,6 +83,14 @@ impl Replica {
 
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// The node's last report on model `id`, if it listed one.
+    pub fn reported(&self, id: &str) -> Option<gantry_api::ModelStatus> {
+        self.reported
+            .lock()
+            .ok()
+            .and_then(|r| r.iter().find(|m| m.id == id).cloned())
     }
 
     fn usable(&self, now: Instant) -> bool {
@@ -222,7 +236,16 @@ impl RouteTable {
     }
 
     /// Record a probe result. Wakes held requests when a replica comes up.
-    pub fn probed(&self, replica: &Replica, up: bool, waiting: u64) {
+    pub fn probed(
+        &self,
+        replica: &Replica,
+        up: bool,
+        waiting: u64,
+        models: Vec<gantry_api::ModelStatus>,
+    ) {
+        if let Ok(mut r) = replica.reported.lock() {
+            *r = models;
+        }
         replica.probe_misses.store(0, Ordering::Relaxed);
         replica.waiting.store(waiting, Ordering::Relaxed);
         let was = replica.up.swap(up, Ordering::Relaxed);
@@ -299,6 +322,7 @@ mod tests {
             max_replicas: 1,
             failed: false,
             target: None,
+            created: 0,
         }
     }
 
@@ -316,7 +340,7 @@ mod tests {
             .iter()
             .find(|r| r.url == "http://b")
             .expect("b");
-        t.probed(b, true, 5);
+        t.probed(b, true, 5, Vec::new());
         drop(second);
         drop(first);
         for _ in 0..3 {
@@ -332,18 +356,18 @@ mod tests {
         t.replace(vec![spec("m", &["http://a"])]);
         let route = t.get("m").expect("route");
         let a = &route.replicas[0];
-        t.probed(a, true, 0);
+        t.probed(a, true, 0, Vec::new());
         t.probe_missed(a);
         t.probe_missed(a);
         assert!(a.is_up(), "two slow answers keep a busy node in rotation");
-        t.probed(a, true, 0);
+        t.probed(a, true, 0, Vec::new());
         t.probe_missed(a);
         t.probe_missed(a);
         assert!(a.is_up(), "an answer resets the count");
         t.probe_missed(a);
         assert!(!a.is_up(), "the third miss in a row takes it out");
         assert_eq!(t.pick(&route, &[]).err(), Some(NoReplica::NoneReady));
-        t.probed(a, true, 0);
+        t.probed(a, true, 0, Vec::new());
         assert!(
             t.pick(&route, &[]).is_ok(),
             "the next answer brings it back"

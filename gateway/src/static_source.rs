@@ -76,6 +76,9 @@ pub enum EndpointsFileError {
 
 /// Parse the file's text into model specs.
 pub fn parse(path: &Path, text: &str) -> Result<Vec<ModelSpec>, EndpointsFileError> {
+    let loaded_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let file: EndpointsFile =
         serde_yaml::from_str(text).map_err(|source| EndpointsFileError::Parse {
             path: path.to_path_buf(),
@@ -109,6 +112,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<ModelSpec>, EndpointsFileErr
             max_replicas: full.max_replicas,
             failed: false,
             target: None,
+            created: loaded_at,
         });
     }
     Ok(specs)

@@ -75,7 +75,7 @@ pub struct CachedAnswer {
 impl CachedAnswer {
     pub fn new(key: CacheKey, events: Vec<GenEvent>) -> Option<Self> {
         // Only complete answers: a deadline cut is not the model's answer.
-        let complete = matches!(events.last(), Some(GenEvent::Done { reason, .. }) if *reason != FinishReason::Deadline);
+        let complete = matches!(events.last(), Some(GenEvent::Done { reason, .. }) if matches!(reason, FinishReason::Stop | FinishReason::Length));
         if !complete {
             return None;
         }
@@ -202,6 +202,7 @@ mod tests {
                     reason: FinishReason::Length,
                     prompt_tokens: 1,
                     completion_tokens: 1,
+                    queued: std::time::Duration::ZERO,
                 },
             ],
         )

@@ -45,6 +45,9 @@ pub struct ServeArgs {
     /// OpenAI model id for `--model` (default: the file name without extension).
     #[arg(long, env = "GANTRY_MODEL_ID", requires = "model")]
     pub model_id: Option<String>,
+    /// Connection limits and the body limit (shared with the gateway).
+    #[command(flatten)]
+    pub edge: gantry_edge::EdgeArgs,
     /// Address to listen on.
     #[arg(long, env = "GANTRY_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: String,
@@ -206,6 +209,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let plugins_dir = args.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
     let store = model_store(&args, &config)?;
+    gantry_edge::prepare(&args.edge);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -229,7 +233,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         let starter = node.clone();
         tokio::task::spawn_blocking(move || starter.start());
-        crate::http::serve(node, listener).await?;
+        crate::http::serve(node, listener, args.edge.clone()).await?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
@@ -307,5 +311,43 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent_and_carries_the_edge_flags() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "gantry-node",
+            "serve",
+            "--model",
+            "m.gguf",
+            "--max-connections",
+            "7",
+            "--header-read-timeout-seconds",
+            "2",
+            "--idle-timeout-seconds",
+            "3",
+            "--max-body-bytes",
+            "1000",
+        ])
+        .expect("parse");
+        let Command::Serve(args) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(
+            args.edge,
+            gantry_edge::EdgeArgs {
+                max_connections: 7,
+                header_read_timeout_seconds: 2,
+                idle_timeout_seconds: 3,
+                max_body_bytes: 1000,
+            }
+        );
     }
 }

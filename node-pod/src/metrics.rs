@@ -1,9 +1,11 @@
 //! Metrics (beside the request path): every Prometheus series the node exports, with stable names.
 //!
 //! The scheduler and the HTTP layer update these; `/metrics` renders them.
-//! `gantry_num_requests_waiting`, `gantry_num_requests_running` and
-//! `gantry_kv_cache_usage_perc` are the three gauges the Gateway API
-//! Inference Extension's endpoint picker reads (see docs/observability.md).
+//! Besides Gantry's own per-model series, `/metrics` carries the node-wide series the Gateway
+//! API Inference Extension / llm-d endpoint picker reads by default under vLLM's names
+//! (`vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`,
+//! `vllm:cache_config_info`; see docs/observability.md), computed from the per-model series
+//! at each scrape.
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -41,6 +43,68 @@ pub struct Metrics {
     pub model_load_refusals: IntCounterVec,
     pub memory_used_bytes: GaugeVec,
     pub memory_limit_bytes: GaugeVec,
+    /// Time from arrival to admission (or to the deadline, for a request that never left the queue).
+    pub queue_seconds: HistogramVec,
+    /// How each generation ended: stop, length, deadline, stall, queue_timeout, error, cancelled.
+    pub finished: IntCounterVec,
+    /// Connections at the edge (gantry-edge).
+    pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
+    /// The endpoint picker's series (vLLM names), one sample each for the whole node.
+    epp: EppGauges,
+}
+
+/// The endpoint picker's default series, node-wide.
+#[derive(Clone)]
+struct EppGauges {
+    waiting: prometheus::Gauge,
+    running: prometheus::Gauge,
+    kv_usage: prometheus::Gauge,
+    kv_usage_legacy: prometheus::Gauge,
+    cache_config: GaugeVec,
+}
+
+/// The endpoint picker's metric names (vLLM's), in the order they are registered.
+pub const EPP_METRIC_NAMES: [&str; 5] = [
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:cache_config_info",
+];
+
+impl EppGauges {
+    #[allow(clippy::expect_used)] // static definitions
+    fn new(r: &Registry) -> Self {
+        let g = |name: &str, help: &str| {
+            let g = prometheus::Gauge::with_opts(Opts::new(name, help)).expect("valid gauge");
+            r.register(Box::new(g.clone())).expect("unique gauge");
+            g
+        };
+        EppGauges {
+            waiting: g(
+                EPP_METRIC_NAMES[0],
+                "Requests queued on this node, all models (endpoint picker)",
+            ),
+            running: g(
+                EPP_METRIC_NAMES[1],
+                "Requests generating on this node, all models (endpoint picker)",
+            ),
+            kv_usage: g(
+                EPP_METRIC_NAMES[2],
+                "Fraction of this node's KV cache in use, 0 to 1 (endpoint picker)",
+            ),
+            kv_usage_legacy: g(
+                EPP_METRIC_NAMES[3],
+                "Same as vllm:kv_cache_usage_perc, under the name older endpoint pickers read",
+            ),
+            cache_config: gauge(
+                r,
+                EPP_METRIC_NAMES[4],
+                "KV cache geometry for the endpoint picker: block_size 1 (token-granular cells), num_gpu_blocks = KV cells, all models",
+                &["block_size", "num_gpu_blocks"],
+            ),
+        }
+    }
 }
 
 fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -133,7 +197,7 @@ impl Metrics {
                 &r,
                 "gantry_time_to_first_token_seconds",
                 "Arrival to first generated token",
-                latency,
+                latency.clone(),
                 &m,
             ),
             inter_token: histogram(
@@ -222,6 +286,23 @@ impl Metrics {
                 "The memory policy's limit per pool (0 = none)",
                 &["pool"],
             ),
+            queue_seconds: histogram(
+                &r,
+                "gantry_request_queue_seconds",
+                "Time a generation waited in the queue before admission (or until its deadline)",
+                latency.clone(),
+                &m,
+            ),
+            finished: counter(
+                &r,
+                "gantry_request_finish_total",
+                "Generations by how they ended: stop, length, deadline, stall, queue_timeout, error, cancelled",
+                &["model", "reason"],
+            ),
+            edge: std::sync::Arc::new(
+                gantry_edge::EdgeMetrics::register(&r, "gantry").expect("edge metrics"),
+            ),
+            epp: EppGauges::new(&r),
             registry: r,
         }
     }
@@ -229,7 +310,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 23] = [
+        let collectors: [&dyn Collector; 30] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -253,16 +334,79 @@ impl Metrics {
             &self.model_load_refusals,
             &self.memory_used_bytes,
             &self.memory_limit_bytes,
+            &self.queue_seconds,
+            &self.finished,
+            &self.epp.waiting,
+            &self.epp.running,
+            &self.epp.kv_usage,
+            &self.epp.kv_usage_legacy,
+            &self.epp.cache_config,
         ];
-        collectors
+        let mut names: Vec<String> = collectors
             .iter()
             .flat_map(|c| c.desc())
             .map(|d| d.fq_name.clone())
+            .collect();
+        names.extend(gantry_edge::EdgeMetrics::family_names("gantry"));
+        names
+    }
+
+    /// Sum of a per-model gauge's samples, and the samples by model.
+    fn per_model(g: &GaugeVec) -> Vec<(String, f64)> {
+        g.collect()
+            .iter()
+            .flat_map(|f| f.get_metric().iter())
+            .map(|m| {
+                let model = m
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == "model")
+                    .map(|l| l.value().to_string())
+                    .unwrap_or_default();
+                (model, m.get_gauge().get_value())
+            })
             .collect()
+    }
+
+    /// Count a generation the HTTP side ended (the stall timer) under `reason`.
+    pub fn finished_by_http(&self, model: &str, reason: &str) {
+        self.finished.with_label_values(&[model, reason]).inc();
+    }
+
+    /// Recompute the endpoint picker's node-wide series from the per-model ones.
+    fn refresh_epp(&self) {
+        let sum = |g: &GaugeVec| Self::per_model(g).iter().map(|(_, v)| v).sum::<f64>();
+        self.epp.waiting.set(sum(&self.requests_waiting));
+        self.epp.running.set(sum(&self.requests_running));
+        let capacity = Self::per_model(&self.kv_cache_capacity_tokens);
+        let usage = Self::per_model(&self.kv_cache_usage);
+        let total: f64 = capacity.iter().map(|(_, c)| c).sum();
+        let used: f64 = capacity
+            .iter()
+            .map(|(model, c)| {
+                usage
+                    .iter()
+                    .find(|(m, _)| m == model)
+                    .map_or(0.0, |(_, u)| u * c)
+            })
+            .sum();
+        let frac = if total > 0.0 {
+            (used / total).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self.epp.kv_usage.set(frac);
+        self.epp.kv_usage_legacy.set(frac);
+        self.epp.cache_config.reset();
+        self.epp
+            .cache_config
+            .with_label_values(&["1", &format!("{}", total as u64)])
+            .set(1.0);
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        self.refresh_epp();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
@@ -283,6 +427,16 @@ pub struct ModelMetrics {
     pub generation_tokens: prometheus::IntCounter,
     pub steps: prometheus::IntCounter,
     pub step_tokens: prometheus::Histogram,
+    pub queue_seconds: prometheus::Histogram,
+    model: String,
+    finish: IntCounterVec,
+}
+
+impl ModelMetrics {
+    /// Count one generation's end under `reason` (see `gantry_request_finish_total`).
+    pub fn finished(&self, reason: &str) {
+        self.finish.with_label_values(&[&self.model, reason]).inc();
+    }
 }
 
 impl Metrics {
@@ -299,6 +453,9 @@ impl Metrics {
             generation_tokens: self.generation_tokens.with_label_values(&m),
             steps: self.steps.with_label_values(&m),
             step_tokens: self.step_tokens.with_label_values(&m),
+            queue_seconds: self.queue_seconds.with_label_values(&m),
+            model: model.to_string(),
+            finish: self.finished.clone(),
         }
     }
 }

@@ -35,15 +35,31 @@ use crate::text::{StopMatcher, StopScan, Utf8Stream};
 pub enum FinishReason {
     Stop,
     Length,
-    /// The request deadline passed; a stream ends with what it has.
+    /// The request deadline passed while it generated. OpenAI has no such finish reason: a
+    /// stream ends with an error event, a plain request as docs/node.md says.
     Deadline,
+    /// The deadline passed while the request was still queued: no token was generated, and
+    /// the client gets a 504 before any byte.
+    QueueTimeout,
 }
 
 impl FinishReason {
+    /// The OpenAI `finish_reason`; the deadline kinds only reach a client as `length` where
+    /// docs/node.md says so (a plain request without `max_tokens`).
     pub fn as_openai(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
-            FinishReason::Length | FinishReason::Deadline => "length",
+            FinishReason::Length | FinishReason::Deadline | FinishReason::QueueTimeout => "length",
+        }
+    }
+
+    /// The `reason` label of `gantry_request_finish_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Deadline => "deadline",
+            FinishReason::QueueTimeout => "queue_timeout",
         }
     }
 }
@@ -67,11 +83,12 @@ pub enum GenEvent {
         text: String,
         logprob: Option<TokenLogprob>,
     },
-    /// The end, with usage.
+    /// The end, with usage and the time spent queued.
     Done {
         reason: FinishReason,
         prompt_tokens: u32,
         completion_tokens: u32,
+        queued: Duration,
     },
     /// The engine failed; no more events follow.
     Error(EngineError),
@@ -87,6 +104,8 @@ pub struct GenerateJob {
     /// `Some(n)`: report logprobs with `n` alternatives.
     pub logprobs: Option<u32>,
     pub deadline: Option<Instant>,
+    /// Evaluate from scratch (no cached prefix): the request gave a `seed`.
+    pub fresh: bool,
     pub arrived: Instant,
     pub events: mpsc::UnboundedSender<GenEvent>,
 }
@@ -154,6 +173,8 @@ struct Running {
     generated: u32,
     utf8: Utf8Stream,
     stops: StopMatcher,
+    /// Time from arrival to admission.
+    queued: Duration,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
 }
@@ -321,16 +342,22 @@ impl Scheduler {
     fn drop_abandoned(&mut self) {
         let now = Instant::now();
         let before = self.waiting.len();
+        let metrics = &self.metrics;
         self.waiting.retain(|j| {
             if j.events.is_closed() {
+                metrics.finished("cancelled");
                 return false;
             }
             if j.deadline.is_some_and(|d| d <= now) {
-                // Expired in the queue: the answer is empty, cut by the deadline.
+                // Expired in the queue: nothing was generated; the client gets a 504.
+                let queued = now - j.arrived;
+                metrics.queue_seconds.observe(queued.as_secs_f64());
+                metrics.finished(FinishReason::QueueTimeout.label());
                 let _ = j.events.send(GenEvent::Done {
-                    reason: FinishReason::Deadline,
+                    reason: FinishReason::QueueTimeout,
                     prompt_tokens: j.prompt.len() as u32,
                     completion_tokens: 0,
+                    queued,
                 });
                 return false;
             }
@@ -346,6 +373,7 @@ impl Scheduler {
             if r.job.events.is_closed() {
                 let r = self.running.swap_remove(i);
                 self.exec.seq_release(r.seq);
+                self.metrics.finished("cancelled");
                 tracing::debug!(model = %self.model_id, seq = r.seq, "client gone; sequence released");
             } else if r.job.deadline.is_some_and(|d| d <= now) {
                 let r = self.running.swap_remove(i);
@@ -375,6 +403,7 @@ impl Scheduler {
                 Err(e) => {
                     if let Some(job) = self.waiting.pop_front() {
                         self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+                        self.metrics.finished("error");
                         let _ = job.events.send(GenEvent::Error(e));
                     }
                     continue;
@@ -385,6 +414,8 @@ impl Scheduler {
             };
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
             self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
+            let queued = job.arrived.elapsed();
+            self.metrics.queue_seconds.observe(queued.as_secs_f64());
             let stops = StopMatcher::new(job.stop.clone());
             self.running.push(Running {
                 job,
@@ -395,6 +426,7 @@ impl Scheduler {
                 generated: 0,
                 utf8: Utf8Stream::default(),
                 stops,
+                queued,
                 first_token_at: None,
                 last_token_at: None,
             });
@@ -463,6 +495,7 @@ impl Scheduler {
                 seq: r.seq,
                 tokens,
                 sample: sample.then_some(&r.job.sampling),
+                fresh: r.job.fresh,
             });
         }
         self.metrics.steps.inc();
@@ -485,6 +518,7 @@ impl Scheduler {
                 for i in idx {
                     let r = self.running.swap_remove(i);
                     self.exec.seq_release(r.seq);
+                    self.metrics.finished("error");
                     let _ = r.job.events.send(GenEvent::Error(e.clone()));
                 }
                 return;
@@ -582,10 +616,12 @@ impl Scheduler {
         self.metrics
             .e2e
             .observe(r.job.arrived.elapsed().as_secs_f64());
+        self.metrics.finished(reason.label());
         let _ = r.job.events.send(GenEvent::Done {
             reason,
             prompt_tokens: r.job.prompt.len() as u32,
             completion_tokens: r.generated,
+            queued: r.queued,
         });
     }
 }

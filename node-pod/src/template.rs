@@ -135,6 +135,9 @@ pub struct ChatTemplate {
     source: TemplateSource,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The text the template puts after an assistant turn (`<|im_end|>` for ChatML), found by
+    /// rendering a probe conversation; generation stops on it (see [`ChatTemplate::end_of_turn`]).
+    end_of_turn: Option<String>,
 }
 
 impl ChatTemplate {
@@ -153,12 +156,37 @@ impl ChatTemplate {
                 origin: source,
                 detail: error.to_string(),
             })?;
-        Ok(ChatTemplate {
+        let mut t = ChatTemplate {
             env,
             source,
             bos_token,
             eos_token,
-        })
+            end_of_turn: None,
+        };
+        t.end_of_turn = t.probe_end_of_turn();
+        Ok(t)
+    }
+
+    /// The end-of-turn marker: what the template writes right after an assistant message's
+    /// content (first line, trimmed), e.g. `<|im_end|>` (ChatML), `<end_of_turn>` (Gemma),
+    /// `<|eot_id|>` (Llama 3). Chat requests stop on it like llama-server does, so a model
+    /// that writes the marker as plain text (a model without a template of its own, served
+    /// with [`CHATML`]) still ends its reply. `None` when the template writes nothing there or
+    /// cannot render the probe.
+    pub fn end_of_turn(&self) -> Option<&str> {
+        self.end_of_turn.as_deref()
+    }
+
+    fn probe_end_of_turn(&self) -> Option<String> {
+        const PROBE: &str = "\u{1}gantry-end-of-turn-probe\u{1}";
+        let messages = serde_json::json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": PROBE},
+        ]);
+        let text = self.render(messages.as_array()?, None, false, None).ok()?;
+        let after = &text[text.find(PROBE)? + PROBE.len()..];
+        let marker = after.trim_start().lines().next()?.trim();
+        (!marker.is_empty() && marker.len() <= 64).then(|| marker.to_string())
     }
 
     /// Picks the template by precedence — `override_template`, else

@@ -123,6 +123,7 @@ fn each_validation_rule_refuses_with_the_specification_message() {
             seq,
             tokens: &[7],
             sample: Some(&g),
+            fresh: false,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(8));
@@ -212,6 +213,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
             seq,
             tokens: &[1],
             sample: Some(&g),
+            fresh: false,
         }])
         .expect_err("must fail");
     assert_eq!(err.status, Status::Internal);
@@ -231,6 +233,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
             seq: seq2,
             tokens: &[41],
             sample: Some(&g),
+            fresh: false,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(42));
@@ -359,6 +362,7 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
             seq,
             tokens: &toks,
             sample: Some(&g),
+            fresh: false,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(106));

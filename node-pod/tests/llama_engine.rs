@@ -47,6 +47,7 @@ fn generate_batched(exec: &mut ModelExec, prompts: &[Vec<i32>], n: usize) -> Vec
                 seq,
                 tokens: toks,
                 sample: Some(&g),
+                fresh: false,
             })
             .collect();
         let res = exec.step(&entries).expect("step");
@@ -148,6 +149,7 @@ fn seeded_sampling_repeats_for_the_same_seed_and_honours_logprobs() {
                     seq,
                     tokens: &feed,
                     sample: Some(&s),
+                    fresh: false,
                 }])
                 .expect("step")
                 .remove(0)
@@ -181,6 +183,7 @@ fn releasing_a_sequence_gives_its_kv_capacity_back() {
                     seq,
                     tokens: &chunk,
                     sample: None,
+                    fresh: false,
                 }])?;
             }
             Ok(())

@@ -244,6 +244,8 @@ async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
             client,
             scaler: None,
         };
+        // One descriptor per client connection: raise the soft limit before listening.
+        gantry_edge::prepare(&g.edge);
         let listener = tokio::net::TcpListener::bind(g.gateway_addr)
             .await
             .map_err(|source| ComponentError::Listen {

@@ -74,6 +74,9 @@ def node():
         time.sleep(0.1)
     else:
         pytest.fail(f"gantry-node not ready in 120 s:\n{(work / 'node.log').read_text()}")
+    # The hostile-input suite reads the node's log (request ids) and its process limits.
+    os.environ["GANTRY_TEST_NODE_LOG"] = str(work / "node.log")
+    os.environ["GANTRY_TEST_NODE_PID"] = str(proc.pid)
     yield base
     proc.terminate()
     proc.wait(timeout=30)
@@ -103,3 +106,42 @@ class Http:
 @pytest.fixture(scope="session")
 def http(node):
     return Http(node)
+
+
+@pytest.fixture(scope="session")
+def gateway(node):
+    operator = TARGET / "gantry-operator"
+    if not operator.is_file():
+        pytest.fail(f"{operator} is missing: run `cargo build --release --workspace` (scripts/test.sh does)")
+    work = Path(tempfile.mkdtemp(prefix="gantry-gw-"))
+    endpoints = work / "endpoints.yaml"
+    endpoints.write_text(f"models:\n  tiny: ['{node}']\n  tiny-emb: ['{node}']\n  gemma: ['{node}']\n")
+    port = _free_port()
+    log = open(work / "gateway.log", "w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_GATEWAY_")}
+    env["GANTRY_LOG"] = "info"
+    proc = subprocess.Popen(
+        [operator, "run", "--components", "gateway", "--endpoints-file", endpoints,
+         "--gateway-addr", f"127.0.0.1:{port}", "--probe-interval-ms", "200"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"gateway exited early:\n{(work / 'gateway.log').read_text()}")
+        try:
+            # /v1/models lists a model once a probe found its replica ready.
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=1) as r:
+                if b'"gemma"' in r.read():
+                    break
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"gateway did not route to the node in 30 s:\n{(work / 'gateway.log').read_text()}")
+    os.environ["GANTRY_TEST_GATEWAY_LOG"] = str(work / "gateway.log")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()

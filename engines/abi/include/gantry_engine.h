@@ -67,7 +67,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 0
+#define GANTRY_ABI_MINOR 1
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -217,6 +217,11 @@ typedef struct gantry_sampling {
 
 /* Flags of a step entry. */
 #define GANTRY_STEP_SAMPLE 1u /* sample a token after this entry's tokens */
+/* Since 1.1: evaluate every token of this entry's sequence from scratch; take no prefix from a
+ * cache (a warm slot of an earlier sequence). Meaningful on a sequence's first entry; the host
+ * sets it on every entry of a request that asked for reproducible sampling (`seed`), so that
+ * its numbers do not depend on what an earlier request left cached. A 1.0 plugin ignores it. */
+#define GANTRY_STEP_FRESH 2u
 
 /* One sequence's share of a step: new tokens to feed (a prefill chunk or the
  * previous decode token) and whether to sample after them. Host-owned. */

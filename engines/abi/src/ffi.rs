@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 0;
+pub const GANTRY_ABI_MINOR: u32 = 1;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -44,6 +44,8 @@ pub const GANTRY_MODALITY_COMPLETION: gantry_modality_t = 1;
 pub const GANTRY_MODALITY_EMBEDDING: gantry_modality_t = 2;
 
 pub const GANTRY_STEP_SAMPLE: u32 = 1;
+/// Since ABI 1.1: take no cached prefix for this entry's sequence (see the header).
+pub const GANTRY_STEP_FRESH: u32 = 2;
 
 /// Opaque engine handle (plugin-allocated).
 #[repr(C)]

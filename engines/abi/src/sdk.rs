@@ -544,6 +544,7 @@ unsafe extern "C" fn shim_step<M: Model>(
                     seq: e.seq,
                     tokens: slice_or_empty(e.tokens, e.n_tokens),
                     sample: s.as_ref(),
+                    fresh: e.flags & ffi::GANTRY_STEP_FRESH != 0,
                 });
             }
             let out = m.model.step(&safe)?;

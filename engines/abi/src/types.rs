@@ -371,6 +371,9 @@ pub struct StepEntry<'a> {
     pub tokens: &'a [i32],
     /// `Some` when a token must be sampled after `tokens`.
     pub sample: Option<&'a Sampling>,
+    /// Since ABI 1.1 (`GANTRY_STEP_FRESH`): evaluate the sequence from scratch, taking no
+    /// prefix from a cache, so reproducible sampling does not depend on what is cached.
+    pub fresh: bool,
 }
 
 /// A sampled token with its log probability and the top alternatives.

@@ -255,6 +255,7 @@ fn header_constants_match_rust_constants() {
         "\"gantry_engine_entry\""
     );
     assert_eq!(define("GANTRY_STEP_SAMPLE"), GANTRY_STEP_SAMPLE.to_string());
+    assert_eq!(define("GANTRY_STEP_FRESH"), GANTRY_STEP_FRESH.to_string());
     let codes = [
         ("GANTRY_OK", GANTRY_OK),
         ("GANTRY_OOM_VRAM", GANTRY_OOM_VRAM),

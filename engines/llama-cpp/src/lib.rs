@@ -130,8 +130,15 @@ struct Exec {
 impl Exec {
     /// Give `seq` a slot for a first chunk `tokens`; returns how many leading
     /// tokens its KV already holds. `keep_last` leaves the last token to be
-    /// evaluated again when the caller needs its logits.
-    fn bind(&mut self, seq: u64, tokens: &[i32], keep_last: bool) -> Result<usize, EngineError> {
+    /// evaluated again when the caller needs its logits; `fresh` takes no
+    /// cached prefix at all (`GANTRY_STEP_FRESH`: reproducible sampling).
+    fn bind(
+        &mut self,
+        seq: u64,
+        tokens: &[i32],
+        keep_last: bool,
+        fresh: bool,
+    ) -> Result<usize, EngineError> {
         let common = |cached: &[i32]| {
             cached
                 .iter()
@@ -144,14 +151,15 @@ impl Exec {
             .max_by_key(|&i| {
                 let f = &self.free_slots[i];
                 (
-                    common(&f.tokens),
+                    // A fresh sequence takes no prefix: it spares the warm slots.
+                    if fresh { 0 } else { common(&f.tokens) },
                     f.tokens.is_empty(),
                     std::cmp::Reverse(f.released_at),
                 )
             })
             .ok_or_else(|| EngineError::internal("no free slot to bind a sequence"))?;
         let slot = self.free_slots.swap_remove(best);
-        let mut reuse = common(&slot.tokens);
+        let mut reuse = if fresh { 0 } else { common(&slot.tokens) };
         if keep_last && reuse == tokens.len() {
             reuse -= 1;
         }
@@ -533,7 +541,7 @@ impl Model for LlamaLoaded {
                 )));
             }
             if s.slot.is_none() {
-                skip[i] = ex.bind(e.seq, e.tokens, e.sample.is_some())?;
+                skip[i] = ex.bind(e.seq, e.tokens, e.sample.is_some(), e.fresh)?;
             }
         }
         let mut evicted = false;

@@ -20,7 +20,7 @@ use super::validate::{self, ValidPrompt};
 pub async fn chat(state: AppState, body: Bytes) -> Response {
     let generation = async {
         let req: ChatRequest = openai::parse(&body)?;
-        let valid = validate::chat(&req)?;
+        let mut valid = validate::chat(&req)?;
         let (m, ready) = state.node.ready_model(&valid.model).await?;
         let text = ready.template.render(
             &valid.messages,
@@ -29,12 +29,20 @@ pub async fn chat(state: AppState, body: Bytes) -> Response {
             Some(&valid.template_kwargs),
         )?;
         let prompt = ready.tokenizer.encode_chat(&text, ready.shared.info())?;
+        // The template's end-of-turn marker ends the reply even when the model writes it as
+        // text rather than as its end-of-generation token (hidden, like any stop sequence).
+        if let Some(marker) = ready.template.end_of_turn()
+            && !valid.params.stop.iter().any(|s| s == marker)
+        {
+            valid.params.stop.push(marker.to_string());
+        }
         let sched = &state.node.config.scheduler;
         limits::generation(
             sched,
             &m,
             ready,
             PromptTokens::Encoded(prompt),
+            "messages",
             valid.params,
         )
     }
@@ -54,7 +62,7 @@ pub async fn completion(state: AppState, body: Bytes) -> Response {
             ValidPrompt::Tokens(ids) => PromptTokens::Sent(ids),
         };
         let sched = &state.node.config.scheduler;
-        limits::generation(sched, &m, ready, prompt, valid.params)
+        limits::generation(sched, &m, ready, prompt, "prompt", valid.params)
     }
     .await;
     response::respond(state, Flavor::Completion, generation).await

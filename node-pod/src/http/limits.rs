@@ -35,12 +35,14 @@ pub struct Generation {
     pub stall: Duration,
 }
 
-/// Check a generation request against its model.
+/// Check a generation request against its model. `prompt_field` is the request field a
+/// context-length refusal names (`messages` for chat, `prompt` for completions).
 pub fn generation(
     sched: &SchedulerConfig,
     m: &ServedModel,
     ready: Arc<ReadyModel>,
     prompt: PromptTokens<'_>,
+    prompt_field: &'static str,
     params: ValidParams,
 ) -> Result<Generation, ApiError> {
     let prompt = match prompt {
@@ -56,10 +58,23 @@ pub fn generation(
             ),
         ));
     }
+    let vocab = ready.shared.info().vocab_size;
+    if let Some((t, _)) = params
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(t, _)| *t < 0 || *t as u32 >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("`logit_bias` key {t} is outside the vocabulary [0, {vocab})"),
+        ));
+    }
     let max_tokens = check_lengths(
         prompt.len(),
         params.max_tokens,
         ready.scheduler.context_length,
+        prompt_field,
     )?;
     let deadline = deadline_for(m, sched, params.timeout)?;
     Ok(Generation {
@@ -173,18 +188,19 @@ fn deadline_for(
 /// and `max_tokens` defaults to what is left.
 pub fn check_lengths(
     prompt_tokens: usize,
-    max_tokens: Option<u32>,
+    max_tokens: Option<u64>,
     context: u32,
+    prompt_field: &'static str,
 ) -> Result<u32, ApiError> {
     let ctx = context as usize;
     if prompt_tokens == 0 {
-        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+        return Err(ApiError::invalid(prompt_field, "the prompt is empty"));
     }
     if prompt_tokens >= ctx {
         return Err(ApiError {
             code: Some("context_length_exceeded".into()),
             ..ApiError::invalid(
-                "messages",
+                prompt_field,
                 format!(
                     "the prompt has {prompt_tokens} tokens; the context length is {ctx}, leaving no room to generate"
                 ),
@@ -194,7 +210,7 @@ pub fn check_lengths(
     let room = (ctx - prompt_tokens) as u32;
     match max_tokens {
         None => Ok(room),
-        Some(m) if m > room => Err(ApiError {
+        Some(m) if m > u64::from(room) => Err(ApiError {
             code: Some("context_length_exceeded".into()),
             ..ApiError::invalid(
                 "max_tokens",
@@ -203,7 +219,7 @@ pub fn check_lengths(
                 ),
             )
         }),
-        Some(m) => Ok(m),
+        Some(m) => Ok(m as u32),
     }
 }
 
@@ -213,14 +229,14 @@ mod tests {
 
     #[test]
     fn lengths_default_and_overflow() {
-        assert_eq!(check_lengths(10, None, 100).expect("ok"), 90);
-        assert_eq!(check_lengths(10, Some(5), 100).expect("ok"), 5);
-        let e = check_lengths(10, Some(91), 100).expect_err("too long");
+        assert_eq!(check_lengths(10, None, 100, "prompt").expect("ok"), 90);
+        assert_eq!(check_lengths(10, Some(5), 100, "prompt").expect("ok"), 5);
+        let e = check_lengths(10, Some(91), 100, "prompt").expect_err("too long");
         assert_eq!(
             e.message,
             "`max_tokens` must be <= 90 (context length 100 minus 10 prompt tokens), got 91"
         );
-        assert!(check_lengths(100, None, 100).is_err());
-        assert!(check_lengths(0, None, 100).is_err());
+        assert!(check_lengths(100, None, 100, "messages").is_err());
+        assert!(check_lengths(0, None, 100, "prompt").is_err());
     }
 }

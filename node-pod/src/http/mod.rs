@@ -29,9 +29,6 @@ use crate::node::{ModelState, Node};
 use crate::scheduler::{EmbedJob, Job};
 use openai::{EmbeddingRequest, TokenizeRequest};
 
-/// Largest request body accepted (prompts of a few hundred thousand tokens fit).
-pub const MAX_BODY_BYTES: usize = 8 << 20;
-
 #[derive(Clone)]
 pub struct AppState {
     pub node: Arc<Node>,
@@ -64,8 +61,10 @@ impl Drop for InflightGuard {
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// The node's routes inside the edge layers (request id, content type, OpenAI-shaped refusals);
+/// bodies above `max_body_bytes` are refused with 413.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let routes = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(|State(s): State<AppState>, body| generate::chat(s, body)))
         .route("/v1/completions", post(|State(s): State<AppState>, body| generate::completion(s, body)))
@@ -85,8 +84,9 @@ pub fn router(state: AppState) -> Router {
                 retry_after: None,
             }
         })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state);
+    gantry_edge::layers(routes, max_body_bytes)
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
@@ -263,11 +263,17 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
 
 /// Serve until SIGTERM/SIGINT, then drain: `/readyz` fails at once, new
 /// inference requests get 503, in-flight streams finish within the grace
-/// period, then the listener closes and the process exits.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+/// period, then the listener closes and the process exits. Connections are
+/// capped and timed out by the edge (`gantry_edge::serve`, `edge` limits).
+pub async fn serve(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    edge: gantry_edge::EdgeArgs,
+) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, "gantry-node listening");
-    let app = router(AppState { node: node.clone() });
+    let app = router(AppState { node: node.clone() }, edge.max_body_bytes);
+    let edge_metrics = Some(node.metrics.edge.clone());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let drain_node = node.clone();
     tokio::spawn(async move {
@@ -291,11 +297,10 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) -> std::i
         }
         let _ = stop_tx.send(());
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stop_rx.await;
-        })
-        .await
+    gantry_edge::serve(listener, app, edge, edge_metrics, async move {
+        let _ = stop_rx.await;
+    })
+    .await
 }
 
 async fn shutdown_signal() {

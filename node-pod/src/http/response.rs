@@ -40,6 +40,10 @@ impl Flavor {
     }
 }
 
+/// Set on a plain reply the node shortened: `deadline` when the request deadline, not the
+/// context, bounded a request that gave no `max_tokens`.
+pub const TRUNCATED_HEADER: &str = "x-gantry-truncated";
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn request_id(flavor: Flavor) -> String {
@@ -102,6 +106,7 @@ pub async fn respond(
                 stop: p.params.stop.clone(),
                 logprobs: p.params.logprobs,
                 deadline: p.deadline.map(|d| now + d),
+                fresh: p.params.seeded,
                 arrived: now,
                 events: tx,
             };
@@ -114,6 +119,7 @@ pub async fn respond(
                 rx,
                 record: key.map(|k| (k, Vec::new())),
                 hard_deadline: p.deadline.map(|d| now + d + Duration::from_secs(2)),
+                peeked: None,
             }
         }
     };
@@ -124,9 +130,18 @@ pub async fn respond(
         flavor,
         logprobs: p.params.logprobs.is_some(),
         include_usage: p.params.include_usage,
+        max_tokens_given: p.params.max_tokens.is_some(),
         stall: p.stall,
     };
     if p.params.stream {
+        // The status line waits for the first event: a request that never starts (its
+        // deadline passed in the queue, or the engine refused it) gets an HTTP error, not a
+        // 200 with an empty stream.
+        let mut source = source;
+        if let Err(e) = source.peek_first(meta.stall, &state, &meta).await {
+            state.count(&p.model_id, flavor.endpoint(), e.status);
+            return e.into_response();
+        }
         state.count(&p.model_id, flavor.endpoint(), 200);
         stream_response(state, meta, source, guard).into_response()
     } else {
@@ -138,7 +153,9 @@ pub async fn respond(
         state.count(&p.model_id, flavor.endpoint(), code);
         drop(guard);
         match resp {
-            Ok(v) => axum::Json(v).into_response(),
+            Ok((v, false)) => axum::Json(v).into_response(),
+            // Cut by the deadline, with no `max_tokens` given: what was generated, and why it stopped.
+            Ok((v, true)) => ([(TRUNCATED_HEADER, "deadline")], axum::Json(v)).into_response(),
             Err(e) => e.into_response(),
         }
     }
@@ -151,7 +168,43 @@ struct Meta {
     flavor: Flavor,
     logprobs: bool,
     include_usage: bool,
+    /// Whether the client set `max_tokens` (decides what a plain request cut by its deadline gets).
+    max_tokens_given: bool,
     stall: Duration,
+}
+
+/// The refusal for a request whose deadline passed before it was admitted.
+fn queue_timeout(queued: Duration) -> ApiError {
+    ApiError {
+        code: Some("queue_timeout".into()),
+        ..ApiError::timeout(format!(
+            "the request waited {:.1} s in the queue and its deadline passed before it started; \
+             nothing was generated (raise `timeout`, or retry when the model is less busy)",
+            queued.as_secs_f64()
+        ))
+    }
+}
+
+/// The error for a request cut by its deadline after it started.
+fn deadline_exceeded(completion_tokens: u32) -> ApiError {
+    ApiError {
+        code: Some("deadline_exceeded".into()),
+        ..ApiError::timeout(format!(
+            "the request deadline passed after {completion_tokens} generated tokens; \
+             lower `max_tokens`, raise `timeout`, or stream the reply"
+        ))
+    }
+}
+
+/// The error for a stream that went quiet for longer than the stall limit.
+fn stall_timeout(stall: Duration) -> ApiError {
+    ApiError {
+        code: Some("stall_timeout".into()),
+        ..ApiError::timeout(format!(
+            "no token arrived for {} s (the stall limit); the engine may be hung",
+            stall.as_secs()
+        ))
+    }
 }
 
 /// Where a request's events come from.
@@ -162,6 +215,8 @@ enum Source {
         /// Events kept to fill the response cache once the answer is complete.
         record: Option<(CacheKey, Vec<GenEvent>)>,
         hard_deadline: Option<Instant>,
+        /// The first event, read before the status line was sent.
+        peeked: Option<GenEvent>,
     },
 }
 
@@ -173,6 +228,41 @@ enum Next {
 }
 
 impl Source {
+    /// Wait for the first event; an error when the request ended before producing anything
+    /// (queue timeout, engine error), which the caller answers with an HTTP status.
+    async fn peek_first(
+        &mut self,
+        stall: Duration,
+        state: &AppState,
+        meta: &Meta,
+    ) -> Result<(), ApiError> {
+        let Source::Live { .. } = self else {
+            return Ok(());
+        };
+        let first = match self.next(false, stall, state).await {
+            Next::Event(GenEvent::Done {
+                reason: FinishReason::QueueTimeout,
+                queued,
+                ..
+            }) => return Err(queue_timeout(queued)),
+            Next::Event(GenEvent::Error(e)) => return Err(ApiError::from(e)),
+            Next::Event(ev) => ev,
+            Next::Stalled => {
+                tracing::warn!(model = %meta.model, id = %meta.id, "deadline passed before the first event");
+                return Err(deadline_exceeded(0));
+            }
+            Next::Closed => {
+                return Err(ApiError::internal(
+                    "the scheduler ended the request without an answer",
+                ));
+            }
+        };
+        if let Source::Live { peeked, .. } = self {
+            *peeked = Some(first);
+        }
+        Ok(())
+    }
+
     async fn next(&mut self, seen_first: bool, stall: Duration, state: &AppState) -> Next {
         match self {
             Source::Cached(it) => it.next().map_or(Next::Closed, Next::Event),
@@ -180,7 +270,11 @@ impl Source {
                 rx,
                 record,
                 hard_deadline,
+                peeked,
             } => {
+                if let Some(ev) = peeked.take() {
+                    return Next::Event(ev);
+                }
                 let mut limit = if seen_first {
                     stall
                 } else {
@@ -250,7 +344,7 @@ async fn collect_response(
     state: &AppState,
     meta: &Meta,
     mut source: Source,
-) -> Result<Value, ApiError> {
+) -> Result<(Value, bool), ApiError> {
     let mut text = String::new();
     let mut chat_lp: Vec<Value> = Vec::new();
     let mut legacy = LegacyLogprobs::default();
@@ -269,43 +363,56 @@ async fn collect_response(
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                queued,
             }) => {
-                if reason == FinishReason::Deadline {
-                    return Err(ApiError::timeout(format!(
-                        "the request deadline passed after {completion_tokens} tokens; a non-streamed request returns nothing partial"
-                    )));
+                match reason {
+                    FinishReason::QueueTimeout => return Err(queue_timeout(queued)),
+                    // A request that set no `max_tokens` left the length to the node, whose
+                    // bound is the context or the deadline, whichever comes first: it gets
+                    // what was generated, `length`, and a header saying which bound cut it.
+                    FinishReason::Deadline if meta.max_tokens_given || completion_tokens == 0 => {
+                        return Err(deadline_exceeded(completion_tokens));
+                    }
+                    _ => {}
                 }
                 let u = usage(prompt_tokens, completion_tokens);
-                return Ok(match meta.flavor {
-                    Flavor::Chat => json!({
-                        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
-                        "system_fingerprint": fingerprint(),
-                        "choices": [{
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "logprobs": if meta.logprobs { json!({"content": chat_lp}) } else { Value::Null },
-                            "finish_reason": reason.as_openai(),
-                        }],
-                        "usage": u,
-                    }),
-                    Flavor::Completion => json!({
-                        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-                        "system_fingerprint": fingerprint(),
-                        "choices": [{
-                            "index": 0,
-                            "text": text,
-                            "logprobs": if meta.logprobs { legacy.json() } else { Value::Null },
-                            "finish_reason": reason.as_openai(),
-                        }],
-                        "usage": u,
-                    }),
-                });
+                let cut = reason == FinishReason::Deadline;
+                return Ok((
+                    match meta.flavor {
+                        Flavor::Chat => json!({
+                            "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+                            "system_fingerprint": fingerprint(),
+                            "choices": [{
+                                "index": 0,
+                                "message": {"role": "assistant", "content": text},
+                                "logprobs": if meta.logprobs { json!({"content": chat_lp}) } else { Value::Null },
+                                "finish_reason": reason.as_openai(),
+                            }],
+                            "usage": u,
+                        }),
+                        Flavor::Completion => json!({
+                            "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+                            "system_fingerprint": fingerprint(),
+                            "choices": [{
+                                "index": 0,
+                                "text": text,
+                                "logprobs": if meta.logprobs { legacy.json() } else { Value::Null },
+                                "finish_reason": reason.as_openai(),
+                            }],
+                            "usage": u,
+                        }),
+                    },
+                    cut,
+                ));
             }
             Next::Event(GenEvent::Error(e)) => return Err(ApiError::from(e)),
             Next::Stalled => {
-                return Err(ApiError::timeout(
-                    "no token arrived within the stall limit; the engine may be hung",
-                ));
+                state.node.metrics.finished_by_http(&meta.model, "stall");
+                return Err(if seen_first {
+                    stall_timeout(meta.stall)
+                } else {
+                    deadline_exceeded(0)
+                });
             }
             Next::Closed => {
                 return Err(ApiError::internal(
@@ -415,13 +522,24 @@ impl StreamState {
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                queued,
             }) => {
-                if reason == FinishReason::Deadline {
-                    tracing::info!(model = %self.meta.model, id = %self.meta.id, "request deadline passed; the stream ends with what it has");
+                let cut = match reason {
+                    FinishReason::Deadline => Some(deadline_exceeded(completion_tokens)),
+                    FinishReason::QueueTimeout => Some(queue_timeout(queued)),
+                    FinishReason::Stop | FinishReason::Length => None,
+                };
+                if cut.is_none() {
+                    out.push(data(&self.chunk("", None, Some(reason.as_openai()))));
                 }
-                out.push(data(&self.chunk("", None, Some(reason.as_openai()))));
                 if self.meta.include_usage {
                     out.push(data(&self.usage_chunk(prompt_tokens, completion_tokens)));
+                }
+                // A cut stream ends with an error event (as OpenAI ends a stream that fails
+                // midway), never with a `finish_reason` a client would read as complete.
+                if let Some(e) = cut {
+                    tracing::info!(model = %self.meta.model, id = %self.meta.id, code = ?e.code, "the stream was cut by its deadline");
+                    out.push(Event::default().data(e.body_json()));
                 }
                 out.push(Event::default().data("[DONE]"));
                 self.done = true;
@@ -434,7 +552,16 @@ impl StreamState {
             }
             Next::Stalled => {
                 tracing::warn!(model = %self.meta.model, id = %self.meta.id, "no token within the stall limit; ending the stream");
-                out.push(data(&self.chunk("", None, Some("length"))));
+                self.state
+                    .node
+                    .metrics
+                    .finished_by_http(&self.meta.model, "stall");
+                let e = if self.seen_first {
+                    stall_timeout(self.meta.stall)
+                } else {
+                    deadline_exceeded(0)
+                };
+                out.push(Event::default().data(e.body_json()));
                 out.push(Event::default().data("[DONE]"));
                 self.done = true;
             }

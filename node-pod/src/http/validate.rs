@@ -71,7 +71,7 @@ pub struct ValidEmbeddingRequest {
 pub struct ValidParams {
     pub sampling: Sampling,
     /// `None` = context length minus the prompt.
-    pub max_tokens: Option<u32>,
+    pub max_tokens: Option<u64>,
     pub stop: Vec<String>,
     /// `Some(n)`: logprobs wanted, with `n` alternatives.
     pub logprobs: Option<u32>,
@@ -79,6 +79,9 @@ pub struct ValidParams {
     pub include_usage: bool,
     /// Requested deadline; `Some(None)` = the request asked for none.
     pub timeout: Option<Option<Duration>>,
+    /// The client gave a `seed`: the engine evaluates the prompt from scratch
+    /// (`StepEntry::fresh`), so the output does not depend on what is cached.
+    pub seeded: bool,
 }
 
 fn range(field: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
@@ -137,7 +140,8 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
                 format!("`max_tokens` must be >= 1, got {m}"),
             ));
         }
-        Some(m) => Some(u32::try_from(m).unwrap_or(u32::MAX)),
+        // Kept as given: the model's limit check names the value the client sent.
+        Some(m) => Some(m as u64),
         None => None,
     };
     if c.stop.len() > MAX_STOP {
@@ -218,6 +222,7 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
         stream: c.stream,
         include_usage: c.include_usage,
         timeout,
+        seeded: c.seed.is_some(),
     })
 }
 

@@ -120,7 +120,12 @@ impl Node {
                 bytes_done: size,
                 bytes_total: size,
                 bytes_per_second: 0.0,
-                message: None,
+                // Why the artifact cannot be used (a corrupt or unreadable file), for
+                // `/v1/status` readers such as the operator, not only the log.
+                message: match &state {
+                    ModelState::Failed(why) => Some(why.clone()),
+                    _ => None,
+                },
             }),
             load: LoadStatus {
                 state: load_state,

@@ -233,11 +233,11 @@ impl ModelExec {
                 seq: e.seq,
                 tokens: e.tokens.as_ptr(),
                 n_tokens: e.tokens.len(),
-                flags: if s.is_some() {
+                flags: (if s.is_some() {
                     ffi::GANTRY_STEP_SAMPLE
                 } else {
                     0
-                },
+                }) | (if e.fresh { ffi::GANTRY_STEP_FRESH } else { 0 }),
                 sampling: s.as_ref().map_or(std::ptr::null(), std::ptr::from_ref),
             })
             .collect();
