@@ -125,11 +125,12 @@ def test_ten_thousand_stop_strings_unknown_roles_and_images_are_refused(base):
     assert_openai_error(status, body, 400, param="stop")
     status, _, body = raw(base, "POST", "/v1/chat/completions",
                           chat_body(messages=[{"role": "wizard", "content": "hi"}]))
-    assert_openai_error(status, body, 400, param="messages")
+    assert_openai_error(status, body, 400)
+    assert body["error"]["param"].startswith("messages"), body
     image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
     status, _, body = raw(base, "POST", "/v1/chat/completions",
                           chat_body(messages=[{"role": "user", "content": image}]))
-    assert status == 400 and body["error"]["param"] == "messages", body
+    assert status == 400 and body["error"]["param"].startswith("messages"), body
 
 
 # --- wire details ----------------------------------------------------------------------------
@@ -260,16 +261,18 @@ def test_a_corrupt_gguf_says_why_in_the_status_document(tmp_path):
 
 # --- deadlines: honest endings -----------------------------------------------------------------
 
-# Gemma 3's end-of-generation tokens (<eos> 1, <end_of_turn> 106), biased away so a reply runs
-# until something else ends it.
+# Gemma 3's end-of-generation tokens (<eos> 1, <end_of_turn> 106), biased away so a completion
+# runs until something else ends it. (Chat would stop at once: the test model has no template of
+# its own, and through the default ChatML it writes `<|im_end|>` first, which ends the reply.)
 NO_EOS = {"1": -100, "106": -100}
+STORY = "Once upon a time, in a small village by the sea,"
 
 
 def test_a_stream_cut_by_its_deadline_ends_with_an_error_event_not_length(base):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0, timeout=60)
-    stream = client.chat.completions.create(
-        model="gemma", messages=[{"role": "user", "content": "Tell me a long story."}],
-        max_tokens=900, temperature=0, logit_bias=NO_EOS, stream=True, extra_body={"timeout": 1})
+    stream = client.completions.create(
+        model="gemma", prompt=STORY, max_tokens=900, temperature=0, logit_bias=NO_EOS, stream=True,
+        extra_body={"timeout": 1})
     chunks, finish = 0, []
     with pytest.raises(openai.APIError) as e:
         for c in stream:
@@ -277,31 +280,30 @@ def test_a_stream_cut_by_its_deadline_ends_with_an_error_event_not_length(base):
             finish += [ch.finish_reason for ch in c.choices if ch.finish_reason]
     assert finish == [], "a cut stream must not say it finished"
     assert chunks > 1, "the stream started before the deadline"
-    assert "deadline" in str(e.value.message)
-    assert (e.value.code if hasattr(e.value, "code") else None) in ("deadline_exceeded", None)
+    assert e.value.code == "deadline_exceeded", e.value.body
+    assert "deadline" in e.value.message
 
 
 def test_a_plain_request_cut_by_its_deadline(base):
-    kw = dict(model="gemma", messages=[{"role": "user", "content": "Tell me a long story."}],
-              temperature=0, logit_bias=NO_EOS, timeout=1)
+    kw = dict(model="gemma", prompt=STORY, temperature=0, logit_bias=NO_EOS, timeout=1)
     # With max_tokens: the client asked for a length that did not fit, so it is an error that
     # says how far it got.
-    status, _, body = raw(base, "POST", "/v1/chat/completions", json.dumps({**kw, "max_tokens": 900}).encode())
+    status, _, body = raw(base, "POST", "/v1/completions", json.dumps({**kw, "max_tokens": 900}).encode())
     assert_openai_error(status, body, 504, code="deadline_exceeded", contains="generated tokens")
     # Without max_tokens the node chose the length; the deadline bounds it and the work is kept.
-    status, hdrs, body = raw(base, "POST", "/v1/chat/completions", json.dumps(kw).encode())
+    status, hdrs, body = raw(base, "POST", "/v1/completions", json.dumps(kw).encode())
     assert status == 200, body
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"]["completion_tokens"] > 0 and body["choices"][0]["message"]["content"]
+    assert body["usage"]["completion_tokens"] > 0 and body["choices"][0]["text"]
     assert hdrs.get("x-gantry-truncated") == "deadline"
 
 
 def test_a_request_still_queued_at_its_deadline_gets_504_before_any_byte(node):
-    # Fill gemma's 4 sequences with long replies, then queue one with a 1 s deadline.
+    # Fill gemma's 4 sequences with long completions, then queue one with a 1 s deadline.
     client = openai.OpenAI(base_url=f"{node}/v1", api_key="k", max_retries=0, timeout=60)
-    long = dict(model="gemma", messages=[{"role": "user", "content": "Tell me a long story."}],
-                max_tokens=400, temperature=0, logit_bias=NO_EOS, extra_body={"timeout": 20})
-    fillers = [threading.Thread(target=lambda: client.chat.completions.create(**long)) for _ in range(4)]
+    long = dict(model="gemma", prompt=STORY, max_tokens=150, temperature=0, logit_bias=NO_EOS,
+                extra_body={"timeout": 30})
+    fillers = [threading.Thread(target=lambda: client.completions.create(**long)) for _ in range(4)]
     for t in fillers:
         t.start()
     time.sleep(0.5)
@@ -309,9 +311,8 @@ def test_a_request_still_queued_at_its_deadline_gets_504_before_any_byte(node):
         for stream in (True, False):
             t0 = time.time()
             with pytest.raises(openai.APIStatusError) as e:
-                r = client.chat.completions.create(
-                    model="gemma", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                    stream=stream, extra_body={"timeout": 1})
+                r = client.completions.create(model="gemma", prompt="hi", max_tokens=5, stream=stream,
+                                              extra_body={"timeout": 1})
                 if stream:
                     list(r)
             assert e.value.status_code == 504

@@ -159,8 +159,10 @@ def test_seeded_sampling_is_reproducible_whatever_is_cached(client):
     same batches it is not guaranteed (llama.cpp's CPU kernels are not batch-invariant); what is
     guaranteed is that such a run still completes and leaves nothing behind that changes the
     next run's text."""
+    # The test model has no template: through the default ChatML it would write `<|im_end|>` and
+    # stop at once, so `<` (236820) is biased away to get a reply worth comparing.
     chat = dict(model="gemma", messages=[{"role": "user", "content": "Tell me a short story about a fox."}],
-                max_tokens=32, temperature=0.8, seed=4242)
+                max_tokens=32, temperature=0.8, seed=4242, logit_bias={"236820": -100})
     comp = dict(model="gemma", prompt="The old lighthouse keeper opened the door and", max_tokens=32,
                 temperature=0.8, seed=4242)
 
