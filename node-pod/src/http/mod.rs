@@ -6,6 +6,7 @@
 
 pub mod generate;
 pub mod limits;
+pub mod node_auth;
 pub mod openai;
 pub mod response;
 pub mod validate;
@@ -86,6 +87,7 @@ pub fn router(state: AppState) -> Router {
             }
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), node_auth::require))
         .with_state(state)
 }
 
