@@ -6,10 +6,13 @@
 //!   registry);
 //! - [`config`]: the node config the operator renders and the node reads;
 //! - [`status`]: the node status document (`/v1/status`) the operator reads;
-//! - [`openai`]: the OpenAI error body the node and the gateway answer with.
+//! - [`openai`]: the OpenAI error body the node and the gateway answer with;
+//! - [`node_token`]: the token a node pod requires, derived per Model from the install token
+//!   (operator writes it, gateway and operator send it, node checks it).
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod node_token;
 pub mod openai;
 pub mod selection;
 pub mod source;

@@ -21,5 +21,5 @@ pub use model::{
     Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,
     CandidateRejection, DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat,
     ModelResources, ModelSource, ModelSpec, ModelStatus, ReplicaStatus, Replicas, ResolvedEngine,
-    Scheduling, SecretKeyRef,
+    Rollout, RolloutStrategy, Scheduling, SecretKeyRef,
 };

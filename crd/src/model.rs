@@ -95,6 +95,11 @@ pub struct ModelSpec {
     /// Autoscaling targets within `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
+    /// How node pods are replaced when their template changes (a new node image, engine plugin
+    /// or config). Default `Surge`: a new pod starts before an old one goes, so a Model never
+    /// drops to zero ready pods, at the cost of room (a spare GPU) for one more pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
     /// Settings passed to the engine when the model is loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_config: Option<EngineConfig>,
@@ -233,6 +238,54 @@ fn one() -> i32 {
 impl Default for Replicas {
     fn default() -> Self {
         Replicas { min: 1, max: 1 }
+    }
+}
+
+/// `rollout.maxSurge` belongs to the `Surge` strategy, `rollout.maxUnavailable` to `InPlace`.
+pub const ROLLOUT_SURGE_RULE: &str =
+    "!has(self.maxSurge) || !has(self.strategy) || self.strategy == 'Surge'";
+pub const ROLLOUT_IN_PLACE_RULE: &str =
+    "!has(self.maxUnavailable) || (has(self.strategy) && self.strategy == 'InPlace')";
+
+/// How node pods are replaced when their template changes.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(ROLLOUT_SURGE_RULE).message("rollout.maxSurge applies only to strategy Surge"))]
+#[x_kube(validation = Rule::new(ROLLOUT_IN_PLACE_RULE).message("rollout.maxUnavailable applies only to strategy InPlace"))]
+pub struct Rollout {
+    /// `Surge` (default): start new pods first and remove old ones once the new are ready; no
+    /// downtime, but each surge pod needs the Model's full resources (GPUs included) while the
+    /// old pods still hold theirs — it stays Pending, and the rollout waits, without a spare
+    /// GPU or with the namespace's GPU quota used up. `InPlace`: remove old pods first; no extra
+    /// GPU, but a Model with one replica serves nothing until its new pod is ready.
+    #[serde(default)]
+    pub strategy: RolloutStrategy,
+    /// `Surge` only: pods started above the current count at once. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_surge: Option<i32>,
+    /// `InPlace` only: pods removed at once before their replacements start. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_unavailable: Option<i32>,
+}
+
+/// The rollout strategy of a Model's node pods.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RolloutStrategy {
+    /// New pods first (no downtime; needs room for `maxSurge` more pods).
+    #[default]
+    Surge,
+    /// Old pods first (no extra GPU; a single replica is down during the rollout).
+    InPlace,
+}
+
+impl RolloutStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutStrategy::Surge => "Surge",
+            RolloutStrategy::InPlace => "InPlace",
+        }
     }
 }
 

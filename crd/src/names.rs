@@ -36,6 +36,9 @@ pub const ANNOTATION_CONFIG_HASH: &str = "gantry.dev/config-hash";
 /// Comma-separated EnginePlugin names mounted into a node pod. The EnginePlugin
 /// reconcile reads it to know which pods should report a plugin.
 pub const ANNOTATION_PLUGINS: &str = "gantry.dev/engine-plugins";
+/// Short hash of the Model's node token, on the pod template, so that a new token (the install
+/// token was rotated) rolls the pods onto it. Never the token itself.
+pub const ANNOTATION_NODE_TOKEN_HASH: &str = "gantry.dev/node-token-hash";
 /// Set by the gateway on a Model's node Deployment (RFC 3339 UTC time) when a request arrives for
 /// a Model with no ready pod: the autoscaler reads it as "scale up from zero now".
 pub const ANNOTATION_SCALE_UP_REQUESTED: &str = "gantry.dev/scale-up-requested-at";
@@ -51,10 +54,15 @@ pub const NODE_MODELS_DIR: &str = gantry_api::source::PVC_MOUNT_DIR;
 /// Static copier shipped in every plugin image (InitContainer mount strategy).
 pub const PLUGIN_COPIER: &str = "/copy";
 
-/// Names of the objects a Model owns. All but the PVC carry the Model's own
-/// name, which is why the Model name must be a DNS-1035 label (Service rule).
+/// Names of the objects a Model owns. All but the PVC and the node-token Secret carry the
+/// Model's own name, which is why the Model name must be a DNS-1035 label (Service rule).
 pub fn owned_name(model: &str) -> String {
     model.to_string()
+}
+
+/// The Secret holding a Model's node token (key `token`), read by its node pods' env.
+pub fn node_token_secret_name(model: &str) -> String {
+    format!("{model}-node-token")
 }
 
 /// The cache PVC's name.

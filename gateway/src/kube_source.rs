@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use gantry_api::node_token::InstallToken;
 use gantry_crd::Model;
 use gantry_crd::conditions::{self, reason};
 use gantry_crd::names::{self, FIELD_MANAGER, LABEL_MANAGED_BY, NODE_PORT_NAME};
@@ -67,8 +68,13 @@ fn endpoint_urls(slice: &EndpointSlice) -> Vec<(String, bool)> {
         .collect()
 }
 
-/// Fold Models and EndpointSlices into routes (pure: the mock-API test drives it too).
-pub fn routes_from(models: &[Arc<Model>], slices: &[Arc<EndpointSlice>]) -> Vec<ModelSpec> {
+/// Fold Models and EndpointSlices into routes (pure: the mock-API test drives it too). With an
+/// install token, each Model's replicas get the Model's derived node token.
+pub fn routes_from(
+    models: &[Arc<Model>],
+    slices: &[Arc<EndpointSlice>],
+    install: Option<&InstallToken>,
+) -> Vec<ModelSpec> {
     let mut by_service: HashMap<(String, String), Vec<(String, bool)>> = HashMap::new();
     for s in slices {
         let (Some(ns), Some(svc)) = (s.namespace(), s.labels().get(LABEL_SERVICE_NAME).cloned())
@@ -107,6 +113,7 @@ pub fn routes_from(models: &[Arc<Model>], slices: &[Arc<EndpointSlice>]) -> Vec<
                 min_replicas: replicas.min,
                 max_replicas: replicas.max,
                 failed: failed(m),
+                node_token: install.map(|t| t.for_model(&ns, &name)),
                 target: Some(ScaleTarget {
                     namespace: ns,
                     deployment,
@@ -129,7 +136,12 @@ fn valid_models(store: &Store<DeserializeGuard<Model>>) -> Vec<Arc<Model>> {
 
 /// Watch Models and EndpointSlices and keep `table` current, forever. The table is first
 /// replaced once both lists are in (until then `/readyz` says not synced).
-pub async fn run(client: kube::Client, namespace: Option<String>, table: Arc<RouteTable>) {
+pub async fn run(
+    client: kube::Client,
+    namespace: Option<String>,
+    table: Arc<RouteTable>,
+    install: Option<InstallToken>,
+) {
     let (models_api, slices_api) = match &namespace {
         Some(ns) => (
             Api::<DeserializeGuard<Model>>::namespaced(client.clone(), ns),
@@ -175,6 +187,7 @@ pub async fn run(client: kube::Client, namespace: Option<String>, table: Arc<Rou
         table.replace(routes_from(
             &valid_models(&model_store),
             &slice_store.state(),
+            install.as_ref(),
         ));
         changed.notified().await;
         // Coalesce a burst of events (a rollout touches many slices) into one rebuild.

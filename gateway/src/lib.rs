@@ -34,6 +34,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
+use gantry_api::node_token::InstallToken;
+
 use crate::auth::{ApiKeys, KeySource};
 use crate::metrics::GatewayMetrics;
 use crate::routes::RouteTable;
@@ -104,6 +106,9 @@ pub struct GatewaySettings {
     pub max_held_per_model: usize,
     pub max_retries: usize,
     pub probe_interval: Duration,
+    /// The install token (`GANTRY_NODE_TOKEN`): each Model's node token is derived from it and
+    /// sent as `X-Gantry-Node-Token`; static endpoints get it as is. `None`: no token is sent.
+    pub node_token: Option<InstallToken>,
 }
 
 impl Default for GatewaySettings {
@@ -116,6 +121,7 @@ impl Default for GatewaySettings {
             max_held_per_model: 64,
             max_retries: 2,
             probe_interval: Duration::from_secs(1),
+            node_token: None,
         }
     }
 }
@@ -130,6 +136,8 @@ impl GatewayArgs {
             max_held_per_model: self.max_held_per_model,
             max_retries: self.max_retries,
             probe_interval: Duration::from_millis(self.probe_interval_ms.max(50)),
+            // Set by `gantry-operator run --node-token`, shared with the controller.
+            node_token: None,
         }
     }
 
@@ -313,7 +321,15 @@ pub async fn serve(
 
     let (table, scaler): (Arc<RouteTable>, Arc<dyn Scaler>) = match &config.discovery {
         Discovery::File(path) => {
-            let table = Arc::new(RouteTable::new(false));
+            let table = Arc::new(
+                RouteTable::new(false).with_default_node_token(
+                    config
+                        .settings
+                        .node_token
+                        .as_ref()
+                        .map(InstallToken::as_node_token),
+                ),
+            );
             let text = static_source::load(path, &table).await?;
             tasks.spawn(static_source::watch(
                 path.clone(),
@@ -333,6 +349,7 @@ pub async fn serve(
                 client.clone(),
                 namespace.clone(),
                 table.clone(),
+                config.settings.node_token.clone(),
             ));
             let scaler = config
                 .scaler

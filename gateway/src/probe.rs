@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gantry_api::node_token::NODE_TOKEN_HEADER;
 use gantry_api::{NODE_STATUS_PATH, NodeStatus};
 
 use crate::routes::{Replica, RouteTable};
@@ -28,7 +29,11 @@ enum Probe {
 
 async fn probe_one(client: &reqwest::Client, replica: &Replica, timeout: Duration) -> Probe {
     let url = format!("{}{NODE_STATUS_PATH}", replica.url);
-    let resp = match client.get(url).timeout(timeout).send().await {
+    let mut req = client.get(url).timeout(timeout);
+    if let Some(token) = replica.node_token() {
+        req = req.header(NODE_TOKEN_HEADER, token.clone());
+    }
+    let resp = match req.send().await {
         Ok(r) => r,
         Err(e) if e.is_connect() => return Probe::Refused,
         Err(_) => return Probe::Missed,

@@ -21,6 +21,8 @@ use backon::BackoffBuilder;
 use futures::StreamExt;
 use serde::Deserialize;
 
+use gantry_api::node_token::NODE_TOKEN_HEADER;
+
 use crate::GatewayState;
 use crate::auth::Caller;
 use crate::error::GatewayError;
@@ -228,7 +230,8 @@ fn relay_headers(from: &HeaderMap, to: &mut HeaderMap) {
 }
 
 /// Request headers passed to the node: content type and accept, and a request id if any.
-/// The caller's `Authorization` stays at the gateway.
+/// The caller's `Authorization` stays at the gateway, and so does any `X-Gantry-Node-Token` a
+/// caller sends: only the gateway's own (added per replica) ever reaches a node.
 fn upstream_headers(from: &HeaderMap) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert(
@@ -298,13 +301,14 @@ async fn forward(
     loop {
         let replica = Arc::clone(&lease.replica);
         let sent_at = Instant::now();
-        let result = state
+        let mut request = state
             .client
             .post(format!("{}{path}", replica.url))
-            .headers(up_headers.clone())
-            .body(bytes.clone())
-            .send()
-            .await;
+            .headers(up_headers.clone());
+        if let Some(token) = replica.node_token() {
+            request = request.header(NODE_TOKEN_HEADER, token.clone());
+        }
+        let result = request.body(bytes.clone()).send().await;
         let answered_at = Instant::now();
         let (kind, unavailable) = match result {
             Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
@@ -480,6 +484,21 @@ fn model_card(id: &str, route: &crate::routes::ModelRoute) -> serde_json::Value 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_callers_node_token_and_authorization_never_reach_the_node() {
+        let mut from = HeaderMap::new();
+        from.insert(NODE_TOKEN_HEADER, HeaderValue::from_static("forged"));
+        from.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer sk"));
+        from.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        let up = upstream_headers(&from);
+        assert!(up.get(NODE_TOKEN_HEADER).is_none());
+        assert!(up.get(header::AUTHORIZATION).is_none());
+        assert_eq!(up.get(header::ACCEPT), from.get(header::ACCEPT));
+    }
 
     #[test]
     fn model_is_read_from_the_body_with_a_field_naming_error() {

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use axum::http::HeaderValue;
+use gantry_api::node_token::ModelToken;
 use tokio::sync::watch;
 
 /// Which Deployment to scale up for a model (kube source); `None` for static endpoints.
@@ -37,6 +39,9 @@ pub struct ModelSpec {
     /// Unix seconds the model appeared (the Model's creation time; the file's load time for
     /// a static endpoints file): `created` in `/v1/models`.
     pub created: u64,
+    /// The token the Model's node pods require (`X-Gantry-Node-Token`); `None`: the table's
+    /// default (the install token, for static endpoints) or none at all.
+    pub node_token: Option<ModelToken>,
 }
 
 /// One node pod (or node process) serving a model.
@@ -61,12 +66,15 @@ pub struct Replica {
     unavailable_until: Mutex<Option<Instant>>,
     /// What the node's last `/v1/status` said about each of its models, by id.
     reported: Mutex<Vec<gantry_api::ModelStatus>>,
+    /// Sent as `X-Gantry-Node-Token` on every request and probe (marked sensitive).
+    node_token: Option<HeaderValue>,
 }
 
 impl Replica {
-    fn new(url: String, source_ready: bool, up: bool) -> Self {
+    fn new(url: String, source_ready: bool, up: bool, node_token: Option<HeaderValue>) -> Self {
         Replica {
             reported: Mutex::new(Vec::new()),
+            node_token,
             url,
             source_ready: AtomicBool::new(source_ready),
             up: AtomicBool::new(up),
@@ -91,6 +99,11 @@ impl Replica {
             .lock()
             .ok()
             .and_then(|r| r.iter().find(|m| m.id == id).cloned())
+    }
+
+    /// The value of `X-Gantry-Node-Token` for this node, if it requires one.
+    pub fn node_token(&self) -> Option<&HeaderValue> {
+        self.node_token.as_ref()
     }
 
     fn usable(&self, now: Instant) -> bool {
@@ -157,17 +170,34 @@ pub struct RouteTable {
     /// Rotates the starting point among equally loaded replicas.
     rotor: AtomicUsize,
     synced: AtomicBool,
+    /// Node token for models whose spec names none (static endpoints: the install token).
+    default_node_token: Option<ModelToken>,
+}
+
+/// A token as a sensitive header value; a token that is not a valid header value is dropped
+/// (install tokens are checked to be visible ASCII, derived ones are hex).
+fn token_header(token: &ModelToken) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(token.as_str()).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 impl RouteTable {
     pub fn new(trust_source: bool) -> Self {
         RouteTable {
+            default_node_token: None,
             models: RwLock::new(Arc::new(HashMap::new())),
             trust_source,
             changed: watch::Sender::new(0),
             rotor: AtomicUsize::new(0),
             synced: AtomicBool::new(false),
         }
+    }
+
+    /// Send `token` to the nodes of every model whose spec names no token of its own.
+    pub fn with_default_node_token(mut self, token: Option<ModelToken>) -> Self {
+        self.default_node_token = token;
+        self
     }
 
     /// A snapshot of every model.
@@ -199,15 +229,32 @@ impl RouteTable {
             .collect();
         let mut next = HashMap::with_capacity(specs.len());
         for spec in specs {
+            let token = spec
+                .node_token
+                .as_ref()
+                .or(self.default_node_token.as_ref())
+                .and_then(token_header);
             let replicas = spec
                 .endpoints
                 .iter()
                 .map(|(url, ready)| {
-                    let r = known.entry(url.clone()).or_insert_with(|| {
-                        Arc::new(Replica::new(url.clone(), *ready, self.trust_source))
-                    });
+                    // A URL now serving with another token is another node (a pod IP reused by
+                    // another Model's pod): it starts afresh.
+                    let r = match known.get(url) {
+                        Some(r) if r.node_token == token => Arc::clone(r),
+                        _ => {
+                            let r = Arc::new(Replica::new(
+                                url.clone(),
+                                *ready,
+                                self.trust_source,
+                                token.clone(),
+                            ));
+                            known.insert(url.clone(), Arc::clone(&r));
+                            r
+                        }
+                    };
                     r.source_ready.store(*ready, Ordering::Relaxed);
-                    Arc::clone(r)
+                    r
                 })
                 .collect();
             if next.contains_key(&spec.id) {
@@ -323,6 +370,7 @@ mod tests {
             failed: false,
             target: None,
             created: 0,
+            node_token: None,
         }
     }
 
@@ -384,6 +432,49 @@ mod tests {
         assert_eq!(a.outstanding(), 1);
         drop(lease);
         assert_eq!(a.outstanding(), 0);
+    }
+
+    #[test]
+    fn replicas_carry_their_models_token_or_the_default_and_a_new_token_is_a_new_replica() {
+        let install: gantry_api::node_token::InstallToken =
+            "0123456789abcdef0123456789abcdef".parse().expect("token");
+        let t = RouteTable::new(true).with_default_node_token(Some(install.as_node_token()));
+        let mut own = spec("own", &["http://a"]);
+        own.node_token = Some(install.for_model("ns", "own"));
+        t.replace(vec![own.clone(), spec("static", &["http://b"])]);
+        let a = t.get("own").expect("own").replicas[0].clone();
+        let b = t.get("static").expect("static").replicas[0].clone();
+        let sent = |r: &Replica| r.node_token().map(|v| v.as_bytes().to_vec());
+        assert_eq!(
+            sent(&a),
+            Some(install.for_model("ns", "own").as_str().as_bytes().to_vec())
+        );
+        assert!(a.node_token().is_some_and(HeaderValue::is_sensitive));
+        assert_eq!(
+            sent(&b),
+            Some(install.as_node_token().as_str().as_bytes().to_vec())
+        );
+        // The same URL under the same token keeps its replica (and counters)...
+        let lease = t.pick(&t.get("own").expect("own"), &[]).expect("pick");
+        t.replace(vec![own.clone()]);
+        assert!(Arc::ptr_eq(&a, &t.get("own").expect("own").replicas[0]));
+        // ...but a pod IP reused by another Model's pod is a fresh replica with its token.
+        own.node_token = Some(install.for_model("ns", "other"));
+        t.replace(vec![own]);
+        let c = t.get("own").expect("own").replicas[0].clone();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(c.outstanding(), 0);
+        assert_eq!(
+            sent(&c),
+            Some(
+                install
+                    .for_model("ns", "other")
+                    .as_str()
+                    .as_bytes()
+                    .to_vec()
+            )
+        );
+        drop(lease);
     }
 
     #[test]

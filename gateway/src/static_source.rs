@@ -11,7 +11,9 @@
 //! ```
 //!
 //! Listed endpoints are not trusted: each starts down until the prober's `/v1/status` says
-//! ready (the same answer as the node's `/readyz`).
+//! ready (the same answer as the node's `/readyz`). With `--node-token`, the gateway sends that
+//! install token itself (not a derived one: there is no Model here) to every listed node, so
+//! nodes started by hand run with the same `GANTRY_NODE_TOKEN`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -113,6 +115,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<ModelSpec>, EndpointsFileErr
             failed: false,
             target: None,
             created: loaded_at,
+            // The route table's default: the gateway's install token, sent as is.
+            node_token: None,
         });
     }
     Ok(specs)

@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// S3 region (default `us-east-1`).
     #[arg(long, env = "AWS_REGION")]
     pub s3_region: Option<String>,
+    /// Require this token in `X-Gantry-Node-Token` on every route but /healthz, /readyz and
+    /// /metrics (in a cluster: the Model's token from its Secret). Unset: no check.
+    #[arg(long, env = "GANTRY_NODE_TOKEN", hide_env_values = true)]
+    pub node_token: Option<String>,
 }
 
 /// The model store for the config's remote sources; `None` when every model is local.
@@ -218,7 +222,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let mut node = Node::new(config, plugins_dir, engine_config).with_ram_limit(args.ram_limit);
+        let node_token =
+            crate::http::node_auth::NodeToken::from_setting(args.node_token.as_deref())?;
+        if node_token.is_none() {
+            tracing::warn!(
+                "no GANTRY_NODE_TOKEN: every route is open to anyone who can reach this port"
+            );
+        }
+        let mut node = Node::new(config, plugins_dir, engine_config)
+            .with_ram_limit(args.ram_limit)
+            .with_node_token(node_token);
         if let Some(store) = store {
             node = node.with_store(store);
         }

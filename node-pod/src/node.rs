@@ -127,6 +127,8 @@ pub struct Node {
     pub memory: NodeMemory,
     /// Fetches remote sources; `None` on a node serving local files only.
     pub store: Option<ModelStore>,
+    /// The token callers must present (`http::node_auth`); `None` checks nothing.
+    pub node_token: Option<crate::http::node_auth::NodeToken>,
 }
 
 impl Node {
@@ -174,7 +176,14 @@ impl Node {
             started: Instant::now(),
             memory,
             store: None,
+            node_token: None,
         }
+    }
+
+    /// Require `token` on every request but the probes and metrics.
+    pub fn with_node_token(mut self, token: Option<crate::http::node_auth::NodeToken>) -> Self {
+        self.node_token = token;
+        self
     }
 
     /// Use `store` for the models with remote sources.

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::context::{Settings, default_node_image};
+use gantry_api::node_token::InstallToken;
+
+use crate::context::{NodeNetworkPolicy, Settings, default_node_image};
 use crate::controller::{self, RunConfig, run};
 use crate::crdgen::generate::{self, GenerateError};
 use crate::leader::LeaseConfig;
@@ -90,10 +92,61 @@ pub struct RunArgs {
     /// This replica's identity in the Lease (default: the pod name, else the hostname).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// The install token: each Model's node pods require a token derived from it, which the
+    /// controller writes into a Secret beside the Model and the gateway sends (docs/security.md).
+    /// Unset: node pods accept any caller.
+    #[arg(long, env = "GANTRY_NODE_TOKEN", hide_env_values = true)]
+    pub node_token: Option<InstallToken>,
+    /// Give every Model a NetworkPolicy: node pods admit only this process's pods (selected by
+    /// `--network-policy-peer-labels` in the `POD_NAMESPACE`) and reach only DNS and TCP 443.
+    #[arg(long, env = "GANTRY_NODE_NETWORK_POLICY")]
+    pub node_network_policy: bool,
+    /// Labels of the operator and gateway pods, `key=value,...` (with `--node-network-policy`).
+    #[arg(
+        long,
+        env = "GANTRY_NETWORK_POLICY_PEER_LABELS",
+        value_delimiter = ',',
+        value_parser = parse_label,
+        default_value = "app.kubernetes.io/name=gantry"
+    )]
+    pub network_policy_peer_labels: Vec<(String, String)>,
+    /// Namespace of the Prometheus that scrapes node pods (with `--node-network-policy`).
+    #[arg(long, env = "GANTRY_NETWORK_POLICY_METRICS_NAMESPACE")]
+    pub network_policy_metrics_namespace: Option<String>,
+    /// CIDRs node pods may download models from on TCP 443, comma-separated (default: any).
+    #[arg(long, env = "GANTRY_NODE_DOWNLOAD_CIDRS", value_delimiter = ',')]
+    pub node_download_cidrs: Vec<String>,
     #[command(flatten)]
     pub autoscaler: crate::autoscale::AutoscalerArgs,
     #[command(flatten)]
     pub gateway: gantry_gateway::GatewayArgs,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("expected key=value, got {s:?}")),
+    }
+}
+
+impl RunArgs {
+    /// The per-Model NetworkPolicy settings, when `--node-network-policy` is on.
+    pub fn node_network_policy(&self) -> Option<NodeNetworkPolicy> {
+        self.node_network_policy.then(|| NodeNetworkPolicy {
+            peer_namespace: self.lease_namespace.clone(),
+            peer_labels: self.network_policy_peer_labels.iter().cloned().collect(),
+            metrics_namespace: self
+                .network_policy_metrics_namespace
+                .clone()
+                .filter(|n| !n.is_empty()),
+            download_cidrs: self
+                .node_download_cidrs
+                .iter()
+                .filter(|c| !c.is_empty())
+                .cloned()
+                .collect(),
+        })
+    }
 }
 
 pub fn init_logging() {
@@ -237,8 +290,10 @@ async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
             },
             (None, None) => return Err(ComponentError::NoDiscovery),
         };
+        let mut settings = g.settings();
+        settings.node_token = args.node_token.clone();
         let config = gantry_gateway::GatewayConfig {
-            settings: g.settings(),
+            settings,
             discovery,
             keys: g.key_source(),
             client,
@@ -256,9 +311,16 @@ async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
         tasks.spawn(async move { gateway.await.map_err(ComponentError::Gateway) });
     }
     if args.components.contains(&Component::Controller) {
+        if args.node_token.is_none() {
+            tracing::warn!(
+                "no GANTRY_NODE_TOKEN: node pods will accept requests from anyone who can reach them"
+            );
+        }
         let settings = Settings {
+            network_policy: args.node_network_policy(),
             node_image: args.node_image,
             default_gpu_resource: args.gpu_resource,
+            node_token: args.node_token,
             ..Settings::default()
         };
         let lease = (!args.no_leader_election).then(|| {
@@ -335,6 +397,40 @@ mod tests {
         assert!(
             Cli::try_parse_from(["gantry-operator", "run", "--components", "gateway,router"])
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn network_policy_flags_become_the_per_model_policy_settings() {
+        let run = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
+            Command::Run(run) => run,
+            Command::Crdgen { .. } | Command::Rbac { .. } => panic!("not run"),
+        };
+        assert_eq!(run(&["gantry-operator", "run"]).node_network_policy(), None);
+        let r = run(&[
+            "gantry-operator",
+            "run",
+            "--node-network-policy",
+            "--lease-namespace",
+            "ops",
+            "--network-policy-peer-labels",
+            "app.kubernetes.io/name=gantry,app.kubernetes.io/instance=prod",
+            "--network-policy-metrics-namespace",
+            "monitoring",
+        ]);
+        let p = r.node_network_policy().expect("on");
+        assert_eq!(p.peer_namespace, "ops");
+        assert_eq!(
+            p.peer_labels
+                .get("app.kubernetes.io/instance")
+                .map(String::as_str),
+            Some("prod")
+        );
+        assert_eq!(p.metrics_namespace.as_deref(), Some("monitoring"));
+        assert!(p.download_cidrs.is_empty());
+        assert!(
+            Cli::try_parse_from(["gantry-operator", "run", "--node-token", "short"]).is_err(),
+            "a weak install token is refused at start"
         );
     }
 }

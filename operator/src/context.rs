@@ -1,7 +1,7 @@
 //! Controller context (shared by every reconcile): the API client, operator settings, the
 //! EnginePlugin cache, the node status source, the event recorder, metrics and per-object backoff.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +10,8 @@ use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
+
+use gantry_api::node_token::InstallToken;
 
 use crate::metrics::Metrics;
 use crate::node_report::NodeStatusSource;
@@ -27,6 +29,26 @@ pub struct Settings {
     pub node_port: u16,
     /// Engine ABI major version the node image supports.
     pub abi_major: u32,
+    /// The install token (`GANTRY_NODE_TOKEN`). Set: every Model gets a Secret with its derived
+    /// node token, its node pods require it, and the operator sends it to `/v1/status`.
+    /// `None`: no Secret and no check (a cluster run without the chart).
+    pub node_token: Option<InstallToken>,
+    /// Set: every Model gets a NetworkPolicy that admits only these peers to its node pods.
+    pub network_policy: Option<NodeNetworkPolicy>,
+}
+
+/// Who may reach a Model's node pods, and where they may connect to (the per-Model
+/// NetworkPolicy the build step renders).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeNetworkPolicy {
+    /// Namespace of the operator and gateway pods (the operator's own).
+    pub peer_namespace: String,
+    /// Labels of the operator and gateway pods in that namespace.
+    pub peer_labels: BTreeMap<String, String>,
+    /// Namespace of the Prometheus that scrapes node pods' `/metrics`, if any.
+    pub metrics_namespace: Option<String>,
+    /// Where node pods may download models from on TCP 443; empty: anywhere.
+    pub download_cidrs: Vec<String>,
 }
 
 impl Default for Settings {
@@ -36,6 +58,8 @@ impl Default for Settings {
             default_gpu_resource: "nvidia.com/gpu".to_string(),
             node_port: NODE_PORT as u16,
             abi_major: gantry_engine_abi::ffi::GANTRY_ABI_MAJOR,
+            node_token: None,
+            network_policy: None,
         }
     }
 }

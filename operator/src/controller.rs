@@ -135,8 +135,9 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
         })
     });
 
-    let node_status =
-        HttpNodeStatus::new(config.settings.node_port).map_err(RunError::NodeStatusClient)?;
+    let node_status = HttpNodeStatus::new(config.settings.node_port)
+        .map_err(RunError::NodeStatusClient)?
+        .with_install_token(config.settings.node_token.clone());
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.settings.clone(),

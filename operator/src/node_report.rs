@@ -12,7 +12,8 @@ use futures::future::BoxFuture;
 use gantry_api::{NODE_STATUS_PATH, NodeStatus};
 use k8s_openapi::api::core::v1::Pod;
 
-use gantry_crd::names::ANNOTATION_CONFIG_HASH;
+use gantry_api::node_token::{InstallToken, NODE_TOKEN_HEADER};
+use gantry_crd::names::{ANNOTATION_CONFIG_HASH, LABEL_MODEL};
 
 /// Why a node pod's status could not be read. Never fails a reconcile: the pod is
 /// reported as silent and the status says so.
@@ -36,16 +37,29 @@ impl ReportError {
     }
 }
 
-/// Where node status documents come from.
-pub trait NodeStatusSource: Send + Sync {
-    /// The status document of the node pod at `pod_ip`.
-    fn fetch<'a>(&'a self, pod_ip: &'a str) -> BoxFuture<'a, Result<NodeStatus, ReportError>>;
+/// The Model a node pod serves (its node token is derived from this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelRef<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
 }
 
-/// Reads `http://{pod_ip}:{port}/v1/status` with a short timeout.
+/// Where node status documents come from.
+pub trait NodeStatusSource: Send + Sync {
+    /// The status document of the node pod at `pod_ip`, serving `model`.
+    fn fetch<'a>(
+        &'a self,
+        pod_ip: &'a str,
+        model: ModelRef<'a>,
+    ) -> BoxFuture<'a, Result<NodeStatus, ReportError>>;
+}
+
+/// Reads `http://{pod_ip}:{port}/v1/status` with a short timeout, sending the Model's node
+/// token when the operator has an install token.
 pub struct HttpNodeStatus {
     client: reqwest::Client,
     port: u16,
+    install: Option<InstallToken>,
 }
 
 impl HttpNodeStatus {
@@ -61,12 +75,26 @@ impl HttpNodeStatus {
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(1)))
             .build()?;
-        Ok(HttpNodeStatus { client, port })
+        Ok(HttpNodeStatus {
+            client,
+            port,
+            install: None,
+        })
+    }
+
+    /// Send each Model's node token (derived from `install`) with every request.
+    pub fn with_install_token(mut self, install: Option<InstallToken>) -> Self {
+        self.install = install;
+        self
     }
 }
 
 impl NodeStatusSource for HttpNodeStatus {
-    fn fetch<'a>(&'a self, pod_ip: &'a str) -> BoxFuture<'a, Result<NodeStatus, ReportError>> {
+    fn fetch<'a>(
+        &'a self,
+        pod_ip: &'a str,
+        model: ModelRef<'a>,
+    ) -> BoxFuture<'a, Result<NodeStatus, ReportError>> {
         Box::pin(async move {
             // IPv6 pod IPs need brackets in a URL.
             let host = if pod_ip.contains(':') {
@@ -75,15 +103,23 @@ impl NodeStatusSource for HttpNodeStatus {
                 pod_ip.to_string()
             };
             let url = format!("http://{host}:{}{NODE_STATUS_PATH}", self.port);
-            let resp =
-                self.client
-                    .get(&url)
-                    .send()
-                    .await
-                    .map_err(|e| ReportError::Unreachable {
-                        url: url.clone(),
-                        message: e.to_string(),
+            let mut req = self.client.get(&url);
+            if let Some(install) = &self.install {
+                let token = install.for_model(model.namespace, model.name);
+                let mut value =
+                    reqwest::header::HeaderValue::from_str(token.as_str()).map_err(|e| {
+                        ReportError::Unreachable {
+                            url: url.clone(),
+                            message: format!("node token is not a header value: {e}"),
+                        }
                     })?;
+                value.set_sensitive(true);
+                req = req.header(NODE_TOKEN_HEADER, value);
+            }
+            let resp = req.send().await.map_err(|e| ReportError::Unreachable {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
             if !resp.status().is_success() {
                 return Err(ReportError::BadStatus {
                     url,
@@ -105,7 +141,11 @@ impl NodeStatusSource for HttpNodeStatus {
 pub struct FixedNodeStatus(pub BTreeMap<String, NodeStatus>);
 
 impl NodeStatusSource for FixedNodeStatus {
-    fn fetch<'a>(&'a self, pod_ip: &'a str) -> BoxFuture<'a, Result<NodeStatus, ReportError>> {
+    fn fetch<'a>(
+        &'a self,
+        pod_ip: &'a str,
+        _model: ModelRef<'a>,
+    ) -> BoxFuture<'a, Result<NodeStatus, ReportError>> {
         let found = self.0.get(pod_ip).cloned();
         Box::pin(async move {
             found.ok_or_else(|| ReportError::Unreachable {
@@ -153,6 +193,13 @@ pub async fn collect(source: &dyn NodeStatusSource, pods: &[Pod]) -> Vec<NodeRep
         let ip = reachable(pod)?;
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
+        let model = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_MODEL))
+            .cloned()
+            .unwrap_or_default();
         let annotations = pod.metadata.annotations.as_ref();
         let config_hash = annotations.and_then(|a| a.get(ANNOTATION_CONFIG_HASH).cloned());
         let plugins = annotations
@@ -165,11 +212,20 @@ pub async fn collect(source: &dyn NodeStatusSource, pods: &[Pod]) -> Vec<NodeRep
             })
             .unwrap_or_default();
         Some(async move {
+            let status = source
+                .fetch(
+                    ip,
+                    ModelRef {
+                        namespace: &ns,
+                        name: &model,
+                    },
+                )
+                .await;
             NodeReport {
                 pod: format!("{ns}/{name}"),
                 config_hash,
                 plugins,
-                status: source.fetch(ip).await,
+                status,
             }
         })
     });

@@ -191,6 +191,25 @@ pub const RULES: &[Rule] = &[
         Controller,
         Cluster,
         "",
+        "secrets",
+        Any,
+        &["create", "get", "patch"],
+        "Model apply step: the Model's node-token Secret (owned; never listed or watched). \
+         No new reach: creating Deployments in a namespace already lets a pod mount its Secrets",
+    ),
+    rule(
+        Controller,
+        Cluster,
+        "networking.k8s.io",
+        "networkpolicies",
+        Any,
+        &["create", "get", "patch"],
+        "Model apply step: the node pods' NetworkPolicy (owned, with --node-network-policy)",
+    ),
+    rule(
+        Controller,
+        Cluster,
+        "",
         "pods",
         Any,
         &["list", "watch"],
@@ -345,10 +364,17 @@ mod tests {
                 assert!(!r.verbs.contains(&bad), "{}: grants {bad}", r.resource);
             }
             assert_ne!(r.resource, "pods/exec");
-            // The only Secret access is the API-key Secret, by name.
+            // Secrets are never listed or watched (no bulk read): the gateway gets the API-key
+            // Secret by name, the controller gets and applies the node-token Secrets it owns.
             if r.resource == "secrets" {
-                assert_eq!(r.names, Names::ApiKeysSecret);
-                assert_eq!(r.scope, Scope::OperatorNamespace);
+                assert!(!r.verbs.contains(&"list") && !r.verbs.contains(&"watch"));
+                match r.component {
+                    Gateway => {
+                        assert_eq!(r.names, Names::ApiKeysSecret);
+                        assert_eq!(r.scope, Scope::OperatorNamespace);
+                    }
+                    Controller => assert_eq!(r.verbs, ["create", "get", "patch"]),
+                }
             }
         }
     }

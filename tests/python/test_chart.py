@@ -4,6 +4,7 @@ Every rendered object must round-trip through its k8s-openapi type with no field
 (gantry-testkit k8s-check), Gantry custom objects must validate against the generated CRDs, and
 the RBAC rules must equal the operator's table (operator/src/rbac.rs) exactly.
 """
+import base64
 import json
 import re
 import subprocess
@@ -21,8 +22,11 @@ OVERRIDES = {
     "gateway-only": {"controller": {"enabled": False}},
     "controller-only": {"gateway": {"enabled": False}},
     "no-default-engines": {"engines": {"llamaCpp": {"cpu": {"enabled": False}, "cuda": {"enabled": False}}}},
-    "network-policies": {"networkPolicy": {"enabled": True, "modelNamespaces": ["team-a", "team-b"],
-                                           "metricsNamespace": "monitoring"}},
+    "network-policies": {"networkPolicy": {"metricsNamespace": "monitoring",
+                                           "nodeDownloadCidrs": ["10.20.0.0/16", "192.0.2.0/24"]}},
+    "no-network-policies": {"networkPolicy": {"enabled": False}},
+    "auth-none": {"gateway": {"auth": {"mode": "none"}}},
+    "own-secrets": {"nodeToken": {"existingSecret": "my-node-token"}, "gateway": {"apiKeysSecret": "my-keys"}},
     "service-monitor-and-dashboard": {"metrics": {"serviceMonitor": {"enabled": True},
                                                   "dashboard": {"enabled": True}}},
     "digests": {"image": {"operator": {"digest": DIGEST}, "node": {"digest": DIGEST}},
@@ -32,14 +36,32 @@ OVERRIDES = {
 }
 
 
-def render(values: dict) -> list[dict]:
+def render_files(values: dict) -> dict[str, str]:
     with helm.Chart.load(CHART) as chart:
-        out = chart.render(values, name="gantry", namespace=NS, is_install=True)
+        return chart.render(values, name="gantry", namespace=NS, is_install=True)
+
+
+def render(values: dict) -> list[dict]:
     objects = []
-    for path, text in sorted(out.items()):
+    for path, text in sorted(render_files(values).items()):
         if path.endswith(".yaml"):
             objects.extend(docs(text))
     return objects
+
+
+def notes(values: dict) -> str:
+    [text] = [t for p, t in render_files(values).items() if p.endswith("NOTES.txt")]
+    return text
+
+
+def env_of(deploy: dict) -> dict:
+    """name -> the whole env entry of the operator container."""
+    return {e["name"]: e for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def secret(objects, name) -> dict:
+    [s] = [o for o in of_kind(objects, "Secret") if o["metadata"]["name"] == name]
+    return {k: base64.b64decode(v).decode() for k, v in s["data"].items()}
 
 
 def of_kind(objects, kind):
@@ -86,7 +108,7 @@ def test_default_install_runs_both_components_in_one_pod_with_the_gateway_servic
     svc = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "gantry-gateway")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
     assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda"}
-    assert not of_kind(objects, "NetworkPolicy") and not of_kind(objects, "ServiceMonitor")
+    assert not of_kind(objects, "ServiceMonitor")
 
 
 def test_more_than_one_gateway_replica_splits_the_deployments_and_accounts():
@@ -123,17 +145,91 @@ def test_digests_pin_every_image():
     assert "sha256" not in plugins["llama-cpp-cuda"]
 
 
-def test_network_policies_deny_by_default_and_allow_only_operator_to_node():
+def test_network_policies_are_on_by_default_for_the_operator_pods_and_every_models_node_pods():
+    objects = render({})
+    [policy] = of_kind(objects, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gantry",
+                                                  "app.kubernetes.io/instance": "gantry"}
+    # Egress: DNS, the apiserver, node pods on 8080 in any namespace; nothing else.
+    assert len(spec["egress"]) == 3
+    [to_nodes] = [e for e in spec["egress"] if e.get("to", [{}])[0].get("podSelector")]
+    assert to_nodes["to"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gantry-node"}
+    assert to_nodes["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    # Node pods' policies are the operator's to write, per Model: the controller is told to, with
+    # labels that select exactly the pods this policy covers (the gateway and the controller).
+    [deploy] = of_kind(objects, "Deployment")
+    env = env_of(deploy)
+    assert env["GANTRY_NODE_NETWORK_POLICY"]["value"] == "true"
+    labels = dict(kv.split("=") for kv in env["GANTRY_NETWORK_POLICY_PEER_LABELS"]["value"].split(","))
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert labels.items() <= pod_labels.items() and labels == spec["podSelector"]["matchLabels"]
+    assert "GANTRY_NETWORK_POLICY_METRICS_NAMESPACE" not in env
+
+
+def test_network_policy_options_reach_the_operator_and_can_be_turned_off():
     objects = render(OVERRIDES["network-policies"])
-    policies = of_kind(objects, "NetworkPolicy")
-    node = [p for p in policies if p["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gantry-node"}]
-    assert sorted(p["metadata"]["namespace"] for p in node) == ["team-a", "team-b"]
-    for p in policies:
-        assert p["spec"]["policyTypes"] == ["Ingress", "Egress"]
-    [ingress] = node[0]["spec"]["ingress"]
-    [peer] = ingress["from"]
-    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NS}
-    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gantry"
+    env = env_of(of_kind(objects, "Deployment")[0])
+    assert env["GANTRY_NETWORK_POLICY_METRICS_NAMESPACE"]["value"] == "monitoring"
+    assert env["GANTRY_NODE_DOWNLOAD_CIDRS"]["value"] == "10.20.0.0/16,192.0.2.0/24"
+    [policy] = of_kind(objects, "NetworkPolicy")
+    assert {"ports": [{"port": "metrics", "protocol": "TCP"}],
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]} \
+        in policy["spec"]["ingress"]
+    off = render(OVERRIDES["no-network-policies"])
+    assert not of_kind(off, "NetworkPolicy")
+    assert "GANTRY_NODE_NETWORK_POLICY" not in env_of(of_kind(off, "Deployment")[0])
+    assert "networkPolicy.enabled=false" in notes(OVERRIDES["no-network-policies"])
+
+
+def test_default_install_generates_the_node_token_and_an_api_key_and_requires_keys():
+    objects = render({})
+    token = secret(objects, "gantry-node-token")["token"]
+    assert re.fullmatch(r"[A-Za-z0-9]{64}", token), "a 64-character random install token"
+    key = json.loads(secret(objects, "gantry-api-keys")["default"])
+    assert set(key) == {"key"} and re.fullmatch(r"sk-gantry-[A-Za-z0-9]{40}", key["key"])
+    [deploy] = of_kind(objects, "Deployment")
+    env = env_of(deploy)
+    # Both components get the install token by reference, never by value.
+    assert env["GANTRY_NODE_TOKEN"] == {"name": "GANTRY_NODE_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "gantry-node-token", "key": "token"}}}
+    assert token not in json.dumps(deploy)
+    # The gateway requires keys from the generated Secret and may read that Secret alone.
+    assert env["GANTRY_GATEWAY_API_KEYS_SECRET"]["value"] == "gantry-api-keys"
+    [role] = [r for r in of_kind(objects, "Role") if r["metadata"]["name"] == "gantry-gateway"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": ["gantry-api-keys"], "verbs": ["get"]}]
+    text = notes({})
+    assert (f"kubectl -n {NS} get secret gantry-api-keys -o jsonpath='{{.data.default}}' | base64 -d"
+            in text), text
+    assert "WARNING" not in text
+
+
+def test_split_deployments_both_get_the_install_token():
+    for d in of_kind(render(OVERRIDES["split-gateway"]), "Deployment"):
+        ref = env_of(d)["GANTRY_NODE_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "gantry-node-token", "key": "token"}, d["metadata"]["name"]
+
+
+def test_auth_mode_none_opens_the_gateway_explicitly():
+    objects = render(OVERRIDES["auth-none"])
+    assert "gantry-api-keys" not in {s["metadata"]["name"] for s in of_kind(objects, "Secret")}
+    env = env_of(of_kind(objects, "Deployment")[0])
+    assert "GANTRY_GATEWAY_API_KEYS_SECRET" not in env
+    assert not [r for r in of_kind(objects, "Role") if r["metadata"]["name"] == "gantry-gateway"]
+    # Node pods stay closed: the install token does not depend on the gateway's auth mode.
+    assert "GANTRY_NODE_TOKEN" in env
+    assert "gateway.auth.mode=none" in notes(OVERRIDES["auth-none"])
+
+
+def test_named_secrets_replace_the_generated_ones():
+    objects = render(OVERRIDES["own-secrets"])
+    assert not of_kind(objects, "Secret")
+    env = env_of(of_kind(objects, "Deployment")[0])
+    assert env["GANTRY_NODE_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-node-token"
+    assert env["GANTRY_GATEWAY_API_KEYS_SECRET"]["value"] == "my-keys"
+    assert "from the Secret my-keys" in notes(OVERRIDES["own-secrets"])
 
 
 @pytest.mark.parametrize("case", sorted(OVERRIDES))
@@ -202,7 +298,11 @@ def test_bindings_bind_each_role_to_the_account_of_the_pods_that_run_the_compone
     {"image": {"operator": {"digest": "sha256:nothex"}}},
     {"engines": {"llamaCpp": {"mountStrategy": "Copy"}}},
     {"engines": {"llamaCpp": {"cpu": {"sha256": "ABC"}}}},
-    {"networkPolicy": {"modelNamespaces": ["Team_A"]}},
+    {"networkPolicy": {"modelNamespaces": ["team-a"]}},
+    {"networkPolicy": {"metricsNamespace": "Monitoring"}},
+    {"gateway": {"auth": {"mode": "open"}}},
+    {"gateway": {"auth": {"required": False}}},
+    {"nodeToken": {"existingSecret": "My_Secret"}},
     {"metrics": {"serviceMonitor": {"interval": "soon"}}},
 ])
 def test_values_schema_rejects_wrong_values(bad):

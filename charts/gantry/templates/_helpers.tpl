@@ -65,3 +65,15 @@ runAsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* The API-key Secret the gateway reads: the given one, else the generated one; empty with gateway.auth.mode=none. */}}
+{{- define "gantry.apiKeysSecret" -}}
+{{- if eq .Values.gateway.auth.mode "apiKeys" -}}
+{{- .Values.gateway.apiKeysSecret | default (printf "%s-api-keys" (include "gantry.fullname" .)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the install token (key `token`) that node tokens are derived from. */}}
+{{- define "gantry.nodeTokenSecret" -}}
+{{- .Values.nodeToken.existingSecret | default (printf "%s-node-token" (include "gantry.fullname" .)) -}}
+{{- end -}}

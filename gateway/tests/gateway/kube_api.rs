@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gantry_api::node_token::InstallToken;
 use gantry_crd::Model;
 use gantry_crd::names::ANNOTATION_SCALE_UP_REQUESTED;
 use gantry_gateway::kube_source::{self, routes_from};
@@ -129,10 +130,12 @@ async fn discovery_lists_models_and_their_endpoint_slices_into_routes() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let table = Arc::new(RouteTable::new(true));
+    let install: InstallToken = "0123456789abcdef0123456789abcdef".parse().expect("token");
     let run = tokio::spawn(kube_source::run(
         client,
         Some("default".into()),
         table.clone(),
+        Some(install.clone()),
     ));
     let mut seen = Vec::new();
     // Open watches are parked here, unanswered, so the reflectors stay quiet after listing.
@@ -197,6 +200,19 @@ async fn discovery_lists_models_and_their_endpoint_slices_into_routes() {
     let route = table.get("gemma-3-270m").expect("routed by servedName");
     let urls: Vec<&str> = route.replicas.iter().map(|r| r.url.as_str()).collect();
     assert_eq!(urls, ["http://10.0.0.7:8080", "http://10.0.0.8:8080"]);
+    // Every replica carries the Model's own token: HMAC of "<namespace>/<name>" under the
+    // install token, the value the operator put in the Model's Secret.
+    let derived = install.for_model("default", "gemma-3-270m");
+    assert_eq!(
+        derived.as_str(),
+        "b5872537c6db2192a6a3d0f908624a52d9413fd1802cf4966d4267748a81ef62"
+    );
+    for r in &route.replicas {
+        assert_eq!(
+            r.node_token().map(|v| v.as_bytes()),
+            Some(derived.as_str().as_bytes())
+        );
+    }
     assert!(
         !route.spec.endpoints[1].1,
         "the not-ready endpoint is kept but not ready"
@@ -227,7 +243,8 @@ fn a_model_whose_status_says_it_cannot_serve_is_failed_and_not_listed() {
         serde_json::from_value(slice("default", "gemma-3-270m", &[("10.0.0.7", None)]))
             .expect("slice"),
     )];
-    let specs = routes_from(&[Arc::new(m)], &slices);
+    let specs = routes_from(&[Arc::new(m)], &slices, None);
+    assert_eq!(specs[0].node_token, None);
     assert!(specs[0].failed);
     let table = RouteTable::new(true);
     table.replace(specs);

@@ -506,3 +506,69 @@ async fn api_keys_allow_deny_and_restrict_models_without_reaching_a_node() {
         .collect();
     assert_eq!(ids, ["beta"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gateway_sends_its_node_token_and_never_a_callers() {
+    let _cpu = measuring().await;
+    let install: gantry_api::node_token::InstallToken =
+        "0123456789abcdef0123456789abcdef0123456789abcdef"
+            .parse()
+            .expect("token");
+    // Static endpoints: the node runs with the install token itself.
+    let node = Node::start_with_token("alpha", free_port(), Some(install.as_node_token().as_str()));
+    let gw = Gateway::start(
+        json!({"models": {"alpha": [node.base]}}),
+        GatewaySettings {
+            node_token: Some(install.clone()),
+            ..fast_settings()
+        },
+        None,
+    )
+    .await;
+    node.wait_ready().await;
+    // Routable means the prober's `/v1/status` call, which needs the token too, got through.
+    gw.wait_routable("alpha").await;
+
+    let (s, v) = gw
+        .post("/v1/completions", completion("alpha", 2), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // A caller's own X-Gantry-Node-Token is dropped: were it forwarded, the node would read
+    // it first and refuse the request.
+    let r = reqwest_client()
+        .post(format!("{}/v1/completions", gw.base))
+        .header("X-Gantry-Node-Token", "forged-forged-forged-forged-forged")
+        .json(&completion("alpha", 2))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+
+    // The node itself refuses a caller without the token, in OpenAI's shape.
+    let direct = reqwest_client()
+        .post(format!("{}/v1/completions", node.base))
+        .json(&completion("alpha", 2))
+        .send()
+        .await
+        .expect("direct");
+    assert_eq!(direct.status(), 401);
+    let v: Value = direct.json().await.expect("json");
+    assert_openai_error(&v, "node_token_required", None);
+    assert_eq!(node.requests_ok("alpha").await, 2.0);
+
+    // A gateway without the token cannot use the node: the prober never sees it ready.
+    let blind = Gateway::start(
+        json!({"models": {"alpha": [node.base]}}),
+        fast_settings(),
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (s, v) = blind.get("/v1/models", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["data"],
+        json!([]),
+        "a node refusing the probe is not listed"
+    );
+}

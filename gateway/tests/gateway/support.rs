@@ -59,6 +59,11 @@ impl Drop for Node {
 
 impl Node {
     pub fn start(id: &str, port: u16) -> Node {
+        Self::start_with_token(id, port, None)
+    }
+
+    /// A node that requires `token` in `X-Gantry-Node-Token` (`GANTRY_NODE_TOKEN`).
+    pub fn start_with_token(id: &str, port: u16, token: Option<&str>) -> Node {
         let bin = profile_dir().join("gantry-node");
         assert!(
             bin.is_file(),
@@ -76,16 +81,19 @@ impl Node {
         });
         let cfg = dir.path().join("node.yaml");
         std::fs::write(&cfg, serde_yaml::to_string(&config).expect("yaml")).expect("config");
-        let child = Command::new(bin)
-            .args(["serve", "--config"])
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "--config"])
             .arg(&cfg)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
             .arg(profile_dir().join("engines"))
             .env("GANTRY_LOG", "warn")
+            .env_remove("GANTRY_NODE_TOKEN")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn gantry-node");
+            .stderr(Stdio::inherit());
+        if let Some(t) = token {
+            cmd.env("GANTRY_NODE_TOKEN", t);
+        }
+        let child = cmd.spawn().expect("spawn gantry-node");
         Node {
             child: Some(child),
             base: format!("http://127.0.0.1:{port}"),

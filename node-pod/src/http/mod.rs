@@ -6,6 +6,7 @@
 
 pub mod generate;
 pub mod limits;
+pub mod node_auth;
 pub mod openai;
 pub mod response;
 pub mod validate;
@@ -85,6 +86,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             }
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), node_auth::require))
         .with_state(state);
     gantry_edge::layers(routes, max_body_bytes)
 }

@@ -33,7 +33,7 @@ use kube::{Client, ResourceExt};
 use crate::context::Settings;
 use crate::metrics::Metrics;
 use crate::model::validate::{ValidModel, validate};
-use crate::node_report::{HttpNodeStatus, NodeStatusSource, reachable};
+use crate::node_report::{HttpNodeStatus, ModelRef, NodeStatusSource, reachable};
 use crate::write;
 use decide::{Decision, History, Observation, PodLoad, Policy, reason};
 use gantry_crd::names::{
@@ -266,18 +266,20 @@ impl Autoscaler {
         // The fetches own what they need (no borrow crosses the concurrent stream), and come
         // back keyed by the target's index.
         let source = self.node_status.clone();
-        let asks: Vec<(usize, String, Vec<String>)> = targets
+        type Ask = (usize, (String, String), String, Vec<String>);
+        let asks: Vec<Ask> = targets
             .iter()
             .enumerate()
             .map(|(i, t)| {
                 let ips = t.ready.iter().map(|ip| (*ip).to_string()).collect();
-                (i, t.valid.served_name.clone(), ips)
+                let model = (t.valid.namespace.clone(), t.valid.name.clone());
+                (i, model, t.valid.served_name.clone(), ips)
             })
             .collect();
         let mut answers: Vec<(usize, Vec<Option<PodLoad>>)> =
-            futures::stream::iter(asks.into_iter().map(|(i, served, ips)| {
+            futures::stream::iter(asks.into_iter().map(|(i, model, served, ips)| {
                 let source = source.clone();
-                async move { (i, fetch_loads(source, served, ips).await) }
+                async move { (i, fetch_loads(source, model, served, ips).await) }
             }))
             .buffer_unordered(CONCURRENT_FETCHES)
             .collect()
@@ -438,14 +440,16 @@ impl Autoscaler {
 /// Ask every ready pod of one Model for its load; `None` for a pod that stays silent.
 async fn fetch_loads(
     source: Arc<dyn NodeStatusSource>,
+    model: (String, String),
     served: String,
     ips: Vec<String>,
 ) -> Vec<Option<PodLoad>> {
+    let (namespace, name) = (model.0.as_str(), model.1.as_str());
     futures::future::join_all(ips.iter().map(|ip| {
         let source = source.clone();
         let served = served.as_str();
         async move {
-            let status = source.fetch(ip).await.ok()?;
+            let status = source.fetch(ip, ModelRef { namespace, name }).await.ok()?;
             let entry = status.models.iter().find(|m| m.id == served)?;
             Some(PodLoad::from_queue(&entry.queue))
         }
@@ -485,7 +489,8 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) -> Result<(), RunError> {
     let node_status = HttpNodeStatus::with_timeout(settings.node_port, config.metrics_timeout)
-        .map_err(RunError::NodeStatusClient)?;
+        .map_err(RunError::NodeStatusClient)?
+        .with_install_token(settings.node_token.clone());
     let managed = format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}");
     let (models, models_w) = reflector::store::<DeserializeGuard<Model>>();
     let (deployments, deployments_w) = reflector::store::<Deployment>();

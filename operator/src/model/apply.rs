@@ -11,7 +11,8 @@ use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
@@ -234,7 +235,10 @@ where
 }
 
 /// Bring the cluster to `desired`. `None` means the Model must run no pods (no engine):
-/// the Deployment and PDB go; ConfigMap, Service and cache claim are left as they are.
+/// the Deployment and PDB go; ConfigMap, Service, cache claim, node-token Secret and
+/// NetworkPolicy are left as they are. A Secret or NetworkPolicy the operator no longer builds
+/// (it was restarted without an install token or network policies) is left too: it goes with
+/// the Model.
 pub async fn apply(
     model: &ValidModel,
     desired: Option<&OwnedObjects>,
@@ -279,7 +283,8 @@ pub async fn apply(
             writes,
         });
     };
-    // Order: config and storage before the pods that mount them, the Service after.
+    // Order: config, token and storage before the pods that use them, the pods' NetworkPolicy
+    // before the pods too (a pod never runs unfenced), the Service after.
     ensure(
         &Api::<ConfigMap>::namespaced(client.clone(), ns),
         "ConfigMap",
@@ -290,6 +295,30 @@ pub async fn apply(
         &mut writes,
     )
     .await?;
+    if let Some(secret) = &desired.node_token_secret {
+        ensure(
+            &Api::<Secret>::namespaced(client.clone(), ns),
+            "Secret",
+            secret,
+            observed.node_token_secret.as_ref(),
+            model,
+            ctx,
+            &mut writes,
+        )
+        .await?;
+    }
+    if let Some(policy) = &desired.network_policy {
+        ensure(
+            &Api::<NetworkPolicy>::namespaced(client.clone(), ns),
+            "NetworkPolicy",
+            policy,
+            observed.network_policy.as_ref(),
+            model,
+            ctx,
+            &mut writes,
+        )
+        .await?;
+    }
     if let Some(pvc) = &desired.pvc {
         ensure(
             &Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns),

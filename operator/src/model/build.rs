@@ -1,6 +1,7 @@
 //! Model reconcile, build step (pure, no client): the desired ConfigMap, Deployment, Service,
-//! PodDisruptionBudget, cache PersistentVolumeClaim and (HPA mode) HorizontalPodAutoscaler of
-//! one Model.
+//! PodDisruptionBudget, cache PersistentVolumeClaim, (HPA mode) HorizontalPodAutoscaler, and —
+//! when the operator runs with an install token / network policies — the node-token Secret and
+//! the NetworkPolicy of one Model.
 //!
 //! Output depends only on the validated Model, its rendered node config
 //! (`model::node_config`), the plugins chosen by engine selection and the
@@ -11,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -20,8 +22,12 @@ use k8s_openapi::api::autoscaling::v2::{
     MetricTarget, PodsMetricSource,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, Service,
+    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, Secret, Service,
     ServicePort, ServiceSpec, VolumeResourceRequirements,
+};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -30,9 +36,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::context::Settings;
+use crate::context::{NodeNetworkPolicy, Settings};
 use crate::model::node_config::{self, RenderError, RenderedConfig, short_hash};
 use crate::model::validate::ValidModel;
+use gantry_api::node_token::{ModelToken, NODE_TOKEN_SECRET_KEY};
 use gantry_crd::names::{self, *};
 use gantry_crd::{AutoscalingMode, CacheType, EnginePlugin};
 
@@ -52,6 +59,11 @@ pub struct OwnedObjects {
     pub pdb: Option<PodDisruptionBudget>,
     /// Only in `autoscaling.mode: HPA`; otherwise an existing one is removed.
     pub hpa: Option<HorizontalPodAutoscaler>,
+    /// The Model's node token (`settings.node_token` set): the pods read it through a
+    /// `secretKeyRef`, so the token never appears in the Deployment.
+    pub node_token_secret: Option<Secret>,
+    /// Who may reach the node pods (`settings.network_policy` set).
+    pub network_policy: Option<NetworkPolicy>,
     /// `spec.replicas` of a Deployment being created. The built Deployment leaves the field out:
     /// after creation it belongs to the autoscaler (docs/autoscaling.md, "Who owns replicas").
     pub initial_replicas: i32,
@@ -114,13 +126,27 @@ pub fn assemble(
         AutoscalingMode::Hpa => Some(stamp(hpa(model), "HorizontalPodAutoscaler")?),
         AutoscalingMode::Builtin => None,
     };
+    let token = settings
+        .node_token
+        .as_ref()
+        .map(|t| t.for_model(&model.namespace, &model.name));
+    let node_token_secret = match &token {
+        Some(t) => Some(stamp(node_token_secret(model, t), "Secret")?),
+        None => None,
+    };
+    let network_policy = match &settings.network_policy {
+        Some(p) => Some(stamp(network_policy(model, p), "NetworkPolicy")?),
+        None => None,
+    };
     Ok(OwnedObjects {
         hpa,
+        node_token_secret,
+        network_policy,
         initial_replicas: initial_replicas(model),
         config_map: stamp(config_map, "ConfigMap")?,
         pvc,
         deployment: stamp(
-            deployment(model, plugins, &config.hash, settings),
+            deployment(model, plugins, &config.hash, token.as_ref(), settings),
             "Deployment",
         )?,
         service: stamp(service(model), "Service")?,
@@ -244,6 +270,106 @@ where
     Ok(obj)
 }
 
+/// The Model's node token, under `token`. Only the node pods' kubelet reads it (env
+/// `GANTRY_NODE_TOKEN`); anyone who may read Secrets in the Model's namespace learns this
+/// Model's token and no other (it is derived from the install token, which stays in the
+/// operator's namespace).
+fn node_token_secret(model: &ValidModel, token: &ModelToken) -> Secret {
+    Secret {
+        metadata: metadata(model, node_token_secret_name(&model.name)),
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            NODE_TOKEN_SECRET_KEY.to_string(),
+            ByteString(token.as_str().as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// The label every namespace carries with its own name (set by the apiserver since 1.22).
+const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
+
+fn namespace_peer(namespace: &str, pods: Option<&BTreeMap<String, String>>) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                LABEL_NAMESPACE_NAME.to_string(),
+                namespace.to_string(),
+            )])),
+            ..LabelSelector::default()
+        }),
+        pod_selector: pods.map(|labels| LabelSelector {
+            match_labels: Some(labels.clone()),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
+fn tcp(port: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".to_string()),
+        ..NetworkPolicyPort::default()
+    }
+}
+
+/// Default-deny for the node pods: ingress on the node port only from the operator and gateway
+/// pods (and Prometheus, when named); egress only to DNS and TCP 443 (model downloads). The
+/// kubelet's probes are not subject to NetworkPolicy.
+fn network_policy(model: &ValidModel, p: &NodeNetworkPolicy) -> NetworkPolicy {
+    let mut ingress = vec![NetworkPolicyIngressRule {
+        from: Some(vec![namespace_peer(
+            &p.peer_namespace,
+            Some(&p.peer_labels),
+        )]),
+        ports: Some(vec![tcp(NODE_PORT)]),
+    }];
+    if let Some(ns) = &p.metrics_namespace {
+        ingress.push(NetworkPolicyIngressRule {
+            from: Some(vec![namespace_peer(ns, None)]),
+            ports: Some(vec![tcp(NODE_PORT)]),
+        });
+    }
+    let dns = NetworkPolicyEgressRule {
+        to: None,
+        ports: Some(vec![
+            NetworkPolicyPort {
+                protocol: Some("UDP".to_string()),
+                ..tcp(53)
+            },
+            tcp(53),
+        ]),
+    };
+    let downloads = NetworkPolicyEgressRule {
+        to: (!p.download_cidrs.is_empty()).then(|| {
+            p.download_cidrs
+                .iter()
+                .map(|cidr| NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: cidr.clone(),
+                        except: None,
+                    }),
+                    ..NetworkPolicyPeer::default()
+                })
+                .collect()
+        }),
+        ports: Some(vec![tcp(443)]),
+    };
+    NetworkPolicy {
+        metadata: metadata(model, owned_name(&model.name)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(&model.name)),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
+            ingress: Some(ingress),
+            egress: Some(vec![dns, downloads]),
+        }),
+    }
+}
+
 fn config_map(model: &ValidModel, config: &RenderedConfig) -> ConfigMap {
     ConfigMap {
         metadata: metadata(model, owned_name(&model.name)),
@@ -319,23 +445,29 @@ fn deployment(
     model: &ValidModel,
     plugins: &[&EnginePlugin],
     config_hash: &str,
+    token: Option<&ModelToken>,
     settings: &Settings,
 ) -> Deployment {
     // The EnginePlugin reconcile finds the pods that should report a plugin by this annotation.
     let plugin_names: Vec<String> = plugins.iter().map(|p| p.name_any()).collect();
-    let pod = pod::pod_spec(model, plugins, settings);
+    let pod = pod::pod_spec(model, plugins, token.is_some(), settings);
+    let mut annotations = BTreeMap::from([
+        (ANNOTATION_CONFIG_HASH.to_string(), config_hash.to_string()),
+        (ANNOTATION_PLUGINS.to_string(), plugin_names.join(",")),
+    ]);
+    if let Some(t) = token {
+        // A new token (rotated install token) must reach running pods: env is read at start.
+        annotations.insert(
+            ANNOTATION_NODE_TOKEN_HASH.to_string(),
+            short_hash(t.as_str().as_bytes()),
+        );
+    }
 
-    // GPU pods roll one down, one up (no spare GPU needed); CPU pods surge first (no downtime).
-    let rolling = if model.gpus > 0 {
-        RollingUpdateDeployment {
-            max_surge: Some(IntOrString::Int(0)),
-            max_unavailable: Some(IntOrString::Int(1)),
-        }
-    } else {
-        RollingUpdateDeployment {
-            max_surge: Some(IntOrString::Int(1)),
-            max_unavailable: Some(IntOrString::Int(0)),
-        }
+    // `spec.rollout`: Surge (default) starts new pods before removing old ones, so even one
+    // replica rolls without downtime; InPlace removes first, for clusters without a spare GPU.
+    let rolling = RollingUpdateDeployment {
+        max_surge: Some(IntOrString::Int(model.rollout.max_surge)),
+        max_unavailable: Some(IntOrString::Int(model.rollout.max_unavailable)),
     };
 
     Deployment {
@@ -357,10 +489,7 @@ fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(names::object_labels(&model.name)),
-                    annotations: Some(BTreeMap::from([
-                        (ANNOTATION_CONFIG_HASH.to_string(), config_hash.to_string()),
-                        (ANNOTATION_PLUGINS.to_string(), plugin_names.join(",")),
-                    ])),
+                    annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod),

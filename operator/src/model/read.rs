@@ -2,12 +2,15 @@
 //! objects as they are, the EnginePlugin cache, and the node pods' status reports.
 //!
 //! Reads are plain GETs in a fixed order (ConfigMap, Deployment, Service,
-//! PodDisruptionBudget, HorizontalPodAutoscaler, cache claim, then the node pods), so a reconcile's
-//! requests are predictable and the mock-API tests can state them exactly.
+//! PodDisruptionBudget, HorizontalPodAutoscaler, cache claim, node-token Secret, NetworkPolicy,
+//! then the node pods), so a reconcile's requests are predictable and the mock-API tests can
+//! state them exactly. The Secret and the NetworkPolicy are read only when the operator runs
+//! with an install token and with network policies, as they are built only then.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
@@ -16,7 +19,9 @@ use serde::de::DeserializeOwned;
 use crate::context::Context;
 use crate::node_report::{self, NodeReport};
 use crate::write::{Retry, classify};
-use gantry_crd::names::{cache_claim_name, label_selector, owned_name, selector_labels};
+use gantry_crd::names::{
+    cache_claim_name, label_selector, node_token_secret_name, owned_name, selector_labels,
+};
 use gantry_crd::{CacheType, EnginePlugin, Model};
 
 /// What the cluster holds for one Model.
@@ -28,6 +33,10 @@ pub struct Observed {
     pub pdb: Option<PodDisruptionBudget>,
     pub hpa: Option<HorizontalPodAutoscaler>,
     pub pvc: Option<PersistentVolumeClaim>,
+    /// The node-token Secret (read only with an install token).
+    pub node_token_secret: Option<Secret>,
+    /// The NetworkPolicy (read only with network policies on).
+    pub network_policy: Option<NetworkPolicy>,
     /// Status reports of the Model's running node pods, sorted by pod name.
     pub reports: Vec<NodeReport>,
     /// Every EnginePlugin that deserialized, sorted by name.
@@ -132,6 +141,26 @@ pub async fn read(model: &Model, ctx: &Context) -> Result<Observed, ReadError> {
     } else {
         None
     };
+    let node_token_secret = if ctx.settings.node_token.is_some() {
+        get(
+            &Api::<Secret>::namespaced(client.clone(), &ns),
+            "Secret",
+            &node_token_secret_name(&name),
+        )
+        .await?
+    } else {
+        None
+    };
+    let network_policy = if ctx.settings.network_policy.is_some() {
+        get(
+            &Api::<NetworkPolicy>::namespaced(client.clone(), &ns),
+            "NetworkPolicy",
+            &owned,
+        )
+        .await?
+    } else {
+        None
+    };
     // Without a Deployment there are no node pods to ask.
     let reports = if deployment.is_some() {
         let pods = Api::<Pod>::namespaced(client, &ns)
@@ -152,6 +181,8 @@ pub async fn read(model: &Model, ctx: &Context) -> Result<Observed, ReadError> {
         pdb,
         hpa,
         pvc,
+        node_token_secret,
+        network_policy,
         reports,
         plugins: ctx.engine_plugins(),
     })

@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use crate::context::Settings;
 use gantry_crd::{
     Autoscaling, AutoscalingMode, Cache, CacheType, EngineConfig, GpuBackend, LoadPolicy, Model,
-    ModelFormat, Replicas, Scheduling,
+    ModelFormat, Replicas, Rollout, RolloutStrategy, Scheduling,
 };
 
 /// A Model that passed validation, with every default filled in.
@@ -43,6 +43,7 @@ pub struct ValidModel {
     pub scheduling: Scheduling,
     pub replicas: Replicas,
     pub autoscaling: ValidAutoscaling,
+    pub rollout: ValidRollout,
     pub engine_config: EngineConfig,
     pub cache: Cache,
     pub load: LoadPolicy,
@@ -58,6 +59,75 @@ pub struct ValidAutoscaling {
     pub target_vram_utilization: i32,
     pub scale_down_stabilization_seconds: i32,
     pub scale_to_zero_after_seconds: i32,
+}
+
+/// `spec.rollout` as the Deployment's RollingUpdate: exactly one of the two is non-zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValidRollout {
+    pub strategy: RolloutStrategy,
+    pub max_surge: i32,
+    pub max_unavailable: i32,
+}
+
+impl Default for ValidRollout {
+    /// `Surge` by one pod: no downtime, whatever the replica count.
+    fn default() -> Self {
+        ValidRollout {
+            strategy: RolloutStrategy::Surge,
+            max_surge: 1,
+            max_unavailable: 0,
+        }
+    }
+}
+
+/// Fill the rollout defaults and re-check what the CRD's schema and CEL rules state: each knob
+/// belongs to one strategy, and is between 1 and 100.
+fn validate_rollout(spec: Option<&Rollout>, problems: &mut Vec<Invalid>) -> ValidRollout {
+    let Some(r) = spec else {
+        return ValidRollout::default();
+    };
+    let mut knob = |name: &'static str, value: Option<i32>| {
+        let v = value.unwrap_or(1);
+        if !(1..=100).contains(&v) {
+            problems.push(Invalid::new(
+                name,
+                format!("must be between 1 and 100, got {v}"),
+            ));
+        }
+        v
+    };
+    let (surge, unavailable) = (
+        knob("spec.rollout.maxSurge", r.max_surge),
+        knob("spec.rollout.maxUnavailable", r.max_unavailable),
+    );
+    match r.strategy {
+        RolloutStrategy::Surge => {
+            if r.max_unavailable.is_some() {
+                problems.push(Invalid::new(
+                    "spec.rollout.maxUnavailable",
+                    "applies only to strategy InPlace (Surge never removes a pod before its replacement is ready)",
+                ));
+            }
+            ValidRollout {
+                strategy: r.strategy,
+                max_surge: surge,
+                max_unavailable: 0,
+            }
+        }
+        RolloutStrategy::InPlace => {
+            if r.max_surge.is_some() {
+                problems.push(Invalid::new(
+                    "spec.rollout.maxSurge",
+                    "applies only to strategy Surge (InPlace never starts a pod above the count)",
+                ));
+            }
+            ValidRollout {
+                strategy: r.strategy,
+                max_surge: 0,
+                max_unavailable: unavailable,
+            }
+        }
+    }
 }
 
 /// Defaults of `spec.autoscaling` (docs/autoscaling.md lists them).
@@ -294,6 +364,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
     }
 
     let autoscaling = validate_autoscaling(spec.autoscaling.as_ref(), &replicas, &mut problems);
+    let rollout = validate_rollout(spec.rollout.as_ref(), &mut problems);
 
     let engine_config = spec.engine_config.clone().unwrap_or_default();
     for (field, value) in [
@@ -366,6 +437,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             scheduling: spec.scheduling.clone().unwrap_or_default(),
             replicas,
             autoscaling,
+            rollout,
             engine_config,
             cache,
             load: spec.load,

@@ -1,7 +1,7 @@
 //! Build step, pure: every owned object for a representative set of Models, compared with
 //! golden YAML, plus the invariants each object must keep.
 
-use gantry_operator::context::Settings;
+use gantry_operator::context::{NodeNetworkPolicy, Settings};
 use gantry_operator::model::build::{self, OwnedObjects};
 use gantry_operator::model::resolve::{Resolution, resolve};
 use gantry_operator::model::validate::{ValidModel, validate};
@@ -35,13 +35,37 @@ fn resolved(case: &str) -> (ValidModel, Resolution) {
 }
 
 fn built(case: &str) -> OwnedObjects {
+    built_with(case, &Settings::default())
+}
+
+fn built_with(case: &str, settings: &Settings) -> OwnedObjects {
     let (v, r) = resolved(case);
-    build::build(&v, &r.mounted(), &Settings::default()).expect("build")
+    build::build(&v, &r.mounted(), settings).expect("build")
+}
+
+/// As the chart runs the operator: an install token and per-Model NetworkPolicies.
+fn secured() -> Settings {
+    Settings {
+        node_token: Some("0123456789abcdef0123456789abcdef".parse().expect("token")),
+        network_policy: Some(NodeNetworkPolicy {
+            peer_namespace: "gantry-system".into(),
+            peer_labels: [("app.kubernetes.io/name".to_string(), "gantry".to_string())].into(),
+            metrics_namespace: None,
+            download_cidrs: vec!["10.20.0.0/16".into()],
+        }),
+        ..Settings::default()
+    }
 }
 
 /// All owned objects as one multi-document YAML stream, in apply order.
 fn render(o: &OwnedObjects) -> String {
     let mut docs = vec![serde_yaml::to_string(&o.config_map).expect("yaml")];
+    if let Some(secret) = &o.node_token_secret {
+        docs.push(serde_yaml::to_string(secret).expect("yaml"));
+    }
+    if let Some(policy) = &o.network_policy {
+        docs.push(serde_yaml::to_string(policy).expect("yaml"));
+    }
     if let Some(pvc) = &o.pvc {
         docs.push(serde_yaml::to_string(pvc).expect("yaml"));
     }
@@ -68,9 +92,14 @@ fn node(o: &OwnedObjects) -> &Container {
 fn owned_objects_match_the_golden_files() {
     let bless = std::env::var_os("GANTRY_BLESS").is_some();
     let mut stale = Vec::new();
-    for case in CASES {
+    // Each fixture as built by default, and the GPU one as the chart runs the operator.
+    let goldens = CASES
+        .iter()
+        .map(|case| (case.to_string(), built(case)))
+        .chain([("gpu-secured".to_string(), built_with("gpu", &secured()))]);
+    for (case, objects) in goldens {
         let path = crate_dir().join(format!("tests/golden/{case}.yaml"));
-        let got = render(&built(case));
+        let got = render(&objects);
         if bless {
             std::fs::write(&path, &got).expect("write golden");
             continue;
@@ -182,18 +211,42 @@ fn gpu_model_requests_and_limits_the_gpu_and_copies_scheduling() {
         env.iter().any(|e| e.name == "HF_TOKEN"),
         "hf:// token is passed as HF_TOKEN"
     );
-    // No spare GPU is needed to roll: one down, then one up.
-    let rolling = o
+    // The default rollout surges, GPU or not: a new pod is ready before the old one goes.
+    assert_eq!(rolling(&o), (1, 0));
+}
+
+/// The Deployment's (maxSurge, maxUnavailable).
+fn rolling(o: &OwnedObjects) -> (i32, i32) {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let r = o
         .deployment
         .spec
         .strategy
         .clone()
         .and_then(|s| s.rolling_update)
         .expect("rolling");
-    assert_eq!(
-        rolling.max_surge,
-        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    match (r.max_surge, r.max_unavailable) {
+        (Some(IntOrString::Int(s)), Some(IntOrString::Int(u))) => (s, u),
+        other => panic!("not integers: {other:?}"),
+    }
+}
+
+#[test]
+fn an_in_place_rollout_removes_a_pod_before_starting_its_replacement() {
+    let mut m = fixture_model("gpu");
+    m.spec.rollout = Some(gantry_crd::Rollout {
+        strategy: gantry_crd::RolloutStrategy::InPlace,
+        ..Default::default()
+    });
+    let v = validate(&m, &Settings::default()).expect("valid");
+    let r = resolve(
+        &v,
+        v.declared_architecture.as_deref(),
+        &fixture_plugins(),
+        1,
     );
+    let o = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+    assert_eq!(rolling(&o), (0, 1));
 }
 
 #[test]

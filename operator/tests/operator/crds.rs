@@ -321,3 +321,51 @@ fn cel_keeps_format_immutable_and_replicas_ordered() {
     let errors = cel_errors(&crd, &bad_name, None);
     assert!(errors.iter().any(|e| e.contains("DNS-1035")), "{errors:?}");
 }
+
+#[test]
+fn admission_ties_each_rollout_knob_to_its_strategy() {
+    let crd = Model::crd();
+    let model = example("model-gemma-3-270m.yaml");
+    let rollout = |r: Value| with(model.clone(), "/spec/rollout", r);
+    for ok in [
+        json!({}),
+        json!({"strategy": "Surge"}),
+        json!({"maxSurge": 2}),
+        json!({"strategy": "Surge", "maxSurge": 1}),
+        json!({"strategy": "InPlace"}),
+        json!({"strategy": "InPlace", "maxUnavailable": 2}),
+    ] {
+        let m = rollout(ok.clone());
+        assert_eq!(schema_errors(&crd, &m), Vec::<String>::new(), "{ok}");
+        assert_eq!(cel_errors(&crd, &m, None), Vec::<String>::new(), "{ok}");
+    }
+    let errors = cel_errors(&crd, &rollout(json!({"maxUnavailable": 1})), None);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("maxUnavailable applies only to strategy InPlace")),
+        "{errors:?}"
+    );
+    let errors = cel_errors(
+        &crd,
+        &rollout(json!({"strategy": "InPlace", "maxSurge": 1})),
+        None,
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("maxSurge applies only to strategy Surge")),
+        "{errors:?}"
+    );
+    for bad in [
+        json!({"strategy": "Recreate"}),
+        json!({"maxSurge": 0}),
+        json!({"strategy": "InPlace", "maxUnavailable": 0}),
+        json!({"maxSurge": 101}),
+    ] {
+        assert!(
+            !schema_errors(&crd, &rollout(bad.clone())).is_empty(),
+            "{bad} should be refused"
+        );
+    }
+}

@@ -9,7 +9,8 @@ use gantry_operator::model::resolve::resolve;
 use gantry_operator::model::validate::validate;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -43,6 +44,8 @@ fn check_by_kind(doc: &Value, what: &str) {
         Some("PodDisruptionBudget") => assert_round_trips::<PodDisruptionBudget>(doc, what),
         Some("PersistentVolumeClaim") => assert_round_trips::<PersistentVolumeClaim>(doc, what),
         Some("HorizontalPodAutoscaler") => assert_round_trips::<HorizontalPodAutoscaler>(doc, what),
+        Some("Secret") => assert_round_trips::<Secret>(doc, what),
+        Some("NetworkPolicy") => assert_round_trips::<NetworkPolicy>(doc, what),
         other => panic!("{what}: unexpected kind {other:?}"),
     }
 }
@@ -57,7 +60,16 @@ fn every_built_object_reads_back_as_its_kubernetes_type() {
             &fixture_plugins(),
             1,
         );
-        let o = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+        let secured = Settings {
+            node_token: Some("0123456789abcdef0123456789abcdef".parse().expect("token")),
+            network_policy: Some(gantry_operator::context::NodeNetworkPolicy {
+                peer_namespace: "gantry-system".into(),
+                metrics_namespace: Some("monitoring".into()),
+                ..Default::default()
+            }),
+            ..Settings::default()
+        };
+        let o = build::build(&v, &r.mounted(), &secured).expect("build");
         let mut docs = vec![
             serde_json::to_value(&o.config_map).expect("json"),
             serde_json::to_value(&o.deployment).expect("json"),
@@ -66,6 +78,24 @@ fn every_built_object_reads_back_as_its_kubernetes_type() {
         docs.extend(o.pvc.iter().map(|x| serde_json::to_value(x).expect("json")));
         docs.extend(o.pdb.iter().map(|x| serde_json::to_value(x).expect("json")));
         docs.extend(o.hpa.iter().map(|x| serde_json::to_value(x).expect("json")));
+        docs.extend(
+            o.node_token_secret
+                .iter()
+                .map(|x| serde_json::to_value(x).expect("json")),
+        );
+        docs.extend(
+            o.network_policy
+                .iter()
+                .map(|x| serde_json::to_value(x).expect("json")),
+        );
+        assert_eq!(
+            docs.len() - 3,
+            [o.pvc.is_some(), o.pdb.is_some(), o.hpa.is_some()]
+                .iter()
+                .filter(|x| **x)
+                .count()
+                + 2
+        );
         for doc in docs {
             assert!(
                 doc["apiVersion"].is_string() && doc["kind"].is_string(),

@@ -93,14 +93,15 @@ fn the_table_has_no_duplicate_rows() {
 async fn a_request_the_table_does_not_grant_fails_the_scenario() {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let server = ApiServer::new(handle).run(vec![Step::get(
-        "/api/v1/namespaces/team-a/secrets/hf-token",
-        None,
+    let server = ApiServer::new(handle).run(vec![Step::list(
+        "/api/v1/namespaces/team-a/secrets",
+        Vec::new(),
     )]);
-    // The controller has no Secret access at all: reading one must be caught by the hook.
+    // The controller never lists Secrets (it reads only its own node-token Secrets, by name):
+    // a list must be caught by the hook.
     let _ = tokio::time::timeout(
         Duration::from_secs(2),
-        Api::<Secret>::namespaced(client, "team-a").get_opt("hf-token"),
+        Api::<Secret>::namespaced(client, "team-a").list(&Default::default()),
     )
     .await;
     let err = tokio::time::timeout(Duration::from_secs(10), server)

@@ -10,17 +10,18 @@ use gantry_api::{
     Rejection, RejectionKind,
 };
 use gantry_crd::{EnginePlugin, Model, ModelStatus};
-use gantry_operator::context::Settings;
+use gantry_operator::context::{NodeNetworkPolicy, Settings};
 use gantry_operator::model::{self, build, resolve::resolve, validate::validate};
 use http::Method;
+use k8s_openapi::api::core::v1::Secret;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Recorded, Step, condition, context, finish, fixture_model, fixture_plugins, path, repo_dir,
-    yaml_docs,
+    Recorded, Step, condition, context, context_with, finish, fixture_model, fixture_plugins, path,
+    repo_dir, yaml_docs,
 };
 
 const POD_IP: &str = "10.0.0.5";
@@ -930,5 +931,190 @@ async fn a_model_scaling_up_stays_ready_while_the_new_pods_start() {
     assert_eq!(
         status["replicas"],
         json!({"desired": 3, "current": 3, "ready": 1})
+    );
+}
+
+const INSTALL_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+/// The operator as the chart runs it: an install token and per-Model NetworkPolicies.
+fn secured_settings() -> Settings {
+    Settings {
+        node_token: Some(INSTALL_TOKEN.parse().expect("token")),
+        network_policy: Some(NodeNetworkPolicy {
+            peer_namespace: "gantry-system".into(),
+            peer_labels: BTreeMap::from([
+                ("app.kubernetes.io/name".into(), "gantry".into()),
+                ("app.kubernetes.io/instance".into(), "gantry".into()),
+            ]),
+            metrics_namespace: Some("monitoring".into()),
+            download_cidrs: Vec::new(),
+        }),
+        ..Settings::default()
+    }
+}
+
+/// The Secret and NetworkPolicy GETs that follow the five owned-object reads.
+fn secured_reads(m: &Model, secret: Option<Value>, policy: Option<Value>) -> Vec<Step> {
+    let (ns, name) = ns_name(m);
+    vec![
+        Step::get(
+            path("v1", &ns, "secrets", &format!("{name}-node-token")),
+            secret,
+        ),
+        Step::get(
+            path("networking.k8s.io/v1", &ns, "networkpolicies", &name),
+            policy,
+        ),
+    ]
+}
+
+fn body_of<'a>(recorded: &'a [Recorded], method: Method, suffix: &str) -> &'a Value {
+    recorded
+        .iter()
+        .find(|r| r.method == method && r.path.ends_with(suffix))
+        .and_then(|r| r.body.as_ref())
+        .unwrap_or_else(|| panic!("no {method} …{suffix}"))
+}
+
+#[tokio::test]
+async fn with_an_install_token_and_policies_the_model_gets_its_token_secret_and_network_policy_before_its_pods()
+ {
+    let m = fixture_model("cpu");
+    let (ns, name) = ns_name(&m);
+    let (ctx, server) = context_with(secured_settings(), fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&m, None, None, None, None);
+    steps.extend(secured_reads(&m, None, None));
+    steps.push(Step::apply(path("v1", &ns, "configmaps", &name)));
+    steps.push(Step::apply(path(
+        "v1",
+        &ns,
+        "secrets",
+        &format!("{name}-node-token"),
+    )));
+    steps.push(Step::apply(path(
+        "networking.k8s.io/v1",
+        &ns,
+        "networkpolicies",
+        &name,
+    )));
+    steps.extend(applies(&m).into_iter().skip(1));
+    steps.push(status_patch(&m));
+    let server = server.run(steps);
+    run(m.clone(), ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+
+    // The Secret holds the Model's derived token, owned by the Model.
+    let token = INSTALL_TOKEN
+        .parse::<gantry_api::node_token::InstallToken>()
+        .expect("token")
+        .for_model(&ns, &name);
+    let secret: Secret = serde_json::from_value(
+        body_of(&recorded, Method::PATCH, "/secrets/gemma-3-270m-node-token").clone(),
+    )
+    .expect("a Secret");
+    let data = secret.data.expect("data");
+    assert_eq!(data["token"].0, token.as_str().as_bytes());
+    assert_eq!(data.len(), 1);
+    let owner = &secret.metadata.owner_references.expect("owned")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Model", Some(true))
+    );
+
+    // The node container reads it by reference; the token is nowhere in the Deployment.
+    let deploy = body_of(&recorded, Method::PATCH, "/deployments/gemma-3-270m");
+    let env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env");
+    let token_env: Vec<&Value> = env
+        .iter()
+        .filter(|e| e["name"] == "GANTRY_NODE_TOKEN")
+        .collect();
+    assert_eq!(
+        token_env,
+        [
+            &json!({"name": "GANTRY_NODE_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": "gemma-3-270m-node-token", "key": "token", "optional": false}}})
+        ]
+    );
+    assert!(!deploy.to_string().contains(token.as_str()));
+    let hash = &deploy["spec"]["template"]["metadata"]["annotations"]["gantry.dev/node-token-hash"];
+    assert!(hash.as_str().is_some_and(|h| !h.is_empty()), "{hash}");
+
+    // Ingress to the node port only from the operator's pods and Prometheus; egress DNS + 443.
+    let policy = body_of(&recorded, Method::PATCH, "/networkpolicies/gemma-3-270m");
+    assert_eq!(
+        policy["spec"],
+        json!({
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "gantry-node",
+                                            "gantry.dev/model": "gemma-3-270m"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gantry-system"}},
+                           "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "gantry",
+                                                           "app.kubernetes.io/name": "gantry"}}}],
+                 "ports": [{"port": 8080, "protocol": "TCP"}]},
+                {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                 "ports": [{"port": 8080, "protocol": "TCP"}]},
+            ],
+            "egress": [
+                {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+                {"ports": [{"port": 443, "protocol": "TCP"}]},
+            ],
+        })
+    );
+    assert_eq!(
+        policy["metadata"]["ownerReferences"][0]["uid"],
+        "3f1c2b4a-0000-4000-8000-000000000001"
+    );
+}
+
+#[tokio::test]
+async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
+    let m = example_model();
+    let plugins = example_plugins();
+    let settings = secured_settings();
+    let v = validate(&m, &settings).expect("valid");
+    let o = build::build(
+        &v,
+        &resolve(&v, Some("gemma3"), &plugins, 1).mounted(),
+        &settings,
+    )
+    .expect("build");
+    let (ctx, server) = context_with(
+        settings,
+        plugins,
+        node_report("gemma-3-270m", "gemma3", supported()),
+    );
+    let mut steps = reads(
+        &m,
+        Some(serde_json::to_value(&o.config_map).expect("json")),
+        Some(ready_deployment(&o)),
+        Some(serde_json::to_value(&o.service).expect("json")),
+        None,
+    );
+    steps.extend(secured_reads(
+        &m,
+        Some(serde_json::to_value(&o.node_token_secret).expect("json")),
+        Some(serde_json::to_value(&o.network_policy).expect("json")),
+    ));
+    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    steps.push(status_patch(&m));
+    steps.extend([
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    let server = server.run(steps);
+    run(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    let writes: Vec<&str> = recorded
+        .iter()
+        .filter(|r| r.method == Method::PATCH)
+        .map(|r| r.path.as_str())
+        .collect();
+    assert_eq!(
+        writes,
+        ["/apis/gantry.dev/v1alpha1/namespaces/default/models/gemma-3-270m/status"]
     );
 }

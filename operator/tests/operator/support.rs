@@ -67,6 +67,15 @@ pub fn context(
     plugins: Vec<EnginePlugin>,
     nodes: BTreeMap<String, NodeStatus>,
 ) -> (Arc<Context>, ApiServer) {
+    context_with(Settings::default(), plugins, nodes)
+}
+
+/// [`context`] with operator `settings` (install token, network policies).
+pub fn context_with(
+    settings: Settings,
+    plugins: Vec<EnginePlugin>,
+    nodes: BTreeMap<String, NodeStatus>,
+) -> (Arc<Context>, ApiServer) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let (store, mut writer) = reflector::store::<DeserializeGuard<EnginePlugin>>();
@@ -76,7 +85,7 @@ pub fn context(
     let metrics = Arc::new(Metrics::new().expect("metrics"));
     let ctx = Context::new(
         client,
-        Settings::default(),
+        settings,
         store,
         Arc::new(FixedNodeStatus(nodes)),
         metrics,

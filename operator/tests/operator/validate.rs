@@ -12,7 +12,7 @@ use crate::support::{fixture_model, t0};
 type Mutation = fn(&mut Model);
 
 /// (what is wrong, how to break the CPU fixture, the field the failure must name)
-const CASES: [(&str, Mutation, &str); 22] = [
+const CASES: [(&str, Mutation, &str); 25] = [
     (
         "name that is not a DNS-1035 label",
         |m| m.metadata.name = Some("3-gemma".into()),
@@ -139,6 +139,37 @@ const CASES: [(&str, Mutation, &str); 22] = [
         },
         "spec.autoscaling.scaleToZeroAfterSeconds",
     ),
+    (
+        "maxUnavailable with the Surge strategy",
+        |m| {
+            m.spec.rollout = Some(gantry_crd::Rollout {
+                max_unavailable: Some(1),
+                ..Default::default()
+            })
+        },
+        "spec.rollout.maxUnavailable",
+    ),
+    (
+        "maxSurge with the InPlace strategy",
+        |m| {
+            m.spec.rollout = Some(gantry_crd::Rollout {
+                strategy: gantry_crd::RolloutStrategy::InPlace,
+                max_surge: Some(1),
+                ..Default::default()
+            })
+        },
+        "spec.rollout.maxSurge",
+    ),
+    (
+        "a surge of zero (the Deployment would never roll)",
+        |m| {
+            m.spec.rollout = Some(gantry_crd::Rollout {
+                max_surge: Some(0),
+                ..Default::default()
+            })
+        },
+        "spec.rollout.maxSurge",
+    ),
 ];
 
 #[test]
@@ -206,4 +237,36 @@ fn an_invalid_spec_sets_ready_false_and_degraded_true_with_reason_invalid_spec()
             );
         }
     }
+}
+
+#[test]
+fn rollout_defaults_to_surge_by_one_and_in_place_removes_first() {
+    use gantry_crd::{Rollout, RolloutStrategy};
+    // Default, GPU or not: a new pod before an old one goes, so one replica never goes down.
+    for case in ["cpu", "gpu"] {
+        let v = validate(&fixture_model(case), &Settings::default()).expect("valid");
+        assert_eq!(
+            (
+                v.rollout.strategy,
+                v.rollout.max_surge,
+                v.rollout.max_unavailable
+            ),
+            (RolloutStrategy::Surge, 1, 0),
+            "{case}"
+        );
+    }
+    let mut m = fixture_model("gpu");
+    m.spec.rollout = Some(Rollout {
+        strategy: RolloutStrategy::InPlace,
+        max_unavailable: Some(2),
+        ..Default::default()
+    });
+    let v = validate(&m, &Settings::default()).expect("valid");
+    assert_eq!((v.rollout.max_surge, v.rollout.max_unavailable), (0, 2));
+    m.spec.rollout = Some(Rollout {
+        max_surge: Some(3),
+        ..Default::default()
+    });
+    let v = validate(&m, &Settings::default()).expect("valid");
+    assert_eq!((v.rollout.max_surge, v.rollout.max_unavailable), (3, 0));
 }

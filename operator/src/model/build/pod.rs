@@ -19,11 +19,18 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::context::Settings;
 use crate::model::validate::ValidModel;
+use gantry_api::node_token::{NODE_TOKEN_ENV, NODE_TOKEN_SECRET_KEY};
 use gantry_crd::names::*;
 use gantry_crd::{CacheType, EnginePlugin, MountStrategy};
 
-/// The pod spec of `model`'s node pods, mounting `plugins`.
-pub fn pod_spec(model: &ValidModel, plugins: &[&EnginePlugin], settings: &Settings) -> PodSpec {
+/// The pod spec of `model`'s node pods, mounting `plugins`; with `node_token`, the node reads
+/// its token from the Model's node-token Secret.
+pub fn pod_spec(
+    model: &ValidModel,
+    plugins: &[&EnginePlugin],
+    node_token: bool,
+    settings: &Settings,
+) -> PodSpec {
     const CONFIG: &str = "config";
     const ENGINES: &str = "engines";
     const CACHE: &str = "cache";
@@ -161,6 +168,15 @@ pub fn pod_spec(model: &ValidModel, plugins: &[&EnginePlugin], settings: &Settin
         env_from_field("POD_NAME", "metadata.name"),
         env_from_field("POD_NAMESPACE", "metadata.namespace"),
     ];
+    // Only a reference: the token is in no object but its Secret. An explicit `env` entry
+    // wins over the source Secret's `envFrom`, so that Secret cannot replace it.
+    if node_token {
+        env.push(env_from_secret(
+            NODE_TOKEN_ENV,
+            &node_token_secret_name(&model.name),
+            NODE_TOKEN_SECRET_KEY,
+        ));
+    }
     // The token never enters the ConfigMap: only a reference to the Secret reaches the pod.
     if let Some((secret, key)) = &model.source.secret {
         env.push(env_from_secret("GANTRY_SOURCE_TOKEN", secret, key));
