@@ -215,8 +215,9 @@ enum Source {
         /// Events kept to fill the response cache once the answer is complete.
         record: Option<(CacheKey, Vec<GenEvent>)>,
         hard_deadline: Option<Instant>,
-        /// The first event, read before the status line was sent.
-        peeked: Option<GenEvent>,
+        /// The first event, read before the status line was sent (boxed: a token event is
+        /// large and this slot is usually empty).
+        peeked: Option<Box<GenEvent>>,
     },
 }
 
@@ -258,7 +259,7 @@ impl Source {
             }
         };
         if let Source::Live { peeked, .. } = self {
-            *peeked = Some(first);
+            *peeked = Some(Box::new(first));
         }
         Ok(())
     }
@@ -273,7 +274,7 @@ impl Source {
                 peeked,
             } => {
                 if let Some(ev) = peeked.take() {
-                    return Next::Event(ev);
+                    return Next::Event(*ev);
                 }
                 let mut limit = if seen_first {
                     stall
