@@ -154,6 +154,44 @@ impl http_body::Body for GuardedBody {
     }
 }
 
+/// A request body that must arrive by a deadline (read errors after it; reading a body is
+/// what makes a request "in flight", so without this a slow body would hold a connection).
+struct TimedBody {
+    inner: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    limit: Duration,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|r| r.map_err(axum::Error::new)));
+        }
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            let secs = self.limit.as_secs();
+            return Poll::Ready(Some(Err(axum::Error::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the request body did not arrive within {secs} s of its headers"),
+            )))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The socket, noting the first byte of each request that arrives while the connection is idle
 /// (the start of the header-read timer).
 struct WatchedIo {
@@ -310,11 +348,19 @@ async fn serve_conn(
         registry: registry.clone(),
     };
     let (svc_conn, svc_registry) = (conn.clone(), registry.clone());
+    let body_limit = args.body_read_timeout();
     let svc = tower::service_fn(move |req: Request<Incoming>| {
         let guard = InflightGuard::new(svc_conn.clone(), svc_registry.clone());
         let app = app.clone();
+        let req = req.map(|inner| {
+            Body::new(TimedBody {
+                inner,
+                deadline: Box::pin(tokio::time::sleep(body_limit)),
+                limit: body_limit,
+            })
+        });
         async move {
-            let resp = match app.oneshot(req.map(Body::new)).await {
+            let resp = match app.oneshot(req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
             };

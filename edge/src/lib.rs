@@ -10,6 +10,8 @@
 //!   `--header-read-timeout-seconds` of its first byte (slowloris);
 //! - **idle timeout**: a connection with no request in flight and no byte received is closed
 //!   after `--idle-timeout-seconds` (keep-alive and never-used connections alike);
+//! - **body-read timeout**: a request's body must arrive within `--body-read-timeout-seconds`
+//!   of its headers (a slow body is a request in flight, which the idle rules never close);
 //! - **connection cap**: at `--max-connections` open connections, a new one first closes the
 //!   longest-idle connection; when every connection has a request in flight, the new one gets
 //!   a 503 in OpenAI's error shape and is closed.
@@ -44,6 +46,9 @@ pub struct EdgeArgs {
     /// Seconds a connection may stay open with no request in flight (keep-alive idle).
     #[arg(long, env = "GANTRY_IDLE_TIMEOUT_SECONDS", default_value_t = 60)]
     pub idle_timeout_seconds: u64,
+    /// Seconds a request's body has to arrive once its headers did (slow bodies).
+    #[arg(long, env = "GANTRY_BODY_READ_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub body_read_timeout_seconds: u64,
     /// Largest request body in bytes (the node and the gateway use the same default).
     #[arg(long, env = "GANTRY_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
@@ -55,6 +60,7 @@ impl Default for EdgeArgs {
             max_connections: 4096,
             header_read_timeout_seconds: 10,
             idle_timeout_seconds: 60,
+            body_read_timeout_seconds: 60,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
@@ -66,6 +72,9 @@ impl EdgeArgs {
     }
     fn idle_timeout(&self) -> Duration {
         Duration::from_secs(self.idle_timeout_seconds.max(1))
+    }
+    fn body_read_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_read_timeout_seconds.max(1))
     }
 }
 

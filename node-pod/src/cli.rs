@@ -359,6 +359,7 @@ mod tests {
                 max_connections: 7,
                 header_read_timeout_seconds: 2,
                 idle_timeout_seconds: 3,
+                body_read_timeout_seconds: 60,
                 max_body_bytes: 1000,
             }
         );

@@ -3,7 +3,7 @@ client is cut at the header-read timeout, an idle connection at the idle timeout
 connection cap closes idle connections to make room and refuses with a 503 in OpenAI's shape
 only when every connection is busy, and the descriptor limit is raised at start.
 
-Both servers run here with small limits (1 s header read, 2 s idle, 16 connections) so every
+Both servers run here with small limits (1 s header read, 2 s idle, 2 s body, 16 connections) so every
 case ends in seconds. The full-size measurement (20,000 idle connections and 50 slowloris
 clients) is bench/connections.py; its numbers are in docs/benchmarks.md.
 """
@@ -22,7 +22,8 @@ import pytest
 
 from conftest import TARGET, _free_port
 
-LIMITS = ["--max-connections", "16", "--header-read-timeout-seconds", "1", "--idle-timeout-seconds", "2"]
+LIMITS = ["--max-connections", "16", "--header-read-timeout-seconds", "1", "--idle-timeout-seconds", "2",
+          "--body-read-timeout-seconds", "2"]
 
 
 def _wait_ready(base, proc, log, what, seconds=60):
@@ -138,6 +139,31 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout_and_a_keepalive_one
     waited = _closed_within(s, 6)
     s.close()
     assert waited is not None and 1.5 < waited < 4.0, waited
+
+
+def test_a_slow_body_is_cut_at_the_body_read_timeout_with_an_answer(server):
+    base, _ = server
+    s = socket.create_connection(_addr(base))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    t0 = time.time()
+    s.settimeout(6)
+    answer = b""
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    except (socket.timeout, ConnectionResetError):
+        pass
+    s.close()
+    waited = time.time() - t0
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    err = json.loads(body)["error"]
+    assert "did not arrive within 2 s" in err["message"], err
+    assert 1.5 < waited < 5, waited
 
 
 def test_at_the_cap_idle_connections_make_room_for_a_new_client(server):
