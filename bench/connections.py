@@ -31,6 +31,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+# Shared with the gateway benchmark (run as a script, this folder is on the path).
+from gateway_overhead import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
@@ -53,25 +56,6 @@ for _ in range(n):
 print(f"open {len(socks)} failed {failed}", flush=True)
 sys.stdin.read()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"{url} did not answer 200 within {timeout} s")
 
 
 def one_request(base):

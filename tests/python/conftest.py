@@ -35,6 +35,22 @@ def _gemma() -> Path:
     return p
 
 
+def wait_ready(base, proc, log, what, seconds=60):
+    """Poll `base`/readyz until 200; fail with the process's log if it exits or times out."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited early:\n{Path(log).read_text()}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"{what} not ready in {seconds} s:\n{Path(log).read_text()}")
+
+
 @pytest.fixture(scope="session")
 def node():
     node_bin = TARGET / "gantry-node"

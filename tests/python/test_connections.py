@@ -20,25 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TARGET, _free_port
+from conftest import TARGET, _free_port, wait_ready
 
 LIMITS = ["--max-connections", "16", "--header-read-timeout-seconds", "1", "--idle-timeout-seconds", "2",
           "--body-read-timeout-seconds", "2"]
-
-
-def _wait_ready(base, proc, log, what, seconds=60):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{what} exited early:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"{what} not ready in {seconds} s:\n{log.read_text()}")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +40,7 @@ def limited():
          "--threads", "1", "--plugins-dir", TARGET / "engines", *LIMITS],
         stdout=open(node_log, "w"), stderr=subprocess.STDOUT)
     node_base = f"http://127.0.0.1:{node_port}"
-    _wait_ready(node_base, node, node_log, "gantry-node")
+    wait_ready(node_base, node, node_log, "gantry-node")
     (work / "endpoints.yaml").write_text(f"models:\n  tiny: ['{node_base}']\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_")}
     gw = subprocess.Popen(
@@ -63,7 +48,7 @@ def limited():
          "--gateway-addr", f"127.0.0.1:{gw_port}", "--probe-interval-ms", "200", *LIMITS],
         stdout=open(gw_log, "w"), stderr=subprocess.STDOUT, env=env)
     gw_base = f"http://127.0.0.1:{gw_port}"
-    _wait_ready(gw_base, gw, gw_log, "gateway")
+    wait_ready(gw_base, gw, gw_log, "gateway")
     yield {"node": (node_base, node), "gateway": (gw_base, gw)}
     for p in (gw, node):
         p.terminate()

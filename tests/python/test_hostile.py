@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import TARGET, _free_port
+from conftest import TARGET, _free_port, wait_ready
 
 MAX_BODY = 8 << 20  # gantry_edge::DEFAULT_MAX_BODY_BYTES, the node's and the gateway's default
 
@@ -343,16 +343,9 @@ def test_the_templates_end_of_turn_marker_stops_generation(tmp_path):
     proc = subprocess.Popen(
         [TARGET / "gantry-node", "serve", "--config", config, "--listen", f"127.0.0.1:{port}",
          "--threads", "2", "--plugins-dir", TARGET / "engines"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=open(tmp_path / "node.log", "w"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
+        wait_ready(f"http://127.0.0.1:{port}", proc, tmp_path / "node.log", "gantry-node (ChatML)")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=60)
         r = client.chat.completions.create(model="g", messages=[{"role": "user", "content": "Say hi"}],
                                            temperature=0, max_tokens=300, logit_bias=NO_EOS)
