@@ -356,3 +356,78 @@ def test_the_templates_end_of_turn_marker_stops_generation(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# --- secure by default: tokens and keys ------------------------------------------------------
+
+NODE_TOKEN = "t" * 20 + "0123456789abcdef"  # >= 32 characters, as the node requires
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A node that requires its token and a gateway with API keys in front, as the chart
+    installs them (static discovery: the gateway sends the install token as is)."""
+    work = tmp_path_factory.mktemp("secured")
+    subprocess.run([TARGET / "gantry-testkit", "tiny-gguf", "--out", work / "tiny.gguf"], check=True)
+    (work / "node.yaml").write_text(f"models:\n  - {{id: tiny, path: {work / 'tiny.gguf'}, format: gguf}}\n")
+    (work / "keys.yaml").write_text("team: {key: sk-team-1234, models: [tiny]}\n")
+    node_port, gw_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_")}
+    env["GANTRY_NODE_TOKEN"] = NODE_TOKEN
+    node = subprocess.Popen(
+        [TARGET / "gantry-node", "serve", "--config", work / "node.yaml", "--listen", f"127.0.0.1:{node_port}",
+         "--threads", "1", "--plugins-dir", TARGET / "engines"],
+        stdout=open(work / "node.log", "w"), stderr=subprocess.STDOUT, env=env)
+    node_base = f"http://127.0.0.1:{node_port}"
+    wait_ready(node_base, node, work / "node.log", "gantry-node (token)")
+    (work / "endpoints.yaml").write_text(f"models:\n  tiny: ['{node_base}']\n")
+    gw = subprocess.Popen(
+        [TARGET / "gantry-operator", "run", "--components", "gateway", "--endpoints-file", work / "endpoints.yaml",
+         "--gateway-addr", f"127.0.0.1:{gw_port}", "--probe-interval-ms", "200",
+         "--api-keys-file", work / "keys.yaml"],
+        stdout=open(work / "gateway.log", "w"), stderr=subprocess.STDOUT, env=env)
+    gw_base = f"http://127.0.0.1:{gw_port}"
+    wait_ready(gw_base, gw, work / "gateway.log", "gateway (keys)")
+    deadline = time.time() + 20
+    while time.time() < deadline:  # a probe with the token found the replica ready
+        status, _, _ = raw(gw_base, "POST", "/v1/chat/completions", chat_body(),
+                           {"content-type": "application/json", "authorization": "Bearer sk-team-1234"})
+        if status == 200:
+            break
+        time.sleep(0.2)
+    yield node_base, gw_base
+    for p in (gw, node):
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def test_a_node_pod_ip_is_not_an_unauthenticated_model_endpoint(secured):
+    node, _ = secured
+    status, _, body = raw(node, "POST", "/v1/chat/completions", chat_body())
+    assert_openai_error(status, body, 401, code="node_token_required")
+    status, _, body = raw(node, "POST", "/v1/chat/completions", chat_body(),
+                          {"content-type": "application/json", "x-gantry-node-token": NODE_TOKEN[:-1] + "x"})
+    assert_openai_error(status, body, 401, code="invalid_node_token")
+    for path in ("/v1/models", "/v1/status"):
+        status, _, body = raw(node, "GET", path)
+        assert_openai_error(status, body, 401, code="node_token_required")
+    # Probes and metrics stay open for the kubelet and Prometheus.
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert raw(node, "GET", path)[0] == 200, path
+    status, _, _ = raw(node, "POST", "/v1/chat/completions", chat_body(),
+                       {"content-type": "application/json", "x-gantry-node-token": NODE_TOKEN})
+    assert status == 200
+
+
+def test_the_gateway_requires_a_key_and_never_forwards_a_clients_node_token(secured):
+    _, gw = secured
+    status, _, body = raw(gw, "POST", "/v1/chat/completions", chat_body())
+    assert_openai_error(status, body, 401)
+    status, _, body = raw(gw, "POST", "/v1/chat/completions", chat_body(),
+                          {"content-type": "application/json", "authorization": "Bearer sk-wrong"})
+    assert_openai_error(status, body, 401)
+    # A client's own (wrong) node token is dropped; the gateway sends the real one.
+    status, _, body = raw(gw, "POST", "/v1/chat/completions", chat_body(),
+                          {"content-type": "application/json", "authorization": "Bearer sk-team-1234",
+                           "x-gantry-node-token": "forged"})
+    assert status == 200, body
