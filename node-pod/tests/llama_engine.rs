@@ -392,7 +392,12 @@ fn with_plugin_log<T>(f: impl FnOnce() -> T) -> (T, String) {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
+    // Recompute every callsite's interest with this subscriber installed: a test on another
+    // thread may have cached "never" for the plugin's debug callsite under a quieter subscriber.
+    let out = tracing::subscriber::with_default(subscriber, || {
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let log = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
     (out, log)
 }
