@@ -121,17 +121,17 @@ impl EdgeMetrics {
         Ok(m)
     }
 
-    /// The metric family names, for the tests that check dashboards and docs against them.
-    pub fn family_names(prefix: &str) -> Vec<String> {
-        [
-            "connections_open",
-            "connections_accepted_total",
-            "connections_refused_total",
-            "connections_closed_total",
-        ]
-        .iter()
-        .map(|n| format!("{prefix}_{n}"))
-        .collect()
+    /// The metric family names, for the tests that check dashboards and docs against them
+    /// (read from the collectors themselves, so they cannot drift from what is registered).
+    pub fn family_names(&self) -> Vec<String> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 4] =
+            [&self.open, &self.accepted, &self.refused, &self.closed];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
     }
 }
 

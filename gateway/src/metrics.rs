@@ -126,7 +126,7 @@ impl GatewayMetrics {
             .flat_map(|c| c.desc())
             .map(|d| d.fq_name.clone())
             .collect();
-        names.extend(gantry_edge::EdgeMetrics::family_names("gantry_gateway"));
+        names.extend(self.edge.family_names());
         names
     }
 

@@ -347,7 +347,7 @@ impl Metrics {
             .flat_map(|c| c.desc())
             .map(|d| d.fq_name.clone())
             .collect();
-        names.extend(gantry_edge::EdgeMetrics::family_names("gantry"));
+        names.extend(self.edge.family_names());
         names
     }
 

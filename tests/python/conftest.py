@@ -77,22 +77,9 @@ def node():
         stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"gantry-node exited early:\n{(work / 'node.log').read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"gantry-node not ready in 120 s:\n{(work / 'node.log').read_text()}")
-    # The hostile-input suite reads the node's log (request ids) and its process limits.
+    wait_ready(base, proc, work / "node.log", "gantry-node", 120)
+    # The hostile-input suite reads the node's log (request ids).
     os.environ["GANTRY_TEST_NODE_LOG"] = str(work / "node.log")
-    os.environ["GANTRY_TEST_NODE_PID"] = str(proc.pid)
     yield base
     proc.terminate()
     proc.wait(timeout=30)
