@@ -4,9 +4,11 @@
 //! `http` (axum; JSON only here: `openai` parses, `validate` types the
 //! request) → `node` (`ready_model`, lazy loads) → `template` (chat
 //! templates) → `tokenizer` → `http::limits` (the request against the
-//! model) → `http::response` → `cache` (temperature-0 answers) → `scheduler`
-//! (continuous batching, one owner per model) → `engine_host` (plugin calls)
-//! → `text` (incremental UTF-8, stop sequences) → SSE. Beside it: `node`
+//! model; `constraint` compiles a grammar) → `http::response` → `cache`
+//! (temperature-0 answers) → `scheduler` (continuous batching, one owner per
+//! model; allowed-token masks from `constraint`) → `engine_host` (plugin calls)
+//! → `text` (incremental UTF-8, stop sequences) → `toolcall` (tool calls out of
+//! the text) → JSON or SSE. Beside it: `node`
 //! (model lifecycle and readiness), `memory` (LRU unloads, OOM refusals),
 //! `store` (sources, downloads, artifact selection), `metrics`,
 //! `error` (the one OpenAI-shaped error type and every HTTP mapping) and `cli`.
@@ -16,6 +18,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod constraint;
 pub mod engine_host;
 pub mod error;
 pub mod http;
@@ -27,3 +30,4 @@ pub mod store;
 pub mod template;
 pub mod text;
 pub mod tokenizer;
+pub mod toolcall;

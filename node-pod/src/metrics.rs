@@ -37,6 +37,10 @@ pub struct Metrics {
     pub engine_hung: IntGauge,
     pub steps: IntCounterVec,
     pub step_tokens: HistogramVec,
+    /// Constrained decoding (constraint.rs): the host's time to compute one token's
+    /// allowed-token mask, and the time a step waited for its batch's masks.
+    pub constraint_mask_seconds: HistogramVec,
+    pub constraint_batch_seconds: HistogramVec,
     /// Memory policy (memory.rs): unloads by reason, refused loads by code,
     /// and the accounted use and limit per pool.
     pub model_unloads: IntCounterVec,
@@ -117,6 +121,20 @@ fn counter(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounte
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
     reg.register(Box::new(c.clone())).expect("unique counter");
     c
+}
+
+/// 5 µs to 0.5 s, about four buckets per decade: fine enough to read a p50 and a p99.
+fn mask_buckets() -> Vec<f64> {
+    let mut b = Vec::new();
+    let mut decade = 5e-6;
+    while decade < 0.5 {
+        for f in [1.0, 2.0, 3.0, 6.0] {
+            b.push(decade * f);
+        }
+        decade *= 10.0;
+    }
+    b.push(0.5);
+    b
 }
 
 fn histogram(
@@ -262,6 +280,20 @@ impl Metrics {
                 ],
                 &m,
             ),
+            constraint_mask_seconds: histogram(
+                &r,
+                "gantry_constraint_mask_seconds",
+                "Host time to compute one constrained token's allowed-token mask",
+                mask_buckets(),
+                &m,
+            ),
+            constraint_batch_seconds: histogram(
+                &r,
+                "gantry_constraint_batch_seconds",
+                "Time an engine step waited for its batch's allowed-token masks (computed in parallel)",
+                mask_buckets(),
+                &m,
+            ),
             model_unloads: counter(
                 &r,
                 "gantry_model_unloads_total",
@@ -310,7 +342,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 30] = [
+        let collectors: [&dyn Collector; 32] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -330,6 +362,8 @@ impl Metrics {
             &self.engine_hung,
             &self.steps,
             &self.step_tokens,
+            &self.constraint_mask_seconds,
+            &self.constraint_batch_seconds,
             &self.model_unloads,
             &self.model_load_refusals,
             &self.memory_used_bytes,
@@ -428,6 +462,8 @@ pub struct ModelMetrics {
     pub steps: prometheus::IntCounter,
     pub step_tokens: prometheus::Histogram,
     pub queue_seconds: prometheus::Histogram,
+    pub constraint_mask: prometheus::Histogram,
+    pub constraint_batch: prometheus::Histogram,
     model: String,
     finish: IntCounterVec,
 }
@@ -454,6 +490,8 @@ impl Metrics {
             steps: self.steps.with_label_values(&m),
             step_tokens: self.step_tokens.with_label_values(&m),
             queue_seconds: self.queue_seconds.with_label_values(&m),
+            constraint_mask: self.constraint_mask_seconds.with_label_values(&m),
+            constraint_batch: self.constraint_batch_seconds.with_label_values(&m),
             model: model.to_string(),
             finish: self.finished.clone(),
         }

@@ -48,6 +48,8 @@ pub struct ReadyModel {
     pub template: ChatTemplate,
     pub tokenizer: Tokenizer,
     pub plugin: String,
+    /// The vocabulary for constrained decoding (built in the background once ready).
+    pub vocabulary: Arc<crate::constraint::Vocabulary>,
 }
 
 impl ReadyModel {

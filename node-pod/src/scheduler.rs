@@ -11,8 +11,11 @@
 //! 4. builds one step: one decode token for every generating sequence plus at
 //!    most `prefill_chunk_tokens` prompt tokens, so a long prompt is fed in
 //!    chunks and never stalls the running streams for more than one chunk;
-//! 5. runs the engine step, then turns each sampled token into text
-//!    (incremental UTF-8, stop sequences, EOS, `max_tokens`) and sends it.
+//! 5. computes the allowed-token masks of the constrained sequences that sample in
+//!    this step (in parallel across the batch; the mask for a token depends on the
+//!    token before it, so it cannot start before the previous step ended);
+//! 6. runs the engine step, then turns each sampled token into text
+//!    (incremental UTF-8, stop sequences, EOS, grammar end, `max_tokens`) and sends it.
 //!
 //! The step runs on this thread; a watchdog thread reads the step's start
 //! time and marks the engine hung when a step overruns (`/healthz` fails).
@@ -26,6 +29,7 @@ use std::time::{Duration, Instant};
 use gantry_engine_abi::{EngineError, Sampling, Status, StepEntry};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::constraint::Constraint;
 use crate::engine_host::{ModelExec, ModelShared};
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::text::{StopMatcher, StopScan, Utf8Stream};
@@ -41,6 +45,9 @@ pub enum FinishReason {
     /// The deadline passed while the request was still queued: no token was generated, and
     /// the client gets a 504 before any byte.
     QueueTimeout,
+    /// The request failed while it generated (its grammar); an `Error` event was sent
+    /// instead of `Done`.
+    Failed,
 }
 
 impl FinishReason {
@@ -48,7 +55,7 @@ impl FinishReason {
     /// docs/node.md says so (a plain request without `max_tokens`).
     pub fn as_openai(self) -> &'static str {
         match self {
-            FinishReason::Stop => "stop",
+            FinishReason::Stop | FinishReason::Failed => "stop",
             FinishReason::Length | FinishReason::Deadline | FinishReason::QueueTimeout => "length",
         }
     }
@@ -60,6 +67,7 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Deadline => "deadline",
             FinishReason::QueueTimeout => "queue_timeout",
+            FinishReason::Failed => "error",
         }
     }
 }
@@ -106,6 +114,9 @@ pub struct GenerateJob {
     pub deadline: Option<Instant>,
     /// Evaluate from scratch (no cached prefix): the request gave a `seed`.
     pub fresh: bool,
+    /// The grammar the output must follow (structured outputs, forced tool calls): each
+    /// sampling step gets its allowed-token mask.
+    pub constraint: Option<Box<Constraint>>,
     pub arrived: Instant,
     pub events: mpsc::UnboundedSender<GenEvent>,
 }
@@ -469,6 +480,9 @@ impl Scheduler {
         if plan.is_empty() {
             return;
         }
+        if !self.compute_masks(&plan) {
+            return; // a grammar failed: its request ended; plan again without it
+        }
         let mut decode_tokens: Vec<[i32; 1]> = Vec::with_capacity(plan.len());
         for &(i, n) in &plan {
             if n == 0 {
@@ -496,6 +510,12 @@ impl Scheduler {
                 tokens,
                 sample: sample.then_some(&r.job.sampling),
                 fresh: r.job.fresh,
+                allowed: r
+                    .job
+                    .constraint
+                    .as_deref()
+                    .filter(|_| sample)
+                    .map(Constraint::mask),
             });
         }
         self.metrics.steps.inc();
@@ -547,6 +567,63 @@ impl Scheduler {
         }
     }
 
+    /// Compute the allowed-token masks of the constrained entries that sample in this step,
+    /// in parallel across the batch. A grammar that fails ends its request with an error;
+    /// returns false when that happened (the caller plans the step again).
+    fn compute_masks(&mut self, plan: &[(usize, usize)]) -> bool {
+        use rayon::prelude::*;
+        let mut todo: Vec<(usize, &mut Constraint)> = Vec::new();
+        let wanted: Vec<usize> = plan
+            .iter()
+            .filter(|&&(i, n)| {
+                let r = &self.running[i];
+                r.job.constraint.is_some() && (n == 0 || r.fed + n == r.job.prompt.len())
+            })
+            .map(|&(i, _)| i)
+            .collect();
+        if wanted.is_empty() {
+            return true;
+        }
+        for (i, r) in self.running.iter_mut().enumerate() {
+            if wanted.contains(&i)
+                && let Some(c) = r.job.constraint.as_deref_mut()
+            {
+                todo.push((i, c));
+            }
+        }
+        let t = Instant::now();
+        let results: Vec<(usize, Result<f64, String>)> = if todo.len() == 1 {
+            todo.into_iter()
+                .map(|(i, c)| (i, c.compute_mask()))
+                .collect()
+        } else {
+            todo.into_par_iter()
+                .map(|(i, c)| (i, c.compute_mask()))
+                .collect()
+        };
+        self.metrics
+            .constraint_batch
+            .observe(t.elapsed().as_secs_f64());
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        for (i, r) in results {
+            match r {
+                Ok(secs) => self.metrics.constraint_mask.observe(secs),
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        if failed.is_empty() {
+            return true;
+        }
+        failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, e) in failed {
+            let r = self.running.swap_remove(i);
+            tracing::warn!(model = %self.model_id, seq = r.seq, error = %e, "constrained decoding failed");
+            let _ = r.job.events.send(GenEvent::Error(EngineError::internal(e)));
+            self.finish(r, FinishReason::Failed);
+        }
+        false
+    }
+
     /// Handle one sampled token; `Some` when the sequence is done.
     fn on_token(
         shared: &ModelShared,
@@ -564,6 +641,21 @@ impl Scheduler {
         r.last_token_at = Some(now);
         if eog.contains(&tok.token) {
             return Some(FinishReason::Stop);
+        }
+        let mut grammar_done = false;
+        if let Some(c) = r.job.constraint.as_deref_mut() {
+            if let Err(e) = c.consume(tok.token) {
+                // The plugin sampled a token outside the mask it was given.
+                let _ = r
+                    .job
+                    .events
+                    .send(GenEvent::Error(EngineError::internal(format!(
+                        "the engine sampled token {} outside the allowed-token mask ({e})",
+                        tok.token
+                    ))));
+                return Some(FinishReason::Failed);
+            }
+            grammar_done = c.is_done();
         }
         metrics.generation_tokens.inc();
         let bytes = shared.detokenize(&[tok.token], false).unwrap_or_default();
@@ -588,7 +680,7 @@ impl Scheduler {
         };
         r.generated += 1;
         let _ = r.job.events.send(GenEvent::Token { text, logprob });
-        if stopped {
+        if stopped || grammar_done {
             return Some(FinishReason::Stop);
         }
         if r.generated >= r.job.max_tokens {
@@ -601,6 +693,10 @@ impl Scheduler {
     /// Flush held text, report usage, release the sequence.
     fn finish(&mut self, mut r: Running, reason: FinishReason) {
         self.exec.seq_release(r.seq);
+        if reason == FinishReason::Failed {
+            self.metrics.finished(reason.label());
+            return; // the error event was sent
+        }
         let tail = r.utf8.finish();
         let mut rest = match r.stops.push(&tail) {
             StopScan::Emit(t) | StopScan::Stopped(t) => t,

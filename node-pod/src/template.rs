@@ -17,6 +17,7 @@
 //! The conversation arrives typed (`conversation`), as validation built it.
 
 mod conversation;
+pub mod inline_tools;
 mod pycompat;
 #[cfg(test)]
 mod tests;
@@ -138,6 +139,8 @@ pub struct ChatTemplate {
     /// The text the template puts after an assistant turn (`<|im_end|>` for ChatML), found by
     /// rendering a probe conversation; generation stops on it (see [`ChatTemplate::end_of_turn`]).
     end_of_turn: Option<String>,
+    /// The template's text, for what is read off it (the model family's tool-call syntax).
+    text: String,
 }
 
 impl ChatTemplate {
@@ -162,6 +165,7 @@ impl ChatTemplate {
             bos_token,
             eos_token,
             end_of_turn: None,
+            text: template.to_string(),
         };
         t.end_of_turn = t.probe_end_of_turn();
         Ok(t)
@@ -175,6 +179,17 @@ impl ChatTemplate {
     /// cannot render the probe.
     pub fn end_of_turn(&self) -> Option<&str> {
         self.end_of_turn.as_deref()
+    }
+
+    /// The template as given (before Gantry's translations).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether the template renders `tools` and tool-call history itself; a template that does
+    /// not gets them written into the conversation by Gantry (see `template::conversation`).
+    pub fn handles_tools(&self) -> bool {
+        self.text.contains("tools") && self.text.contains("tool_calls")
     }
 
     fn probe_end_of_turn(&self) -> Option<String> {

@@ -124,6 +124,7 @@ fn each_validation_rule_refuses_with_the_specification_message() {
             tokens: &[7],
             sample: Some(&g),
             fresh: false,
+            allowed: None,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(8));
@@ -214,6 +215,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
             tokens: &[1],
             sample: Some(&g),
             fresh: false,
+            allowed: None,
         }])
         .expect_err("must fail");
     assert_eq!(err.status, Status::Internal);
@@ -234,6 +236,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
             tokens: &[41],
             sample: Some(&g),
             fresh: false,
+            allowed: None,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(42));
@@ -363,6 +366,7 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
             tokens: &toks,
             sample: Some(&g),
             fresh: false,
+            allowed: None,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(106));

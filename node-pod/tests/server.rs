@@ -462,6 +462,63 @@ async fn a_panicking_model_answers_500_and_the_node_keeps_serving_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_constrained_request_to_an_engine_without_masks_is_a_400_naming_the_engine() {
+    // The fault plugin declares no GANTRY_CAP_TOKEN_MASK: a constrained request must be
+    // refused, never answered unconstrained, and the model keeps serving plain requests.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = faulty_plugins(dir.path());
+    let config = json!({
+        "models": [{"id": "toy", "path": toy_gguf(dir.path(), "plain-model"), "format": "gguf"}],
+        "scheduler": {"responseCacheRamFraction": 0.0}
+    });
+    let node = start(config, &plugins, dir);
+    wait_ready(&node).await;
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "toy", "messages": [{"role": "user", "content": "hi"}], "response_format": schema}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "toy", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": "required"}),
+            "tools",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "toy", "prompt": "hi", "guided_regex": "[a-z]+"}),
+            "guided_regex",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (s, v) = post(&node, path, body).await;
+        assert_eq!(s, 400, "{v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let msg = v["error"]["message"].as_str().expect("message");
+        assert!(
+            msg.contains("engine `faulty`") && msg.contains("GANTRY_CAP_TOKEN_MASK"),
+            "{msg}"
+        );
+    }
+    let (s, v) = post(
+        &node,
+        "/v1/completions",
+        json!({"model": "toy", "prompt": "ab", "max_tokens": 3, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["choices"][0]["text"].as_str()),
+        (200, Some("cde")),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unsupported_architecture_keeps_the_node_unready_and_says_why() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("mystery.gguf");

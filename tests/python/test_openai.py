@@ -234,7 +234,7 @@ VALIDATION_CASES = [
     (dict(max_tokens=100000), "max_tokens", "`max_tokens` must be <= "),
     (dict(logprobs=True, top_logprobs=21), "top_logprobs", "`top_logprobs` must be within [0, 20], got 21"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop", "`stop` may hold at most 4 sequences, got 5"),
-    (dict(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (dict(response_format={"type": "xml"}), "response_format.type", "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\", got \"xml\""),
     (dict(logit_bias={"5": 200}), "logit_bias", "`logit_bias[5]` must be within [-100, 100], got 200"),
     (dict(extra_body={"top_k": -1}), "top_k", "`top_k` must be >= 0, got -1"),
     (dict(extra_body={"min_p": 2}), "min_p", "`min_p` must be within [0, 1], got 2"),

@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.0.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.2.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -20,6 +20,13 @@
  *     A host reads a vtable slot only when `vtable->struct_size` covers it, and
  *     a plugin reads a struct field only when that struct's `struct_size` covers
  *     it. Nothing is ever removed or reordered within a major version.
+ *   - Out structs the host allocates (`gantry_engine_info_t`,
+ *     `gantry_model_info_t`): the host sets `struct_size` to the size it
+ *     allocated before the call; the plugin writes at most that many bytes and
+ *     sets `struct_size` to the size it wrote, so a newer plugin never writes
+ *     past an older host's struct, and fields it did not write keep the host's
+ *     defaults (since 1.2; 1.0 and 1.1 plugins wrote their whole struct, which
+ *     was never larger than the host's).
  *   - Enum values are fixed forever once published; the status codes below are
  *     exactly the ten codes of the Gantry engine specification.
  *
@@ -67,7 +74,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 1
+#define GANTRY_ABI_MINOR 2
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -110,6 +117,14 @@ typedef uint32_t gantry_modality_t;
 #define GANTRY_MODALITY_COMPLETION 1u
 #define GANTRY_MODALITY_EMBEDDING 2u
 
+/* Bit set of optional features a plugin implements (since 1.2, in
+ * `gantry_engine_info_t.capabilities`). */
+typedef uint32_t gantry_capability_t;
+/* `step` honours `gantry_sampling_t.allowed_tokens`: a request whose output is
+ * constrained (structured outputs, forced tool calls) is refused with a 400
+ * naming the engine when its plugin lacks this bit, never answered unconstrained. */
+#define GANTRY_CAP_TOKEN_MASK 1u
+
 /* ---- opaque handles, allocated by the plugin ---- */
 typedef struct gantry_engine gantry_engine_t;
 typedef struct gantry_model gantry_model_t;
@@ -127,6 +142,8 @@ typedef struct gantry_engine_info {
     const char* engine_version; /* semantic version, e.g. "0.1.0" */
     gantry_backend_t backend;   /* backend this build was compiled for */
     const char* description;    /* one line, may be NULL */
+    /* Since 1.2: GANTRY_CAP_* bits; 0 when the plugin does not write it. */
+    gantry_capability_t capabilities;
 } gantry_engine_info_t;
 
 /* Host services handed to `create`. Owned by the host; the pointer and its
@@ -195,8 +212,9 @@ typedef struct gantry_logit_bias {
 } gantry_logit_bias_t;
 
 /* Sampling parameters. Host-owned, valid during `step` only. The host sends
- * the same parameters for a sequence on every step; a plugin may build its
- * sampler state on the first step and keep it until `seq_release`.
+ * the same parameters for a sequence on every step (except `allowed_tokens`,
+ * which changes from step to step); a plugin may build its sampler state on
+ * the first step and keep it until `seq_release`.
  * temperature <= 0 means greedy (argmax). */
 typedef struct gantry_sampling {
     uint32_t struct_size;
@@ -213,6 +231,15 @@ typedef struct gantry_sampling {
     size_t n_logit_bias;
     uint32_t top_logprobs; /* alternatives wanted, 0..GANTRY_MAX_TOP_LOGPROBS */
     bool want_logprob;     /* fill `logprob` of the sampled token */
+    /* Since 1.2, read only when `struct_size` covers it and the plugin declares
+     * GANTRY_CAP_TOKEN_MASK. The tokens this step may sample: bit (t % 32) of
+     * word t / 32 is set when token t is allowed; tokens past the last word are
+     * not allowed. NULL = every token. The mask applies before the sampler
+     * chain, so biases, penalties, top-k/p, temperature and logprobs all see
+     * the masked distribution (a disallowed token has probability 0). The host
+     * guarantees at least one allowed token. */
+    const uint32_t* allowed_tokens;
+    size_t n_allowed_words;
 } gantry_sampling_t;
 
 /* Flags of a step entry. */

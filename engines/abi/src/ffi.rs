@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 1;
+pub const GANTRY_ABI_MINOR: u32 = 2;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -43,6 +43,10 @@ pub type gantry_modality_t = u32;
 pub const GANTRY_MODALITY_COMPLETION: gantry_modality_t = 1;
 pub const GANTRY_MODALITY_EMBEDDING: gantry_modality_t = 2;
 
+pub type gantry_capability_t = u32;
+/// Since ABI 1.2: `step` honours `gantry_sampling_t::allowed_tokens` (see the header).
+pub const GANTRY_CAP_TOKEN_MASK: gantry_capability_t = 1;
+
 pub const GANTRY_STEP_SAMPLE: u32 = 1;
 /// Since ABI 1.1: take no cached prefix for this entry's sequence (see the header).
 pub const GANTRY_STEP_FRESH: u32 = 2;
@@ -71,6 +75,8 @@ pub struct gantry_engine_info_t {
     pub engine_version: *const c_char,
     pub backend: gantry_backend_t,
     pub description: *const c_char,
+    /// Since 1.2.
+    pub capabilities: gantry_capability_t,
 }
 
 #[repr(C)]
@@ -150,6 +156,9 @@ pub struct gantry_sampling_t {
     pub n_logit_bias: usize,
     pub top_logprobs: u32,
     pub want_logprob: bool,
+    /// Since 1.2: the allowed-token bitmask, or null.
+    pub allowed_tokens: *const u32,
+    pub n_allowed_words: usize,
 }
 
 #[repr(C)]

@@ -24,6 +24,9 @@ pub trait Engine: Send + Sync + Sized + 'static {
     const VERSION: &'static str;
     const BACKEND: Backend;
     const DESCRIPTION: &'static str;
+    /// Optional features (`ffi::GANTRY_CAP_*`, since ABI 1.2). An engine that sets
+    /// `GANTRY_CAP_TOKEN_MASK` must honour [`StepEntry::allowed`] in `step`.
+    const CAPABILITIES: u32 = 0;
 
     fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError>;
 
@@ -115,7 +118,7 @@ impl CModelInfo {
     fn write(&self, out: &mut ffi::gantry_model_info_t) {
         let opt = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
         let i = &self.info;
-        *out = ffi::gantry_model_info_t {
+        let full = ffi::gantry_model_info_t {
             struct_size: size_of::<ffi::gantry_model_info_t>() as u32,
             architecture: self.architecture.as_ptr(),
             vocab_size: i.vocab_size,
@@ -135,6 +138,32 @@ impl CModelInfo {
             embedding_dims: i.embedding_dims,
             add_bos: i.add_bos,
         };
+        // SAFETY: `out` is the host's struct, whose `struct_size` it set (header rule).
+        unsafe { write_sized(out, &full, size_of::<ffi::gantry_model_info_t>()) };
+    }
+}
+
+/// Copy `full` into a host-allocated out struct that starts with `struct_size`: at most the
+/// size the host set there, and record the size written (the header's out-struct rule, so a
+/// newer plugin never writes past an older host's struct). A host that left `struct_size`
+/// below 4 gets `legacy` bytes, the struct as ABI 1.1 knew it.
+///
+/// # Safety
+/// `out` must point to a writable `T` as the host allocated it: at least `struct_size` bytes,
+/// or `legacy` bytes when `struct_size` < 4.
+unsafe fn write_sized<T>(out: *mut T, full: &T, legacy: usize) {
+    // SAFETY: every out struct starts with a `uint32_t struct_size` (caller's contract).
+    let host = unsafe { out.cast::<u32>().read() } as usize;
+    let n = if host < size_of::<u32>() {
+        legacy
+    } else {
+        host
+    }
+    .min(size_of::<T>());
+    // SAFETY: `n` bytes fit both the host's struct and `full`; they do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(std::ptr::from_ref(full).cast::<u8>(), out.cast::<u8>(), n);
+        out.cast::<u32>().write(n as u32);
     }
 }
 
@@ -227,6 +256,21 @@ unsafe fn slice_or_empty<'a, T>(p: *const T, n: usize) -> &'a [T] {
     }
 }
 
+/// The allowed-token mask of a C sampling struct: `None` when the struct predates ABI 1.2
+/// (its `struct_size` does not cover the field) or the pointer is null.
+///
+/// # Safety
+/// `s` must point to a valid `gantry_sampling_t` whose mask, when present, holds
+/// `n_allowed_words` words.
+pub unsafe fn allowed_from_c(s: &ffi::gantry_sampling_t) -> Option<&[u32]> {
+    let end = std::mem::offset_of!(ffi::gantry_sampling_t, n_allowed_words) + size_of::<usize>();
+    if (s.struct_size as usize) < end || s.allowed_tokens.is_null() {
+        return None;
+    }
+    // SAFETY: covered by `struct_size` and non-null; `n_allowed_words` words per the caller.
+    Some(unsafe { std::slice::from_raw_parts(s.allowed_tokens, s.n_allowed_words) })
+}
+
 /// Read a C sampling struct into a [`Sampling`].
 ///
 /// # Safety
@@ -303,15 +347,22 @@ unsafe extern "C" fn shim_info<E: Engine>(out: *mut ffi::gantry_engine_info_t) {
     }
     guarded_void(|| {
         let s = info_strings::<E>();
-        // SAFETY: `out` is non-null and host-allocated; the strings are static.
+        let full = ffi::gantry_engine_info_t {
+            struct_size: size_of::<ffi::gantry_engine_info_t>() as u32,
+            engine_id: s.id.as_ptr(),
+            engine_version: s.version.as_ptr(),
+            backend: E::BACKEND.as_raw(),
+            description: s.description.as_ptr(),
+            capabilities: E::CAPABILITIES,
+        };
+        // SAFETY: `out` is non-null and host-allocated with its `struct_size` set; the
+        // strings are static.
         unsafe {
-            *out = ffi::gantry_engine_info_t {
-                struct_size: size_of::<ffi::gantry_engine_info_t>() as u32,
-                engine_id: s.id.as_ptr(),
-                engine_version: s.version.as_ptr(),
-                backend: E::BACKEND.as_raw(),
-                description: s.description.as_ptr(),
-            }
+            write_sized(
+                out,
+                &full,
+                std::mem::offset_of!(ffi::gantry_engine_info_t, capabilities),
+            )
         }
     });
 }
@@ -540,11 +591,17 @@ unsafe extern "C" fn shim_step<M: Model>(
                 if e.flags & ffi::GANTRY_STEP_SAMPLE != 0 && s.is_none() {
                     return Err(EngineError::internal("step: SAMPLE entry without sampling"));
                 }
+                let allowed = if s.is_some() {
+                    allowed_from_c(&*e.sampling)
+                } else {
+                    None
+                };
                 safe.push(StepEntry {
                     seq: e.seq,
                     tokens: slice_or_empty(e.tokens, e.n_tokens),
                     sample: s.as_ref(),
                     fresh: e.flags & ffi::GANTRY_STEP_FRESH != 0,
+                    allowed,
                 });
             }
             let out = m.model.step(&safe)?;

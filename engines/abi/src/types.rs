@@ -234,6 +234,15 @@ pub struct EngineInfo {
     pub engine_version: String,
     pub backend: Option<Backend>,
     pub description: Option<String>,
+    /// Since ABI 1.2: bit set of `ffi::GANTRY_CAP_*` (0 for older plugins).
+    pub capabilities: u32,
+}
+
+impl EngineInfo {
+    /// The plugin applies an allowed-token mask before sampling (`GANTRY_CAP_TOKEN_MASK`).
+    pub fn supports_token_mask(&self) -> bool {
+        self.capabilities & ffi::GANTRY_CAP_TOKEN_MASK != 0
+    }
 }
 
 /// Engine-wide settings handed to `create`.
@@ -374,6 +383,19 @@ pub struct StepEntry<'a> {
     /// Since ABI 1.1 (`GANTRY_STEP_FRESH`): evaluate the sequence from scratch, taking no
     /// prefix from a cache, so reproducible sampling does not depend on what is cached.
     pub fresh: bool,
+    /// Since ABI 1.2 (`gantry_sampling_t::allowed_tokens`): the tokens this step may sample,
+    /// one bit per token (bit `t % 32` of word `t / 32`); `None` = every token. Only with
+    /// `sample`, and only for plugins that declare `GANTRY_CAP_TOKEN_MASK`.
+    pub allowed: Option<&'a [u32]>,
+}
+
+/// Whether `token` is set in an allowed-token mask (see [`StepEntry::allowed`]); tokens past
+/// the mask's last word are not allowed.
+pub fn token_allowed(mask: &[u32], token: i32) -> bool {
+    usize::try_from(token)
+        .ok()
+        .and_then(|t| mask.get(t / 32).map(|w| w & (1 << (t % 32)) != 0))
+        .unwrap_or(false)
 }
 
 /// A sampled token with its log probability and the top alternatives.

@@ -33,7 +33,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             engine_id,
             engine_version,
             backend,
-            description
+            description,
+            capabilities
         }
     );
     layout!(
@@ -111,7 +112,9 @@ fn rust_layout() -> Vec<(String, usize)> {
             logit_bias,
             n_logit_bias,
             top_logprobs,
-            want_logprob
+            want_logprob,
+            allowed_tokens,
+            n_allowed_words
         }
     );
     layout!(
@@ -256,6 +259,10 @@ fn header_constants_match_rust_constants() {
     );
     assert_eq!(define("GANTRY_STEP_SAMPLE"), GANTRY_STEP_SAMPLE.to_string());
     assert_eq!(define("GANTRY_STEP_FRESH"), GANTRY_STEP_FRESH.to_string());
+    assert_eq!(
+        define("GANTRY_CAP_TOKEN_MASK"),
+        GANTRY_CAP_TOKEN_MASK.to_string()
+    );
     let codes = [
         ("GANTRY_OK", GANTRY_OK),
         ("GANTRY_OOM_VRAM", GANTRY_OOM_VRAM),

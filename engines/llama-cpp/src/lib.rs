@@ -61,6 +61,7 @@ impl Engine for LlamaEngine {
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const BACKEND: Backend = BACKEND;
     const DESCRIPTION: &'static str = "GGUF models through llama.cpp";
+    const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK;
 
     fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError> {
         if config.backend != BACKEND {
@@ -595,7 +596,7 @@ impl Model for LlamaLoaded {
             let sampler = seq
                 .sampler
                 .get_or_insert_with(|| SeqSampler::new(params, self.n_vocab));
-            out.push(Some(sampler.sample(&ex.ctx, idx, params)));
+            out.push(Some(sampler.sample(&ex.ctx, idx, params, e.allowed)?));
         }
         Ok(out)
     }

@@ -6,10 +6,12 @@
 //! sampler chain built on the sequence's first sample and kept until release,
 //! so penalties see the sequence's own history and the seeded RNG its own stream.
 
-use gantry_engine_abi::{SampledToken, Sampling};
+use gantry_engine_abi::{EngineError, SampledToken, Sampling};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 
 pub(crate) enum SeqSampler {
@@ -63,28 +65,82 @@ impl SeqSampler {
         SeqSampler::Chain(LlamaSampler::chain_simple(chain))
     }
 
+    /// Sample the next token at batch position `idx`. With an allowed-token mask (ABI 1.2),
+    /// disallowed tokens leave the distribution before the chain runs: biases, penalties,
+    /// top-k/p, temperature and the reported logprobs all see only the allowed tokens.
     pub(crate) fn sample(
         &mut self,
         ctx: &LlamaContext<'_>,
         idx: i32,
         p: &Sampling,
-    ) -> SampledToken {
-        let logits = ctx.get_logits_ith(idx);
-        let token = match self {
-            SeqSampler::Argmax => argmax(logits),
+        allowed: Option<&[u32]>,
+    ) -> Result<SampledToken, EngineError> {
+        let raw = ctx.get_logits_ith(idx);
+        let masked;
+        let logits = match allowed {
+            None => raw,
+            Some(mask) => {
+                masked = apply_mask(raw, mask)?;
+                &masked[..]
+            }
+        };
+        let token = match (self, allowed) {
+            (SeqSampler::Argmax, _) => argmax(logits),
             // `sample` also accepts the token into the chain (penalty history).
-            SeqSampler::Chain(s) => s.sample(ctx, idx).0,
+            (SeqSampler::Chain(s), None) => s.sample(ctx, idx).0,
+            (SeqSampler::Chain(s), Some(_)) => {
+                // Only the allowed tokens become candidates: a disallowed token's probability
+                // is 0, so leaving it out changes nothing but the work.
+                let mut cands = LlamaTokenDataArray::from_iter(
+                    logits
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, l)| l.is_finite())
+                        .map(|(t, &l)| LlamaTokenData::new(LlamaToken(t as i32), l, 0.0)),
+                    false,
+                );
+                s.apply(&mut cands);
+                let t = cands.selected_token().ok_or_else(|| {
+                    EngineError::internal("the sampler chain selected no allowed token")
+                })?;
+                s.accept(t);
+                t.0
+            }
         };
         let (logprob, top) = if p.want_logprob || p.top_logprobs > 0 {
             logprobs(logits, token, p.top_logprobs as usize)
         } else {
             (f32::NAN, Vec::new())
         };
-        SampledToken {
+        Ok(SampledToken {
             token,
             logprob,
             top,
+        })
+    }
+}
+
+/// The logits with every token outside `mask` set to -inf; an error when no token is allowed.
+fn apply_mask(raw: &[f32], mask: &[u32]) -> Result<Vec<f32>, EngineError> {
+    let mut out = vec![f32::NEG_INFINITY; raw.len()];
+    let mut any = false;
+    for (w, &word) in mask.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let t = w * 32 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let Some(&l) = raw.get(t) {
+                out[t] = l;
+                any = true;
+            }
         }
+    }
+    if any {
+        Ok(out)
+    } else {
+        Err(EngineError::internal(
+            "the allowed-token mask allows no token of the vocabulary",
+        ))
     }
 }
 
@@ -131,6 +187,22 @@ pub(crate) fn logprobs(logits: &[f32], token: i32, n: usize) -> (f32, Vec<(i32, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mask_keeps_only_the_allowed_logits() {
+        let raw = [1.0f32, 5.0, 2.0, 4.0, 3.0];
+        // Tokens 0, 2 and 4 allowed: the best allowed one wins, the others are -inf.
+        let m = apply_mask(&raw, &[0b10101]).expect("some allowed");
+        assert_eq!(argmax(&m), 4);
+        assert_eq!(m[1], f32::NEG_INFINITY);
+        assert_eq!(m[3], f32::NEG_INFINITY);
+        // The logprobs of a masked distribution sum to 1 over the allowed tokens.
+        let p: f32 = [0, 2, 4].iter().map(|&t| logprobs(&m, t, 0).0.exp()).sum();
+        assert!((p - 1.0).abs() < 1e-5);
+        // Bits past the vocabulary count for nothing; no allowed token is an error.
+        assert!(apply_mask(&raw, &[0, 1]).is_err());
+        assert!(apply_mask(&raw, &[]).is_err());
+    }
 
     #[test]
     fn argmax_prefers_the_lowest_index_on_ties() {

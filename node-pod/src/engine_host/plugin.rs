@@ -292,6 +292,7 @@ impl Plugin {
             engine_version: std::ptr::null(),
             backend: ffi::GANTRY_BACKEND_CPU,
             description: std::ptr::null(),
+            capabilities: 0,
         };
         // SAFETY: host-allocated out struct; strings live as long as the library.
         let info = unsafe {
@@ -301,6 +302,14 @@ impl Plugin {
                 engine_version: opt_string(raw_info.engine_version).unwrap_or_default(),
                 backend: Backend::from_raw(raw_info.backend),
                 description: opt_string(raw_info.description),
+                // Only a plugin that wrote the field (ABI 1.2 or later) declares capabilities.
+                capabilities: if raw_info.struct_size as usize
+                    > std::mem::offset_of!(ffi::gantry_engine_info_t, capabilities)
+                {
+                    raw_info.capabilities
+                } else {
+                    0
+                },
             }
         };
         if info.engine_id != expected_id {

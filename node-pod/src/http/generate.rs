@@ -4,7 +4,7 @@
 //! Each handler reads as the request path (docs/architecture.md walks it):
 //! parse (`openai.rs`) → validate (`validate.rs`) → the ready model
 //! (`Node::ready_model`) → chat template (`template`) → tokenize
-//! (`tokenizer.rs`) → model limits (`limits.rs`) → cache, scheduler and the
+//! (`tokenizer.rs`) → model limits and the grammar (`limits.rs`) → cache, scheduler and the
 //! response or SSE stream (`response.rs`). Every step's failure is an
 //! `ApiError`, answered by `response::respond`.
 
@@ -12,22 +12,35 @@ use axum::body::Bytes;
 use axum::response::Response;
 
 use super::AppState;
-use super::limits::{self, PromptTokens};
+use super::limits::{self, PromptTokens, ReplyTools};
 use super::openai::{self, ChatRequest, CompletionRequest};
 use super::response::{self, Flavor};
-use super::validate::{self, ValidPrompt};
+use super::validate::{self, ToolMode, ValidPrompt};
+use crate::template::inline_tools;
+use crate::toolcall::Family;
 
 pub async fn chat(state: AppState, body: Bytes) -> Response {
     let generation = async {
         let req: ChatRequest = openai::parse(&body)?;
         let mut valid = validate::chat(&req)?;
         let (m, ready) = state.node.ready_model(&valid.model).await?;
-        let text = ready.template.render(
-            &valid.messages,
-            valid.tools.as_deref(),
-            true,
-            Some(&valid.template_kwargs),
-        )?;
+        // A template without tool support gets the tools and the tool history as plain text.
+        let inlined = (!ready.template.handles_tools()
+            && inline_tools::uses_tools(&valid.messages, valid.tools.as_deref()))
+        .then(|| inline_tools::inline(&valid.messages, valid.tools.as_deref()));
+        let text = match &inlined {
+            Some(messages) => {
+                ready
+                    .template
+                    .render(messages, None, true, Some(&valid.template_kwargs))?
+            }
+            None => ready.template.render(
+                &valid.messages,
+                valid.tools.as_deref(),
+                true,
+                Some(&valid.template_kwargs),
+            )?,
+        };
         let prompt = ready.tokenizer.encode_chat(&text, ready.shared.info())?;
         // The template's end-of-turn marker ends the reply even when the model writes it as
         // text rather than as its end-of-generation token (hidden, like any stop sequence).
@@ -36,15 +49,23 @@ pub async fn chat(state: AppState, body: Bytes) -> Response {
         {
             valid.params.stop.push(marker.to_string());
         }
+        let tools = match &valid.tool_mode {
+            ToolMode::Off => ReplyTools::Off,
+            ToolMode::Auto => ReplyTools::Auto(Family::detect(ready.template.text())),
+            ToolMode::Named(n) => ReplyTools::Named(n.clone()),
+            ToolMode::Required => ReplyTools::Required,
+        };
         let sched = &state.node.config.scheduler;
-        limits::generation(
+        let mut g = limits::generation(
             sched,
             &m,
             ready,
             PromptTokens::Encoded(prompt),
             "messages",
             valid.params,
-        )
+        )?;
+        g.tools = tools;
+        limits::constrain(g).await
     }
     .await;
     response::respond(state, Flavor::Chat, generation).await
@@ -62,7 +83,8 @@ pub async fn completion(state: AppState, body: Bytes) -> Response {
             ValidPrompt::Tokens(ids) => PromptTokens::Sent(ids),
         };
         let sched = &state.node.config.scheduler;
-        limits::generation(sched, &m, ready, prompt, "prompt", valid.params)
+        let g = limits::generation(sched, &m, ready, prompt, "prompt", valid.params)?;
+        limits::constrain(g).await
     }
     .await;
     response::respond(state, Flavor::Completion, generation).await

@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::validate::{ValidEmbeddingRequest, ValidParams, ValidPrompt};
+use crate::constraint::Constraint;
 use crate::error::ApiError;
 use crate::node::{ReadyModel, ServedModel};
+use crate::toolcall::Family;
 use gantry_api::config::SchedulerConfig;
 
 /// A prompt as it reaches this step: encoded by the node, or token ids the
@@ -33,6 +35,45 @@ pub struct Generation {
     pub deadline: Option<Duration>,
     /// How long a stream may go without a token once the first one arrived.
     pub stall: Duration,
+    /// The compiled grammar (see [`constrain`]), when the request constrains its output.
+    pub constraint: Option<Box<Constraint>>,
+    /// How the reply's tool calls are read (chat requests with `tools`).
+    pub tools: ReplyTools,
+}
+
+/// How the reply's text becomes tool calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplyTools {
+    /// Plain text.
+    Off,
+    /// The model's own syntax, read by its family's parser.
+    Auto(Family),
+    /// Constrained to this function's arguments.
+    Named(String),
+    /// Constrained to a list of calls.
+    Required,
+}
+
+/// Compile the request's grammar (if any) against the model's vocabulary, off the async
+/// runtime. (A model whose engine cannot apply masks refused it in [`generation`], with a
+/// 400 naming the engine: a constrained request never gets an unconstrained answer.)
+pub async fn constrain(mut g: Generation) -> Result<Generation, ApiError> {
+    let Some(req) = g.params.constraint.clone() else {
+        return Ok(g);
+    };
+    let vocabulary = g.ready.vocabulary.clone();
+    let compiled = tokio::task::spawn_blocking(move || {
+        let compiler = vocabulary.compiler().map_err(|e| {
+            ApiError::internal(format!(
+                "constrained decoding is unavailable for this model: {e}"
+            ))
+        })?;
+        compiler.compile(&req)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))??;
+    g.constraint = Some(Box::new(compiled));
+    Ok(g)
 }
 
 /// Check a generation request against its model. `prompt_field` is the request field a
@@ -49,6 +90,17 @@ pub fn generation(
         PromptTokens::Encoded(ids) => ids,
         PromptTokens::Sent(ids) => token_ids(ids, ready.shared.info().vocab_size)?,
     };
+    if let Some(c) = &params.constraint
+        && !ready.shared.supports_token_mask()
+    {
+        return Err(ApiError::invalid(
+            c.field.clone(),
+            format!(
+                "`{}` needs constrained decoding, which engine `{}` (serving model `{}`) does not support: its plugin does not declare GANTRY_CAP_TOKEN_MASK",
+                c.field, ready.plugin, m.config.id
+            ),
+        ));
+    }
     if !ready.shared.info().supports_completion() {
         return Err(ApiError::unsupported(
             "model",
@@ -85,6 +137,8 @@ pub fn generation(
         max_tokens,
         deadline,
         stall: Duration::from_secs(sched.stall_timeout_seconds.max(1)),
+        constraint: None,
+        tools: ReplyTools::Off,
     })
 }
 

@@ -9,6 +9,7 @@ pub mod limits;
 pub mod node_auth;
 pub mod openai;
 pub mod response;
+pub mod tool_reply;
 pub mod validate;
 
 use std::net::SocketAddr;

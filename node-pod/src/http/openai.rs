@@ -77,6 +77,19 @@ macro_rules! request_with_common_fields {
             /// Gantry extension: request deadline in seconds (0 = none, within the model's maximum).
             #[serde(default)]
             pub timeout: Option<f64>,
+            #[serde(default)]
+            pub response_format: Option<Value>,
+            // vLLM-compatible output constraints (docs/structured-outputs.md).
+            #[serde(default)]
+            pub guided_json: Option<Value>,
+            #[serde(default)]
+            pub guided_regex: Option<Value>,
+            #[serde(default)]
+            pub guided_choice: Option<Value>,
+            #[serde(default)]
+            pub guided_grammar: Option<Value>,
+            #[serde(default)]
+            pub structured_outputs: Option<Value>,
             $($body)*
         }
 
@@ -100,6 +113,17 @@ macro_rules! request_with_common_fields {
                     min_p: self.min_p,
                     repetition_penalty: self.repetition_penalty,
                     timeout: self.timeout,
+                }
+            }
+
+            /// The vLLM-style constraint fields.
+            pub fn extras(&self) -> super::validate::structured::Extras<'_> {
+                super::validate::structured::Extras {
+                    guided_json: self.guided_json.as_ref(),
+                    guided_regex: self.guided_regex.as_ref(),
+                    guided_choice: self.guided_choice.as_ref(),
+                    guided_grammar: self.guided_grammar.as_ref(),
+                    structured_outputs: self.structured_outputs.as_ref(),
                 }
             }
         }
@@ -138,8 +162,6 @@ request_with_common_fields! {
     pub logprobs: Option<bool>,
     #[serde(default)]
     pub top_logprobs: Option<i64>,
-    #[serde(default)]
-    pub response_format: Option<Value>,
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
     #[serde(default)]
@@ -197,8 +219,6 @@ request_with_common_fields! {
     pub best_of: Option<i64>,
     #[serde(default)]
     pub suffix: Option<String>,
-    #[serde(default)]
-    pub response_format: Option<Value>,
     }
 }
 

@@ -19,7 +19,8 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::limits::Generation;
+use super::limits::{Generation, ReplyTools};
+use super::tool_reply::{self, ToolReader};
 use super::{AppState, InflightGuard};
 use crate::cache::{CacheKey, CachedAnswer};
 use crate::error::ApiError;
@@ -71,7 +72,7 @@ pub async fn respond(
     flavor: Flavor,
     generation: Result<Generation, ApiError>,
 ) -> Response {
-    let p = match generation {
+    let mut p = match generation {
         Ok(p) => p,
         Err(e) => {
             state.count("-", flavor.endpoint(), e.status);
@@ -79,10 +80,8 @@ pub async fn respond(
         }
     };
     let guard = InflightGuard::new(state.node.clone());
-    let key = state
-        .node
-        .cache
-        .enabled()
+    // A constrained answer is not cached: the key does not describe the grammar.
+    let key = (state.node.cache.enabled() && p.constraint.is_none())
         .then(|| {
             CacheKey::for_request(
                 &p.model_id,
@@ -107,6 +106,7 @@ pub async fn respond(
                 logprobs: p.params.logprobs,
                 deadline: p.deadline.map(|d| now + d),
                 fresh: p.params.seeded,
+                constraint: p.constraint.take(),
                 arrived: now,
                 events: tx,
             };
@@ -132,6 +132,7 @@ pub async fn respond(
         include_usage: p.params.include_usage,
         max_tokens_given: p.params.max_tokens.is_some(),
         stall: p.stall,
+        tools: p.tools.clone(),
     };
     if p.params.stream {
         // The status line waits for the first event: a request that never starts (its
@@ -171,6 +172,8 @@ struct Meta {
     /// Whether the client set `max_tokens` (decides what a plain request cut by its deadline gets).
     max_tokens_given: bool,
     stall: Duration,
+    /// How the reply's text becomes tool calls.
+    tools: ReplyTools,
 }
 
 /// The refusal for a request whose deadline passed before it was admitted.
@@ -380,17 +383,21 @@ async fn collect_response(
                 let cut = reason == FinishReason::Deadline;
                 return Ok((
                     match meta.flavor {
-                        Flavor::Chat => json!({
-                            "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
-                            "system_fingerprint": fingerprint(),
-                            "choices": [{
-                                "index": 0,
-                                "message": {"role": "assistant", "content": text},
-                                "logprobs": if meta.logprobs { json!({"content": chat_lp}) } else { Value::Null },
-                                "finish_reason": reason.as_openai(),
-                            }],
-                            "usage": u,
-                        }),
+                        Flavor::Chat => {
+                            let (message, calls) =
+                                tool_reply::message(&text, &meta.tools, &meta.id);
+                            json!({
+                                "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+                                "system_fingerprint": fingerprint(),
+                                "choices": [{
+                                    "index": 0,
+                                    "message": message,
+                                    "logprobs": if meta.logprobs { json!({"content": chat_lp}) } else { Value::Null },
+                                    "finish_reason": finish_reason(reason, calls),
+                                }],
+                                "usage": u,
+                            })
+                        }
                         Flavor::Completion => json!({
                             "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
                             "system_fingerprint": fingerprint(),
@@ -424,6 +431,15 @@ async fn collect_response(
     }
 }
 
+/// OpenAI's `finish_reason`: `tool_calls` when a reply that ended normally holds calls.
+fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
+    if calls && reason == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        reason.as_openai()
+    }
+}
+
 fn fingerprint() -> String {
     concat!("gantry-", env!("CARGO_PKG_VERSION")).to_string()
 }
@@ -438,6 +454,10 @@ struct StreamState {
     seen_first: bool,
     done: bool,
     text_len: usize,
+    /// Reads tool calls out of the text (chat replies with tools).
+    tools: Option<ToolReader>,
+    /// Whether a tool call was streamed (the finish reason is then `tool_calls`).
+    sent_call: bool,
 }
 
 fn data(v: &Value) -> Event {
@@ -483,6 +503,37 @@ impl StreamState {
         }
     }
 
+    /// A token's text read for tool calls: one chunk per delta; a token whose text is held
+    /// (inside a call) still sends its logprobs in a chunk with an empty delta.
+    fn tool_chunks(&mut self, text: &str, logprob: Option<&TokenLogprob>, out: &mut Vec<Event>) {
+        let pieces = self
+            .tools
+            .as_mut()
+            .map(|r| r.push(text))
+            .unwrap_or_default();
+        self.push_deltas(pieces, logprob, out);
+    }
+
+    fn push_deltas(
+        &mut self,
+        pieces: Vec<crate::toolcall::Piece>,
+        logprob: Option<&TokenLogprob>,
+        out: &mut Vec<Event>,
+    ) {
+        let deltas = tool_reply::deltas(pieces, &self.meta.id);
+        if deltas.is_empty() && logprob.is_some() {
+            let mut c = self.chunk("", logprob, None);
+            c["choices"][0]["delta"] = json!({});
+            out.push(data(&c));
+        }
+        for (i, d) in deltas.into_iter().enumerate() {
+            self.sent_call |= d.get("tool_calls").is_some();
+            let mut c = self.chunk("", if i == 0 { logprob } else { None }, None);
+            c["choices"][0]["delta"] = d;
+            out.push(data(&c));
+        }
+    }
+
     fn usage_chunk(&self, prompt: u32, completion: u32) -> Value {
         let object = match self.meta.flavor {
             Flavor::Chat => "chat.completion.chunk",
@@ -509,73 +560,86 @@ impl StreamState {
                 return out;
             }
         }
-        match self
-            .source
-            .next(self.seen_first, self.meta.stall, &self.state)
-            .await
-        {
-            Next::Event(GenEvent::Token { text, logprob }) => {
-                self.seen_first = true;
-                out.push(data(&self.chunk(&text, logprob.as_ref(), None)));
-                self.text_len += text.len();
-            }
-            Next::Event(GenEvent::Done {
-                reason,
-                prompt_tokens,
-                completion_tokens,
-                queued,
-            }) => {
-                let cut = match reason {
-                    FinishReason::Deadline => Some(deadline_exceeded(completion_tokens)),
-                    FinishReason::QueueTimeout => Some(queue_timeout(queued)),
-                    FinishReason::Stop | FinishReason::Length => None,
-                };
-                if cut.is_none() {
-                    out.push(data(&self.chunk("", None, Some(reason.as_openai()))));
+        // A token whose text is held (a possible stop sequence, a tool call being read) gives
+        // no event; read on, since an empty batch would end the stream.
+        loop {
+            match self
+                .source
+                .next(self.seen_first, self.meta.stall, &self.state)
+                .await
+            {
+                Next::Event(GenEvent::Token { text, logprob }) => {
+                    self.seen_first = true;
+                    if self.tools.is_some() {
+                        self.tool_chunks(&text, logprob.as_ref(), &mut out);
+                    } else {
+                        out.push(data(&self.chunk(&text, logprob.as_ref(), None)));
+                    }
+                    self.text_len += text.len();
                 }
-                if self.meta.include_usage {
-                    out.push(data(&self.usage_chunk(prompt_tokens, completion_tokens)));
+                Next::Event(GenEvent::Done {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    queued,
+                }) => {
+                    let cut = match reason {
+                        FinishReason::Deadline => Some(deadline_exceeded(completion_tokens)),
+                        FinishReason::QueueTimeout => Some(queue_timeout(queued)),
+                        FinishReason::Stop | FinishReason::Length | FinishReason::Failed => None,
+                    };
+                    if let Some(mut reader) = self.tools.take() {
+                        let pieces = reader.finish();
+                        self.push_deltas(pieces, None, &mut out);
+                    }
+                    if cut.is_none() {
+                        let finish = finish_reason(reason, self.sent_call);
+                        out.push(data(&self.chunk("", None, Some(finish))));
+                    }
+                    if self.meta.include_usage {
+                        out.push(data(&self.usage_chunk(prompt_tokens, completion_tokens)));
+                    }
+                    // A cut stream ends with an error event (as OpenAI ends a stream that fails
+                    // midway), never with a `finish_reason` a client would read as complete.
+                    if let Some(e) = cut {
+                        tracing::info!(model = %self.meta.model, id = %self.meta.id, code = ?e.code, "the stream was cut by its deadline");
+                        out.push(Event::default().data(e.body_json()));
+                    }
+                    out.push(Event::default().data("[DONE]"));
+                    self.done = true;
                 }
-                // A cut stream ends with an error event (as OpenAI ends a stream that fails
-                // midway), never with a `finish_reason` a client would read as complete.
-                if let Some(e) = cut {
-                    tracing::info!(model = %self.meta.model, id = %self.meta.id, code = ?e.code, "the stream was cut by its deadline");
+                Next::Event(GenEvent::Error(e)) => {
+                    let e = ApiError::from(e);
                     out.push(Event::default().data(e.body_json()));
+                    out.push(Event::default().data("[DONE]"));
+                    self.done = true;
                 }
-                out.push(Event::default().data("[DONE]"));
-                self.done = true;
-            }
-            Next::Event(GenEvent::Error(e)) => {
-                let e = ApiError::from(e);
-                out.push(Event::default().data(e.body_json()));
-                out.push(Event::default().data("[DONE]"));
-                self.done = true;
-            }
-            Next::Stalled => {
-                tracing::warn!(model = %self.meta.model, id = %self.meta.id, "no token within the stall limit; ending the stream");
-                self.state
-                    .node
-                    .metrics
-                    .finished_by_http(&self.meta.model, "stall");
-                let e = if self.seen_first {
-                    stall_timeout(self.meta.stall)
-                } else {
-                    deadline_exceeded(0)
-                };
-                out.push(Event::default().data(e.body_json()));
-                out.push(Event::default().data("[DONE]"));
-                self.done = true;
-            }
-            Next::Closed => {
-                out.push(
-                    Event::default().data(
+                Next::Stalled => {
+                    tracing::warn!(model = %self.meta.model, id = %self.meta.id, "no token within the stall limit; ending the stream");
+                    self.state
+                        .node
+                        .metrics
+                        .finished_by_http(&self.meta.model, "stall");
+                    let e = if self.seen_first {
+                        stall_timeout(self.meta.stall)
+                    } else {
+                        deadline_exceeded(0)
+                    };
+                    out.push(Event::default().data(e.body_json()));
+                    out.push(Event::default().data("[DONE]"));
+                    self.done = true;
+                }
+                Next::Closed => {
+                    out.push(Event::default().data(
                         ApiError::internal("the request ended without an answer").body_json(),
-                    ),
-                );
-                self.done = true;
+                    ));
+                    self.done = true;
+                }
+            }
+            if !out.is_empty() || self.done {
+                return out;
             }
         }
-        out
     }
 }
 
@@ -585,7 +649,11 @@ fn stream_response(
     source: Source,
     guard: InflightGuard,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let st = StreamState {
+    let tools = match meta.flavor {
+        Flavor::Chat => ToolReader::new(&meta.tools),
+        Flavor::Completion => None,
+    };
+    let mut st = StreamState {
         state,
         meta,
         source,
@@ -594,7 +662,10 @@ fn stream_response(
         seen_first: false,
         done: false,
         text_len: 0,
+        tools: None,
+        sent_call: false,
     };
+    st.tools = tools;
     let events = stream::unfold(st, |mut st| async move {
         let batch = st.advance().await;
         if batch.is_empty() {

@@ -16,9 +16,13 @@ use serde_json::Value;
 
 use serde_json::Map;
 
+pub mod structured;
+pub use structured::ToolMode;
+
 use super::openai::{
     ChatRequest, Common, CompletionRequest, EmbeddingInput, EmbeddingRequest, PromptSpec,
 };
+use crate::constraint::ConstraintRequest;
 use crate::error::ApiError;
 use crate::template::{ChatMessage, Content, Role, TextPart, ToolCall};
 
@@ -36,6 +40,8 @@ pub struct ValidChatRequest {
     pub tools: Option<Vec<Value>>,
     /// The template's extra variables: `chat_template_kwargs`, and `tool_choice` when given.
     pub template_kwargs: Map<String, Value>,
+    /// How the reply's tool calls are produced and read.
+    pub tool_mode: ToolMode,
     pub params: ValidParams,
 }
 
@@ -82,6 +88,8 @@ pub struct ValidParams {
     /// The client gave a `seed`: the engine evaluates the prompt from scratch
     /// (`StepEntry::fresh`), so the output does not depend on what is cached.
     pub seeded: bool,
+    /// The grammar the output must follow (`response_format`, a forced tool call, an extra).
+    pub constraint: Option<ConstraintRequest>,
 }
 
 fn range(field: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
@@ -223,6 +231,7 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
         include_usage: c.include_usage,
         timeout,
         seeded: c.seed.is_some(),
+        constraint: None,
     })
 }
 
@@ -246,25 +255,6 @@ fn refuse_if_set(field: &str, v: &Option<Value>, why: &str) -> Result<(), ApiErr
         Some(_) => Err(ApiError::unsupported(
             field,
             format!("`{field}` is not supported: {why}"),
-        )),
-    }
-}
-
-fn response_format(v: &Option<Value>) -> Result<(), ApiError> {
-    match v
-        .as_ref()
-        .and_then(|f| f.get("type"))
-        .and_then(Value::as_str)
-    {
-        None if v.is_none() => Ok(()),
-        Some("text") => Ok(()),
-        Some(other) => Err(ApiError::unsupported(
-            "response_format",
-            format!("`response_format.type` {other:?} is not supported; only \"text\" is"),
-        )),
-        None => Err(ApiError::invalid(
-            "response_format",
-            "`response_format` must be an object with a `type`",
         )),
     }
 }
@@ -313,16 +303,13 @@ pub fn chat(req: &ChatRequest) -> Result<ValidChatRequest, ApiError> {
             ));
         }
     }
-    response_format(&req.response_format)?;
-    if let Some(tc) = &req.tool_choice {
-        let ok = matches!(tc.as_str(), Some("none" | "auto"));
-        if !ok {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                "`tool_choice` may be \"none\" or \"auto\"; forcing a tool call needs constrained decoding, which Gantry does not do",
-            ));
-        }
-    }
+    let output = structured::chat_output(
+        req.response_format.as_ref(),
+        &req.extras(),
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -367,7 +354,11 @@ pub fn chat(req: &ChatRequest) -> Result<ValidChatRequest, ApiError> {
             .collect(),
         tools: req.tools.clone(),
         template_kwargs,
-        params: with_logprobs(p, top),
+        tool_mode: output.tools,
+        params: ValidParams {
+            constraint: output.constraint,
+            ..with_logprobs(p, top)
+        },
     })
 }
 
@@ -499,7 +490,7 @@ pub fn completion(req: &CompletionRequest) -> Result<ValidCompletionRequest, Api
             "`suffix` (fill-in-the-middle) is not supported",
         ));
     }
-    response_format(&req.response_format)?;
+    let constraint = structured::completion_output(req.response_format.as_ref(), &req.extras())?;
     let top = match req.logprobs {
         None => None,
         Some(n) if !(0..=MAX_TOP_LOGPROBS).contains(&n) => {
@@ -534,7 +525,10 @@ pub fn completion(req: &CompletionRequest) -> Result<ValidCompletionRequest, Api
     Ok(ValidCompletionRequest {
         model: req.model.clone(),
         prompt,
-        params: with_logprobs(p, top),
+        params: ValidParams {
+            constraint,
+            ..with_logprobs(p, top)
+        },
     })
 }
 

@@ -245,12 +245,22 @@ impl Node {
             }
         };
         tracing::info!(model = %m.config.id, plugin = %plugin_id, load_s, ctx = info.context_length, kv = info.kv_capacity_tokens, template = template.source().as_str(), "model ready");
+        let vocabulary = Arc::new(crate::constraint::Vocabulary::new(shared.clone()));
+        if shared.supports_token_mask() && info.supports_completion() {
+            // Build the constrained-decoding vocabulary now, off the request path, so the
+            // first structured-output request does not wait for it.
+            let v = vocabulary.clone();
+            let _ = std::thread::Builder::new()
+                .name(format!("vocab-{}", m.config.id))
+                .spawn(move || v.compiler().map(drop));
+        }
         m.set(ModelState::Ready(Arc::new(ReadyModel {
             shared,
             scheduler,
             template,
             tokenizer,
             plugin: plugin_id,
+            vocabulary,
         })));
         m.memory.set_note(None);
         self.after_load(m);

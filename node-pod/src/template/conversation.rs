@@ -211,3 +211,48 @@ impl Serialize for ChatMessage {
         self.to_json().serialize(serializer)
     }
 }
+
+impl Content {
+    /// The text of the content (parts joined), empty for `null`.
+    pub fn text(&self) -> String {
+        match self {
+            Content::Null => String::new(),
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => parts.iter().map(|p| p.text.as_str()).collect(),
+        }
+    }
+}
+
+impl ToolCall {
+    /// `function.name` as sent.
+    pub fn name(&self) -> &str {
+        self.sent
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    /// `function.arguments` as a JSON value: an object when it is one or a string holding one.
+    pub fn arguments_json(&self) -> Value {
+        match &self.arguments {
+            None => Value::Object(Map::new()),
+            Some(Arguments::Text(t)) => serde_json::from_str::<Map<String, Value>>(t)
+                .map_or_else(|_| Value::String(t.clone()), Value::Object),
+            Some(a) => a.to_json(),
+        }
+    }
+}
+
+impl ChatMessage {
+    /// A message with only a role and text content.
+    pub fn text(role: Role, text: String) -> Self {
+        Self::new(
+            role,
+            Some(Content::Text(text)),
+            None,
+            Map::new(),
+            vec!["role".into(), "content".into()],
+        )
+    }
+}

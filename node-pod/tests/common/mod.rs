@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use gantry_engine_abi::EngineConfig;
-use gantry_node::engine_host::{EngineRegistry, Plugin};
+use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor, Sampling, StepEntry};
+use gantry_node::engine_host::{EngineRegistry, ModelExec, Plugin};
+use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 
 /// `target/<profile>`: the test binary lives in `target/<profile>/deps/`.
 pub fn profile_dir() -> PathBuf {
@@ -148,4 +149,58 @@ pub fn spawn_node(
         base: format!("http://127.0.0.1:{port}"),
         _dir: dir,
     }
+}
+
+/// The descriptor of a GGUF model at `path`, loaded as `id`.
+pub fn desc(id: &str, path: &Path) -> ModelDescriptor {
+    ModelDescriptor {
+        model_id: id.into(),
+        model_dir: path.parent().expect("dir").to_path_buf(),
+        primary_file: path.to_path_buf(),
+        format: Format::Gguf,
+        quantization: None,
+        mmproj: None,
+        context_length: 0,
+        max_sequences: 0,
+    }
+}
+
+pub fn tiny(dir: &Path, spec: &TinyModelSpec) -> PathBuf {
+    let p = dir.join(format!("{}.gguf", spec.name));
+    write_tiny_gguf(&p, spec).expect("write tiny gguf");
+    p
+}
+
+/// Greedy-generate `n` tokens for each prompt, all sequences stepped together.
+pub fn generate_batched(exec: &mut ModelExec, prompts: &[Vec<i32>], n: usize) -> Vec<Vec<i32>> {
+    let g = Sampling::greedy();
+    let seqs: Vec<u64> = prompts
+        .iter()
+        .map(|_| exec.seq_open().expect("seq_open"))
+        .collect();
+    let mut outs: Vec<Vec<i32>> = vec![Vec::new(); prompts.len()];
+    let mut feed: Vec<Vec<i32>> = prompts.to_vec();
+    for _ in 0..n {
+        let entries: Vec<StepEntry<'_>> = seqs
+            .iter()
+            .zip(&feed)
+            .map(|(&seq, toks)| StepEntry {
+                seq,
+                tokens: toks,
+                sample: Some(&g),
+                fresh: false,
+                allowed: None,
+            })
+            .collect();
+        let res = exec.step(&entries).expect("step");
+        for (i, r) in res.into_iter().enumerate() {
+            let t = r.expect("sampled").token;
+            outs[i].push(t);
+            feed[i] = vec![t];
+        }
+    }
+    for s in seqs {
+        exec.seq_release(s);
+    }
+    outs
 }

@@ -98,6 +98,11 @@ impl ModelShared {
         &self.handle.plugin.info.engine_id
     }
 
+    /// Whether the plugin applies allowed-token masks (`GANTRY_CAP_TOKEN_MASK`, ABI 1.2).
+    pub fn supports_token_mask(&self) -> bool {
+        self.handle.plugin.info.supports_token_mask()
+    }
+
     pub fn tokenize(
         &self,
         text: &str,
@@ -223,6 +228,8 @@ impl ModelExec {
                     n_logit_bias: b.len(),
                     top_logprobs: s.top_logprobs.min(ffi::GANTRY_MAX_TOP_LOGPROBS as u32),
                     want_logprob: s.want_logprob,
+                    allowed_tokens: e.allowed.map_or(std::ptr::null(), <[u32]>::as_ptr),
+                    n_allowed_words: e.allowed.map_or(0, <[u32]>::len),
                 })
             })
             .collect();

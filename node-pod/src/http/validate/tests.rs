@@ -88,9 +88,9 @@ fn parameters_the_model_cannot_honour_are_refused() {
     let e = chat_err(serde_json::json!({"model": "m", "messages": image}));
     assert!(e.message.contains("text-only"), "{}", e.message);
     let e = chat_err(
-        serde_json::json!({"model": "m", "messages": msg(), "response_format": {"type": "json_object"}}),
+        serde_json::json!({"model": "m", "messages": msg(), "response_format": {"type": "xml"}}),
     );
-    assert_eq!(e.param.as_deref(), Some("response_format"));
+    assert_eq!(e.param.as_deref(), Some("response_format.type"));
     let e = chat_err(serde_json::json!({"model": "m", "messages": msg(), "frobnicate": 1}));
     assert_eq!(
         (e.param.as_deref(), e.code.as_deref()),
@@ -99,6 +99,7 @@ fn parameters_the_model_cannot_honour_are_refused() {
     let e =
         chat_err(serde_json::json!({"model": "m", "messages": msg(), "tool_choice": "required"}));
     assert_eq!(e.param.as_deref(), Some("tool_choice"));
+    assert!(e.message.contains("no `tools`"), "{}", e.message);
     let ok = parse::<ChatRequest>(serde_json::json!({"model": "m", "messages": msg(), "response_format": {"type": "text"}, "user": "u", "seed": 3}).to_string().as_bytes()).expect("parse");
     let p = chat(&ok).expect("valid").params;
     assert_eq!(p.sampling.seed, 3);

@@ -1,0 +1,253 @@
+//! Constrained decoding (between the model limits and the scheduler): a request's grammar
+//! becomes an llguidance matcher, which the scheduler asks for each step's allowed-token mask.
+//!
+//! Structured outputs (`response_format`), forced tool calls (`tool_choice: "required"` or a
+//! named function) and the vLLM-style extras (regex, choice, Lark grammar) all end here as one
+//! [`GrammarSpec`]. The grammar work is `llguidance`'s (the library behind several engines'
+//! structured outputs); this module only gives it the model's vocabulary and hands its masks
+//! to the scheduler, which passes them to the plugin through ABI 1.2's
+//! `gantry_sampling_t.allowed_tokens`.
+//!
+//! The vocabulary (every token's bytes, read once through the plugin's `detokenize`, and
+//! llguidance's token trie over it) is built per model on first use and kept while the model
+//! is loaded; the node starts building it in the background when the model becomes ready.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use serde_json::Value;
+
+use crate::engine_host::ModelShared;
+use crate::error::ApiError;
+
+/// What a request constrains its output to, before the model is known.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GrammarSpec {
+    /// A JSON Schema (`response_format.json_schema.schema`, a tool's parameters, `guided_json`).
+    JsonSchema(Value),
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// The whole output matches this regular expression.
+    Regex(String),
+    /// The output is exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar in llguidance's dialect.
+    Lark(String),
+}
+
+/// A grammar and the request field that asked for it (named by every refusal).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConstraintRequest {
+    pub spec: GrammarSpec,
+    pub field: String,
+}
+
+/// The JSON layout Gantry asks for: compact, with the usual separators, and no free
+/// whitespace (a small model can otherwise spend its whole budget on newlines). A schema
+/// that carries its own `x-guidance` options keeps them.
+fn json_options() -> JsonCompileOptions {
+    JsonCompileOptions {
+        item_separator: ", ".into(),
+        key_separator: ": ".into(),
+        whitespace_flexible: false,
+        ..JsonCompileOptions::default()
+    }
+}
+
+impl GrammarSpec {
+    fn to_grammar(&self) -> Result<TopLevelGrammar, String> {
+        Ok(match self {
+            GrammarSpec::JsonSchema(schema) => {
+                let mut schema = schema.clone();
+                match schema.as_object() {
+                    Some(obj) if !obj.contains_key("x-guidance") => {
+                        json_options().apply_to(&mut schema)
+                    }
+                    Some(_) => {}
+                    None if schema.is_boolean() => {}
+                    None => return Err("a JSON Schema must be an object (or a boolean)".into()),
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            GrammarSpec::JsonObject => {
+                let mut schema = serde_json::json!({"type": "object"});
+                json_options().apply_to(&mut schema);
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            GrammarSpec::Choice(options) => {
+                let alts: Vec<String> = options
+                    .iter()
+                    .map(|o| serde_json::to_string(o).unwrap_or_default())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+            }
+            GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        })
+    }
+}
+
+/// A model's compiled vocabulary: compiles grammars into matchers.
+pub struct Compiler {
+    factory: ParserFactory,
+}
+
+impl Compiler {
+    /// Read every token's bytes through the plugin and build llguidance's trie. Control tokens
+    /// (empty as text) get llguidance's special-token marker, so grammars can name them but
+    /// plain text never matches them; every end-of-generation token counts as EOS.
+    pub fn build(shared: &ModelShared) -> Result<Self, String> {
+        let info = shared.info();
+        let vocab = info.vocab_size;
+        let mut words = Vec::with_capacity(vocab as usize);
+        for t in 0..vocab as i32 {
+            let plain = shared.detokenize(&[t], false).map_err(|e| e.to_string())?;
+            if plain.is_empty() {
+                let special = shared.detokenize(&[t], true).map_err(|e| e.to_string())?;
+                if special.is_empty() {
+                    words.push(Vec::new());
+                } else {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(&special);
+                    words.push(w);
+                }
+            } else {
+                words.push(plain);
+            }
+        }
+        let eos = info
+            .eos_token
+            .or_else(|| info.eog_tokens.first().copied())
+            .ok_or("the model declares no end-of-generation token")?;
+        let eog: Vec<u32> = info
+            .eog_tokens
+            .iter()
+            .chain(std::iter::once(&eos))
+            .map(|&t| t as u32)
+            .collect();
+        let trie = TokTrie::from(&TokRxInfo::new(vocab, eos as u32), &words).with_eos_tokens(&eog);
+        // Gantry only asks for masks and feeds sampled tokens, so llguidance never needs the
+        // model's real tokenizer; its greedy trie tokenizer covers what it tokenizes itself,
+        // and the environment holds no reference that would keep the model loaded.
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// Compile one request's grammar; a grammar llguidance refuses (a malformed schema, an
+    /// unsupported keyword, a bad regex) is a 400 naming the request's field.
+    pub fn compile(&self, req: &ConstraintRequest) -> Result<Constraint, ApiError> {
+        let refuse = |msg: String| {
+            ApiError::invalid(
+                req.field.clone(),
+                format!(
+                    "`{}` cannot be used for constrained decoding: {msg}",
+                    req.field
+                ),
+            )
+        };
+        let grammar = req.spec.to_grammar().map_err(refuse)?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| refuse(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(refuse(e));
+        }
+        Ok(Constraint {
+            matcher,
+            mask: Vec::new(),
+        })
+    }
+}
+
+/// One request's grammar state: the scheduler asks it for the next mask and tells it each
+/// sampled token.
+pub struct Constraint {
+    matcher: Matcher,
+    mask: Vec<u32>,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+impl Constraint {
+    /// Compute the tokens allowed next (only the end-of-generation tokens once the grammar is
+    /// complete); returns the time it took.
+    pub fn compute_mask(&mut self) -> Result<f64, String> {
+        let t = Instant::now();
+        let vob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| format!("grammar: {e}"))?;
+        self.mask.clear();
+        self.mask.extend_from_slice(vob.as_slice());
+        if self.mask.iter().all(|&w| w == 0) {
+            return Err("grammar: no token can continue the output".into());
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// The mask from the last [`compute_mask`](Self::compute_mask).
+    pub fn mask(&self) -> &[u32] {
+        &self.mask
+    }
+
+    /// Advance past a sampled (non end-of-generation) token.
+    pub fn consume(&mut self, token: i32) -> Result<(), String> {
+        self.matcher
+            .consume_token(token as u32)
+            .map_err(|e| format!("grammar: {e}"))
+    }
+
+    /// Whether the grammar is complete: nothing but the end of generation may follow.
+    pub fn is_done(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Whether the output so far is a complete match.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+/// A model's vocabulary for constrained decoding, built on first use (or by the warm-up the
+/// node starts when the model becomes ready) and kept while the model is loaded.
+pub struct Vocabulary {
+    shared: Arc<ModelShared>,
+    compiler: OnceLock<Result<Arc<Compiler>, String>>,
+}
+
+impl Vocabulary {
+    pub fn new(shared: Arc<ModelShared>) -> Self {
+        Self {
+            shared,
+            compiler: OnceLock::new(),
+        }
+    }
+
+    /// The compiler, building it on first use (blocking: call from a blocking context).
+    pub fn compiler(&self) -> Result<Arc<Compiler>, String> {
+        self.compiler
+            .get_or_init(|| {
+                let t = Instant::now();
+                let built = Compiler::build(&self.shared).map(Arc::new);
+                match &built {
+                    Ok(_) => tracing::info!(vocab = self.shared.info().vocab_size, build_s = t.elapsed().as_secs_f64(), "constrained-decoding vocabulary ready"),
+                    Err(e) => tracing::warn!(error = %e, "constrained decoding unavailable for this model"),
+                }
+                built
+            })
+            .clone()
+    }
+}

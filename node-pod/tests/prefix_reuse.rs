@@ -1,0 +1,108 @@
+//! Prefix reuse in the llama.cpp plugin (engine layer, below the scheduler): a released
+//! sequence's prompt cells serve the next prompt that shares its prefix, without changing the
+//! output.
+//!
+//! This test reads the plugin's debug lines through a thread-local `tracing` subscriber, so it
+//! has a test binary of its own: no other test in the process registers callsites or installs
+//! a subscriber while it captures.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use gantry_node::engine_host::ModelShared;
+use gantry_testkit::TinyModelSpec;
+
+/// Runs `f` and returns what it returned with the plugin's debug lines logged meanwhile (the
+/// engine host forwards them to `tracing` on the calling thread).
+fn with_plugin_log<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Capture::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // Recompute every callsite's interest with this subscriber installed: a test on another
+    // thread may have cached "never" for the plugin's debug callsite under a quieter subscriber.
+    let out = tracing::subscriber::with_default(subscriber, || {
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
+    let log = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
+    (out, log)
+}
+
+/// The `(reused, evaluated)` counts of the engine's prefix-reuse lines in `log`.
+fn reuse_counts(log: &str) -> Vec<(usize, usize)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.split(" tokens, ").nth(1)?;
+            let (reused, rest) = rest.split_once(" reused from a warm slot, ")?;
+            let evaluated = rest.split_once(" evaluated")?.0;
+            Some((reused.parse().ok()?, evaluated.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_released_prompt_prefix_is_reused_without_changing_the_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), &TinyModelSpec::default());
+    let plugin = llama_plugin(2, 512);
+    let prompt = |tail: &str, s: &ModelShared| {
+        s.tokenize(
+            &format!("A long shared system prompt about Paris and France. {tail}"),
+            true,
+            false,
+        )
+        .expect("tok")
+    };
+    // Cold: a fresh model answers both prompts.
+    let (cold_s, mut cold) = plugin.load_model(&desc("cold", &path)).expect("load");
+    let a = prompt("First question?", &cold_s);
+    let b = prompt("Second one!", &cold_s);
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared > 4, "the prompts share a prefix: {a:?} {b:?}");
+    let (a_cold, log) =
+        with_plugin_log(|| generate_batched(&mut cold, std::slice::from_ref(&a), 16).remove(0));
+    assert_eq!(
+        reuse_counts(&log),
+        vec![(0, a.len())],
+        "a cold model evaluates the whole prompt"
+    );
+    let (fresh_s, mut fresh) = plugin.load_model(&desc("fresh", &path)).expect("load");
+    let b_cold = generate_batched(&mut fresh, &[prompt("Second one!", &fresh_s)], 16).remove(0);
+    // Warm: B runs right after A was released on the same model, sharing A's prefix cells.
+    let (b_warm, log) =
+        with_plugin_log(|| generate_batched(&mut cold, std::slice::from_ref(&b), 16).remove(0));
+    assert_eq!(
+        reuse_counts(&log),
+        vec![(shared, b.len() - shared)],
+        "B evaluates only what follows the prefix it shares with A"
+    );
+    assert_eq!(b_warm, b_cold, "prefix reuse changed the answer");
+    // The same prompt again: all of it is cached but the last token, which is evaluated again
+    // for its logits.
+    let (b_again, log) =
+        with_plugin_log(|| generate_batched(&mut cold, std::slice::from_ref(&b), 16).remove(0));
+    assert_eq!(reuse_counts(&log), vec![(b.len() - 1, 1)]);
+    assert_eq!(b_again, b_cold);
+    // And A once more, on the cells B left: the shared prefix again.
+    let (a_again, log) =
+        with_plugin_log(|| generate_batched(&mut cold, std::slice::from_ref(&a), 16).remove(0));
+    assert_eq!(reuse_counts(&log), vec![(shared, a.len() - shared)]);
+    assert_eq!(a_again, a_cold);
+}

@@ -1,0 +1,846 @@
+"""Structured outputs and tool calling, checked with the official `openai` client and with
+LangChain: `response_format` (text, json_object, json_schema), forced tool calls (streamed and
+not), tool-call history, the vLLM-style extras (`guided_*`, `structured_outputs`), the refusals,
+and the constraint's mask-time histogram.
+
+Both chat models run every schema. `tiny` has random weights, so whatever it writes inside a
+constraint is arbitrary: it shows that the constraint alone makes the output valid. Every schema
+used on it is bounded (strings with a maxLength, integers with both bounds, arrays with
+maxItems, no free-form numbers), so a valid document always ends well inside `max_tokens`.
+`gemma` is a real small model and writes plausible values.
+"""
+import json
+import re
+import urllib.error
+import urllib.request
+from datetime import date
+from enum import Enum
+from typing import Annotated, Literal, Optional, Union
+from uuid import UUID
+
+import jsonschema
+import openai
+import pytest
+from openai.lib._pydantic import to_strict_json_schema
+from pydantic import BaseModel, Field, conint, conlist, constr
+
+MODELS = ["tiny", "gemma"]
+# Room for the longest document any schema below allows, with margin for JSON escapes
+# (`tiny` writes about one character per token). `tiny`'s context is 512 tokens.
+MAX_TOKENS = {"tiny": 300, "gemma": 300}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def validate(instance, schema):
+    """JSON Schema validation, `format` included (date, uuid)."""
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    cls(schema, format_checker=cls.FORMAT_CHECKER).validate(instance)
+
+
+def assert_compact(text):
+    """The layout the contract promises: no free whitespace. Outside strings, the only
+    whitespace allowed is one space right after a `,` or a `:` (a fixed separator), never a
+    newline, an indent, or a space anywhere else."""
+    assert text == text.strip(), f"leading or trailing whitespace: {text!r}"
+    in_string = escaped = False
+    prev = ""
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch.isspace():
+            assert ch == " " and prev in (",", ":"), f"free whitespace at {i}: {text!r}"
+        prev = ch
+
+
+def post(base, body, path="/v1/chat/completions"):
+    """One JSON POST; returns (status, parsed body or text)."""
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, data = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, data = e.code, e.read()
+    try:
+        return status, json.loads(data)
+    except ValueError:
+        return status, data.decode("utf-8", "replace")
+
+
+def assert_openai_error(status, body, param=None, param_prefix=None, contains=None):
+    assert status == 400, (status, body)
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["type"] == "invalid_request_error", err
+    assert isinstance(err["message"], str) and err["message"], err
+    if param is not None:
+        assert err["param"] == param, err
+    if param_prefix is not None:
+        assert isinstance(err["param"], str) and err["param"].startswith(param_prefix), err
+    if contains is not None:
+        assert contains in err["message"], err
+    return err
+
+
+@pytest.fixture(scope="module")
+def via_gateway(gateway):
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(params=["node", "gateway"])
+def base(request, node, gateway):
+    return node if request.param == "node" else gateway
+
+
+# --- the schemas: every one bounded ------------------------------------------------------------
+
+Short = Annotated[str, Field(min_length=1, max_length=20)]
+
+
+class Person(BaseModel):
+    name: Short
+    age: Annotated[int, Field(ge=0, le=120)]
+
+
+class Address(BaseModel):
+    street: Annotated[str, Field(max_length=24)]
+    city: Annotated[str, Field(min_length=1, max_length=16)]
+    zip: Annotated[str, Field(pattern=r"^[0-9]{5}$")]
+
+
+class Contact(BaseModel):
+    name: Short
+    address: Address
+
+
+class Colour(str, Enum):
+    RED = "red"
+    GREEN = "green"
+    BLUE = "blue"
+
+
+class Paint(BaseModel):
+    colour: Colour
+    coats: conint(ge=1, le=3)
+
+
+class Ticket(BaseModel):
+    priority: Literal["low", "medium", "high"]
+    open: bool
+
+
+class Tagged(BaseModel):
+    tags: conlist(constr(min_length=1, max_length=10), min_length=1, max_length=3)
+
+
+class Profile(BaseModel):
+    nickname: Optional[constr(max_length=12)] = None
+    age: Optional[conint(ge=0, le=99)] = None
+    verified: bool
+
+
+class Flight(BaseModel):
+    code: constr(pattern=r"^[A-Z]{2}[0-9]{3}$")
+    gate: Annotated[str, Field(pattern=r"^[A-F][0-9]$")]
+
+
+class LineItem(BaseModel):
+    sku: constr(pattern=r"^[A-Z]{3}-[0-9]{3}$")
+    qty: conint(ge=1, le=9)
+
+
+class Order(BaseModel):
+    items: conlist(LineItem, min_length=1, max_length=3)
+
+
+class Point(BaseModel):
+    x: conint(ge=-100, le=100)
+    y: conint(ge=-100, le=100)
+
+
+class Route(BaseModel):
+    """`Point` three times: one `$defs` entry, three `$ref`s."""
+    start: Point
+    end: Point
+    via: conlist(Point, max_length=2)
+
+
+class Envelope(BaseModel):
+    version: Literal["v1"]          # a one-value Literal is `const`
+    kind: Literal["event"]
+    seq: conint(ge=0, le=999)
+
+
+class Switches(BaseModel):
+    wifi: bool
+    bluetooth: bool
+    airplane_mode: bool
+
+
+class Word(BaseModel):
+    word: constr(min_length=3, max_length=8, pattern=r"^[a-z]+$")
+
+
+class Grid(BaseModel):
+    rows: conlist(conlist(conint(ge=0, le=9), min_length=2, max_length=2), min_length=2, max_length=2)
+
+
+class Meeting(BaseModel):
+    title: Short
+    # format: date. The pattern keeps to years 2000-2099 outside February: the format's grammar
+    # admits 29 February of any year and the year 0000, which Python's date refuses.
+    day: Annotated[date, Field(json_schema_extra={"pattern": r"^20[0-9]{2}-(0[13-9]|1[0-2])-"})]
+
+
+class Record(BaseModel):
+    id: UUID                        # format: uuid
+    label: constr(max_length=12)
+
+
+class Circle(BaseModel):
+    kind: Literal["circle"]
+    radius: conint(ge=1, le=10)
+
+
+class Square(BaseModel):
+    kind: Literal["square"]
+    side: conint(ge=1, le=10)
+
+
+class Drawing(BaseModel):
+    shape: Union[Circle, Square]    # anyOf of two $refs
+
+
+class Reading(BaseModel):
+    celsius: conint(ge=-40, le=50)
+    delta: conint(gt=-5, lt=5)      # exclusiveMinimum / exclusiveMaximum
+
+
+class Review(BaseModel):
+    stars: Literal[1, 2, 3, 4, 5]   # an integer enum
+    recommend: bool
+
+
+class Company(BaseModel):
+    ceo: Person
+    hq: Address
+    founded: conint(ge=1800, le=2024)
+
+
+class Shipment(BaseModel):
+    tracking: constr(pattern=r"^TRK[0-9]{4}$")
+    address: Optional[Address] = None
+
+
+class Batch(BaseModel):
+    size: conint(ge=0, le=100, multiple_of=5)
+    label: constr(min_length=1, max_length=10)
+
+
+class Pixel(BaseModel):
+    position: tuple[conint(ge=0, le=9), conint(ge=0, le=9)]   # prefixItems
+    on: bool
+
+
+class Team(BaseModel):
+    """`Person` reused in two places, one of them a list."""
+    lead: Person
+    members: conlist(Person, min_length=1, max_length=2)
+
+
+SCHEMA_CASES = [
+    (Person, "Invent a person: a name and an age."),
+    (Contact, "Give a contact with a postal address."),
+    (Paint, "Pick a paint colour and a number of coats."),
+    (Ticket, "A printer is on fire. Triage the ticket."),
+    (Tagged, "Give up to three tags for a post about baking bread."),
+    (Profile, "Make a user profile; nickname and age are optional."),
+    (Flight, "Give a flight code like AB123 and a gate like C4."),
+    (Order, "Order two items by SKU, like ABC-123."),
+    (Route, "A route between two points on a grid."),
+    (Envelope, "Wrap event number 42 in an envelope."),
+    (Switches, "Which phone radios are on in flight mode?"),
+    (Word, "Give one lowercase word for a fruit."),
+    (Grid, "A 2x2 grid of digits."),
+    (Meeting, "Plan a team meeting for a date next year."),
+    (Record, "Create a record with an id and a label."),
+    (Drawing, "Draw a circle or a square."),
+    (Reading, "A thermometer reading and its change."),
+    (Review, "Review a good pizza place."),
+    (Company, "Describe a small company."),
+    (Shipment, "Track a parcel with a tracking number."),
+    (Batch, "A batch size, a multiple of five."),
+    (Pixel, "One pixel on a 10x10 screen."),
+    (Team, "A small team with a lead and members."),
+]
+
+
+# --- response_format ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("schema,prompt", SCHEMA_CASES, ids=[c[0].__name__ for c in SCHEMA_CASES])
+def test_parse_returns_an_instance_that_validates(client, model, schema, prompt):
+    r = client.chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": prompt}], response_format=schema,
+        max_tokens=MAX_TOKENS[model], temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice
+    message = choice.message
+    assert isinstance(message.parsed, schema), message
+    data = json.loads(message.content)
+    validate(data, schema.model_json_schema())
+    # What the client sent (every property required, no others): the output has exactly those.
+    validate(data, to_strict_json_schema(schema))
+    assert schema.model_validate(data) == message.parsed
+    assert_compact(message.content)
+    assert 0 < r.usage.completion_tokens <= MAX_TOKENS[model]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_streamed_parse_equals_the_plain_one(client, model):
+    kw = dict(model=model, messages=[{"role": "user", "content": "Describe a small company."}],
+              response_format=Company, max_tokens=MAX_TOKENS[model], temperature=0)
+    plain = client.chat.completions.parse(**kw).choices[0].message
+    with client.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "stop"
+    streamed = final.choices[0].message
+    assert isinstance(streamed.parsed, Company)
+    assert streamed.content == plain.content
+    assert streamed.parsed == plain.parsed
+
+
+def test_json_schema_is_enforced_without_strict_too(client):
+    """`strict: false` is not a hint: the random model's output still validates."""
+    schema = {"type": "object",
+              "properties": {"word": {"type": "string", "maxLength": 12},
+                             "count": {"type": "integer", "minimum": 0, "maximum": 50},
+                             "ok": {"type": "boolean"}},
+              "required": ["word", "count", "ok"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Count something."}], temperature=0,
+        max_tokens=MAX_TOKENS["tiny"],
+        response_format={"type": "json_schema", "json_schema": {"name": "counted", "schema": schema, "strict": False}})
+    assert r.choices[0].finish_reason == "stop"
+    validate(json.loads(r.choices[0].message.content), schema)
+    assert_compact(r.choices[0].message.content)
+
+
+def test_response_format_text_is_plain_generation(client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=12, temperature=0)
+    plain = client.chat.completions.create(**kw)
+    text = client.chat.completions.create(**kw, response_format={"type": "text"})
+    assert text.choices[0].message.content == plain.choices[0].message.content
+    assert text.choices[0].finish_reason == "length" and text.usage.completion_tokens == 12
+
+
+def test_json_object_mode_returns_one_object(client):
+    r = client.chat.completions.create(
+        model="gemma", temperature=0, max_tokens=200, response_format={"type": "json_object"},
+        # Without an example, greedy Gemma 270M adds keys until max_tokens in any JSON layout; one
+        # example turn shows it where an object ends.
+        messages=[{"role": "user", "content": "Give a dog as JSON with name and age."},
+                  {"role": "assistant", "content": '{"name": "Rex", "age": 3}'},
+                  {"role": "user", "content": "Now a cat, same keys."}])
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    content = r.choices[0].message.content
+    assert isinstance(json.loads(content), dict), content
+    assert_compact(content)
+
+
+def test_structured_output_through_the_gateway_equals_the_node(client, via_gateway):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Order two items."}], response_format=Order,
+              max_tokens=MAX_TOKENS["tiny"], temperature=0)
+    direct = client.chat.completions.parse(**kw).choices[0].message
+    through = via_gateway.chat.completions.parse(**kw).choices[0].message
+    assert isinstance(through.parsed, Order)
+    assert through.content == direct.content
+
+
+# --- tools -------------------------------------------------------------------------------------
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 16},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False,
+}
+TIME_PARAMS = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                   "hour24": {"type": "boolean"}},
+    "required": ["zone", "hour24"], "additionalProperties": False,
+}
+DIAL_PARAMS = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+    "required": ["n", "b"], "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
+                                      "parameters": WEATHER_PARAMS}},
+    {"type": "function", "function": {"name": "get_time", "description": "Local time in a time zone.",
+                                      "parameters": TIME_PARAMS}},
+]
+# A template without tool support (tiny's ChatML, Gemma's default) gets the tool list written
+# into the system message, and tiny spends about a token per character of it: the two tools
+# above would not fit its 512-token context, so tiny gets one small tool.
+TINY_TOOLS = [{"type": "function", "function": {"name": "d", "parameters": DIAL_PARAMS}}]
+TOOLS_FOR = {"tiny": TINY_TOOLS, "gemma": TOOLS}
+NAMED = {"tiny": "d", "gemma": "get_time"}
+PARAMS = {"get_weather": WEATHER_PARAMS, "get_time": TIME_PARAMS, "d": DIAL_PARAMS}
+CONTEXT = {"tiny": 512, "gemma": 1024}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def named(name):
+    return {"type": "function", "function": {"name": name}}
+
+
+def fit(client, model, messages, tools, want=200):
+    """`want` tokens, or what the context leaves after this prompt with its tools written in;
+    the worst-case forced call on these tools needs well under 48."""
+    used = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=1,
+                                          temperature=0).usage.prompt_tokens
+    room = CONTEXT[model] - used
+    assert room >= 48, f"{model}: the prompt with its tools takes {used} of {CONTEXT[model]} tokens"
+    return min(want, room)
+
+
+def assert_valid_calls(message, want_name=None, exactly_one=True, streamed=False):
+    """The calls of a forced tool call: `call_` ids, each unique; known names; arguments that
+    are compact JSON validating against the tool's parameters; no text beside them (null in a
+    plain reply; a stream may have sent an empty string with the role). Returns the calls."""
+    calls = message.tool_calls
+    assert calls, message
+    if exactly_one:
+        assert len(calls) == 1, calls
+    if streamed:
+        assert not message.content, message
+    else:
+        assert message.content is None, message
+    for call in calls:
+        assert call.type == "function"
+        assert call.id.startswith("call_") and len(call.id) > len("call_"), call.id
+        assert call.function.name in PARAMS, call
+        if want_name:
+            assert call.function.name == want_name
+        validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+        assert_compact(call.function.arguments)
+    assert len({c.id for c in calls}) == len(calls), calls
+    return calls
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("kind", ["required", "named"])
+def test_a_forced_tool_call_validates_against_the_tool(client, model, kind):
+    tools = TOOLS_FOR[model]
+    choice, want = ("required", None) if kind == "required" else (named(NAMED[model]), NAMED[model])
+    r = client.chat.completions.create(model=model, messages=ASK, tools=tools, tool_choice=choice,
+                                       parallel_tool_calls=False, max_tokens=fit(client, model, ASK, tools),
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    assert r.choices[0].message.role == "assistant"
+    assert_valid_calls(r.choices[0].message, want_name=want)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_streamed_tool_call_equals_the_plain_one_with_a_seed(client, model):
+    tools = TOOLS_FOR[model]
+    kw = dict(model=model, messages=ASK, tools=tools, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=fit(client, model, ASK, tools), temperature=0.7, seed=4242)
+    plain = client.chat.completions.create(**kw)
+    assert plain.choices[0].finish_reason == "tool_calls"
+    [p] = assert_valid_calls(plain.choices[0].message)
+    with client.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    [s] = assert_valid_calls(final.choices[0].message, streamed=True)
+    assert s.function.name == p.function.name
+    assert json.loads(s.function.arguments) == json.loads(p.function.arguments)
+    assert s.id != p.id, "every call gets its own id"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_raw_tool_call_stream_names_the_call_once_then_sends_argument_fragments(client, model):
+    tools = TOOLS_FOR[model]
+    name = tools[0]["function"]["name"]
+    kw = dict(model=model, messages=ASK, tools=tools, tool_choice=named(name), parallel_tool_calls=False,
+              max_tokens=fit(client, model, ASK, tools), temperature=0)
+    plain = client.chat.completions.create(**kw)
+    [p] = assert_valid_calls(plain.choices[0].message, want_name=name)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    calls, fragments, finish = {}, 0, []
+    for chunk in chunks:
+        for ch in chunk.choices:
+            assert not ch.delta.content, f"text in a forced tool call: {ch.delta.content!r}"
+            if ch.finish_reason:
+                finish.append(ch.finish_reason)
+            for tc in ch.delta.tool_calls or []:
+                if tc.index not in calls:
+                    # The first delta of a call carries its id, type and name.
+                    assert tc.id and tc.id.startswith("call_"), tc
+                    assert tc.type == "function", tc
+                    assert tc.function and tc.function.name == name, tc
+                    calls[tc.index] = {"id": tc.id, "arguments": tc.function.arguments or ""}
+                else:
+                    # Later deltas only add argument text (clients concatenate every string field).
+                    assert tc.id is None and (tc.function is None or tc.function.name is None), tc
+                    calls[tc.index]["arguments"] += (tc.function.arguments or "") if tc.function else ""
+                    fragments += 1
+    assert finish == ["tool_calls"]
+    assert list(calls) == [0]
+    assert fragments >= 1, "arguments arrive as fragments after the first delta"
+    assert calls[0]["arguments"] == p.function.arguments
+    validate(json.loads(calls[0]["arguments"]), PARAMS[name])
+    assert calls[0]["id"] != p.id
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+class GetWeather(BaseModel):
+    """Current weather in a city."""
+    city: Annotated[str, Field(min_length=1, max_length=16)]
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class Dial(BaseModel):
+    n: conint(ge=0, le=9)
+    b: bool
+
+
+@pytest.mark.parametrize("model,schema,name", [("tiny", Dial, "d"), ("gemma", GetWeather, "get_weather")])
+def test_parse_fills_parsed_arguments_for_a_pydantic_tool(client, model, schema, name):
+    tools = [openai.pydantic_function_tool(schema, name=name)]
+    r = client.chat.completions.parse(model=model, messages=ASK, tools=tools, tool_choice=named(name),
+                                      parallel_tool_calls=False, max_tokens=fit(client, model, ASK, tools),
+                                      temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    [call] = r.choices[0].message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == name
+    assert isinstance(call.function.parsed_arguments, schema)
+    validate(json.loads(call.function.arguments), to_strict_json_schema(schema))
+
+
+def test_parallel_tool_calls_allowed_gives_distinct_valid_calls(client):
+    r = client.chat.completions.create(
+        model="gemma", tools=TOOLS, tool_choice="required", parallel_tool_calls=True, max_tokens=300, temperature=0,
+        messages=[{"role": "user", "content": "What is the weather in Paris and in Tokyo?"}])
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    calls = assert_valid_calls(r.choices[0].message, exactly_one=False)
+    assert len({c.id for c in calls}) == len(calls)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tool_choice_none_answers_in_text(client, model):
+    r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS_FOR[model], tool_choice="none",
+                                       max_tokens=16, temperature=0)
+    message = r.choices[0].message
+    assert not message.tool_calls, message
+    assert isinstance(message.content, str)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tool_choice_auto_gives_text_or_valid_calls(client):
+    r = client.chat.completions.create(model="gemma", messages=ASK, tools=TOOLS, tool_choice="auto",
+                                       max_tokens=64, temperature=0)
+    choice = r.choices[0]
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        assert_valid_calls(choice.message, exactly_one=False)
+    else:
+        assert isinstance(choice.message.content, str)
+        assert choice.finish_reason in ("stop", "length")
+
+
+def history(tool_result="22 degrees and sunny.", call_city="Paris"):
+    return ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_w1", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": call_city, "unit": "celsius"})}}]},
+        {"role": "tool", "tool_call_id": "call_w1", "content": tool_result},
+    ]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_history_with_tool_calls_and_results_is_rendered(client, model):
+    r = client.chat.completions.create(model=model, messages=history(), max_tokens=24, temperature=0)
+    assert isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+    # The tool's result and the call's arguments reach the prompt: longer ones, more tokens.
+    def prompt_tokens(**kw):
+        return client.chat.completions.create(model=model, messages=history(**kw), max_tokens=1,
+                                              temperature=0).usage.prompt_tokens
+
+    short = prompt_tokens()
+    assert short > client.chat.completions.create(model=model, messages=ASK, max_tokens=1,
+                                                  temperature=0).usage.prompt_tokens
+    assert prompt_tokens(tool_result="22 degrees and sunny, with a light wind from the west.") > short
+    assert prompt_tokens(call_city="Llanfairpwllgwyngyll") > short
+
+
+def test_a_forced_call_follows_a_tool_history(client):
+    messages = history() + [{"role": "user", "content": "And what time is it in Tokyo?"}]
+    r = client.chat.completions.create(model="gemma", messages=messages, tools=TOOLS, max_tokens=24, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    r = client.chat.completions.create(model="gemma", messages=messages, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=200, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert_valid_calls(r.choices[0].message)
+
+
+# --- vLLM-style extras -------------------------------------------------------------------------
+
+REGEX = r"\d{3}-[a-z]{2}"
+CHOICE = ["alpha", "beta", "gamma"]
+YES_NO = 'start: "yes" | "no"'
+GREETING = 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[A-Z][a-z]{1,7}/'
+SMALL = {"type": "object",
+         "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}, "ok": {"type": "boolean"},
+                        "tag": {"type": "string", "maxLength": 8}},
+         "required": ["n", "ok", "tag"], "additionalProperties": False}
+
+
+def _json_ok(text):
+    validate(json.loads(text), SMALL)
+    assert_compact(text)
+    return True
+
+
+EXTRAS = [
+    ("guided_regex", {"guided_regex": REGEX}, lambda t: re.fullmatch(REGEX, t)),
+    ("guided_choice", {"guided_choice": CHOICE}, lambda t: t in CHOICE),
+    ("guided_grammar", {"guided_grammar": YES_NO}, lambda t: t in ("yes", "no")),
+    ("guided_grammar-terminals", {"guided_grammar": GREETING}, lambda t: re.fullmatch(r"(hello|hi) [A-Z][a-z]{1,7}", t)),
+    ("guided_json", {"guided_json": SMALL}, _json_ok),
+    ("structured_outputs.regex", {"structured_outputs": {"regex": REGEX}}, lambda t: re.fullmatch(REGEX, t)),
+    ("structured_outputs.choice", {"structured_outputs": {"choice": CHOICE}}, lambda t: t in CHOICE),
+    ("structured_outputs.grammar", {"structured_outputs": {"grammar": YES_NO}}, lambda t: t in ("yes", "no")),
+    ("structured_outputs.json", {"structured_outputs": {"json": SMALL}}, _json_ok),
+]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("extra,check", [e[1:] for e in EXTRAS], ids=[e[0] for e in EXTRAS])
+def test_vllm_extras_constrain_the_whole_output(client, model, extra, check):
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Answer."}],
+                                       max_tokens=64, temperature=0, extra_body=extra)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", (r.choices[0].finish_reason, text)
+    assert check(text), text
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+def chat(**kw):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    body.update(kw)
+    return body
+
+
+def json_schema(schema=None, name="answer", **extra):
+    inner = {"name": name, "schema": schema, **extra}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in inner.items() if v is not None}}
+
+
+SCHEMA_PARAM = "response_format.json_schema.schema"
+OK_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}
+NAMELESS_TOOL = [{"type": "function", "function": {"description": "no name", "parameters": {"type": "object"}}}]
+
+REFUSALS = [
+    ("type-not-a-string", chat(response_format=json_schema({"type": 5})), dict(param=SCHEMA_PARAM)),
+    ("properties-not-an-object", chat(response_format=json_schema({"type": "object", "properties": []})),
+     dict(param=SCHEMA_PARAM)),
+    ("schema-not-an-object", chat(response_format=json_schema("a string")), dict(param=SCHEMA_PARAM)),
+    ("no-name", chat(response_format={"type": "json_schema", "json_schema": {"schema": OK_SCHEMA}}),
+     dict(param_prefix="response_format.json_schema")),
+    ("no-json_schema", chat(response_format={"type": "json_schema"}), dict(param_prefix="response_format")),
+    ("unknown-type", chat(response_format={"type": "xml"}), dict(param_prefix="response_format")),
+    ("tool-without-name", chat(tools=NAMELESS_TOOL), dict(param="tools[0].function.name")),
+    ("tool_choice-unknown-function", chat(tools=TINY_TOOLS, tool_choice=named("get_stock")), dict(param="tool_choice")),
+    ("tool_choice-required-without-tools", chat(tool_choice="required"), dict(param="tool_choice")),
+    ("invalid-regex", chat(guided_regex="([a-z"), dict(param="guided_regex")),
+]
+
+
+@pytest.mark.parametrize("body,expect", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_bad_constraints_are_refused_naming_the_field(base, body, expect):
+    status, reply = post(base, body)
+    assert_openai_error(status, reply, **expect)
+
+
+UNSUPPORTED = [
+    ("if", {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["a"]}, "else": {}}),
+    ("dependentSchemas", {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                          "dependentSchemas": {"a": {"required": ["a"]}}}),
+]
+
+
+@pytest.mark.parametrize("keyword,schema", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
+def test_an_unsupported_schema_keyword_is_named(base, keyword, schema):
+    status, reply = post(base, chat(response_format=json_schema(schema)))
+    err = assert_openai_error(status, reply, param=SCHEMA_PARAM)
+    # The keyword itself, quoted, not a word that happens to contain it.
+    assert re.search(rf"[\"'`]{keyword}[\"'`]", err["message"]), err
+
+
+TWO_AT_ONCE = [
+    ("regex+choice", chat(guided_regex="[a-z]{3}", guided_choice=["x", "y"])),
+    ("json_schema+guided_json", chat(response_format=json_schema(OK_SCHEMA), guided_json=OK_SCHEMA)),
+    ("structured_outputs+guided_regex", chat(structured_outputs={"choice": ["x"]}, guided_regex="[a-z]")),
+    ("structured_outputs-two-keys", chat(structured_outputs={"choice": ["x"], "regex": "[a-z]"})),
+]
+
+
+@pytest.mark.parametrize("body", [t[1] for t in TWO_AT_ONCE], ids=[t[0] for t in TWO_AT_ONCE])
+def test_two_constraints_in_one_request_are_refused(base, body):
+    status, reply = post(base, body)
+    assert_openai_error(status, reply)
+
+
+TWO_AT_ONCE_REFUSALS = [(name, body, {}) for name, body in TWO_AT_ONCE]
+UNSUPPORTED_REFUSALS = [(kw, chat(response_format=json_schema(schema)), {}) for kw, schema in UNSUPPORTED]
+
+
+def test_a_bad_schema_is_refused_before_a_stream_starts(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as e:
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True,
+            response_format=json_schema({"type": "object", "properties": []}))
+        list(stream)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == SCHEMA_PARAM
+
+
+def test_the_server_keeps_serving_after_the_refusals(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    for _ in range(2):
+        for body, _expect in [r[1:] for r in REFUSALS + TWO_AT_ONCE_REFUSALS + UNSUPPORTED_REFUSALS]:
+            status, reply = post(base, body)
+            assert status < 500, reply   # each case's own status and field are asserted above
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    c = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Pick."}], max_tokens=16,
+                                       temperature=0, extra_body={"guided_choice": CHOICE})
+    assert c.choices[0].message.content in CHOICE
+    p = client.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "Invent a person."}],
+                                      response_format=Person, max_tokens=MAX_TOKENS["tiny"], temperature=0)
+    assert isinstance(p.choices[0].message.parsed, Person)
+
+
+# --- LangChain ---------------------------------------------------------------------------------
+
+class WeatherQuery(BaseModel):
+    city: str = Field(min_length=1, max_length=24, description="The city")
+    unit: Literal["celsius", "fahrenheit"] = Field(description="Temperature unit")
+
+
+def langchain_model(base):
+    from langchain_openai import ChatOpenAI
+    # Gemma's GGUF has no template of its own, so it is served through the default ChatML, where
+    # it may write `<|im_end|>` (which ends the turn) before anything else: `<` (236820) is biased
+    # away so the final answer is text, as in test_openai.py.
+    return ChatOpenAI(base_url=f"{base}/v1", api_key="unused", model="gemma", temperature=0, max_retries=0,
+                      max_tokens=64, logit_bias={236820: -100}, timeout=120)
+
+
+@pytest.mark.parametrize("target", ["node", "gateway"])
+def test_langchain_agent_loop(node, gateway, target):
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    ran = []
+
+    @tool(args_schema=WeatherQuery)
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather in a city."""
+        ran.append((city, unit))
+        return f"It is 22 degrees {unit} and sunny in {city}."
+
+    llm = langchain_model(node if target == "node" else gateway)
+    messages = [HumanMessage("What is the weather in Paris? Use the tool.")]
+    ai = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(messages)
+    assert isinstance(ai, AIMessage)
+    assert ai.invalid_tool_calls == [], ai.invalid_tool_calls
+    assert ai.tool_calls, ai
+    assert ai.response_metadata.get("finish_reason") == "tool_calls", ai.response_metadata
+    messages.append(ai)
+    for call in ai.tool_calls:
+        assert call["name"] == "get_weather"
+        assert call["id"].startswith("call_")
+        validate(call["args"], WeatherQuery.model_json_schema())
+        messages.append(ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"]))
+    assert len(ran) == len(ai.tool_calls)
+    final = llm.invoke(messages)
+    assert isinstance(final, AIMessage) and not final.tool_calls
+    assert isinstance(final.content, str) and final.content.strip(), final
+
+
+def test_langchain_with_structured_output(node):
+    llm = langchain_model(node)
+    person = llm.with_structured_output(Person, method="json_schema").invoke("Invent a person: a name and an age.")
+    assert isinstance(person, Person)
+    validate(person.model_dump(), Person.model_json_schema())
+
+
+# --- metrics -----------------------------------------------------------------------------------
+
+MASK = "gantry_constraint_mask_seconds"
+
+
+def mask_histogram(node, model="gemma"):
+    """(buckets {le: cumulative count}, count, sum) of the mask-time histogram for `model`."""
+    with urllib.request.urlopen(f"{node}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    buckets, count, total = {}, None, None
+    for line in text.splitlines():
+        m = re.match(rf'{MASK}_(bucket|count|sum)\{{([^}}]*)\}} (\S+)$', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if labels.get("model") != model:
+            continue
+        value = float(m.group(3))
+        if m.group(1) == "bucket":
+            buckets[labels["le"]] = value
+        elif m.group(1) == "count":
+            count = value
+        else:
+            total = value
+    return buckets, count, total
+
+
+def test_the_mask_time_histogram_counts_constrained_tokens_only(client, node):
+    # At least one constrained request on gemma first, so its series exists.
+    client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Pick one."}], max_tokens=16,
+                                   temperature=0, extra_body={"guided_choice": CHOICE})
+    buckets, before, sum_before = mask_histogram(node)
+    assert before is not None and before > 0, "gantry_constraint_mask_seconds_count{model=\"gemma\"} is missing or 0"
+    finite = sorted(float(le) for le in buckets if le != "+Inf")
+    assert len(finite) >= 10 and finite[0] <= 1e-4 and finite[-1] >= 0.1, finite
+    assert buckets["+Inf"] == before
+
+    client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8,
+                                   temperature=0)
+    assert mask_histogram(node)[1] == before, "an unconstrained request computed masks"
+
+    r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Name a colour."}],
+                                       max_tokens=32, temperature=0, extra_body={"guided_regex": "[a-z]{3,12}"})
+    assert r.choices[0].finish_reason == "stop"
+    _, after, sum_after = mask_histogram(node)
+    # One observation per constrained token (the last one allows only the end).
+    assert 1 <= after - before <= r.usage.completion_tokens + 1, (before, after, r.usage)
+    assert sum_after > sum_before
