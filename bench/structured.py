@@ -12,6 +12,8 @@ them in the other order) so that drift on a shared machine hits both alike.
 Reports, per concurrency and variant: aggregate completion tokens/s (every request's
 completion tokens over the run's wall time), TTFT p50, per-request decode tokens/s p50 and
 tokens per request; the constrained/unconstrained ratio of aggregate tokens/s (target >= 0.95);
+the same ratio at equal length (both variants forced to the same number of tokens per request,
+see EQUAL_TOKENS: replies of different lengths make the first ratio say little);
 how many constrained documents parse and validate. And the host's time to compute one token's
 allowed-token mask, p50 and p99, from the node's `gantry_constraint_mask_seconds` histogram:
 the buckets' increase over the constrained runs, interpolated linearly within a bucket (as
@@ -164,6 +166,62 @@ def one_request(port, prompt, constrained, max_tokens):
     decode = (tokens - 1) / (last - first) if first and last and last > first and tokens > 1 else None
     return {"tokens": tokens, "ttft": (first or end) - t0, "decode_tps": decode, "seconds": end - t0,
             "finish": finish, "text": "".join(text)}
+
+
+# Equal-length comparison: replies of different lengths cannot be compared by aggregate tok/s
+# (a short unconstrained reply is mostly prefill). Here both variants generate exactly
+# EQUAL_TOKENS tokens per request on /v1/completions: the unconstrained one with Gemma's
+# end-of-generation tokens banned, the constrained one inside a JSON string that cannot end
+# before it.
+EQUAL_TOKENS = 96
+EQUAL_BAN = {"1": -100, "106": -100}
+EQUAL_SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "minLength": 2000}},
+                "required": ["summary"]}
+
+
+def equal_request(port, prompt, constrained):
+    body = {"model": "gemma", "prompt": prompt, "max_tokens": EQUAL_TOKENS, "temperature": 0}
+    if constrained:
+        body["guided_json"] = EQUAL_SCHEMA
+    else:
+        body["logit_bias"] = EQUAL_BAN
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+    v = json.loads(data)
+    return v["usage"]["completion_tokens"], time.perf_counter() - t0
+
+
+def equal_run(port, concurrency, requests, constrained):
+    """`requests` equal-length requests from `concurrency` clients: aggregate tok/s."""
+    lock = threading.Lock()
+    todo = list(range(requests))
+    tokens = []
+
+    def client():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            n, _ = equal_request(port, TICKETS[i % len(TICKETS)], constrained)
+            with lock:
+                tokens.append(n)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"requests": len(tokens), "completion_tokens": sum(tokens), "wall_s": round(wall, 3),
+            "aggregate_tps": sum(tokens) / wall, "all_equal_length": all(n == EQUAL_TOKENS for n in tokens)}
 
 
 def document_ok(text, validator):
@@ -400,12 +458,24 @@ def main():
                 "mask_time": hist_report(masks or {}, MASK, cons["completion_tokens"]),
                 "batch_mask_wait": hist_report(masks or {}, BATCH, cons["completion_tokens"]),
             }
+            eq_plain = equal_run(port, conc, n, False)
+            eq_cons = equal_run(port, conc, n, True)
+            row["equal_length"] = {
+                "tokens_per_request": EQUAL_TOKENS,
+                "unconstrained": eq_plain,
+                "constrained": eq_cons,
+                "ratio_aggregate_tps": eq_cons["aggregate_tps"] / eq_plain["aggregate_tps"],
+            }
             report["runs"].append(row)
             mt = row["mask_time"] or {}
             print(f"c={conc}: unconstrained {fmt(plain['aggregate_tps'], '.1f')} tok/s | constrained "
                   f"{fmt(cons['aggregate_tps'], '.1f')} tok/s ({cons['valid_documents']}/{cons['requests']} valid) | "
                   f"ratio {fmt(ratio, '.3f')} | mask p50 {fmt(mt.get('p50_us'), '.1f')} us "
                   f"p99 {fmt(mt.get('p99_us'), '.1f')} us", flush=True)
+            eq = row["equal_length"]
+            print(f"c={conc}: equal length ({EQUAL_TOKENS} tokens): unconstrained "
+                  f"{eq['unconstrained']['aggregate_tps']:.1f} tok/s | constrained "
+                  f"{eq['constrained']['aggregate_tps']:.1f} tok/s | ratio {eq['ratio_aggregate_tps']:.3f}", flush=True)
         report["mask_time_all_levels"] = hist_report(total_masks or {}, MASK, total_constrained_tokens)
         report["batch_mask_wait_all_levels"] = hist_report(total_masks or {}, BATCH, total_constrained_tokens)
         ratios = [r["ratio_aggregate_tps"] for r in report["runs"] if r["ratio_aggregate_tps"] is not None]
