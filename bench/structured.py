@@ -197,31 +197,14 @@ def equal_request(port, prompt, constrained):
     return v["usage"]["completion_tokens"], time.perf_counter() - t0
 
 
-def equal_run(port, concurrency, requests, constrained):
+def equal_run(port, concurrency, requests, constrained, max_seconds):
     """`requests` equal-length requests from `concurrency` clients: aggregate tok/s."""
-    lock = threading.Lock()
-    todo = list(range(requests))
-    tokens = []
-
-    def client():
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i = todo.pop()
-            n, _ = equal_request(port, TICKETS[i % len(TICKETS)], constrained)
-            with lock:
-                tokens.append(n)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {"requests": len(tokens), "completion_tokens": sum(tokens), "wall_s": round(wall, 3),
-            "aggregate_tps": sum(tokens) / wall, "all_equal_length": all(n == EQUAL_TOKENS for n in tokens)}
+    results, errors, wall = closed_loop(
+        concurrency, requests, max_seconds,
+        lambda i: equal_request(port, TICKETS[i % len(TICKETS)], constrained)[0])
+    return {"requests": len(results), "errors": errors, "completion_tokens": sum(results),
+            "wall_s": round(wall, 3), "aggregate_tps": sum(results) / wall,
+            "all_equal_length": all(n == EQUAL_TOKENS for n in results)}
 
 
 def document_ok(text, validator):
@@ -234,8 +217,9 @@ def document_ok(text, validator):
     return validator.is_valid(doc)
 
 
-def run_load(port, concurrency, requests, constrained, max_tokens, max_seconds, start_index, validator):
-    """`requests` requests from `concurrency` closed-loop clients; none starts after `max_seconds`."""
+def closed_loop(concurrency, requests, max_seconds, send):
+    """Call `send(i)` for i in range(`requests`) from `concurrency` closed-loop clients; none
+    starts after `max_seconds`. Returns (results, errors, wall seconds)."""
     results, errors = [], []
     lock = threading.Lock()
     counter = iter(range(requests))
@@ -247,9 +231,8 @@ def run_load(port, concurrency, requests, constrained, max_tokens, max_seconds, 
                 i = next(counter, None)
             if i is None:
                 return
-            prompt = INSTRUCTION + TICKETS[(start_index + i) % len(TICKETS)]
             try:
-                res = one_request(port, prompt, constrained, max_tokens)
+                res = send(i)
             except Exception as e:  # reported, not hidden: the run's JSON lists them
                 with lock:
                     errors.append(str(e))
@@ -263,8 +246,15 @@ def run_load(port, concurrency, requests, constrained, max_tokens, max_seconds, 
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
-    return results, errors, wall
+    return results, errors, time.perf_counter() - t0
+
+
+def run_load(port, concurrency, requests, constrained, max_tokens, max_seconds, start_index, validator):
+    """`requests` requests from `concurrency` closed-loop clients; none starts after `max_seconds`."""
+    return closed_loop(
+        concurrency, requests, max_seconds,
+        lambda i: one_request(port, INSTRUCTION + TICKETS[(start_index + i) % len(TICKETS)], constrained,
+                              max_tokens))
 
 
 def pct(xs, p):
@@ -458,8 +448,8 @@ def main():
                 "mask_time": hist_report(masks or {}, MASK, cons["completion_tokens"]),
                 "batch_mask_wait": hist_report(masks or {}, BATCH, cons["completion_tokens"]),
             }
-            eq_plain = equal_run(port, conc, n, False)
-            eq_cons = equal_run(port, conc, n, True)
+            eq_plain = equal_run(port, conc, n, False, args.max_seconds)
+            eq_cons = equal_run(port, conc, n, True, args.max_seconds)
             row["equal_length"] = {
                 "tokens_per_request": EQUAL_TOKENS,
                 "unconstrained": eq_plain,

@@ -214,11 +214,6 @@ impl Constraint {
     pub fn is_done(&self) -> bool {
         self.matcher.is_stopped()
     }
-
-    /// Whether the output so far is a complete match.
-    pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
-    }
 }
 
 /// A model's vocabulary for constrained decoding, built on first use (or by the warm-up the

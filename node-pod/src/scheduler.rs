@@ -572,24 +572,21 @@ impl Scheduler {
     /// returns false when that happened (the caller plans the step again).
     fn compute_masks(&mut self, plan: &[(usize, usize)]) -> bool {
         use rayon::prelude::*;
-        let mut todo: Vec<(usize, &mut Constraint)> = Vec::new();
-        let wanted: Vec<usize> = plan
-            .iter()
-            .filter(|&&(i, n)| {
-                let r = &self.running[i];
-                r.job.constraint.is_some() && (n == 0 || r.fed + n == r.job.prompt.len())
-            })
-            .map(|&(i, _)| i)
-            .collect();
-        if wanted.is_empty() {
-            return true;
+        // The running sequences that sample in this step and follow a grammar.
+        let mut sampling = vec![false; self.running.len()];
+        for &(i, n) in plan {
+            let r = &self.running[i];
+            sampling[i] = r.job.constraint.is_some() && (n == 0 || r.fed + n == r.job.prompt.len());
         }
-        for (i, r) in self.running.iter_mut().enumerate() {
-            if wanted.contains(&i)
-                && let Some(c) = r.job.constraint.as_deref_mut()
-            {
-                todo.push((i, c));
-            }
+        let todo: Vec<(usize, &mut Constraint)> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| sampling[*i])
+            .filter_map(|(i, r)| r.job.constraint.as_deref_mut().map(|c| (i, c)))
+            .collect();
+        if todo.is_empty() {
+            return true;
         }
         let t = Instant::now();
         let results: Vec<(usize, Result<f64, String>)> = if todo.len() == 1 {

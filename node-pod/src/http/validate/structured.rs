@@ -147,35 +147,34 @@ fn check_schema_shape(schema: &Value, field: &str) -> Result<(), ApiError> {
             ))
         };
         for (k, val) in obj {
-            let ok = match k.as_str() {
-                "type" => match val {
-                    Value::String(_) => true,
-                    Value::Array(a) => a.iter().all(Value::is_string),
-                    _ => false,
-                },
-                "properties" | "$defs" | "definitions" | "patternProperties" => val.is_object(),
-                "required" | "enum" => val.is_array(),
-                "items" | "additionalProperties" | "not" => val.is_object() || val.is_boolean(),
-                "anyOf" | "oneOf" | "allOf" | "prefixItems" => val.is_array(),
-                "minItems" | "maxItems" | "minLength" | "maxLength" | "minProperties"
-                | "maxProperties" => val.as_u64().is_some(),
-                "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf" => {
-                    val.is_number()
+            // Each keyword with the JSON type it must have, and how a refusal says so.
+            let (ok, want) = match k.as_str() {
+                "type" => (
+                    match val {
+                        Value::String(_) => true,
+                        Value::Array(a) => a.iter().all(Value::is_string),
+                        _ => false,
+                    },
+                    "a type name or a list of them",
+                ),
+                "properties" | "$defs" | "definitions" | "patternProperties" => {
+                    (val.is_object(), "an object")
                 }
-                "pattern" | "format" | "$ref" => val.is_string(),
-                _ => true,
+                "required" | "enum" | "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                    (val.is_array(), "an array")
+                }
+                "items" | "additionalProperties" | "not" => {
+                    (val.is_object() || val.is_boolean(), "a schema")
+                }
+                "minItems" | "maxItems" | "minLength" | "maxLength" | "minProperties"
+                | "maxProperties" => (val.as_u64().is_some(), "a non-negative integer"),
+                "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf" => {
+                    (val.is_number(), "a number")
+                }
+                "pattern" | "format" | "$ref" => (val.is_string(), "a string"),
+                _ => (true, ""),
             };
             if !ok {
-                let want = match k.as_str() {
-                    "type" => "a type name or a list of them",
-                    "properties" | "$defs" | "definitions" | "patternProperties" => "an object",
-                    "required" | "enum" | "anyOf" | "oneOf" | "allOf" | "prefixItems" => "an array",
-                    "items" | "additionalProperties" | "not" => "a schema",
-                    "pattern" | "format" | "$ref" => "a string",
-                    "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum"
-                    | "multipleOf" => "a number",
-                    _ => "a non-negative integer",
-                };
                 return bad(k, want);
             }
             match (k.as_str(), val) {
