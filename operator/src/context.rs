@@ -1,5 +1,6 @@
 //! Controller context (shared by every reconcile): the API client, operator settings, the
-//! EnginePlugin cache, the node status source, the event recorder, metrics and per-object backoff.
+//! EnginePlugin cache, the owned-object and node pod caches, the node report cache, the event
+//! recorder, metrics and per-object backoff.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -13,8 +14,9 @@ use kube::runtime::reflector::Store;
 
 use gantry_api::node_token::InstallToken;
 
+use crate::cache::Caches;
 use crate::metrics::Metrics;
-use crate::node_report::NodeStatusSource;
+use crate::report_cache::Reports;
 use gantry_crd::EnginePlugin;
 use gantry_crd::names::NODE_PORT;
 
@@ -82,7 +84,11 @@ pub struct Context {
     /// Every EnginePlugin, kept current by a reflector. The Model controller starts only once
     /// this cache has listed everything, so an empty cache never means "no plugins" by mistake.
     pub plugins: Store<DeserializeGuard<EnginePlugin>>,
-    pub node_status: Arc<dyn NodeStatusSource>,
+    /// Owned objects and node pods, kept current by watches (see `cache`): the read step
+    /// never asks the API server.
+    pub caches: Caches,
+    /// The node pods' last status answers (see `report_cache`).
+    pub reports: Arc<Reports>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
@@ -95,7 +101,8 @@ impl Context {
         client: Client,
         settings: Settings,
         plugins: Store<DeserializeGuard<EnginePlugin>>,
-        node_status: Arc<dyn NodeStatusSource>,
+        caches: Caches,
+        reports: Arc<Reports>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let reporter = Reporter {
@@ -107,7 +114,8 @@ impl Context {
             client,
             settings,
             plugins,
-            node_status,
+            caches,
+            reports,
             metrics,
             clock: Arc::new(Timestamp::now),
             failures: Mutex::new(HashMap::new()),

@@ -1,34 +1,42 @@
 //! Controller runtime (`gantry-operator run`; wraps every reconcile): leader election, the
-//! EnginePlugin cache, the Model and EnginePlugin controllers, the built-in autoscaler (leader
+//! EnginePlugin cache, the owned-object and node pod caches with their watches, the node
+//! report poller, the Model and EnginePlugin controllers, the built-in autoscaler (leader
 //! only) and the metrics server.
 //!
-//! Start-up order matters: (1) win the Lease, (2) list every EnginePlugin
-//! into the cache, (3) start the controllers. Reconciling a Model before step
-//! (2) completes could see "no plugins" and remove its pods.
+//! Start-up order matters: (1) win the Lease, (2) list every EnginePlugin, owned object and
+//! node pod into the caches, (3) start the controllers. Reconciling a Model before step (2)
+//! completes could see "no plugins" and remove its pods, or "no Deployment" and reset its
+//! replica count. docs/operator.md ("How the operator scales") says what each watch costs.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use futures::channel::mpsc;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::core::DeserializeGuard;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::store::WriterDropped;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use crate::autoscale::{self, AutoscalerConfig};
+use crate::cache::{self, Caches, Kind, ModelRef, Writers};
 use crate::context::{Context, Settings};
 use crate::leader::{LeaderElector, LeaseConfig, LeaseError};
 use crate::metrics::{self, Metrics};
 use crate::node_report::HttpNodeStatus;
+use crate::report_cache::{self, PluginRef, PollConfig, Reports};
 use crate::{model, plugin};
-use gantry_crd::names::{FIELD_MANAGER, LABEL_MANAGED_BY};
+use gantry_crd::names::{FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME};
 use gantry_crd::{EnginePlugin, Model};
 
 /// How the controller runs.
@@ -40,6 +48,11 @@ pub struct RunConfig {
     pub lease: Option<LeaseConfig>,
     /// Reconciles in flight at once, per controller.
     pub concurrency: u16,
+    /// How often node pods are asked for their status.
+    pub reports: PollConfig,
+    /// Requests per second the API client may start (all controllers, watches and the
+    /// autoscaler together); 0: no limit. Applies to the client [`run`] builds.
+    pub api_qps: u32,
     /// The built-in autoscaler, run on the leader; `None` switches it off.
     pub autoscaler: Option<AutoscalerConfig>,
 }
@@ -53,6 +66,8 @@ pub enum RunError {
     Metrics(#[source] prometheus::Error),
     #[error("the EnginePlugin watch ended before listing")]
     PluginWatch(#[source] WriterDropped),
+    #[error("a watch of owned objects or node pods ended before listing")]
+    CacheWatch(#[source] WriterDropped),
     #[error("cannot build the node status HTTP client")]
     NodeStatusClient(#[source] reqwest::Error),
     /// The Lease was lost: the process should exit and restart as a follower.
@@ -73,7 +88,19 @@ fn plugin_fingerprint(store: &Store<DeserializeGuard<EnginePlugin>>) -> BTreeMap
 /// Run until SIGTERM/SIGINT, or until the Lease is lost (an error: the process should exit
 /// and restart as a follower).
 pub async fn run(config: RunConfig) -> Result<(), RunError> {
-    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let kube_config = kube::Config::infer()
+        .await
+        .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
+    let builder = kube::client::ClientBuilder::try_from(kube_config).map_err(RunError::Client)?;
+    let client = match config.api_qps {
+        0 => builder.build(),
+        qps => builder
+            .with_layer(&tower::limit::RateLimitLayer::new(
+                u64::from(qps),
+                std::time::Duration::from_secs(1),
+            ))
+            .build(),
+    };
     run_with_client(client, config).await
 }
 
@@ -124,60 +151,81 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
         .await
         .map_err(RunError::PluginWatch)?;
 
+    // The owned-object and node pod caches, and the reconciles their changes ask for.
+    let (caches, writers) = cache::caches();
+    let (model_tx, model_rx) = mpsc::channel::<ModelRef>(1024);
+    let (plugin_tx, plugin_rx) = mpsc::channel::<PluginRef>(64);
+    let watches = start_watches(&client, writers, &caches, &model_tx);
+    caches
+        .wait_until_ready()
+        .await
+        .map_err(RunError::CacheWatch)?;
+    tracing::info!(objects = caches.len(), "caches listed");
+
+    // The Model store: trimmed, shared by the controller, the autoscaler and the poller.
+    let (model_store, model_writer) = reflector::store();
+    let model_stream = watcher(
+        Api::<DeserializeGuard<Model>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(cache::trim_model)
+    .reflect(model_writer)
+    .applied_objects()
+    // A status write (ours or the autoscaler's) changes nothing a reconcile decides on.
+    .predicate_filter(spec_or_deletion, Default::default());
+
+    let node_status = HttpNodeStatus::new(config.settings.node_port)
+        .map_err(RunError::NodeStatusClient)?
+        .with_install_token(config.settings.node_token.clone());
+    let reports = Arc::new(Reports::new(Arc::new(node_status)));
+    let poller = tokio::spawn(report_cache::poll(
+        reports.clone(),
+        caches.pods.clone(),
+        model_store.clone(),
+        config.reports,
+        model_tx,
+        plugin_tx,
+    ));
+
     // Only the leader scales: two autoscalers would each keep their own history.
     let autoscaler = config.autoscaler.map(|a| {
         let (client, settings, metrics) =
             (client.clone(), config.settings.clone(), metrics.clone());
+        let (models, caches) = (model_store.clone(), caches.clone());
         tokio::spawn(async move {
-            if let Err(e) = autoscale::run(client, a, settings, metrics).await {
+            if let Err(e) = autoscale::run(client, a, settings, metrics, models, caches).await {
                 tracing::error!(error = %e, "autoscaler stopped");
             }
         })
     });
 
-    let node_status = HttpNodeStatus::new(config.settings.node_port)
-        .map_err(RunError::NodeStatusClient)?
-        .with_install_token(config.settings.node_token.clone());
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.settings.clone(),
         plugin_store,
-        Arc::new(node_status),
+        caches,
+        reports,
         metrics.clone(),
     ));
 
-    // Owned objects are watched only if they carry our manager label.
-    let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}"));
     let controller_config = controller::Config::default().concurrency(config.concurrency);
-    let models = Controller::new(
-        Api::<DeserializeGuard<Model>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Deployment>::all(client.clone()), owned.clone())
-    .owns(Api::<ConfigMap>::all(client.clone()), owned.clone())
-    .owns(Api::<Service>::all(client.clone()), owned.clone())
-    .owns(
-        Api::<PodDisruptionBudget>::all(client.clone()),
-        owned.clone(),
-    )
-    .owns(
-        Api::<HorizontalPodAutoscaler>::all(client.clone()),
-        owned.clone(),
-    )
-    .owns(Api::<PersistentVolumeClaim>::all(client.clone()), owned)
-    .reconcile_all_on(trigger_rx)
-    .with_config(controller_config.clone())
-    .shutdown_on_signal()
-    .run(model::reconcile, model::error_policy, ctx.clone())
-    .for_each(|result| async move {
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "model controller");
-        }
-    });
+    let models = Controller::for_stream(model_stream, model_store)
+        .reconcile_on(model_rx)
+        .reconcile_all_on(trigger_rx)
+        .with_config(controller_config.clone())
+        .shutdown_on_signal()
+        .run(model::reconcile, model::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "model controller");
+            }
+        });
     let plugins = Controller::new(
         Api::<DeserializeGuard<EnginePlugin>>::all(client.clone()),
         watcher::Config::default(),
     )
+    .reconcile_on(plugin_rx)
     .with_config(controller_config)
     .shutdown_on_signal()
     .run(plugin::reconcile, plugin::error_policy, ctx)
@@ -206,9 +254,148 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
         elector.release().await;
     }
     plugin_watch.abort();
+    poller.abort();
+    for watch in watches {
+        watch.abort();
+    }
     if let Some(autoscaler) = autoscaler {
         autoscaler.abort();
     }
     metrics_server.abort();
     outcome
+}
+
+/// What a Model reconcile decides on besides its status: the spec (its generation), the
+/// object's identity and whether it is being deleted.
+fn spec_or_deletion(m: &DeserializeGuard<Model>) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    m.meta().uid.hash(&mut h);
+    m.meta().generation.hash(&mut h);
+    m.meta().deletion_timestamp.is_some().hash(&mut h);
+    Some(h.finish())
+}
+
+/// One label-selected watch of `K` into its store.
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    kind: Kind<K>,
+    caches: &Caches,
+    trigger: &mpsc::Sender<ModelRef>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let events = watcher(api, config).default_backoff();
+    tokio::spawn(cache::drive(
+        events,
+        writer,
+        kind,
+        caches.recent.clone(),
+        trigger.clone(),
+    ))
+}
+
+/// Start the watches that fill `caches`: the operator's own objects (by the manager label),
+/// metadata only but for Deployments, and the node pods.
+fn start_watches(
+    client: &Client,
+    w: Writers,
+    caches: &Caches,
+    trigger: &mpsc::Sender<ModelRef>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let managed = format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}");
+    let owned = watcher::Config::default().labels(&managed);
+    let node_pods =
+        watcher::Config::default().labels(&format!("{managed},{LABEL_NAME}={NODE_APP_NAME}"));
+    fn meta<K: Resource<DynamicType = ()>>(name: &'static str) -> Kind<PartialObjectMeta<K>> {
+        Kind {
+            name,
+            trim: cache::trim_partial::<K>,
+            owner: cache::owner_model::<PartialObjectMeta<K>>,
+        }
+    }
+    let c = client;
+    vec![
+        spawn_watch(
+            Api::<PartialObjectMeta<ConfigMap>>::all(c.clone()),
+            owned.clone(),
+            w.config_maps,
+            meta("ConfigMap"),
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<PartialObjectMeta<Service>>::all(c.clone()),
+            owned.clone(),
+            w.services,
+            meta("Service"),
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<PartialObjectMeta<PodDisruptionBudget>>::all(c.clone()),
+            owned.clone(),
+            w.pdbs,
+            meta("PodDisruptionBudget"),
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<PartialObjectMeta<HorizontalPodAutoscaler>>::all(c.clone()),
+            owned.clone(),
+            w.hpas,
+            meta("HorizontalPodAutoscaler"),
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(c.clone()),
+            owned.clone(),
+            w.pvcs,
+            meta("PersistentVolumeClaim"),
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<PartialObjectMeta<NetworkPolicy>>::all(c.clone()),
+            owned.clone(),
+            w.network_policies,
+            meta("NetworkPolicy"),
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<Deployment>::all(c.clone()),
+            owned,
+            w.deployments,
+            Kind {
+                name: "Deployment",
+                trim: cache::trim_deployment,
+                owner: cache::owner_model::<Deployment>,
+            },
+            caches,
+            trigger,
+        ),
+        spawn_watch(
+            Api::<Pod>::all(c.clone()),
+            node_pods,
+            w.pods,
+            Kind {
+                name: "Pod",
+                trim: cache::trim_pod,
+                owner: cache::pod_model,
+            },
+            caches,
+            trigger,
+        ),
+    ]
 }

@@ -12,6 +12,7 @@
 
 pub mod acceptance;
 pub mod autoscale;
+pub mod cache;
 pub mod cli;
 pub mod context;
 pub mod controller;
@@ -23,4 +24,5 @@ pub mod model;
 pub mod node_report;
 pub mod plugin;
 pub mod rbac;
+pub mod report_cache;
 pub mod write;

@@ -187,49 +187,63 @@ pub fn reachable(pod: &Pod) -> Option<&str> {
     status.pod_ip.as_deref().filter(|ip| !ip.is_empty())
 }
 
-/// Fetch the status of every reachable pod, concurrently, sorted by pod name.
-pub async fn collect(source: &dyn NodeStatusSource, pods: &[Pod]) -> Vec<NodeReport> {
-    let fetches = pods.iter().filter_map(|pod| {
-        let ip = reachable(pod)?;
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let model = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_MODEL))
-            .cloned()
-            .unwrap_or_default();
-        let annotations = pod.metadata.annotations.as_ref();
-        let config_hash = annotations.and_then(|a| a.get(ANNOTATION_CONFIG_HASH).cloned());
-        let plugins = annotations
-            .and_then(|a| a.get(gantry_crd::names::ANNOTATION_PLUGINS))
-            .map(|p| {
-                p.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        Some(async move {
-            let status = source
-                .fetch(
-                    ip,
-                    ModelRef {
-                        namespace: &ns,
-                        name: &model,
-                    },
-                )
-                .await;
-            NodeReport {
-                pod: format!("{ns}/{name}"),
-                config_hash,
-                plugins,
-                status,
-            }
+/// What a node pod's metadata says about its report: who to ask and what the answer is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodFacts {
+    /// `namespace/name`.
+    pub pod: String,
+    pub uid: String,
+    pub ip: String,
+    pub namespace: String,
+    /// The Model the pod serves (its `gantry.dev/model` label).
+    pub model: String,
+    pub config_hash: Option<String>,
+    pub plugins: Vec<String>,
+}
+
+/// The facts of a reachable pod; `None` while it cannot answer.
+pub fn facts(pod: &Pod) -> Option<PodFacts> {
+    let ip = reachable(pod)?.to_string();
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let model = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_MODEL))
+        .cloned()
+        .unwrap_or_default();
+    let annotations = pod.metadata.annotations.as_ref();
+    let config_hash = annotations.and_then(|a| a.get(ANNOTATION_CONFIG_HASH).cloned());
+    let plugins = annotations
+        .and_then(|a| a.get(gantry_crd::names::ANNOTATION_PLUGINS))
+        .map(|p| {
+            p.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
         })
-    });
-    let mut reports = futures::future::join_all(fetches).await;
-    reports.sort_by(|a, b| a.pod.cmp(&b.pod));
-    reports
+        .unwrap_or_default();
+    Some(PodFacts {
+        pod: format!("{namespace}/{name}"),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        ip,
+        namespace,
+        model,
+        config_hash,
+        plugins,
+    })
+}
+
+/// Ask one pod for its status document.
+pub async fn fetch(source: &dyn NodeStatusSource, f: &PodFacts) -> Result<NodeStatus, ReportError> {
+    source
+        .fetch(
+            &f.ip,
+            ModelRef {
+                namespace: &f.namespace,
+                name: &f.model,
+            },
+        )
+        .await
 }

@@ -203,8 +203,9 @@ pub const RULES: &[Rule] = &[
         "networking.k8s.io",
         "networkpolicies",
         Any,
-        &["create", "get", "patch"],
-        "Model apply step: the node pods' NetworkPolicy (owned, with --node-network-policy)",
+        &["create", "get", "list", "patch", "watch"],
+        "Model apply step: the node pods' NetworkPolicy (owned, with --node-network-policy; \
+         cached by a label-selected metadata watch)",
     ),
     rule(
         Controller,
@@ -213,7 +214,8 @@ pub const RULES: &[Rule] = &[
         "pods",
         Any,
         &["list", "watch"],
-        "Model read step and EnginePlugin reconcile: node pods to ask for status; autoscaler",
+        "node pod cache (label-selected watch): Model and EnginePlugin read steps, report \
+         poller, autoscaler",
     ),
     rule(
         Controller,

@@ -114,6 +114,8 @@ async fn end_to_end(kubeconfig: PathBuf) -> anyhow::Result<()> {
             metrics_addr: "127.0.0.1:0".parse()?,
             lease: None,
             concurrency: 4,
+            reports: Default::default(),
+            api_qps: 0,
             autoscaler: Some(gantry_operator::autoscale::AutoscalerConfig::default()),
         };
         Some(tokio::spawn(run_with_client(client.clone(), config)))

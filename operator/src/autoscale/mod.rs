@@ -13,6 +13,7 @@
 
 pub mod decide;
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -25,11 +26,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
+use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::WriterDropped;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::cache::Caches;
 use crate::context::Settings;
 use crate::metrics::Metrics;
 use crate::model::validate::{ValidModel, validate};
@@ -37,8 +38,8 @@ use crate::node_report::{HttpNodeStatus, ModelRef, NodeStatusSource, reachable};
 use crate::write;
 use decide::{Decision, History, Observation, PodLoad, Policy, reason};
 use gantry_crd::names::{
-    ANNOTATION_SCALE_UP_REQUESTED, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, LABEL_MANAGED_BY,
-    LABEL_MODEL, LABEL_NAME, NODE_APP_NAME, owned_name,
+    ANNOTATION_SCALE_UP_REQUESTED, AUTOSCALER_FIELD_MANAGER, LABEL_MODEL, LABEL_NAME,
+    NODE_APP_NAME, owned_name,
 };
 use gantry_crd::{AutoscalingMode, AutoscalingStatus, Model};
 
@@ -210,16 +211,19 @@ impl Autoscaler {
     /// One interval over every Model: observe all (status fetches run concurrently), then
     /// decide and write Model by Model. A failed write is logged and counted; the other
     /// Models go on.
-    pub async fn tick(
+    pub async fn tick<D: Borrow<Deployment>, P: Borrow<Pod>>(
         &mut self,
         models: &[Model],
-        deployments: &[Deployment],
-        pods: &[Pod],
+        deployments: &[D],
+        pods: &[P],
         now: Timestamp,
     ) -> Vec<Outcome> {
         let deployments: BTreeMap<(String, String), &Deployment> = deployments
             .iter()
-            .map(|d| ((d.namespace().unwrap_or_default(), d.name_any()), d))
+            .map(|d| {
+                let d: &Deployment = d.borrow();
+                ((d.namespace().unwrap_or_default(), d.name_any()), d)
+            })
             .collect();
         let mut targets = Vec::new();
         let mut hpa = Vec::new();
@@ -245,6 +249,7 @@ impl Autoscaler {
             }
             let ready = pods
                 .iter()
+                .map(|p| -> &Pod { p.borrow() })
                 .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
                 .filter(|p| {
                     p.labels().get(LABEL_MODEL) == Some(&valid.name)
@@ -480,77 +485,40 @@ pub enum RunError {
     },
 }
 
-/// Watches Models, the operator's Deployments and node pods, and runs [`Autoscaler::tick`]
-/// every interval until the task is aborted (the controller does so when it stops leading).
+/// Runs [`Autoscaler::tick`] every interval over the controller's caches (Models, the
+/// operator's Deployments and node pods: the autoscaler keeps no copies of its own) until the
+/// task is aborted (the controller does so when it stops leading).
 pub async fn run(
     client: Client,
     config: AutoscalerConfig,
     settings: Settings,
     metrics: Arc<Metrics>,
+    models: Store<DeserializeGuard<Model>>,
+    caches: Caches,
 ) -> Result<(), RunError> {
     let node_status = HttpNodeStatus::with_timeout(settings.node_port, config.metrics_timeout)
         .map_err(RunError::NodeStatusClient)?
         .with_install_token(settings.node_token.clone());
-    let managed = format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}");
-    let (models, models_w) = reflector::store::<DeserializeGuard<Model>>();
-    let (deployments, deployments_w) = reflector::store::<Deployment>();
-    let (pods, pods_w) = reflector::store::<Pod>();
-    let watch_models = reflector::reflector(
-        models_w,
-        watcher(Api::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
-    let watch_deployments = reflector::reflector(
-        deployments_w,
-        watcher(
-            Api::all(client.clone()),
-            watcher::Config::default().labels(&managed),
-        ),
-    )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
-    let node_pods = format!("{managed},{LABEL_NAME}={NODE_APP_NAME}");
-    let watch_pods = reflector::reflector(
-        pods_w,
-        watcher(
-            Api::all(client.clone()),
-            watcher::Config::default().labels(&node_pods),
-        ),
-    )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
-    let watches = tokio::spawn(async move {
-        futures::join!(watch_models, watch_deployments, watch_pods);
-    });
-
     let ended =
         |watch: &'static str| move |source: WriterDropped| RunError::WatchEnded { watch, source };
-    let result: Result<(), RunError> = async {
-        models.wait_until_ready().await.map_err(ended("Model"))?;
-        deployments
-            .wait_until_ready()
-            .await
-            .map_err(ended("Deployment"))?;
-        pods.wait_until_ready().await.map_err(ended("Pod"))?;
-        tracing::info!(interval_s = config.interval.as_secs(), "autoscaler running");
-        let mut autoscaler = Autoscaler::new(client, Arc::new(node_status), metrics, settings);
-        let mut ticks = tokio::time::interval(config.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let models = snapshot_models(&models);
-            let deployments: Vec<Deployment> =
-                deployments.state().iter().map(|d| (**d).clone()).collect();
-            let pods: Vec<Pod> = pods.state().iter().map(|p| (**p).clone()).collect();
-            autoscaler
-                .tick(&models, &deployments, &pods, Timestamp::now())
-                .await;
-        }
+    models.wait_until_ready().await.map_err(ended("Model"))?;
+    caches
+        .wait_until_ready()
+        .await
+        .map_err(ended("owned objects"))?;
+    tracing::info!(interval_s = config.interval.as_secs(), "autoscaler running");
+    let mut autoscaler = Autoscaler::new(client, Arc::new(node_status), metrics, settings);
+    let mut ticks = tokio::time::interval(config.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let models = snapshot_models(&models);
+        let deployments = caches.deployments.state();
+        let pods = caches.pods.state();
+        autoscaler
+            .tick(&models, &deployments, &pods, Timestamp::now())
+            .await;
     }
-    .await;
-    watches.abort();
-    result
 }
 
 /// Models that deserialized (a malformed one is the reconciler's to report).

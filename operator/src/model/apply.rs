@@ -3,7 +3,10 @@
 //! hands the Deployment's replica count over to the autoscaler at creation.
 //!
 //! An object is written only when it is missing or its `gantry.dev/applied-hash`
-//! differs from the desired one, so a steady-state reconcile writes nothing.
+//! differs from the desired one, so a steady-state reconcile writes nothing. "Missing" and
+//! "differs" are judged on the cache, and on the writes this operator made whose watch event
+//! has not arrived yet (`cache::RecentWrites`), so a reconcile racing its own watch events does
+//! not write twice.
 //! An object of the same name that this Model does not control is never
 //! touched: the step fails with `NotOwned` and the status says so.
 
@@ -14,6 +17,7 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -70,56 +74,76 @@ impl ApplyError {
     }
 }
 
-fn controlled_by(obj: &impl Resource, uid: &str) -> bool {
-    obj.meta()
-        .owner_references
+/// The recent-write marker of a delete (no applied hash has this form).
+const DELETED: &str = "-";
+
+fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
         .iter()
         .flatten()
         .any(|r| r.uid == uid && r.controller == Some(true))
 }
 
-fn hash_of(obj: &impl Resource) -> Option<&String> {
-    obj.meta()
-        .annotations
-        .as_ref()?
-        .get(ANNOTATION_APPLIED_HASH)
+fn hash_of(meta: &ObjectMeta) -> Option<&String> {
+    meta.annotations.as_ref()?.get(ANNOTATION_APPLIED_HASH)
 }
 
-/// Apply `desired` if `live` is missing or stale; returns the object as it now stands.
+/// Whether `live` (or a write of ours still on its way to the cache) already holds `desired`.
+fn current(kind: &str, desired: &ObjectMeta, live: Option<&ObjectMeta>, ctx: &Context) -> bool {
+    let Some(hash) = hash_of(desired) else {
+        return false;
+    };
+    // Same hash: what we applied last is what we would apply now. Fields defaulted or
+    // managed by others (status, replicas set by an HPA) do not enter the comparison.
+    live.and_then(hash_of) == Some(hash)
+        || ctx.caches.recent.holds(
+            kind,
+            desired.namespace.as_deref().unwrap_or_default(),
+            desired.name.as_deref().unwrap_or_default(),
+            hash,
+        )
+}
+
+/// Apply `desired` if `live` is missing or stale; returns the applied object, or `None` when
+/// `live` already holds it.
 async fn ensure<K>(
     api: &Api<K>,
     kind: &'static str,
     desired: &K,
-    live: Option<&K>,
+    live: Option<&ObjectMeta>,
     model: &ValidModel,
     ctx: &Context,
     writes: &mut Vec<&'static str>,
-) -> Result<K, ApplyError>
+) -> Result<Option<K>, ApplyError>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
 {
-    if let Some(live) = live {
-        if !controlled_by(live, &model.uid) {
-            return Err(ApplyError::NotOwned {
-                kind,
-                name: live.name_any(),
-            });
-        }
-        // Same hash: what we applied last is what we would apply now. Fields defaulted or
-        // managed by others (status, replicas set by an HPA) do not enter the comparison.
-        if hash_of(live).is_some() && hash_of(live) == hash_of(desired) {
-            return Ok(live.clone());
-        }
+    if let Some(live) = live
+        && !controlled_by(live, &model.uid)
+    {
+        return Err(ApplyError::NotOwned {
+            kind,
+            name: live.name.clone().unwrap_or_default(),
+        });
+    }
+    if current(kind, desired.meta(), live, ctx) {
+        return Ok(None);
     }
     writes.push(kind);
-    write::apply(api, desired, &ctx.metrics, CONTROLLER)
+    let applied = write::apply(api, desired, &ctx.metrics, CONTROLLER)
         .await
         .map_err(|source| ApplyError::Api {
             verb: "apply",
             kind,
             name: desired.name_any(),
             source,
-        })
+        })?;
+    if let Some(hash) = hash_of(desired.meta()) {
+        ctx.caches
+            .recent
+            .wrote(kind, &model.namespace, &desired.name_any(), hash);
+    }
+    Ok(Some(applied))
 }
 
 /// Whether `gantry-operator` is the only manager of the Deployment's `spec.replicas` (a
@@ -183,35 +207,59 @@ async fn ensure_deployment(
         None => {
             let mut first = desired.deployment.clone();
             first.spec.replicas = Some(desired.initial_replicas);
+            // Written a moment ago and not in the cache yet: the write is on its way.
+            if current("Deployment", first.meta(), None, ctx) {
+                return Ok(first);
+            }
             let created = ensure(api, "Deployment", &first, None, model, ctx, writes).await?;
             hand_over_replicas(api, &name, desired.initial_replicas, ctx, writes).await?;
-            Ok(created)
+            Ok(created.unwrap_or(first))
         }
         Some(live) => {
-            let stale = hash_of(live).is_none() || hash_of(live) != hash_of(&desired.deployment);
-            if stale && controlled_by(live, &model.uid) && operator_alone_owns_replicas(live) {
+            let stale = !current(
+                "Deployment",
+                desired.deployment.meta(),
+                Some(&live.metadata),
+                ctx,
+            );
+            if stale
+                && controlled_by(&live.metadata, &model.uid)
+                && operator_alone_owns_replicas(live)
+            {
                 let replicas = live.spec.replicas.unwrap_or(1);
                 hand_over_replicas(api, &name, replicas, ctx, writes).await?;
             }
-            ensure(
+            let applied = ensure(
                 api,
                 "Deployment",
                 &desired.deployment,
-                Some(live),
+                Some(&live.metadata),
                 model,
                 ctx,
                 writes,
             )
-            .await
+            .await?;
+            Ok(applied.unwrap_or_else(|| live.clone()))
         }
     }
+}
+
+/// Every replica the Deployment asks for is ready (none asked counts).
+fn ready_as_specified(d: &Deployment) -> bool {
+    let want = d.spec.replicas.unwrap_or(1);
+    let ready = d
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    ready >= want
 }
 
 /// Delete `live` if it exists and this Model controls it.
 async fn remove<K>(
     api: &Api<K>,
     kind: &'static str,
-    live: Option<&K>,
+    live: Option<&ObjectMeta>,
     model: &ValidModel,
     ctx: &Context,
     writes: &mut Vec<&'static str>,
@@ -220,18 +268,31 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
     // Only what this Model controls is ever deleted.
-    let Some(live) = live.filter(|l| controlled_by(*l, &model.uid)) else {
+    let Some(live) = live.filter(|l| controlled_by(l, &model.uid)) else {
         return Ok(());
     };
+    let name = live.name.clone().unwrap_or_default();
+    // Deleted a moment ago; the delete event is on its way.
+    if ctx
+        .caches
+        .recent
+        .holds(kind, &model.namespace, &name, DELETED)
+    {
+        return Ok(());
+    }
     writes.push(kind);
-    write::delete(api, &live.name_any(), &ctx.metrics, CONTROLLER)
+    write::delete(api, &name, &ctx.metrics, CONTROLLER)
         .await
         .map_err(|source| ApplyError::Api {
             verb: "delete",
             kind,
-            name: live.name_any(),
+            name: name.clone(),
             source,
-        })
+        })?;
+    ctx.caches
+        .recent
+        .wrote(kind, &model.namespace, &name, DELETED);
+    Ok(())
 }
 
 /// Bring the cluster to `desired`. `None` means the Model must run no pods (no engine):
@@ -254,7 +315,7 @@ pub async fn apply(
         remove(
             &deployments,
             "Deployment",
-            observed.deployment.as_ref(),
+            observed.deployment.as_ref().map(|d| &d.metadata),
             model,
             ctx,
             &mut writes,
@@ -296,16 +357,40 @@ pub async fn apply(
     )
     .await?;
     if let Some(secret) = &desired.node_token_secret {
-        ensure(
-            &Api::<Secret>::namespaced(client.clone(), ns),
-            "Secret",
-            secret,
-            observed.node_token_secret.as_ref(),
-            model,
-            ctx,
-            &mut writes,
-        )
-        .await?;
+        let api = Api::<Secret>::namespaced(client.clone(), ns);
+        // Secrets are not cached (never listed or watched). A Deployment that is current and
+        // has all its pods ready was applied after this Secret and runs with it: nothing to
+        // check. Otherwise the Secret is read by name, as a write may be due.
+        let deployment_settled = observed.deployment.as_ref().is_some_and(|d| {
+            current(
+                "Deployment",
+                desired.deployment.meta(),
+                Some(&d.metadata),
+                ctx,
+            ) && ready_as_specified(d)
+        });
+        if !deployment_settled {
+            let name = secret.name_any();
+            let live = api
+                .get_metadata_opt(&name)
+                .await
+                .map_err(|source| ApplyError::Api {
+                    verb: "get",
+                    kind: "Secret",
+                    name,
+                    source,
+                })?;
+            ensure(
+                &api,
+                "Secret",
+                secret,
+                live.as_ref().map(|l| &l.metadata),
+                model,
+                ctx,
+                &mut writes,
+            )
+            .await?;
+        }
     }
     if let Some(policy) = &desired.network_policy {
         ensure(

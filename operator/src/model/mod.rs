@@ -29,21 +29,25 @@ use kube::runtime::controller::Action;
 use crate::context::Context;
 use crate::write::{RETRY_REFUSED, Retry};
 use gantry_crd::Model;
-use gantry_crd::conditions::{FALSE, TRUE, find, model as cond};
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "model";
 
-/// Re-check a Ready, settled Model this often (node reports are polled, not watched).
-pub const RESYNC_SETTLED: Duration = Duration::from_secs(300);
-/// Re-check a Model that is still converging this often.
-pub const RESYNC_CONVERGING: Duration = Duration::from_secs(15);
+/// The safety-net resync of a Model with pods, spread by up to +20 % per Model (see
+/// [`resync`]). Everything that changes a Model's outcome arrives otherwise: its own edits and
+/// its owned objects and node pods through watches, node reports through the report poller,
+/// so this only catches a missed event.
+pub const RESYNC: Duration = Duration::from_secs(600);
+
+/// When to look at a Model with pods again if nothing happens: [`RESYNC`] stretched by a
+/// factor in [1.0, 1.2) taken from its uid, so Models created together do not resync together.
+pub fn resync(uid: &str) -> Duration {
+    RESYNC.mul_f64(crate::report_cache::jitter(uid) + 0.2)
+}
 
 /// A failed Model reconcile, by pipeline step.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(transparent)]
-    Read(#[from] read::ReadError),
     #[error(transparent)]
     Render(#[from] node_config::RenderError),
     #[error(transparent)]
@@ -57,7 +61,6 @@ pub enum Error {
 impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Read(e) => e.metric_label(),
             Error::Render(e) => e.metric_label(),
             Error::Build(e) => e.metric_label(),
             Error::Apply(e) => e.metric_label(),
@@ -67,7 +70,6 @@ impl Error {
 
     pub fn retry(&self) -> Retry {
         match self {
-            Error::Read(e) => e.retry(),
             // A render or build failure is a bug in this operator; retrying slowly keeps the log
             // readable.
             Error::Render(_) | Error::Build(_) => Retry::Permanent,
@@ -109,7 +111,7 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
         // Owned objects go with the Model through ownerReferences; nothing to do.
         return Ok(Action::await_change());
     }
-    let observed = read::read(model, ctx).await?;
+    let observed = read::read(model, ctx).await;
 
     let valid = match validate::validate(model, &ctx.settings) {
         Ok(valid) => valid,
@@ -178,20 +180,16 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
         now: ctx.now(),
     };
     let folded = status::fold(&facts);
-    let settled = find(&folded.conditions, cond::READY).is_some_and(|c| c.status == TRUE)
-        && find(&folded.conditions, cond::PROGRESSING).is_some_and(|c| c.status == FALSE);
     let no_pods = desired.is_none();
     status::publish(model, folded, ctx).await?;
     if let Some(e) = apply_error {
         return Err(e.into());
     }
     Ok(if no_pods {
-        // No pods to poll: only a Model or EnginePlugin change can alter the outcome.
+        // No pods: only a Model or EnginePlugin change can alter the outcome.
         Action::await_change()
-    } else if settled {
-        Action::requeue(RESYNC_SETTLED)
     } else {
-        Action::requeue(RESYNC_CONVERGING)
+        Action::requeue(resync(&valid.uid))
     })
 }
 

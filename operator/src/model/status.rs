@@ -305,8 +305,19 @@ pub fn endpoint(model: &ValidModel) -> String {
     )
 }
 
-/// Write `status` if it differs from the stored one, then record Events for its transitions.
-/// Returns whether anything was written.
+/// The recent-write kind of a Model's status.
+const STATUS_KIND: &str = "Model/status";
+
+fn status_digest(document: Option<&serde_json::Value>) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    document.map(ToString::to_string).hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// Write `status` if it differs from the stored one (and from the one this operator wrote in
+/// the last moments, whose watch event may not have arrived), then record Events for its
+/// transitions. Returns whether anything was written.
 pub async fn publish(
     model: &Model,
     status: ModelStatus,
@@ -319,10 +330,20 @@ pub async fn publish(
         autoscaling: None,
         ..previous.clone()
     };
-    if serde_json::to_value(&ours).ok() == serde_json::to_value(&status).ok() {
+    let document = serde_json::to_value(&status).ok();
+    if serde_json::to_value(&ours).ok() == document {
         return Ok(false);
     }
     let ns = model.namespace().unwrap_or_default();
+    // The same status written a moment ago, its watch event not here yet: already done.
+    let digest = status_digest(document.as_ref());
+    if ctx
+        .caches
+        .recent
+        .holds(STATUS_KIND, &ns, &model.name_any(), &digest)
+    {
+        return Ok(false);
+    }
     let api = Api::<Model>::namespaced(ctx.client.clone(), &ns);
     write::apply_status(&api, &model.name_any(), &status, &ctx.metrics, CONTROLLER)
         .await
@@ -330,6 +351,9 @@ pub async fn publish(
             model: format!("{ns}/{}", model.name_any()),
             source,
         })?;
+    ctx.caches
+        .recent
+        .wrote(STATUS_KIND, &ns, &model.name_any(), &digest);
     let reference = model.object_ref(&());
     for event in events(&previous, &status) {
         // Events are best effort: the status already says everything they say.

@@ -1,6 +1,8 @@
 //! EnginePlugin reconcile: validate (Accepted) → read the node pods that mount the plugin and
-//! their status reports → fold Loaded, loadedBy and loadErrors → write status only when it
-//! changed. EnginePlugins own nothing, so there is no build or apply step and no finalizer.
+//! their status reports (from the caches: no API request) → fold Loaded, loadedBy and
+//! loadErrors → write status only when it changed. EnginePlugins own nothing, so there is no
+//! build or apply step and no finalizer. The report poller wakes a plugin whose pods' answers
+//! changed; the resync is a safety net.
 
 pub mod status;
 
@@ -9,29 +11,23 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 
 use crate::context::Context;
-use crate::node_report;
-use crate::write::{RETRY_REFUSED, Retry, classify};
+use crate::write::{RETRY_REFUSED, Retry};
 use gantry_crd::EnginePlugin;
-use gantry_crd::names::{
-    ANNOTATION_PLUGINS, FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME,
-};
+use gantry_crd::names::ANNOTATION_PLUGINS;
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "engineplugin";
 
-/// Node reports are polled: re-check every plugin this often.
-pub const RESYNC: Duration = Duration::from_secs(60);
+/// The safety-net resync (report changes wake a plugin through the poller).
+pub const RESYNC: Duration = Duration::from_secs(600);
 
 /// A failed EnginePlugin reconcile, by step.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot list node pods: {0}")]
-    ListPods(#[source] kube::Error),
     #[error(transparent)]
     Status(#[from] status::StatusError),
 }
@@ -39,14 +35,12 @@ pub enum Error {
 impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::ListPods(_) => "read_list_pods",
             Error::Status(e) => e.metric_label(),
         }
     }
 
     pub fn retry(&self) -> Retry {
         match self {
-            Error::ListPods(e) => classify(e),
             Error::Status(e) => e.retry(),
         }
     }
@@ -79,14 +73,11 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
     let accepted = crate::acceptance::accept(plugin, &all, ctx.settings.abi_major);
 
     // Read: the node pods (any namespace) whose template mounts this plugin.
-    let selector = format!("{LABEL_NAME}={NODE_APP_NAME},{LABEL_MANAGED_BY}={FIELD_MANAGER}");
-    let pods = Api::<Pod>::all(ctx.client.clone())
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(Error::ListPods)?;
     let name = plugin.name_any();
-    let mounting: Vec<Pod> = pods
-        .items
+    let mut mounting: Vec<Arc<Pod>> = ctx
+        .caches
+        .pods
+        .state()
         .into_iter()
         .filter(|p| {
             p.metadata
@@ -96,7 +87,10 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
                 .is_some_and(|list| list.split(',').any(|n| n == name))
         })
         .collect();
-    let reports = node_report::collect(ctx.node_status.as_ref(), &mounting).await;
+    mounting.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    let reports = ctx.reports.of(&mounting).await;
 
     let folded = status::fold(
         plugin,
@@ -106,7 +100,9 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
         ctx.now(),
     );
     status::publish(plugin, folded, ctx).await?;
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(RESYNC.mul_f64(
+        crate::report_cache::jitter(&plugin.uid().unwrap_or_default()) + 0.2,
+    )))
 }
 
 /// Transient errors back off per object; refusals wait long.

@@ -15,8 +15,6 @@ use serde_json::{Value, json};
 
 use crate::support::{Recorded, Step, condition, context, finish, fixture_plugins};
 
-const NODE_PODS: &str = "/api/v1/pods";
-
 fn llama_cpu() -> EnginePlugin {
     fixture_plugins().remove(0)
 }
@@ -89,29 +87,25 @@ async fn a_loaded_plugin_is_accepted_and_lists_the_pods_that_loaded_it() {
             node(vec![plugin_status(true, None, None)]),
         ),
     ]);
-    let (ctx, server) = context(fixture_plugins(), nodes);
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed([
+        pod("default", "gemma-a", "10.0.0.1", "llama-cpp-cpu"),
+        pod("team-a", "qwen-b", "10.0.0.2", "llama-cpp-cpu,tinyllm-cpu"),
+        pod("default", "other-c", "10.0.0.3", "tinyllm-cpu"),
+    ]);
     let server = server.run(vec![
-        Step::list(
-            NODE_PODS,
-            vec![
-                pod("default", "gemma-a", "10.0.0.1", "llama-cpp-cpu"),
-                pod("team-a", "qwen-b", "10.0.0.2", "llama-cpp-cpu,tinyllm-cpu"),
-                pod("default", "other-c", "10.0.0.3", "tinyllm-cpu"),
-            ],
-        ),
         status_patch(&p),
         Step::event("default"),
         Step::event("default"),
     ]);
     let action = run(p.clone(), ctx.clone()).await.expect("reconcile");
     let recorded = finish(server).await;
-    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
-    assert!(
-        recorded[0]
-            .query
-            .contains("labelSelector=app.kubernetes.io%2Fname%3Dgantry-node"),
-        "{}",
-        recorded[0].query
+    // Report changes wake the plugin through the poller; the requeue is a safety net.
+    assert_ne!(action, Action::await_change());
+    assert_eq!(
+        recorded[0].method,
+        Method::PATCH,
+        "no read: pods come from the cache"
     );
     let status = status_body(&recorded);
     assert_eq!(condition(&status, "Accepted")["status"], "True");
@@ -135,16 +129,14 @@ async fn a_loaded_plugin_is_accepted_and_lists_the_pods_that_loaded_it() {
             node(vec![plugin_status(true, None, None)]),
         ),
     ]);
-    let (ctx, server) = context(fixture_plugins(), nodes);
-    let server = server.run(vec![Step::list(
-        NODE_PODS,
-        vec![
-            pod("default", "gemma-a", "10.0.0.1", "llama-cpp-cpu"),
-            pod("team-a", "qwen-b", "10.0.0.2", "llama-cpp-cpu,tinyllm-cpu"),
-        ],
-    )]);
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed([
+        pod("default", "gemma-a", "10.0.0.1", "llama-cpp-cpu"),
+        pod("team-a", "qwen-b", "10.0.0.2", "llama-cpp-cpu,tinyllm-cpu"),
+    ]);
+    let server = server.run(Vec::new());
     run(stored, ctx.clone()).await.expect("steady state");
-    assert!(finish(server).await.iter().all(|r| r.method == Method::GET));
+    assert!(finish(server).await.is_empty(), "not a read, not a write");
     assert_eq!(ctx.metrics.total_writes(), 0);
 }
 
@@ -187,9 +179,9 @@ async fn load_errors_reported_by_node_pods_are_listed_with_their_reasons() {
         .enumerate()
         .map(|(i, (ip, _, _))| pod("default", &format!("node-{i}"), ip, "llama-cpp-cpu"))
         .collect();
-    let (ctx, server) = context(fixture_plugins(), nodes);
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed(pods);
     let server = server.run(vec![
-        Step::list(NODE_PODS, pods),
         status_patch(&p),
         Step::event("default"),
         Step::event("default"),
@@ -224,11 +216,7 @@ async fn a_plugin_for_another_abi_is_not_accepted() {
     let mut p = llama_cpu();
     p.spec.abi_version = 2;
     let (ctx, server) = context(vec![p.clone()], BTreeMap::new());
-    let server = server.run(vec![
-        Step::list(NODE_PODS, Vec::new()),
-        status_patch(&p),
-        Step::event("default"),
-    ]);
+    let server = server.run(vec![status_patch(&p), Step::event("default")]);
     run(p, ctx).await.expect("reconcile");
     let status = status_body(&finish(server).await);
     let accepted = condition(&status, "Accepted");
@@ -251,11 +239,7 @@ async fn a_second_plugin_for_the_same_engine_and_backend_is_not_accepted() {
     second.metadata.name = Some("llama-cpp-cpu-nightly".into());
     second.spec.version = "0.2.0".into();
     let (ctx, server) = context(vec![first, second.clone()], BTreeMap::new());
-    let server = server.run(vec![
-        Step::list(NODE_PODS, Vec::new()),
-        status_patch(&second),
-        Step::event("default"),
-    ]);
+    let server = server.run(vec![status_patch(&second), Step::event("default")]);
     run(second, ctx).await.expect("reconcile");
     let status = status_body(&finish(server).await);
     let accepted = condition(&status, "Accepted");
@@ -268,16 +252,20 @@ async fn a_second_plugin_for_the_same_engine_and_backend_is_not_accepted() {
 }
 
 #[tokio::test]
-async fn a_failing_pod_list_backs_off_and_writes_nothing() {
+async fn a_failing_status_write_backs_off() {
     let p = llama_cpu();
     let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let server = server.run(vec![Step::fail(Method::GET, NODE_PODS, 500)]);
+    let server = server.run(vec![Step::fail(
+        Method::PATCH,
+        "/apis/gantry.dev/v1alpha1/engineplugins/llama-cpp-cpu/status",
+        500,
+    )]);
     let obj = Arc::new(DeserializeGuard(Ok(p)));
     let err = plugin::reconcile(obj.clone(), ctx.clone())
         .await
         .expect_err("500");
     finish(server).await;
-    assert_eq!(err.metric_label(), "read_list_pods");
+    assert_eq!(err.metric_label(), "status_patch");
     assert_eq!(
         plugin::error_policy(obj, &err, ctx),
         Action::requeue(Duration::from_secs(5))

@@ -20,8 +20,8 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Recorded, Step, condition, context, context_with, finish, fixture_model, fixture_plugins, path,
-    repo_dir, yaml_docs,
+    ApiServer, Recorded, Step, condition, context, context_with, finish, fixture_model,
+    fixture_plugins, path, repo_dir, yaml_docs,
 };
 
 const POD_IP: &str = "10.0.0.5";
@@ -30,9 +30,20 @@ const POD_IP: &str = "10.0.0.5";
 fn example_model() -> Model {
     let mut m: Model =
         yaml_docs(&repo_dir().join("docs/examples/model-gemma-3-270m.yaml")).remove(0);
-    m.metadata.uid = Some("9b2f6c1d-0000-4000-8000-00000000e2e0".into());
+    m.metadata.uid = Some(UID_EXAMPLE.into());
     m.metadata.generation = Some(1);
     m
+}
+
+/// The `cpu` fixture Model's uid.
+const UID_CPU: &str = "3f1c2b4a-0000-4000-8000-000000000001";
+
+/// The example Model's uid.
+const UID_EXAMPLE: &str = "9b2f6c1d-0000-4000-8000-00000000e2e0";
+
+/// The example Model, for closures that cannot borrow a test's own copy.
+fn base_model() -> Model {
+    example_model()
 }
 
 fn example_plugins() -> Vec<EnginePlugin> {
@@ -46,26 +57,17 @@ fn ns_name(m: &Model) -> (String, String) {
     )
 }
 
-/// The five owned-object GETs every reconcile starts with (no PVC cache in these Models; no
-/// HPA, as these Models are in Builtin mode).
+/// Put the owned objects that exist into the controller's caches (a reconcile reads them
+/// there, not from the API server), and return the requests that reading makes: none.
 fn reads(
-    m: &Model,
+    server: &mut ApiServer,
     cm: Option<Value>,
     deploy: Option<Value>,
     svc: Option<Value>,
     pdb: Option<Value>,
 ) -> Vec<Step> {
-    let (ns, name) = ns_name(m);
-    vec![
-        Step::get(path("v1", &ns, "configmaps", &name), cm),
-        Step::get(path("apps/v1", &ns, "deployments", &name), deploy),
-        Step::get(path("v1", &ns, "services", &name), svc),
-        Step::get(path("policy/v1", &ns, "poddisruptionbudgets", &name), pdb),
-        Step::get(
-            path("autoscaling/v2", &ns, "horizontalpodautoscalers", &name),
-            None,
-        ),
-    ]
+    server.seed([cm, deploy, svc, pdb].into_iter().flatten());
+    Vec::new()
 }
 
 fn applies(m: &Model) -> Vec<Step> {
@@ -90,9 +92,9 @@ fn status_patch(m: &Model) -> Step {
     )
 }
 
-fn pods(m: &Model, items: Vec<Value>) -> Step {
-    let (ns, _) = ns_name(m);
-    Step::list(format!("/api/v1/namespaces/{ns}/pods"), items)
+/// Node pods, as the pod watch delivers them.
+fn pods(server: &mut ApiServer, items: Vec<Value>) {
+    server.seed(items);
 }
 
 /// The objects the build step makes for `m` (what a previous reconcile applied).
@@ -121,8 +123,17 @@ fn running_pod(m: &Model, o: &build::OwnedObjects) -> Value {
         .metadata
         .as_ref()
         .and_then(|t| t.annotations.clone());
+    // The pod template's labels, as the ReplicaSet gives them to its pods.
+    let labels = o
+        .deployment
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|t| t.labels.clone());
     json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": format!("{name}-7c9d-abcde"), "namespace": ns, "annotations": annotations},
+           "metadata": {"name": format!("{name}-7c9d-abcde"), "namespace": ns,
+                        "uid": format!("{name}-pod-uid"), "labels": labels, "annotations": annotations},
            "status": {"phase": "Running", "podIP": POD_IP}})
 }
 
@@ -183,14 +194,16 @@ async fn run(
 #[tokio::test]
 async fn first_reconcile_applies_config_map_deployment_service_and_patches_status() {
     let m = fixture_model("cpu");
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.extend(applies(&m));
     steps.push(status_patch(&m));
     let server = server.run(steps);
     let action = run(m.clone(), ctx.clone()).await.expect("reconcile");
     let recorded = finish(server).await;
-    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
+    // Watches bring every change; the requeue is the slow safety net, jittered per Model.
+    assert_eq!(action, Action::requeue(model::resync(UID_CPU)));
+    assert!(model::resync(UID_CPU) >= Duration::from_secs(600));
 
     let applied_kinds: Vec<&str> = recorded
         .iter()
@@ -247,8 +260,8 @@ async fn first_reconcile_applies_config_map_deployment_service_and_patches_statu
 #[tokio::test]
 async fn first_reconcile_of_a_resolvable_model_records_an_engine_resolved_event() {
     let m = example_model();
-    let (ctx, server) = context(example_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(example_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.extend(applies(&m));
     steps.push(status_patch(&m));
     steps.push(Step::event("default"));
@@ -277,8 +290,8 @@ async fn model_without_supported_engine_sets_engine_resolved_false_and_creates_n
         .into_iter()
         .filter(|p| p.spec.engine_id == "llama_cpp" && p.spec.gpu_backend.as_str() == "cuda")
         .collect();
-    let (ctx, server) = context(plugins, BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(plugins, BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.push(status_patch(&m));
     steps.push(Step::event("default"));
     steps.push(Step::event("default"));
@@ -334,8 +347,8 @@ async fn every_rejected_candidate_is_listed_with_its_reason() {
     duplicate.metadata.name = Some("zzz-llama-copy".into());
     plugins.push(old_abi);
     plugins.push(duplicate);
-    let (ctx, server) = context(plugins, BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(plugins, BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.push(status_patch(&m));
     steps.push(Step::event("default"));
     steps.push(Step::event("default"));
@@ -372,23 +385,20 @@ async fn steady_state_reconcile_writes_nothing() {
     let mut m = example_model();
     let plugins = example_plugins();
     let o = desired(&m, &plugins, Some("gemma3"));
-    let base = m.clone();
-    let live = || {
-        let m = &base;
-        let mut steps = reads(
-            m,
+    let live = |server: &mut ApiServer| {
+        pods(server, vec![running_pod(&base_model(), &o)]);
+        reads(
+            server,
             Some(serde_json::to_value(&o.config_map).expect("json")),
             Some(ready_deployment(&o)),
             Some(serde_json::to_value(&o.service).expect("json")),
             None,
-        );
-        steps.push(pods(m, vec![running_pod(m, &o)]));
-        steps
+        )
     };
     let reports = node_report("gemma-3-270m", "gemma3", supported());
 
-    let (ctx, server) = context(plugins.clone(), reports.clone());
-    let mut steps = live();
+    let (ctx, mut server) = context(plugins.clone(), reports.clone());
+    let mut steps = live(&mut server);
     steps.push(status_patch(&m));
     // Ready, EngineResolved and ArtifactReady turn True: one Normal event each.
     steps.extend([
@@ -399,7 +409,7 @@ async fn steady_state_reconcile_writes_nothing() {
     let server = server.run(steps);
     let action = run(m.clone(), ctx).await.expect("pass 1");
     let recorded = finish(server).await;
-    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert_eq!(action, Action::requeue(model::resync(UID_EXAMPLE)));
     let status = status_body(&recorded);
     assert_eq!(condition(&status, "Ready")["status"], "True");
     assert_eq!(condition(&status, "ArtifactReady")["reason"], "Downloaded");
@@ -418,15 +428,14 @@ async fn steady_state_reconcile_writes_nothing() {
     );
 
     m.status = Some(serde_json::from_value::<ModelStatus>(status).expect("status"));
-    let (ctx, server) = context(plugins, reports);
-    let server = server.run(live());
+    let (ctx, mut server) = context(plugins, reports);
+    let steps = live(&mut server);
+    let server = server.run(steps);
     let action = run(m, ctx.clone()).await.expect("pass 2");
     let recorded = finish(server).await;
-    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
-    assert!(
-        recorded.iter().all(|r| r.method == Method::GET),
-        "{recorded:#?}"
-    );
+    assert_eq!(action, Action::requeue(model::resync(UID_EXAMPLE)));
+    // Everything came from the caches: not a read, not a write.
+    assert!(recorded.is_empty(), "{recorded:#?}");
     assert_eq!(ctx.metrics.total_writes(), 0);
 }
 
@@ -448,16 +457,16 @@ async fn the_first_node_report_narrows_the_mounted_plugins_to_the_one_that_serve
         Some(1),
         "tinyllm is an image volume, llama.cpp an init container"
     );
-    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
+    let (ctx, mut server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
     let (ns, name) = ns_name(&m);
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(ready_deployment(&o)),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    pods(&mut server, vec![running_pod(&m, &o)]);
     steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
     steps.push(status_patch(&m));
     steps.extend([Step::event(&ns), Step::event(&ns)]);
@@ -487,9 +496,9 @@ async fn the_first_node_report_narrows_the_mounted_plugins_to_the_one_that_serve
 async fn creating_the_deployment_sets_min_replicas_and_hands_the_field_to_the_autoscaler() {
     let mut m = fixture_model("cpu");
     m.spec.replicas = Some(gantry_crd::Replicas { min: 2, max: 6 });
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
     let (ns, name) = ns_name(&m);
-    let mut steps = reads(&m, None, None, None, None);
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.extend(applies(&m));
     steps.push(Step::apply(path(
         "policy/v1",
@@ -543,16 +552,16 @@ async fn a_deployment_whose_replicas_only_the_operator_owns_is_handed_over_befor
         "fieldsType": "FieldsV1",
         "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}
     }]);
-    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
+    let (ctx, mut server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
     let (ns, name) = ns_name(&m);
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(live),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    pods(&mut server, vec![running_pod(&m, &o)]);
     steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)).by("gantry-autoscaler"));
     steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
     steps.push(status_patch(&m));
@@ -588,18 +597,16 @@ async fn switching_from_hpa_back_to_builtin_deletes_the_hpa() {
         ..Default::default()
     });
     let old_hpa = desired(&hpa_model, &plugins, None).hpa.expect("hpa");
+    let (ctx, mut server) = context(plugins, BTreeMap::new());
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(ready_deployment(&o)),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps[4] = Step::get(
-        path("autoscaling/v2", &ns, "horizontalpodautoscalers", &name),
-        Some(serde_json::to_value(&old_hpa).expect("json")),
-    );
-    steps.push(pods(&m, Vec::new()));
+    server.seed([serde_json::to_value(&old_hpa).expect("json")]);
+    pods(&mut server, Vec::new());
     steps.push(Step::delete(path(
         "autoscaling/v2",
         &ns,
@@ -608,7 +615,6 @@ async fn switching_from_hpa_back_to_builtin_deletes_the_hpa() {
     )));
     steps.push(status_patch(&m));
     steps.push(Step::event(&ns));
-    let (ctx, server) = context(plugins, BTreeMap::new());
     let server = server.run(steps);
     run(m, ctx).await.expect("reconcile");
     let recorded = finish(server).await;
@@ -627,15 +633,15 @@ async fn a_node_that_rejects_the_model_sets_rejected_by_node_and_keeps_its_pods(
     let verdict = EngineVerdict::Unsupported {
         rejections: vec![Rejection { plugin: "llama_cpp".into(), kind: RejectionKind::LoadError, reason: "plugin not loaded: Binary not found: /opt/gantry/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so".into() }],
     };
-    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", verdict));
+    let (ctx, mut server) = context(plugins, node_report("gemma-3-270m", "gemma3", verdict));
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(ready_deployment(&o)),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    pods(&mut server, vec![running_pod(&m, &o)]);
     steps.push(status_patch(&m));
     steps.extend([
         Step::event("default"),
@@ -647,8 +653,8 @@ async fn a_node_that_rejects_the_model_sets_rejected_by_node_and_keeps_its_pods(
     let recorded = finish(server).await;
     assert_eq!(
         action,
-        Action::requeue(Duration::from_secs(15)),
-        "pods stay, so keep polling them"
+        Action::requeue(model::resync(UID_EXAMPLE)),
+        "pods stay: the safety-net resync"
     );
     let status = status_body(&recorded);
     let engine = condition(&status, "EngineResolved");
@@ -688,18 +694,18 @@ async fn a_model_that_loses_its_engine_has_its_deployment_deleted_but_keeps_conf
     let o = desired(&m, &example_plugins(), Some("gemma3"));
     let (ns, name) = ns_name(&m);
     // The plugin was deleted: nothing serves llama_cpp any more.
-    let (ctx, server) = context(
+    let (ctx, mut server) = context(
         Vec::new(),
         node_report("gemma-3-270m", "gemma3", supported()),
     );
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(ready_deployment(&o)),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    pods(&mut server, vec![running_pod(&m, &o)]);
     steps.push(Step::delete(path("apps/v1", &ns, "deployments", &name)));
     steps.push(status_patch(&m));
     steps.extend([Step::event(&ns), Step::event(&ns)]);
@@ -720,8 +726,8 @@ async fn a_model_that_loses_its_engine_has_its_deployment_deleted_but_keeps_conf
 async fn a_server_error_on_apply_requeues_with_backoff_and_the_retry_finishes_the_job() {
     let m = fixture_model("cpu");
     let (ns, name) = ns_name(&m);
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.push(Step::apply(path("v1", &ns, "configmaps", &name)));
     steps.push(Step::fail(
         Method::PATCH,
@@ -752,9 +758,9 @@ async fn a_server_error_on_apply_requeues_with_backoff_and_the_retry_finishes_th
     ));
 
     // The retry sees the ConfigMap already applied and picks up where it failed.
-    let applied_cm = recorded[5].body.clone().expect("configmap");
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, Some(applied_cm), None, None, None);
+    let applied_cm = recorded[0].body.clone().expect("configmap");
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, Some(applied_cm), None, None, None);
     steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)));
     steps.push(Step::apply(path("apps/v1", &ns, "deployments", &name)).by("gantry-autoscaler"));
     steps.push(Step::apply(path("v1", &ns, "services", &name)));
@@ -768,8 +774,8 @@ async fn a_server_error_on_apply_requeues_with_backoff_and_the_retry_finishes_th
 async fn a_conflict_on_the_status_patch_requeues_without_losing_the_applied_objects() {
     let m = fixture_model("cpu");
     let (ns, name) = ns_name(&m);
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.extend(applies(&m));
     steps.push(Step::fail(
         Method::PATCH,
@@ -796,8 +802,8 @@ async fn a_conflict_on_the_status_patch_requeues_without_losing_the_applied_obje
 async fn an_apply_the_apiserver_refuses_is_reported_as_degraded_and_retried_late() {
     let m = fixture_model("cpu");
     let (ns, name) = ns_name(&m);
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.push(Step::apply(path("v1", &ns, "configmaps", &name)));
     steps.push(Step::fail(
         Method::PATCH,
@@ -829,8 +835,8 @@ async fn an_object_of_the_same_name_owned_by_someone_else_is_never_overwritten()
     let m = fixture_model("cpu");
     let (ns, name) = ns_name(&m);
     let users_cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": {"mine": "yes"}});
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, Some(users_cm), None, None, None);
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, Some(users_cm), None, None, None);
     steps.push(status_patch(&m));
     steps.push(Step::event(&ns));
     let server = server.run(steps);
@@ -852,8 +858,8 @@ async fn an_object_of_the_same_name_owned_by_someone_else_is_never_overwritten()
 async fn an_invalid_model_patches_invalid_spec_and_waits_for_a_change() {
     let mut m = fixture_model("cpu");
     m.spec.source.uri = "ftp://example.com/x.gguf".into();
-    let (ctx, server) = context(fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
+    let (ctx, mut server) = context(fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.push(status_patch(&m));
     steps.push(Step::event("default"));
     let server = server.run(steps);
@@ -904,21 +910,21 @@ async fn a_model_scaling_up_stays_ready_while_the_new_pods_start() {
     deploy["spec"]["replicas"] = json!(3);
     deploy["status"] = json!({"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3,
                               "readyReplicas": 1, "availableReplicas": 1});
+    let (ctx, mut server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(deploy),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    pods(&mut server, vec![running_pod(&m, &o)]);
     steps.push(status_patch(&m));
     steps.extend([
         Step::event("default"),
         Step::event("default"),
         Step::event("default"),
     ]);
-    let (ctx, server) = context(plugins, node_report("gemma-3-270m", "gemma3", supported()));
     let server = server.run(steps);
     run(m, ctx).await.expect("reconcile");
     let status = status_body(&finish(server).await);
@@ -953,19 +959,14 @@ fn secured_settings() -> Settings {
     }
 }
 
-/// The Secret and NetworkPolicy GETs that follow the five owned-object reads.
-fn secured_reads(m: &Model, secret: Option<Value>, policy: Option<Value>) -> Vec<Step> {
+/// The node-token Secret's metadata GET: Secrets are never cached, so the apply step reads
+/// the Model's one by name when its Deployment is not yet current and ready.
+fn secret_get(m: &Model, secret: Option<Value>) -> Step {
     let (ns, name) = ns_name(m);
-    vec![
-        Step::get(
-            path("v1", &ns, "secrets", &format!("{name}-node-token")),
-            secret,
-        ),
-        Step::get(
-            path("networking.k8s.io/v1", &ns, "networkpolicies", &name),
-            policy,
-        ),
-    ]
+    Step::get(
+        path("v1", &ns, "secrets", &format!("{name}-node-token")),
+        secret,
+    )
 }
 
 fn body_of<'a>(recorded: &'a [Recorded], method: Method, suffix: &str) -> &'a Value {
@@ -981,10 +982,10 @@ async fn with_an_install_token_and_policies_the_model_gets_its_token_secret_and_
  {
     let m = fixture_model("cpu");
     let (ns, name) = ns_name(&m);
-    let (ctx, server) = context_with(secured_settings(), fixture_plugins(), BTreeMap::new());
-    let mut steps = reads(&m, None, None, None, None);
-    steps.extend(secured_reads(&m, None, None));
+    let (ctx, mut server) = context_with(secured_settings(), fixture_plugins(), BTreeMap::new());
+    let mut steps = reads(&mut server, None, None, None, None);
     steps.push(Step::apply(path("v1", &ns, "configmaps", &name)));
+    steps.push(secret_get(&m, None));
     steps.push(Step::apply(path(
         "v1",
         &ns,
@@ -1081,24 +1082,22 @@ async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
         &settings,
     )
     .expect("build");
-    let (ctx, server) = context_with(
+    let (ctx, mut server) = context_with(
         settings,
         plugins,
         node_report("gemma-3-270m", "gemma3", supported()),
     );
+    // The Deployment is current with all its pods ready: it runs with the Secret, which is not
+    // read (Secrets are never cached), and the cached NetworkPolicy is current.
     let mut steps = reads(
-        &m,
+        &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(ready_deployment(&o)),
         Some(serde_json::to_value(&o.service).expect("json")),
         None,
     );
-    steps.extend(secured_reads(
-        &m,
-        Some(serde_json::to_value(&o.node_token_secret).expect("json")),
-        Some(serde_json::to_value(&o.network_policy).expect("json")),
-    ));
-    steps.push(pods(&m, vec![running_pod(&m, &o)]));
+    server.seed([serde_json::to_value(&o.network_policy).expect("json")]);
+    pods(&mut server, vec![running_pod(&m, &o)]);
     steps.push(status_patch(&m));
     steps.extend([
         Step::event("default"),
@@ -1116,5 +1115,9 @@ async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
     assert_eq!(
         writes,
         ["/apis/gantry.dev/v1alpha1/namespaces/default/models/gemma-3-270m/status"]
+    );
+    assert!(
+        recorded.iter().all(|r| r.method != Method::GET),
+        "{recorded:#?}"
     );
 }

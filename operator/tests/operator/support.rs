@@ -1,5 +1,6 @@
 //! Test support (outside the reconcile path): YAML fixtures, a test Context, and the mock
-//! API server that checks a reconcile's exact requests (kube-rs controller-rs `fixtures.rs`).
+//! API server that checks a reconcile's exact requests (kube-rs controller-rs `fixtures.rs`)
+//! and holds what the cluster's watches have delivered into the controller's caches.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,14 +9,17 @@ use std::time::Duration;
 
 use gantry_api::NodeStatus;
 use gantry_crd::{EnginePlugin, Model};
+use gantry_operator::cache::{self, Writers};
 use gantry_operator::context::{Context, Settings};
 use gantry_operator::metrics::Metrics;
 use gantry_operator::node_report::FixedNodeStatus;
 use gantry_operator::rbac::{self, Component, Names, Scope};
+use gantry_operator::report_cache::Reports;
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
 use kube::core::DeserializeGuard;
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::{reflector, watcher};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -83,15 +87,31 @@ pub fn context_with(
         writer.apply_watcher_event(&watcher::Event::Apply(DeserializeGuard(Ok(p))));
     }
     let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let (caches, writers) = cache::caches();
     let ctx = Context::new(
         client,
         settings,
         store,
-        Arc::new(FixedNodeStatus(nodes)),
+        caches,
+        Arc::new(Reports::new(Arc::new(FixedNodeStatus(nodes)))),
         metrics,
     )
     .with_clock(Arc::new(t0));
-    (Arc::new(ctx), ApiServer::new(handle))
+    let mut server = ApiServer::new(handle);
+    server.writers = Some(writers);
+    (Arc::new(ctx), server)
+}
+
+/// Deliver `obj` as a watch would: deserialize it as its kind, trim it, and put it in the
+/// cache the controller reads that kind from.
+fn deliver<K>(writer: &mut Writer<K>, obj: Value, trim: fn(&mut K))
+where
+    K: kube::Resource + Clone + DeserializeOwned + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let mut k: K = serde_json::from_value(obj).expect("object of its kind");
+    trim(&mut k);
+    writer.apply_watcher_event(&watcher::Event::Apply(k));
 }
 
 /// One expected request and the answer to give.
@@ -252,6 +272,8 @@ pub struct ApiServer {
     handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     /// Whose permissions the requests are checked against.
     component: Component,
+    /// The controller's caches, as the watches fill them.
+    writers: Option<Writers>,
 }
 
 impl ApiServer {
@@ -260,6 +282,29 @@ impl ApiServer {
         ApiServer {
             handle,
             component: Component::Controller,
+            writers: None,
+        }
+    }
+
+    /// Objects the cluster holds, as its watches deliver them into the controller's caches
+    /// (by `kind`; a Secret is never cached, so it is not accepted here).
+    pub fn seed(&mut self, objects: impl IntoIterator<Item = Value>) {
+        let w = self
+            .writers
+            .as_mut()
+            .expect("a server made by context() has caches");
+        for obj in objects {
+            match obj["kind"].as_str().expect("object with a kind") {
+                "ConfigMap" => deliver(&mut w.config_maps, obj, cache::trim_partial),
+                "Service" => deliver(&mut w.services, obj, cache::trim_partial),
+                "PodDisruptionBudget" => deliver(&mut w.pdbs, obj, cache::trim_partial),
+                "HorizontalPodAutoscaler" => deliver(&mut w.hpas, obj, cache::trim_partial),
+                "PersistentVolumeClaim" => deliver(&mut w.pvcs, obj, cache::trim_partial),
+                "NetworkPolicy" => deliver(&mut w.network_policies, obj, cache::trim_partial),
+                "Deployment" => deliver(&mut w.deployments, obj, cache::trim_deployment),
+                "Pod" => deliver(&mut w.pods, obj, cache::trim_pod),
+                other => panic!("the controller does not cache {other}"),
+            }
         }
     }
 

@@ -1,0 +1,273 @@
+//! Node report cache (read step of both reconcilers): the last `GET /v1/status` answer of every
+//! node pod, refreshed on its own schedule by [`poll`] and folded into status by a reconcile
+//! only when what the status is made of changed.
+//!
+//! Cost model: a reconcile reads reports from here and asks a pod itself only when it has
+//! never been asked (it just started) or its IP changed. The poller asks each reachable node
+//! pod once per interval — 10 s while its Model is converging, 60 s once it is settled (Ready
+//! and not Progressing) — with each pod's due time spread by ±20 % from its uid, at most 64
+//! requests in flight and a 2 s timeout each. A pod whose answer differs in anything the
+//! status shows (queue figures and download speed are left out) triggers a reconcile of its
+//! Model and of the EnginePlugins it mounts; an unchanged answer triggers nothing.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use gantry_api::NodeStatus;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::cache::ModelRef;
+use crate::node_report::{self, NodeReport, NodeStatusSource, PodFacts, ReportError};
+use gantry_crd::conditions::{FALSE, TRUE, find, model as cond};
+use gantry_crd::{EnginePlugin, Model};
+
+/// A reconcile request for one EnginePlugin.
+pub type PluginRef = ObjectRef<DeserializeGuard<EnginePlugin>>;
+
+/// One pod's last answer.
+#[derive(Clone, Debug)]
+struct Entry {
+    uid: String,
+    ip: String,
+    fetched: Instant,
+    status: Result<NodeStatus, ReportError>,
+    fingerprint: u64,
+}
+
+/// The last answer of every node pod, by `namespace/name`.
+pub struct Reports {
+    source: Arc<dyn NodeStatusSource>,
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+/// What of an answer the status is made of: everything but the queue figures and the
+/// download speed, which change with every request and are the autoscaler's to read.
+pub fn fingerprint(status: &Result<NodeStatus, ReportError>) -> u64 {
+    let mut h = DefaultHasher::new();
+    match status {
+        Ok(s) => {
+            let mut s = s.clone();
+            for m in &mut s.models {
+                m.queue = Default::default();
+                m.artifact.bytes_per_second = 0.0;
+            }
+            serde_json::to_string(&s).unwrap_or_default().hash(&mut h);
+        }
+        Err(e) => e.to_string().hash(&mut h),
+    }
+    h.finish()
+}
+
+impl Reports {
+    pub fn new(source: Arc<dyn NodeStatusSource>) -> Self {
+        Reports {
+            source,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The cached answer of a pod, if it is for this pod (uid) at this IP.
+    fn cached(&self, f: &PodFacts) -> Option<Entry> {
+        self.lock()
+            .get(&f.pod)
+            .filter(|e| e.uid == f.uid && e.ip == f.ip)
+            .cloned()
+    }
+
+    /// Ask the pod now and store the answer; true when the answer's fingerprint changed.
+    async fn refresh(&self, f: &PodFacts) -> (bool, Result<NodeStatus, ReportError>) {
+        let status = node_report::fetch(self.source.as_ref(), f).await;
+        let fp = fingerprint(&status);
+        let entry = Entry {
+            uid: f.uid.clone(),
+            ip: f.ip.clone(),
+            fetched: Instant::now(),
+            status: status.clone(),
+            fingerprint: fp,
+        };
+        let old = self.lock().insert(f.pod.clone(), entry);
+        let changed = old.is_none_or(|o| o.fingerprint != fp || o.uid != f.uid);
+        (changed, status)
+    }
+
+    /// The reports of `pods` (those that can answer), sorted by pod name: cached answers as
+    /// they are, pods never asked (or at a new IP) asked now, concurrently.
+    pub async fn of(&self, pods: &[Arc<Pod>]) -> Vec<NodeReport> {
+        let asks = pods
+            .iter()
+            .filter_map(|p| node_report::facts(p))
+            .map(|f| async move {
+                let status = match self.cached(&f) {
+                    Some(e) => e.status,
+                    None => self.refresh(&f).await.1,
+                };
+                NodeReport {
+                    pod: f.pod,
+                    config_hash: f.config_hash,
+                    plugins: f.plugins,
+                    status,
+                }
+            });
+        let mut reports = futures::future::join_all(asks).await;
+        reports.sort_by(|a, b| a.pod.cmp(&b.pod));
+        reports
+    }
+
+    /// Forget pods that are gone.
+    fn retain(&self, live: &HashSet<String>) {
+        self.lock().retain(|k, _| live.contains(k));
+    }
+
+    /// Pods in the cache.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How the poller runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollConfig {
+    /// Between two answers of a pod whose Model is still converging.
+    pub converging: Duration,
+    /// Between two answers of a pod whose Model is settled.
+    pub settled: Duration,
+    /// Requests in flight at once, across all pods.
+    pub concurrency: usize,
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        PollConfig {
+            converging: Duration::from_secs(10),
+            settled: Duration::from_secs(60),
+            concurrency: 64,
+        }
+    }
+}
+
+/// A factor in [0.8, 1.2) from a stable key: spreads pods started together over the interval.
+pub fn jitter(key: &str) -> f64 {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    0.8 + (h.finish() % 4000) as f64 / 10_000.0
+}
+
+/// Settled: Ready and not Progressing (the same rule the reconcile uses for its resync).
+fn settled(model: &Model) -> bool {
+    model.status.as_ref().is_some_and(|s| {
+        find(&s.conditions, cond::READY).is_some_and(|c| c.status == TRUE)
+            && find(&s.conditions, cond::PROGRESSING).is_some_and(|c| c.status == FALSE)
+    })
+}
+
+/// The pods due for a new answer now, with the interval of each.
+fn due(
+    reports: &Reports,
+    pods: &[Arc<Pod>],
+    settled_models: &HashSet<(String, String)>,
+    config: &PollConfig,
+) -> Vec<PodFacts> {
+    let entries = reports.lock();
+    pods.iter()
+        .filter_map(|p| node_report::facts(p))
+        .filter(|f| {
+            let interval = if settled_models.contains(&(f.namespace.clone(), f.model.clone())) {
+                config.settled
+            } else {
+                config.converging
+            };
+            match entries.get(&f.pod) {
+                Some(e) if e.uid == f.uid && e.ip == f.ip => {
+                    e.fetched.elapsed() >= interval.mul_f64(jitter(&f.uid))
+                }
+                _ => true,
+            }
+        })
+        .collect()
+}
+
+/// Refresh the reports of every node pod on its schedule until the triggers' receivers are
+/// gone (the controllers stopped). One pass per second looks for pods that are due.
+pub async fn poll(
+    reports: Arc<Reports>,
+    pods: Store<Pod>,
+    models: Store<DeserializeGuard<Model>>,
+    config: PollConfig,
+    mut model_trigger: mpsc::Sender<ModelRef>,
+    mut plugin_trigger: mpsc::Sender<PluginRef>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let all = pods.state();
+        let live: HashSet<String> = all
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        reports.retain(&live);
+        let settled_models: HashSet<(String, String)> = models
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .filter(|m| settled(m))
+            .map(|m| {
+                (
+                    m.metadata.namespace.clone().unwrap_or_default(),
+                    m.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let due = due(&reports, &all, &settled_models, &config);
+        let changed: Vec<PodFacts> = futures::stream::iter(due)
+            .map(|f| {
+                let reports = reports.clone();
+                async move { reports.refresh(&f).await.0.then_some(f) }
+            })
+            .buffer_unordered(config.concurrency.max(1))
+            .filter_map(futures::future::ready)
+            .collect()
+            .await;
+        let mut models_to_wake: HashSet<ModelRef> = HashSet::new();
+        let mut plugins_to_wake: HashSet<String> = HashSet::new();
+        for f in changed {
+            if !f.model.is_empty() {
+                models_to_wake.insert(ObjectRef::new(&f.model).within(&f.namespace));
+            }
+            plugins_to_wake.extend(f.plugins);
+        }
+        for model in models_to_wake {
+            if model_trigger.send(model).await.is_err() {
+                return;
+            }
+        }
+        for plugin in plugins_to_wake {
+            if plugin_trigger.send(ObjectRef::new(&plugin)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
