@@ -169,7 +169,13 @@ pub fn jitter(key: &str) -> f64 {
     0.8 + (h.finish() % 4000) as f64 / 10_000.0
 }
 
-/// Settled: Ready and not Progressing (the same rule the reconcile uses for its resync).
+/// A factor in [1.0, 1.2) from a stable key: stretches a safety-net resync so objects created
+/// together do not resync together.
+pub fn stretch(key: &str) -> f64 {
+    1.0 + (jitter(key) - 0.8) / 2.0
+}
+
+/// Settled: Ready and not Progressing.
 fn settled(model: &Model) -> bool {
     model.status.as_ref().is_some_and(|s| {
         find(&s.conditions, cond::READY).is_some_and(|c| c.status == TRUE)

@@ -42,7 +42,7 @@ pub const RESYNC: Duration = Duration::from_secs(600);
 /// When to look at a Model with pods again if nothing happens: [`RESYNC`] stretched by a
 /// factor in [1.0, 1.2) taken from its uid, so Models created together do not resync together.
 pub fn resync(uid: &str) -> Duration {
-    RESYNC.mul_f64(crate::report_cache::jitter(uid) + 0.2)
+    RESYNC.mul_f64(crate::report_cache::stretch(uid))
 }
 
 /// A failed Model reconcile, by pipeline step.

@@ -101,7 +101,7 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
     );
     status::publish(plugin, folded, ctx).await?;
     Ok(Action::requeue(RESYNC.mul_f64(
-        crate::report_cache::jitter(&plugin.uid().unwrap_or_default()) + 0.2,
+        crate::report_cache::stretch(&plugin.uid().unwrap_or_default()),
     )))
 }
 

@@ -1,9 +1,11 @@
 //! Operator tests in one binary (one link step): CRDs, the pure build and validate steps,
 //! generated objects against the Kubernetes types, reconciles against a mock API server, and
-//! the autoscaler's decisions on recorded metric series.
+//! the autoscaler's decisions on recorded metric series, and the controller's caches and the
+//! triggers their watches send.
 
 mod autoscale;
 mod build;
+mod caching;
 mod crds;
 mod leader;
 mod node_report;

@@ -27,7 +27,7 @@ use crate::support::{
 const POD_IP: &str = "10.0.0.5";
 
 /// The docs example, as the apiserver would hand it over.
-fn example_model() -> Model {
+pub(crate) fn example_model() -> Model {
     let mut m: Model =
         yaml_docs(&repo_dir().join("docs/examples/model-gemma-3-270m.yaml")).remove(0);
     m.metadata.uid = Some(UID_EXAMPLE.into());
@@ -36,21 +36,21 @@ fn example_model() -> Model {
 }
 
 /// The `cpu` fixture Model's uid.
-const UID_CPU: &str = "3f1c2b4a-0000-4000-8000-000000000001";
+pub(crate) const UID_CPU: &str = "3f1c2b4a-0000-4000-8000-000000000001";
 
 /// The example Model's uid.
-const UID_EXAMPLE: &str = "9b2f6c1d-0000-4000-8000-00000000e2e0";
+pub(crate) const UID_EXAMPLE: &str = "9b2f6c1d-0000-4000-8000-00000000e2e0";
 
 /// The example Model, for closures that cannot borrow a test's own copy.
 fn base_model() -> Model {
     example_model()
 }
 
-fn example_plugins() -> Vec<EnginePlugin> {
+pub(crate) fn example_plugins() -> Vec<EnginePlugin> {
     yaml_docs(&repo_dir().join("docs/examples/engineplugin-llama-cpp-cpu.yaml"))
 }
 
-fn ns_name(m: &Model) -> (String, String) {
+pub(crate) fn ns_name(m: &Model) -> (String, String) {
     (
         m.metadata.namespace.clone().unwrap_or_default(),
         m.metadata.name.clone().unwrap_or_default(),
@@ -59,7 +59,7 @@ fn ns_name(m: &Model) -> (String, String) {
 
 /// Put the owned objects that exist into the controller's caches (a reconcile reads them
 /// there, not from the API server), and return the requests that reading makes: none.
-fn reads(
+pub(crate) fn reads(
     server: &mut ApiServer,
     cm: Option<Value>,
     deploy: Option<Value>,
@@ -70,7 +70,7 @@ fn reads(
     Vec::new()
 }
 
-fn applies(m: &Model) -> Vec<Step> {
+pub(crate) fn applies(m: &Model) -> Vec<Step> {
     let (ns, name) = ns_name(m);
     vec![
         Step::apply(path("v1", &ns, "configmaps", &name)),
@@ -81,7 +81,7 @@ fn applies(m: &Model) -> Vec<Step> {
     ]
 }
 
-fn status_patch(m: &Model) -> Step {
+pub(crate) fn status_patch(m: &Model) -> Step {
     let (ns, name) = ns_name(m);
     Step::apply_status(
         format!(
@@ -93,18 +93,22 @@ fn status_patch(m: &Model) -> Step {
 }
 
 /// Node pods, as the pod watch delivers them.
-fn pods(server: &mut ApiServer, items: Vec<Value>) {
+pub(crate) fn pods(server: &mut ApiServer, items: Vec<Value>) {
     server.seed(items);
 }
 
 /// The objects the build step makes for `m` (what a previous reconcile applied).
-fn desired(m: &Model, plugins: &[EnginePlugin], arch: Option<&str>) -> build::OwnedObjects {
+pub(crate) fn desired(
+    m: &Model,
+    plugins: &[EnginePlugin],
+    arch: Option<&str>,
+) -> build::OwnedObjects {
     let v = validate(m, &Settings::default()).expect("valid");
     let r = resolve(&v, arch, plugins, 1);
     build::build(&v, &r.mounted(), &Settings::default()).expect("build")
 }
 
-fn ready_deployment(o: &build::OwnedObjects) -> Value {
+pub(crate) fn ready_deployment(o: &build::OwnedObjects) -> Value {
     let mut d = serde_json::to_value(&o.deployment).expect("json");
     d["metadata"]["generation"] = json!(1);
     // The apiserver always returns the count (set at creation, kept by the autoscaler).
@@ -114,7 +118,7 @@ fn ready_deployment(o: &build::OwnedObjects) -> Value {
     d
 }
 
-fn running_pod(m: &Model, o: &build::OwnedObjects) -> Value {
+pub(crate) fn running_pod(m: &Model, o: &build::OwnedObjects) -> Value {
     let (ns, name) = ns_name(m);
     let annotations = o
         .deployment
@@ -137,7 +141,11 @@ fn running_pod(m: &Model, o: &build::OwnedObjects) -> Value {
            "status": {"phase": "Running", "podIP": POD_IP}})
 }
 
-fn node_report(served: &str, arch: &str, verdict: EngineVerdict) -> BTreeMap<String, NodeStatus> {
+pub(crate) fn node_report(
+    served: &str,
+    arch: &str,
+    verdict: EngineVerdict,
+) -> BTreeMap<String, NodeStatus> {
     let status = NodeStatus {
         version: "0.1.0".into(),
         backend: "cpu".into(),
@@ -168,14 +176,14 @@ fn node_report(served: &str, arch: &str, verdict: EngineVerdict) -> BTreeMap<Str
     BTreeMap::from([(POD_IP.to_string(), status)])
 }
 
-fn supported() -> EngineVerdict {
+pub(crate) fn supported() -> EngineVerdict {
     EngineVerdict::Supported {
         plugin: "llama_cpp".into(),
         version: "0.1.0".into(),
     }
 }
 
-fn status_body(recorded: &[Recorded]) -> Value {
+pub(crate) fn status_body(recorded: &[Recorded]) -> Value {
     recorded
         .iter()
         .find(|r| r.path.ends_with("/status"))
@@ -184,7 +192,7 @@ fn status_body(recorded: &[Recorded]) -> Value {
         .clone()
 }
 
-async fn run(
+pub(crate) async fn run(
     model: Model,
     ctx: Arc<gantry_operator::context::Context>,
 ) -> Result<Action, model::Error> {
