@@ -166,7 +166,7 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
     let (model_store, model_writer) = reflector::store();
     let model_stream = watcher(
         Api::<DeserializeGuard<Model>>::all(client.clone()),
-        watcher::Config::default(),
+        list_config(),
     )
     .default_backoff()
     .modify(cache::trim_model)
@@ -265,6 +265,16 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
     outcome
 }
 
+/// Objects per page of a watch's initial list. Each object is trimmed as it leaves its page,
+/// so this bounds how many untrimmed objects (a node pod with its spec and managed fields is
+/// ~10 KB parsed) are alive at once; kube's default of 500 makes the start-up peak, which the
+/// allocator keeps, several times the size of the trimmed caches.
+const LIST_PAGE: u32 = 50;
+
+fn list_config() -> watcher::Config {
+    watcher::Config::default().page_size(LIST_PAGE)
+}
+
 /// What a Model reconcile decides on besides its status: the spec (its generation), the
 /// object's identity and whether it is being deleted.
 fn spec_or_deletion(m: &DeserializeGuard<Model>) -> Option<u64> {
@@ -313,9 +323,8 @@ fn start_watches(
     trigger: &mpsc::Sender<ModelRef>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let managed = format!("{LABEL_MANAGED_BY}={FIELD_MANAGER}");
-    let owned = watcher::Config::default().labels(&managed);
-    let node_pods =
-        watcher::Config::default().labels(&format!("{managed},{LABEL_NAME}={NODE_APP_NAME}"));
+    let owned = list_config().labels(&managed);
+    let node_pods = list_config().labels(&format!("{managed},{LABEL_NAME}={NODE_APP_NAME}"));
     fn meta<K: Resource<DynamicType = ()>>(name: &'static str) -> Kind<PartialObjectMeta<K>> {
         Kind {
             name,
