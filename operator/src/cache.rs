@@ -274,13 +274,7 @@ pub fn trim_deployment(d: &mut Deployment) {
         .managed_fields
         .iter()
         .flatten()
-        .filter(|e| {
-            e.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|spec| spec.get("f:replicas"))
-                .is_some()
-        })
+        .filter(|e| crate::model::apply::owns_replicas(e))
         .map(|e| ManagedFieldsEntry {
             manager: e.manager.clone(),
             fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:replicas": {}}}))),

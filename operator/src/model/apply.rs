@@ -17,7 +17,7 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -146,6 +146,15 @@ where
     Ok(Some(applied))
 }
 
+/// Whether a managed-fields entry owns a Deployment's `spec.replicas`.
+pub fn owns_replicas(e: &ManagedFieldsEntry) -> bool {
+    e.fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:spec"))
+        .and_then(|spec| spec.get("f:replicas"))
+        .is_some()
+}
+
 /// Whether `gantry-operator` is the only manager of the Deployment's `spec.replicas` (a
 /// Deployment created before the autoscaler existed, or one whose hand-over failed). Applying
 /// the built Deployment, which leaves `replicas` out, would then remove the field and the
@@ -156,13 +165,7 @@ pub fn operator_alone_owns_replicas(live: &Deployment) -> bool {
         .managed_fields
         .iter()
         .flatten()
-        .filter(|e| {
-            e.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|spec| spec.get("f:replicas"))
-                .is_some()
-        })
+        .filter(|e| owns_replicas(e))
         .map(|e| e.manager.as_deref().unwrap_or_default())
         .collect();
     owners.contains(&FIELD_MANAGER) && owners.iter().all(|m| *m == FIELD_MANAGER)
