@@ -129,7 +129,7 @@ impl Caches {
         self.pods.wait_until_ready().await
     }
 
-    /// Cached objects of every kind (for the scale benchmark and the metrics).
+    /// Cached objects of every kind (logged when the caches have listed).
     pub fn len(&self) -> usize {
         self.config_maps.state().len()
             + self.services.state().len()
@@ -347,10 +347,10 @@ pub fn pod_model(pod: &Pod) -> Option<ModelRef> {
     Some(ObjectRef::new(model).within(ns))
 }
 
-/// The `gantry.dev/applied-hash` annotation of an object.
-pub fn applied_hash<K: Resource>(obj: &K) -> Option<&str> {
-    obj.meta()
-        .annotations
+/// The `gantry.dev/applied-hash` annotation of an object: what the apply step compares, and
+/// what tells a watch event of our own write.
+pub fn applied_hash(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
         .as_ref()?
         .get(ANNOTATION_APPLIED_HASH)
         .map(String::as_str)
@@ -405,6 +405,8 @@ pub async fn drive<K, S>(
             }
         };
         let mut owners: Vec<ModelRef> = Vec::new();
+        // The object this event delivers, with its applied hash (`None` for a delete).
+        let mut delivered: Option<(&K, Option<&str>)> = None;
         match &event {
             watcher::Event::Init => seen.clear(),
             watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
@@ -420,21 +422,11 @@ pub async fn drive<K, S>(
                 if relevant && listed_once {
                     owners.extend((kind.owner)(obj));
                 }
-                recent.seen(
-                    kind.name,
-                    obj.meta().namespace.as_deref().unwrap_or_default(),
-                    &obj.name_any(),
-                    applied_hash(obj),
-                );
+                delivered = Some((obj, applied_hash(obj.meta())));
             }
             watcher::Event::Delete(obj) => {
                 owners.extend((kind.owner)(obj));
-                recent.seen(
-                    kind.name,
-                    obj.meta().namespace.as_deref().unwrap_or_default(),
-                    &obj.name_any(),
-                    None,
-                );
+                delivered = Some((obj, None));
             }
             watcher::Event::InitDone => {
                 if listed_once {
@@ -448,6 +440,10 @@ pub async fn drive<K, S>(
                 listed_once = true;
                 seen.clear();
             }
+        }
+        if let Some((obj, hash)) = delivered {
+            let ns = obj.meta().namespace.as_deref().unwrap_or_default();
+            recent.seen(kind.name, ns, &obj.name_any(), hash);
         }
         writer.apply_watcher_event(&event);
         for owner in owners {

@@ -41,6 +41,13 @@ struct Entry {
     fingerprint: u64,
 }
 
+impl Entry {
+    /// Whether this answer came from the pod `f` describes (same pod uid, same IP).
+    fn is_for(&self, f: &PodFacts) -> bool {
+        self.uid == f.uid && self.ip == f.ip
+    }
+}
+
 /// The last answer of every node pod, by `namespace/name`.
 pub struct Reports {
     source: Arc<dyn NodeStatusSource>,
@@ -81,10 +88,7 @@ impl Reports {
 
     /// The cached answer of a pod, if it is for this pod (uid) at this IP.
     fn cached(&self, f: &PodFacts) -> Option<Entry> {
-        self.lock()
-            .get(&f.pod)
-            .filter(|e| e.uid == f.uid && e.ip == f.ip)
-            .cloned()
+        self.lock().get(&f.pod).filter(|e| e.is_for(f)).cloned()
     }
 
     /// Ask the pod now and store the answer; true when the answer's fingerprint changed.
@@ -200,9 +204,7 @@ fn due(
                 config.converging
             };
             match entries.get(&f.pod) {
-                Some(e) if e.uid == f.uid && e.ip == f.ip => {
-                    e.fetched.elapsed() >= interval.mul_f64(jitter(&f.uid))
-                }
+                Some(e) if e.is_for(f) => e.fetched.elapsed() >= interval.mul_f64(jitter(&f.uid)),
                 _ => true,
             }
         })

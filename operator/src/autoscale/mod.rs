@@ -33,6 +33,7 @@ use kube::{Client, ResourceExt};
 use crate::cache::Caches;
 use crate::context::Settings;
 use crate::metrics::Metrics;
+use crate::model::apply::controlled_by;
 use crate::model::validate::{ValidModel, validate};
 use crate::node_report::{HttpNodeStatus, ModelRef, NodeStatusSource, reachable};
 use crate::write;
@@ -166,15 +167,6 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn controlled_by(deployment: &Deployment, uid: &str) -> bool {
-    deployment
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.uid == uid && r.controller == Some(true))
-}
-
 /// The gateway's scale-up request, if present and a valid RFC 3339 time.
 pub fn scale_up_requested_at(deployment: &Deployment) -> Option<Timestamp> {
     let raw = deployment
@@ -239,7 +231,7 @@ impl Autoscaler {
             let Some(deployment) = deployments
                 .get(&(ns.clone(), owned_name(&valid.name)))
                 .copied()
-                .filter(|d| controlled_by(d, &valid.uid))
+                .filter(|d| controlled_by(&d.metadata, &valid.uid))
             else {
                 continue;
             };

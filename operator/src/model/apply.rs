@@ -27,9 +27,10 @@ use super::CONTROLLER;
 use super::build::OwnedObjects;
 use super::read::Observed;
 use super::validate::ValidModel;
+use crate::cache::applied_hash;
 use crate::context::Context;
 use crate::write::{self, Retry, classify};
-use gantry_crd::names::{ANNOTATION_APPLIED_HASH, FIELD_MANAGER};
+use gantry_crd::names::FIELD_MANAGER;
 
 /// What the cluster holds after the apply step.
 #[derive(Clone, Debug, Default)]
@@ -77,25 +78,22 @@ impl ApplyError {
 /// The recent-write marker of a delete (no applied hash has this form).
 const DELETED: &str = "-";
 
-fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+/// Whether the Model with `uid` is the controller of the object with `meta`.
+pub fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
     meta.owner_references
         .iter()
         .flatten()
         .any(|r| r.uid == uid && r.controller == Some(true))
 }
 
-fn hash_of(meta: &ObjectMeta) -> Option<&String> {
-    meta.annotations.as_ref()?.get(ANNOTATION_APPLIED_HASH)
-}
-
 /// Whether `live` (or a write of ours still on its way to the cache) already holds `desired`.
 fn current(kind: &str, desired: &ObjectMeta, live: Option<&ObjectMeta>, ctx: &Context) -> bool {
-    let Some(hash) = hash_of(desired) else {
+    let Some(hash) = applied_hash(desired) else {
         return false;
     };
     // Same hash: what we applied last is what we would apply now. Fields defaulted or
     // managed by others (status, replicas set by an HPA) do not enter the comparison.
-    live.and_then(hash_of) == Some(hash)
+    live.and_then(applied_hash) == Some(hash)
         || ctx.caches.recent.holds(
             kind,
             desired.namespace.as_deref().unwrap_or_default(),
@@ -138,7 +136,7 @@ where
             name: desired.name_any(),
             source,
         })?;
-    if let Some(hash) = hash_of(desired.meta()) {
+    if let Some(hash) = applied_hash(desired.meta()) {
         ctx.caches
             .recent
             .wrote(kind, &model.namespace, &desired.name_any(), hash);

@@ -33,14 +33,15 @@ use gantry_crd::Model;
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "model";
 
-/// The safety-net resync of a Model with pods, spread by up to +20 % per Model (see
-/// [`resync`]). Everything that changes a Model's outcome arrives otherwise: its own edits and
+/// The safety-net resync of a Model with pods (and of an EnginePlugin), spread by up to +20 %
+/// per object (see [`resync`]). Everything that changes a Model's outcome arrives otherwise: its own edits and
 /// its owned objects and node pods through watches, node reports through the report poller,
 /// so this only catches a missed event.
 pub const RESYNC: Duration = Duration::from_secs(600);
 
-/// When to look at a Model with pods again if nothing happens: [`RESYNC`] stretched by a
-/// factor in [1.0, 1.2) taken from its uid, so Models created together do not resync together.
+/// When to look at a Model with pods (or an EnginePlugin) again if nothing happens: [`RESYNC`]
+/// stretched by a factor in [1.0, 1.2) taken from its uid, so objects created together do not
+/// resync together.
 pub fn resync(uid: &str) -> Duration {
     RESYNC.mul_f64(crate::report_cache::stretch(uid))
 }

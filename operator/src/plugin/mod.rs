@@ -7,7 +7,6 @@
 pub mod status;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -21,9 +20,6 @@ use gantry_crd::names::ANNOTATION_PLUGINS;
 
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "engineplugin";
-
-/// The safety-net resync (report changes wake a plugin through the poller).
-pub const RESYNC: Duration = Duration::from_secs(600);
 
 /// A failed EnginePlugin reconcile, by step.
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +96,10 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
         ctx.now(),
     );
     status::publish(plugin, folded, ctx).await?;
-    Ok(Action::requeue(RESYNC.mul_f64(
-        crate::report_cache::stretch(&plugin.uid().unwrap_or_default()),
+    // Report changes wake a plugin through the poller; the requeue is the same safety net as
+    // a Model's.
+    Ok(Action::requeue(crate::model::resync(
+        &plugin.uid().unwrap_or_default(),
     )))
 }
 
