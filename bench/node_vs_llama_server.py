@@ -209,6 +209,7 @@ def main():
     ap.add_argument("--requests-per-slot", type=int, default=3, help="requests per concurrent client")
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--node-arg", action="append", default=[], help="extra gantry-node serve argument")
+    ap.add_argument("--peer-arg", action="append", default=[], help="extra llama-server argument (e.g. -ngl 999 on CUDA)")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     ctx_per_seq, parallel = 4096, 8
@@ -219,7 +220,7 @@ def main():
                  "--request-timeout", "0", *args.node_arg]
     peer_argv = [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(peer_port), "-t", str(args.threads),
                  "-tb", str(args.threads), "-np", str(parallel), "-c", str(ctx_per_seq * parallel), "--kv-unified",
-                 "--no-webui", "-a", "gemma"]
+                 "--no-webui", "-a", "gemma", *args.peer_arg]
     report = {
         "benchmark": "node_vs_llama_server",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -471,7 +471,9 @@ fn node_status(served: &str) -> NodeStatus {
                 ..Default::default()
             },
             queue: QueueStatus::default(),
+            devices: Vec::new(),
         }],
+        ..NodeStatus::default()
     }
 }
 

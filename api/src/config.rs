@@ -84,6 +84,14 @@ pub struct ModelConfig {
     /// Engine threads for this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// GPUs to spread the model over (CUDA nodes); absent = 1. Without `devices` the node
+    /// picks the ones with the most free memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// Pinned devices (CUDA ordinals as the node process sees them, after
+    /// `CUDA_VISIBLE_DEVICES`), main device first; empty = automatic pick.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<u32>,
     /// Overrides the model's own chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
@@ -258,6 +266,29 @@ impl NodeConfig {
                 return invalid(
                     format!("models[{}].maxBatchSize", m.id),
                     "must be >= 1".into(),
+                );
+            }
+            if m.gpus == Some(0) {
+                return invalid(
+                    format!("models[{}].gpus", m.id),
+                    "must be >= 1 (leave it out on CPU nodes)".into(),
+                );
+            }
+            let mut pinned = m.devices.clone();
+            pinned.sort_unstable();
+            if pinned.windows(2).any(|w| w[0] == w[1]) {
+                return invalid(
+                    format!("models[{}].devices", m.id),
+                    format!("lists a device twice: {:?}", m.devices),
+                );
+            }
+            if let Some(g) = m.gpus
+                && !m.devices.is_empty()
+                && m.devices.len() < g as usize
+            {
+                return invalid(
+                    format!("models[{}].devices", m.id),
+                    format!("pins {} device(s) but gpus is {g}", m.devices.len()),
                 );
             }
             if m.load == LoadPolicy::Lazy && self.models.len() < 2 {

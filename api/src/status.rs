@@ -72,6 +72,41 @@ pub struct NodeStatus {
     pub draining: bool,
     pub plugins: Vec<PluginStatus>,
     pub models: Vec<ModelStatus>,
+    /// The GPUs this node process sees (after `CUDA_VISIBLE_DEVICES`), read through the
+    /// CUDA driver; empty on a machine without one, which is a normal state.
+    #[serde(default)]
+    pub devices: Vec<DeviceStatus>,
+    /// Why `devices` is empty (no CUDA driver, no device, a driver error); absent when
+    /// devices were found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices_note: Option<String>,
+}
+
+/// One GPU as the node last read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatus {
+    /// CUDA ordinal in this process (what engines and `gpus`/`devices` in the model
+    /// config name); `CUDA_VISIBLE_DEVICES` renumbers from 0.
+    pub index: u32,
+    /// `GPU-xxxxxxxx-...`, as `nvidia-smi -L` prints it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    pub name: String,
+    /// `major.minor`, e.g. `9.0` for an H100.
+    pub compute_capability: String,
+    pub total_bytes: u64,
+    /// Free on the device, whoever holds the rest (this node, other processes).
+    pub free_bytes: u64,
+    /// GPU busy share over the last sample period (NVML; absent without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_percent: Option<u32>,
+    /// Device memory this node process holds (NVML; absent without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_used_bytes: Option<u64>,
+    /// Models placed on this device.
+    #[serde(default)]
+    pub models: Vec<String>,
 }
 
 /// One discovered plugin and whether it loaded.
@@ -82,6 +117,10 @@ pub struct PluginStatus {
     pub version: Option<String>,
     pub abi_version: Option<String>,
     pub gpu_backend: Option<String>,
+    /// How the loaded library uses the hardware, e.g. the CPU variant it runs and its
+    /// SIMD extensions (engine ABI 1.3); absent when the plugin does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_info: Option<String>,
     pub loaded: bool,
     /// Stable reason label when refused (`abi_mismatch`, `id_conflict`,
     /// `binary_not_found`, `sha256_mismatch`, `gpu_backend_mismatch`, ...).
@@ -104,6 +143,9 @@ pub struct ModelStatus {
     pub artifact: ArtifactStatus,
     pub load: LoadStatus,
     pub queue: QueueStatus,
+    /// Devices (CUDA ordinals) the model is placed on, first = main; empty on CPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +185,10 @@ pub struct LoadStatus {
     pub plugin: Option<String>,
     pub message: Option<String>,
     pub bytes_used: u64,
+    /// The fall in the placed devices' free memory across the load, to check the
+    /// engine's `bytesUsed` against; absent on CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_vram_bytes: Option<u64>,
 }
 
 /// Scheduler figures, the same numbers `/metrics` exports as gauges.

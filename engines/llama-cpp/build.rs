@@ -9,6 +9,20 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-changed=manifest.json");
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_CUDA");
+    // How ggml is built for the CPU, for the plugin's build report (src/cpu.rs): the same
+    // test llama-cpp-sys-2's build script makes to choose GGML_NATIVE.
+    let rustflags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let cpu_build = if std::env::var_os("CARGO_FEATURE_CPU_VARIANTS").is_some() {
+        "variants"
+    } else if rustflags
+        .split('\x1f')
+        .any(|f| f.contains("target-cpu=native"))
+    {
+        "native"
+    } else {
+        "portable"
+    };
+    println!("cargo:rustc-env=GANTRY_LLAMA_CPU_BUILD={cpu_build}");
     // The manifest test compares against this exact llama.cpp version's sources.
     println!(
         "cargo:rustc-env=LLAMA_CPP_SYS_VERSION={}",

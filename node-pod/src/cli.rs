@@ -1,4 +1,5 @@
-//! Command line (outside the request path): `gantry-node serve` and `gantry-node engines list|info`.
+//! Command line (outside the request path): `gantry-node serve`, `gantry-node engines list|info`
+//! and `gantry-node devices`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +33,18 @@ pub enum Command {
     /// Inspect the engine plugins this node can load.
     #[command(subcommand)]
     Engines(EnginesCommand),
+    /// The GPUs this process sees, as the memory policy reads them (no GPU is a normal answer).
+    Devices(DevicesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    /// Print the snapshot as JSON (the form `serve --device-snapshot` reads back).
+    #[arg(long)]
+    pub json: bool,
+    /// Device memory kept out of every VRAM budget, per device, in bytes.
+    #[arg(long, env = "GANTRY_VRAM_RESERVE", default_value_t = crate::devices::DEFAULT_VRAM_RESERVE_BYTES)]
+    pub vram_reserve: u64,
 }
 
 #[derive(Debug, Args)]
@@ -69,9 +82,18 @@ pub struct ServeArgs {
     /// Request deadline in seconds (0 = none); overrides the config's default.
     #[arg(long, env = "GANTRY_REQUEST_TIMEOUT")]
     pub request_timeout: Option<u64>,
-    /// Device memory limit in bytes handed to engines (0 = no limit).
+    /// Device memory limit in bytes handed to engines (0 = no limit beyond the devices': on a
+    /// CUDA node the memory policy always budgets the devices' real free memory).
     #[arg(long, env = "GANTRY_VRAM_LIMIT", default_value_t = 0)]
     pub vram_limit: u64,
+    /// Device memory kept out of every VRAM budget, per device, in bytes: the CUDA context,
+    /// cuBLAS workspaces and allocator slack no engine reports.
+    #[arg(long, env = "GANTRY_VRAM_RESERVE", default_value_t = crate::devices::DEFAULT_VRAM_RESERVE_BYTES)]
+    pub vram_reserve: u64,
+    /// Take device figures from this recorded snapshot (`gantry-node devices --json`)
+    /// instead of the CUDA driver: for tests and for replaying a GPU node's numbers.
+    #[arg(long, env = "GANTRY_DEVICE_SNAPSHOT")]
+    pub device_snapshot: Option<PathBuf>,
     /// RAM the models may hold, in bytes; past 90 % the least-recently-used
     /// idle model is unloaded, and a load that cannot fit is refused with
     /// OOM_RAM (0 = the container's cgroup memory.max, else MemTotal).
@@ -229,8 +251,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 "no GANTRY_NODE_TOKEN: every route is open to anyone who can reach this port"
             );
         }
+        let devices = match &args.device_snapshot {
+            Some(p) => crate::devices::NodeDevices::recorded(p, args.vram_reserve)
+                .map_err(anyhow::Error::msg)?,
+            None => crate::devices::NodeDevices::from_driver(args.vram_reserve),
+        };
         let mut node = Node::new(config, plugins_dir, engine_config)
             .with_ram_limit(args.ram_limit)
+            .with_devices(devices)
             .with_node_token(node_token);
         if let Some(store) = store {
             node = node.with_store(store);
@@ -244,6 +272,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "memory policy: unload the least-recently-used idle model above {} %",
             crate::memory::WATERMARK_PERCENT
         );
+        let snap = node.devices.snapshot();
+        match &snap.note {
+            Some(why) => tracing::info!(source = %snap.source, "no GPU: {why}"),
+            None => {
+                for d in &snap.devices {
+                    tracing::info!(device = d.index, name = %d.name, compute_capability = %d.compute_capability, total = d.total_bytes, free = d.free_bytes, source = %snap.source, "GPU");
+                }
+            }
+        }
+        node.spawn_device_refresh();
         let starter = node.clone();
         tokio::task::spawn_blocking(move || starter.start());
         crate::http::serve(node, listener, args.edge.clone()).await?;
@@ -255,6 +293,47 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(*args),
+        Command::Devices(args) => {
+            let devices = crate::devices::NodeDevices::from_driver(args.vram_reserve);
+            let snap = devices.snapshot();
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&snap)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            if let Some(why) = &snap.note {
+                println!("no GPU: {why}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!(
+                "source: {}, CUDA driver {}",
+                snap.source,
+                snap.driver_version.as_deref().unwrap_or("?")
+            );
+            println!(
+                "{:<4} {:<28} {:<4} {:>12} {:>12} {:>5}  UUID",
+                "IDX", "NAME", "CC", "TOTAL", "FREE", "UTIL"
+            );
+            for d in &snap.devices {
+                println!(
+                    "{:<4} {:<28} {:<4} {:>12} {:>12} {:>5}  {}",
+                    d.index,
+                    d.name,
+                    d.compute_capability,
+                    crate::memory::human(d.total_bytes),
+                    crate::memory::human(d.free_bytes),
+                    d.utilization_percent
+                        .map_or("-".to_string(), |u| format!("{u}%")),
+                    d.uuid.as_deref().unwrap_or("-")
+                );
+            }
+            let budget = crate::devices::vram_budget(&snap, devices.reserve, 0).unwrap_or(0);
+            println!(
+                "VRAM budget for models: {} (every device's total less {} reserve, less what is in use now)",
+                crate::memory::human(budget),
+                crate::memory::human(devices.reserve)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Engines(EnginesCommand::List(args)) => {
             let reg = registry(&args);
             let rows: Vec<_> = reg.records.iter().map(|r| r.summary()).collect();
@@ -315,6 +394,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     if let Some(d) = &p.info().description {
                         println!("Description:   {d}");
                     }
+                    println!(
+                        "Build:         {}",
+                        s.build_info.as_deref().unwrap_or("(not reported)")
+                    );
                 }
                 PluginState::Refused { reason, .. } => println!("Status:        refused: {reason}"),
             }

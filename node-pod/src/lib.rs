@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod cli;
 pub mod constraint;
+pub mod devices;
 pub mod engine_host;
 pub mod error;
 pub mod http;

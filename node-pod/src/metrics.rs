@@ -22,8 +22,12 @@ pub struct Metrics {
     pub requests_running: GaugeVec,
     pub kv_cache_usage: GaugeVec,
     pub kv_cache_capacity_tokens: GaugeVec,
+    /// Per device (devices.rs): memory in use (by anyone) and the device's total; GPU busy share.
     pub vram_used_bytes: GaugeVec,
     pub vram_total_bytes: GaugeVec,
+    pub gpu_utilization: GaugeVec,
+    /// Per model: what it holds in its pool (the engine's report, or the measured load when larger).
+    pub model_memory_bytes: GaugeVec,
     pub ttft: HistogramVec,
     pub inter_token: HistogramVec,
     pub e2e: HistogramVec,
@@ -202,13 +206,25 @@ impl Metrics {
             vram_used_bytes: gauge(
                 &r,
                 "gantry_vram_used_bytes",
-                "Device memory held by the model (weights, KV, buffers)",
-                &m,
+                "Device memory in use on the GPU (total - free, every process), from the CUDA driver",
+                &["device"],
             ),
             vram_total_bytes: gauge(
                 &r,
                 "gantry_vram_total_bytes",
-                "Device memory limit the engine was given (0 = whole device)",
+                "Device memory of the GPU, from the CUDA driver",
+                &["device"],
+            ),
+            gpu_utilization: gauge(
+                &r,
+                "gantry_gpu_utilization_percent",
+                "GPU busy share over NVML's last sample period (absent without NVML)",
+                &["device"],
+            ),
+            model_memory_bytes: gauge(
+                &r,
+                "gantry_model_memory_bytes",
+                "Memory the model holds in its pool (VRAM on a CUDA node, RAM on a CPU node): the engine's report, or the measured fall in free device memory when larger",
                 &m,
             ),
             ttft: histogram(
@@ -342,13 +358,15 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 32] = [
+        let collectors: [&dyn Collector; 34] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
             &self.kv_cache_capacity_tokens,
             &self.vram_used_bytes,
             &self.vram_total_bytes,
+            &self.gpu_utilization,
+            &self.model_memory_bytes,
             &self.ttft,
             &self.inter_token,
             &self.e2e,
@@ -439,6 +457,27 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// The per-device gauges from a device snapshot (devices.rs); series of devices no
+    /// longer seen are dropped.
+    pub fn set_devices(&self, snap: &crate::devices::DeviceSnapshot) {
+        self.vram_used_bytes.reset();
+        self.vram_total_bytes.reset();
+        self.gpu_utilization.reset();
+        for d in &snap.devices {
+            let l = [d.index.to_string()];
+            let l = [l[0].as_str()];
+            self.vram_total_bytes
+                .with_label_values(&l)
+                .set(d.total_bytes as f64);
+            self.vram_used_bytes
+                .with_label_values(&l)
+                .set(d.total_bytes.saturating_sub(d.free_bytes) as f64);
+            if let Some(u) = d.utilization_percent {
+                self.gpu_utilization.with_label_values(&l).set(f64::from(u));
+            }
+        }
+    }
+
     pub fn render(&self) -> String {
         self.refresh_epp();
         let mut buf = Vec::new();

@@ -90,6 +90,10 @@ pub struct ServedModel {
     pub(crate) load_lock: std::sync::Mutex<()>,
     /// Last use and the memory policy's last decision (memory.rs).
     pub memory: ModelMemory,
+    /// Devices the model was placed on at its last load, main first (devices.rs).
+    pub placement: RwLock<Vec<u32>>,
+    /// The fall in its devices' free memory across its last load (0 = not measured).
+    pub measured_vram: std::sync::atomic::AtomicU64,
 }
 
 impl ServedModel {
@@ -104,6 +108,14 @@ impl ServedModel {
             *g = s;
         }
     }
+    /// Where the model's config asks to go (`gpus`, `devices`).
+    pub fn placement_request(&self) -> crate::devices::PlacementRequest {
+        crate::devices::PlacementRequest {
+            gpus: self.config.gpus.unwrap_or(0),
+            devices: self.config.devices.clone(),
+        }
+    }
+
     pub fn ready(&self) -> Option<Arc<ReadyModel>> {
         match self.state() {
             ModelState::Ready(r) => Some(r),
@@ -127,6 +139,8 @@ pub struct Node {
     pub started: Instant,
     /// VRAM/RAM budgets and the load lock of the memory policy.
     pub memory: NodeMemory,
+    /// The GPUs this process sees and the reserve kept out of VRAM budgets (devices.rs).
+    pub devices: crate::devices::NodeDevices,
     /// Fetches remote sources; `None` on a node serving local files only.
     pub store: Option<ModelStore>,
     /// The token callers must present (`http::node_auth`); `None` checks nothing.
@@ -154,6 +168,8 @@ impl Node {
                         fetched: OnceLock::new(),
                         load_lock: std::sync::Mutex::new(()),
                         memory: ModelMemory::default(),
+                        placement: RwLock::new(Vec::new()),
+                        measured_vram: std::sync::atomic::AtomicU64::new(0),
                     }),
                 )
             })
@@ -177,9 +193,42 @@ impl Node {
             cache,
             started: Instant::now(),
             memory,
+            devices: crate::devices::NodeDevices::from_driver(
+                crate::devices::DEFAULT_VRAM_RESERVE_BYTES,
+            ),
             store: None,
             node_token: None,
         }
+    }
+
+    /// Read the devices again every 10 s for the per-device gauges (on a node that found a
+    /// GPU through the driver; a machine without one does not grow one, and a recorded
+    /// snapshot does not change). Loads read them again themselves.
+    pub fn spawn_device_refresh(self: &Arc<Self>) {
+        self.metrics.set_devices(&self.devices.snapshot());
+        if !self.devices.measures_loads() || self.devices.snapshot().devices.is_empty() {
+            return;
+        }
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(n) = node.upgrade() else { return };
+                let _ = tokio::task::spawn_blocking(move || {
+                    let snap = n.devices.refresh();
+                    n.metrics.set_devices(&snap);
+                })
+                .await;
+            }
+        });
+    }
+
+    /// Use `devices` (a recorded snapshot, or the driver with another reserve).
+    pub fn with_devices(mut self, devices: crate::devices::NodeDevices) -> Self {
+        self.devices = devices;
+        self
     }
 
     /// Require `token` on every request but the probes and metrics.

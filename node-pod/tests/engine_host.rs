@@ -40,6 +40,7 @@ fn toy_desc(stem: &str) -> ModelDescriptor {
         mmproj: None,
         context_length: 0,
         max_sequences: 0,
+        device_ids: Vec::new(),
     }
 }
 

@@ -74,7 +74,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 2
+#define GANTRY_ABI_MINOR 3
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -144,6 +144,11 @@ typedef struct gantry_engine_info {
     const char* description;    /* one line, may be NULL */
     /* Since 1.2: GANTRY_CAP_* bits; 0 when the plugin does not write it. */
     gantry_capability_t capabilities;
+    /* Since 1.3: how this build uses the hardware, one line, e.g. the CPU variant
+     * chosen at run time and its SIMD extensions; may be NULL. Read after `info`
+     * and before `create`, so a plugin that picks its variant when the library is
+     * loaded reports the variant it picked. */
+    const char* build_info;
 } gantry_engine_info_t;
 
 /* Host services handed to `create`. Owned by the host; the pointer and its
@@ -180,6 +185,11 @@ typedef struct gantry_model_desc {
     const char* mmproj;       /* absolute path of a projector; NULL when none */
     uint32_t context_length;  /* per-sequence context; 0 = config default */
     uint32_t max_sequences;   /* sequences open at once; 0 = config's max_batch_size */
+    /* Since 1.3: the devices (CUDA ordinals as this process sees them) the host
+     * placed this model on, first = main device; NULL/0 = the engine config's
+     * devices. Engines without devices ignore it. */
+    const int32_t* device_ids;
+    size_t n_device_ids;
 } gantry_model_desc_t;
 
 /* Facts about a loaded model. Strings and arrays are owned by the plugin and

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 2;
+pub const GANTRY_ABI_MINOR: u32 = 3;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -77,6 +77,8 @@ pub struct gantry_engine_info_t {
     pub description: *const c_char,
     /// Since 1.2.
     pub capabilities: gantry_capability_t,
+    /// Since 1.3.
+    pub build_info: *const c_char,
 }
 
 #[repr(C)]
@@ -109,6 +111,10 @@ pub struct gantry_model_desc_t {
     pub mmproj: *const c_char,
     pub context_length: u32,
     pub max_sequences: u32,
+    /// Since 1.3.
+    pub device_ids: *const i32,
+    /// Since 1.3.
+    pub n_device_ids: usize,
 }
 
 #[repr(C)]

@@ -28,6 +28,13 @@ pub trait Engine: Send + Sync + Sized + 'static {
     /// `GANTRY_CAP_TOKEN_MASK` must honour [`StepEntry::allowed`] in `step`.
     const CAPABILITIES: u32 = 0;
 
+    /// How this build uses the hardware, one line (since ABI 1.3): for example the CPU
+    /// variant the library picked for this machine and its SIMD extensions. Asked once,
+    /// when the host first reads the engine's info, before `create`.
+    fn build_info() -> String {
+        String::new()
+    }
+
     fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError>;
 
     /// Load a model. On failure nothing may stay allocated.
@@ -328,6 +335,8 @@ struct InfoStrings {
     id: CString,
     version: CString,
     description: CString,
+    /// Empty when the engine says nothing (then NULL on the wire).
+    build_info: CString,
 }
 
 fn info_strings<E: Engine>() -> &'static InfoStrings {
@@ -338,6 +347,7 @@ fn info_strings<E: Engine>() -> &'static InfoStrings {
         id: cstring_lossy(E::ID),
         version: cstring_lossy(E::VERSION),
         description: cstring_lossy(E::DESCRIPTION),
+        build_info: cstring_lossy(&E::build_info()),
     })
 }
 
@@ -354,6 +364,11 @@ unsafe extern "C" fn shim_info<E: Engine>(out: *mut ffi::gantry_engine_info_t) {
             backend: E::BACKEND.as_raw(),
             description: s.description.as_ptr(),
             capabilities: E::CAPABILITIES,
+            build_info: if s.build_info.is_empty() {
+                std::ptr::null()
+            } else {
+                s.build_info.as_ptr()
+            },
         };
         // SAFETY: `out` is non-null and host-allocated with its `struct_size` set; the
         // strings are static.
@@ -439,6 +454,15 @@ unsafe extern "C" fn shim_load_model<E: Engine>(
                 mmproj: opt_str(d.mmproj).map(PathBuf::from),
                 context_length: d.context_length,
                 max_sequences: d.max_sequences,
+                // Only a host that wrote the fields (ABI 1.3 or later) places the model.
+                device_ids: if d.struct_size as usize
+                    >= std::mem::offset_of!(ffi::gantry_model_desc_t, n_device_ids)
+                        + size_of::<usize>()
+                {
+                    slice_or_empty(d.device_ids, d.n_device_ids).to_vec()
+                } else {
+                    Vec::new()
+                },
             };
             let model = engine.load_model(&desc)?;
             let info = CModelInfo::new(model.info());

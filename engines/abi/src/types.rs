@@ -236,6 +236,9 @@ pub struct EngineInfo {
     pub description: Option<String>,
     /// Since ABI 1.2: bit set of `ffi::GANTRY_CAP_*` (0 for older plugins).
     pub capabilities: u32,
+    /// Since ABI 1.3: how this build uses the hardware (e.g. the CPU variant it runs and
+    /// its SIMD extensions); `None` for older plugins or when the plugin says nothing.
+    pub build_info: Option<String>,
 }
 
 impl EngineInfo {
@@ -286,6 +289,9 @@ pub struct ModelDescriptor {
     pub context_length: u32,
     /// Sequences open at once; 0 = the engine config's `max_batch_size`.
     pub max_sequences: u32,
+    /// Since ABI 1.3: the devices the host placed the model on (first = main); empty =
+    /// the engine config's `device_ids`.
+    pub device_ids: Vec<i32>,
 }
 
 /// Facts about a loaded model (`model_info`).

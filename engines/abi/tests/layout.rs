@@ -34,7 +34,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             engine_version,
             backend,
             description,
-            capabilities
+            capabilities,
+            build_info
         }
     );
     layout!(
@@ -69,7 +70,9 @@ fn rust_layout() -> Vec<(String, usize)> {
             quantization,
             mmproj,
             context_length,
-            max_sequences
+            max_sequences,
+            device_ids,
+            n_device_ids
         }
     );
     layout!(

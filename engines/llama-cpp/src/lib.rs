@@ -7,6 +7,7 @@
 //! a sequence removes its cells from the KV cache at once.
 #![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
 
+mod cpu;
 mod logging;
 mod sampler;
 
@@ -46,6 +47,20 @@ fn backend() -> Result<&'static LlamaBackend, EngineError> {
         .map_err(|e| EngineError::internal(format!("llama backend: {e}")))
 }
 
+/// ggml's device index of CUDA ordinal `ordinal` (ggml names it `CUDA<ordinal>`).
+fn ggml_cuda_device(ordinal: i32) -> Option<usize> {
+    let want = format!("CUDA{ordinal}");
+    // SAFETY: ggml's device registry is initialised by the backend (loaded before any
+    // model); the name pointers are static strings of the registry.
+    unsafe {
+        (0..llama_cpp_sys_2::ggml_backend_dev_count()).find(|i| {
+            let dev = llama_cpp_sys_2::ggml_backend_dev_get(*i);
+            let name = llama_cpp_sys_2::ggml_backend_dev_name(dev);
+            !name.is_null() && std::ffi::CStr::from_ptr(name).to_bytes() == want.as_bytes()
+        })
+    }
+}
+
 /// The engine: settings shared by every model it loads.
 pub struct LlamaEngine {
     config: EngineConfig,
@@ -62,6 +77,10 @@ impl Engine for LlamaEngine {
     const BACKEND: Backend = BACKEND;
     const DESCRIPTION: &'static str = "GGUF models through llama.cpp";
     const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK;
+
+    fn build_info() -> String {
+        cpu::describe()
+    }
 
     fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError> {
         if config.backend != BACKEND {
@@ -273,7 +292,34 @@ impl LlamaLoaded {
         let mut mparams = LlamaModelParams::default();
         if BACKEND == Backend::Cuda {
             mparams = mparams.with_n_gpu_layers(u32::MAX / 2);
-            if let Some(dev) = cfg.device_ids.first() {
+            // The host's placement of this model (ABI 1.3), else the engine's devices.
+            let placed = !desc.device_ids.is_empty();
+            let devices = if placed {
+                &desc.device_ids
+            } else {
+                &cfg.device_ids
+            };
+            if placed {
+                // Only these devices, main first: ggml numbers devices its own way.
+                let idx = devices
+                    .iter()
+                    .map(|d| {
+                        ggml_cuda_device(*d).ok_or_else(|| {
+                            EngineError::new(
+                                Status::LoadFailed,
+                                format!(
+                                    "model {}: CUDA device {d} is not visible to ggml",
+                                    desc.model_id
+                                ),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                mparams = mparams
+                    .with_devices(&idx)
+                    .map_err(|e| EngineError::new(Status::LoadFailed, e.to_string()))?
+                    .with_main_gpu(0);
+            } else if let Some(dev) = devices.first() {
                 mparams = mparams.with_main_gpu(*dev);
             }
         }

@@ -8,6 +8,7 @@
 //! recorded with its reason and logged as an alert; the node keeps going.
 #![allow(unsafe_code)] // The engine host is one of the three places allowed to call plugin code.
 
+pub mod cuda;
 pub mod plugin;
 
 use std::path::{Path, PathBuf};
@@ -76,6 +77,7 @@ impl PluginRecord {
             modalities: m.map(|m| m.modalities.clone()).unwrap_or_default(),
             license: m.and_then(|m| m.license.clone()),
             manifest: self.manifest_path.display().to_string(),
+            build_info: self.plugin().and_then(|p| p.info().build_info.clone()),
             status,
             reason,
         }
@@ -94,6 +96,8 @@ pub struct PluginSummary {
     pub modalities: Vec<String>,
     pub license: Option<String>,
     pub manifest: String,
+    /// How the loaded library uses the hardware (its CPU variant, for example); ABI 1.3.
+    pub build_info: Option<String>,
     pub status: &'static str,
     pub reason: Option<String>,
 }

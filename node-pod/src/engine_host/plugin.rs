@@ -293,6 +293,7 @@ impl Plugin {
             backend: ffi::GANTRY_BACKEND_CPU,
             description: std::ptr::null(),
             capabilities: 0,
+            build_info: std::ptr::null(),
         };
         // SAFETY: host-allocated out struct; strings live as long as the library.
         let info = unsafe {
@@ -309,6 +310,15 @@ impl Plugin {
                     raw_info.capabilities
                 } else {
                     0
+                },
+                // Only a plugin that wrote the field (ABI 1.3 or later) reports it.
+                build_info: if raw_info.struct_size as usize
+                    >= std::mem::offset_of!(ffi::gantry_engine_info_t, build_info)
+                        + size_of::<*const std::ffi::c_char>()
+                {
+                    opt_string(raw_info.build_info).filter(|s| !s.is_empty())
+                } else {
+                    None
                 },
             }
         };
@@ -387,6 +397,12 @@ impl Plugin {
             mmproj: mmproj.as_ref().map_or(std::ptr::null(), |m| m.as_ptr()),
             context_length: desc.context_length,
             max_sequences: desc.max_sequences,
+            device_ids: if desc.device_ids.is_empty() {
+                std::ptr::null()
+            } else {
+                desc.device_ids.as_ptr()
+            },
+            n_device_ids: desc.device_ids.len(),
         };
         let mut handle: *mut ffi::gantry_model_t = std::ptr::null_mut();
         let mut err = new_err();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gantry_engine_abi::Format;
 
-use super::{Bytes, NodeMemory, Note, Pool, Refusal, Resident, Unload};
+use super::{Bytes, Limits, NodeMemory, Note, Pool, Refusal, Resident, Unload};
 use crate::node::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
 use gantry_api::config::LoadPolicy;
 
@@ -85,7 +85,8 @@ impl Node {
         (weights.saturating_add(kv), how)
     }
 
-    /// What a loaded model holds: the engine's report, else the estimate.
+    /// What a loaded model holds: the engine's report, else the estimate; on a GPU node
+    /// the measured fall in free device memory when that is larger (devices.rs).
     fn held(&self, m: &ServedModel, r: &ReadyModel) -> Bytes {
         let reported = r.shared.info().bytes_used;
         let n = if reported > 0 {
@@ -93,7 +94,22 @@ impl Node {
         } else {
             m.memory.estimate.load(Ordering::Relaxed)
         };
+        let n = n.max(m.measured_vram.load(Ordering::Relaxed));
         Bytes::in_pool(self.pool(), n)
+    }
+
+    /// The budgets the policy decides with now: the configured ones, and on a CUDA node
+    /// the VRAM the devices really have (total less the reserve less what other
+    /// processes hold), from the last device snapshot.
+    pub(crate) fn limits_now(&self) -> Limits {
+        let mut limits = self.memory.limits;
+        if self.pool() == Pool::Vram {
+            let ours: u64 = self.residents().iter().map(|r| r.held.vram).sum();
+            let snap = self.devices.snapshot();
+            let budget = crate::devices::vram_budget(&snap, self.devices.reserve, ours);
+            limits.0.vram = crate::devices::vram_limit(limits.0.vram, budget);
+        }
+        limits
     }
 
     /// Every loaded model as the policy sees it. Idle means nothing holds
@@ -123,6 +139,8 @@ impl Node {
         let Some(m) = self.models.get(&u.id) else {
             return false;
         };
+        // Before the state lock: the limit reads every model's state.
+        let limit = self.limits_now().get(u.pool);
         let Ok(mut state) = m.state.write() else {
             return false;
         };
@@ -131,7 +149,6 @@ impl Node {
             _ => return false,
         };
         let pool = u.pool;
-        let limit = self.memory.limits.get(pool);
         let message = format!(
             "unloaded as the least recently used idle model: {} use was {} of {} (watermark {} %) {why}; it reloads on its next request",
             pool.name(),
@@ -149,7 +166,7 @@ impl Node {
             .with_label_values(&[u.id.as_str(), reason.as_str()])
             .inc();
         self.metrics
-            .vram_used_bytes
+            .model_memory_bytes
             .with_label_values(&[&u.id])
             .set(0.0);
         true
@@ -171,7 +188,7 @@ impl Node {
         let deadline = Instant::now() + SETTLE;
         loop {
             let settling = Instant::now() < deadline && self.lazy_model_busy(id);
-            match super::plan_load(&self.memory.limits, id, need, &self.residents()) {
+            match super::plan_load(&self.limits_now(), id, need, &self.residents()) {
                 Err(mut r) if r.never_fits || !settling => {
                     r.message.push_str(&format!(" (estimate: {how})"));
                     return Err(r);
@@ -218,7 +235,7 @@ impl Node {
     /// engine's real footprint does not fit at all, unload `m` itself.
     pub(crate) fn after_load(&self, m: &ServedModel) {
         let id = m.config.id.as_str();
-        let (unloads, over) = super::plan_after_load(&self.memory.limits, id, &self.residents());
+        let (unloads, over) = super::plan_after_load(&self.limits_now(), id, &self.residents());
         let why = format!("after model `{id}` loaded");
         for u in &unloads {
             self.unload_for_memory(u, &why);
@@ -259,6 +276,7 @@ impl Node {
     }
 
     fn update_memory_gauges(&self) {
+        let limits = self.limits_now();
         let mut used = Bytes::default();
         for r in self.residents() {
             used.vram = used.vram.saturating_add(r.held.vram);
@@ -273,7 +291,7 @@ impl Node {
             self.metrics
                 .memory_limit_bytes
                 .with_label_values(&l)
-                .set(self.memory.limits.get(pool) as f64);
+                .set(limits.get(pool) as f64);
         }
     }
 }

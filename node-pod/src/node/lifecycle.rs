@@ -121,6 +121,26 @@ impl Node {
         }
     }
 
+    /// The devices `m` goes on: none on a CPU node (where asking for GPUs is an error),
+    /// else by `devices::place`.
+    fn placement_for(
+        &self,
+        m: &ServedModel,
+        snap: &crate::devices::DeviceSnapshot,
+    ) -> Result<Vec<u32>, crate::devices::PlacementError> {
+        let want = m.placement_request();
+        if self.engine_config.backend == gantry_engine_abi::Backend::Cuda {
+            return crate::devices::place(snap, &m.config.id, &want);
+        }
+        if want.gpus > 0 || !want.devices.is_empty() {
+            return Err(crate::devices::PlacementError(format!(
+                "model `{}` asks for GPUs (gpus/devices) but this node runs the cpu backend",
+                m.config.id
+            )));
+        }
+        Ok(Vec::new())
+    }
+
     /// Load a supported model and start its scheduler. Blocking.
     pub fn load(&self, m: &ServedModel) {
         let _serial = m.load_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -142,6 +162,17 @@ impl Node {
         };
         // Plan, unload and load as one step: no other load counts the same free bytes.
         let _room = self.memory.lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Real device figures for the budget, the placement and the measurement after.
+        let before = self.devices.refresh();
+        self.metrics.set_devices(&before);
+        let placement = match self.placement_for(m, &before) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(target: "gantry::alert", model = %m.config.id, "model placement refused: {e}");
+                m.set(ModelState::Failed(format!("placement: {e}")));
+                return;
+            }
+        };
         if let Err(r) = self.make_room(m, &primary) {
             self.refuse_load(m, r);
             return;
@@ -161,6 +192,7 @@ impl Node {
             mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
             context_length: m.config.context_length.unwrap_or(0),
             max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
+            device_ids: placement.iter().map(|d| *d as i32).collect(),
         };
         let (shared, exec) = match plugin.load_model(&desc) {
             Ok(x) => x,
@@ -198,14 +230,30 @@ impl Node {
             .with_label_values(&[&m.config.id])
             .set(load_s);
         let info = shared.info().clone();
+        // What the load really took on its devices, checked against the engine's figure.
+        let after = self.devices.refresh();
+        self.metrics.set_devices(&after);
+        let measured = if self.devices.measures_loads()
+            && self.engine_config.backend == gantry_engine_abi::Backend::Cuda
+        {
+            crate::devices::measured_use(&before, &after, &placement)
+        } else {
+            None
+        };
+        m.measured_vram
+            .store(measured.unwrap_or(0), Ordering::Relaxed);
+        if let Some(w) =
+            measured.and_then(|x| crate::devices::check_report(&m.config.id, info.bytes_used, x))
+        {
+            tracing::warn!(target: "gantry::alert", model = %m.config.id, "{w}");
+        }
+        if let Ok(mut p) = m.placement.write() {
+            *p = placement;
+        }
         self.metrics
-            .vram_used_bytes
+            .model_memory_bytes
             .with_label_values(&[&m.config.id])
-            .set(info.bytes_used as f64);
-        self.metrics
-            .vram_total_bytes
-            .with_label_values(&[&m.config.id])
-            .set(self.engine_config.vram_limit_bytes as f64);
+            .set(info.bytes_used.max(measured.unwrap_or(0)) as f64);
         let model_dir = primary.parent().unwrap_or(Path::new("."));
         let template = match choose_template(&m.config, &info, model_dir) {
             Ok(t) => t,

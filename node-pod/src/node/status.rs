@@ -52,6 +52,7 @@ impl Node {
                             version: s.version,
                             abi_version: s.abi_version,
                             gpu_backend: s.gpu_backend,
+                            build_info: s.build_info,
                             loaded: r.plugin().is_some(),
                             reason,
                             message,
@@ -61,6 +62,16 @@ impl Node {
             })
             .unwrap_or_default();
         let models = self.models.values().map(|m| self.model_status(m)).collect();
+        let placed: std::collections::BTreeMap<String, Vec<u32>> = self
+            .models
+            .values()
+            .filter(|m| m.ready().is_some())
+            .filter_map(|m| {
+                let p = m.placement.read().ok()?.clone();
+                (!p.is_empty()).then(|| (m.config.id.clone(), p))
+            })
+            .collect();
+        let snap = self.devices.snapshot().with_models(&placed);
         NodeStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
             backend: self.engine_config.backend.as_str().to_string(),
@@ -68,6 +79,8 @@ impl Node {
             draining: self.draining.load(Ordering::SeqCst),
             plugins,
             models,
+            devices: snap.devices,
+            devices_note: snap.note,
         }
     }
 
@@ -132,8 +145,17 @@ impl Node {
                 plugin,
                 message,
                 bytes_used,
+                measured_vram_bytes: match m.measured_vram.load(Ordering::Relaxed) {
+                    0 => None,
+                    b => Some(b),
+                },
             },
             queue,
+            devices: if matches!(state, ModelState::Ready(_)) {
+                m.placement.read().map(|p| p.clone()).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
         }
     }
 }

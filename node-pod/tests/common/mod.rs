@@ -162,6 +162,7 @@ pub fn desc(id: &str, path: &Path) -> ModelDescriptor {
         mmproj: None,
         context_length: 0,
         max_sequences: 0,
+        device_ids: Vec::new(),
     }
 }
 

@@ -60,6 +60,9 @@ pub fn node_config(model: &ValidModel) -> NodeConfig {
             context_length: positive(model.engine_config.context_length),
             max_batch_size: positive(model.engine_config.max_batch_size),
             threads: positive(model.engine_config.threads),
+            // The pod gets `resources.gpus` devices; a model on more than one spreads over
+            // all of them (one is the node's default).
+            gpus: u32::try_from(model.gpus).ok().filter(|g| *g > 1),
             load: match model.load {
                 gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
                 gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,

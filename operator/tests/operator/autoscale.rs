@@ -462,7 +462,9 @@ fn node_with_queue(served: &str, waiting: u64, running: u64) -> NodeStatus {
                 kv_capacity_tokens: 4096,
                 kv_used_tokens: 512,
             },
+            devices: Vec::new(),
         }],
+        ..NodeStatus::default()
     }
 }
 

@@ -35,6 +35,7 @@ fn node(plugins: Vec<PluginStatus>) -> NodeStatus {
         draining: false,
         plugins,
         models: Vec::new(),
+        ..NodeStatus::default()
     }
 }
 
@@ -44,6 +45,7 @@ fn plugin_status(loaded: bool, reason: Option<&str>, message: Option<&str>) -> P
         version: Some("0.1.0".into()),
         abi_version: Some("1".into()),
         gpu_backend: Some("cpu".into()),
+        build_info: None,
         loaded,
         reason: reason.map(Into::into),
         message: message.map(Into::into),

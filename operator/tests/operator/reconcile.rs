@@ -169,9 +169,12 @@ pub(crate) fn node_report(
                 plugin: Some("llama_cpp".into()),
                 message: None,
                 bytes_used: 1,
+                measured_vram_bytes: None,
             },
             queue: QueueStatus::default(),
+            devices: Vec::new(),
         }],
+        ..NodeStatus::default()
     };
     BTreeMap::from([(POD_IP.to_string(), status)])
 }

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU check: run on a machine with an NVIDIA GPU and nothing from the network, it runs the
+# GPU tests and the GPU benchmarks and writes every result as JSON into OUT_DIR.
+#
+#   scripts/gpu-check.sh OUT_DIR
+#
+# What it needs on the machine (all local; nothing is downloaded):
+#   - nvidia-smi and the NVIDIA driver;
+#   - Gantry built (target/release/gantry-node) and the llama.cpp plugin built with
+#     --features cuda: GANTRY_CUDA_PLUGINS_DIR names its plugin directory (default:
+#     target/cuda-check/release/engines, what scripts/check-cuda-build.sh builds);
+#   - the test model, GANTRY_GEMMA_GGUF (default: the one scripts/setup.sh installs);
+#   - optionally GANTRY_PEER_CUDA, llama.cpp's own llama-server built with GGML_CUDA=ON from
+#     the same sources (bench/build-llama-server.sh with GANTRY_PEER_GPU=cuda builds it
+#     where nvcc is present); without it the benchmark against the peer is skipped and the
+#     summary says so.
+#
+# Steps, each writing OUT_DIR/<step>.json (or .csv/.txt for raw readings):
+#   1. devices:  `gantry-node devices --json` vs nvidia-smi (bench/gpu_check.py compare-devices)
+#   2. tests:    the node's device tests on real hardware (cargo test, devices and probe)
+#   3. vram:     a node with the CUDA plugin loads the model; /v1/status vs nvidia-smi's
+#                per-process memory (bench/gpu_check.py compare-vram)
+#   4. bench:    bench/node_vs_llama_server.py, CUDA node vs CUDA llama-server, c = 1,8,32,64
+# and OUT_DIR/summary.json with each step's outcome. Exits 2 when there is no GPU (say so,
+# never pretend), 1 when a step failed, 0 when all ran and passed.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${1:-}"
+[ -n "$out" ] || { echo "usage: scripts/gpu-check.sh OUT_DIR" >&2; exit 2; }
+mkdir -p "$out"
+log() { printf 'gpu-check: %s\n' "$*" >&2; }
+python="${GANTRY_VENV:+$GANTRY_VENV/bin/}python3"
+command -v "$python" >/dev/null 2>&1 || python=python3
+
+summary() { # step outcome detail
+  "$python" - "$out/summary.json" "$1" "$2" "$3" <<'EOF'
+import json, sys
+from pathlib import Path
+p = Path(sys.argv[1])
+s = json.loads(p.read_text()) if p.exists() else {"steps": {}}
+s["steps"][sys.argv[2]] = {"outcome": sys.argv[3], "detail": sys.argv[4]}
+p.write_text(json.dumps(s, indent=2) + "\n")
+EOF
+}
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L > "$out/nvidia-smi-L.txt" 2>&1; then
+  log "no NVIDIA GPU here (nvidia-smi missing or failing): nothing was checked"
+  summary gpu "not-run" "no NVIDIA GPU: nvidia-smi missing or failing"
+  exit 2
+fi
+
+node="${GANTRY_NODE:-$root/target/release/gantry-node}"
+plugins="${GANTRY_CUDA_PLUGINS_DIR:-$root/target/cuda-check/release/engines}"
+model="${GANTRY_GEMMA_GGUF:-${GANTRY_CACHE:-$HOME/.cache/gantry}/models/gemma-3-270m-q4_k_m.gguf}"
+failed=0
+
+# 1. devices ---------------------------------------------------------------------------------
+nvidia-smi --query-gpu=index,uuid,name,compute_cap,memory.total,memory.used,memory.free \
+  --format=csv,noheader,nounits > "$out/nvidia-smi-gpus.csv"
+"$node" devices --json > "$out/devices-snapshot.json"
+if "$python" bench/gpu_check.py compare-devices "$out/devices-snapshot.json" "$out/nvidia-smi-gpus.csv" "$out/devices.json"; then
+  summary devices passed "$out/devices.json"
+else
+  summary devices failed "$out/devices.json"; failed=1
+fi
+
+# 2. tests -----------------------------------------------------------------------------------
+if cargo test --release --offline -p gantry-node --lib -- devices:: engine_host::cuda:: > "$out/tests.txt" 2>&1; then
+  summary tests passed "$out/tests.txt"
+else
+  summary tests failed "$out/tests.txt"; failed=1
+fi
+
+# 3. vram ------------------------------------------------------------------------------------
+if [ ! -f "$plugins/llama_cpp/cuda/manifest.json" ]; then
+  log "no CUDA plugin under $plugins (run scripts/check-cuda-build.sh first)"
+  summary vram not-run "no CUDA plugin under $plugins"; failed=1
+elif [ ! -s "$model" ]; then
+  summary vram not-run "no model at $model"; failed=1
+else
+  port=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$node" serve --model "$model" --model-id gemma --backend cuda --plugins-dir "$plugins" \
+    --listen "127.0.0.1:$port" > "$out/node.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do
+    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  curl -fsS "http://127.0.0.1:$port/v1/status" > "$out/status.json" || true
+  curl -fsS "http://127.0.0.1:$port/metrics" > "$out/metrics.txt" || true
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$out/nvidia-smi-apps.csv"
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  if "$python" bench/gpu_check.py compare-vram "$out/status.json" "$out/nvidia-smi-apps.csv" "$pid" "$out/vram.json"; then
+    summary vram passed "$out/vram.json"
+  else
+    summary vram failed "$out/vram.json"; failed=1
+  fi
+fi
+
+# 4. bench -----------------------------------------------------------------------------------
+if [ -z "${GANTRY_PEER_CUDA:-}" ] || [ ! -x "${GANTRY_PEER_CUDA:-}" ]; then
+  log "GANTRY_PEER_CUDA is not a CUDA llama-server binary: benchmark not run"
+  summary bench not-run "GANTRY_PEER_CUDA not set"; failed=1
+elif [ -f "$plugins/llama_cpp/cuda/manifest.json" ] && [ -s "$model" ]; then
+  if "$python" bench/node_vs_llama_server.py --node "$node" --peer "$GANTRY_PEER_CUDA" --model "$model" \
+      --out "$out/bench-cuda.json" --concurrency 1,8,32,64 --threads "$(nproc)" \
+      --node-arg=--backend --node-arg=cuda --node-arg=--plugins-dir --node-arg="$plugins" \
+      --peer-arg=-ngl --peer-arg=999 > "$out/bench.txt" 2>&1; then
+    summary bench passed "$out/bench-cuda.json"
+  else
+    summary bench failed "$out/bench.txt"; failed=1
+  fi
+fi
+
+log "results in $out (summary.json)"
+exit "$failed"
