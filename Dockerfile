@@ -35,14 +35,38 @@ FROM chef AS build
 COPY --from=planner /src/recipe.json recipe.json
 RUN cargo chef cook --release --locked --recipe-path recipe.json \
  && cargo chef cook --release --locked --target x86_64-unknown-linux-musl \
-      -p gantry-operator -p gantry-copy --recipe-path recipe.json
+      -p gantry-operator -p gantry-copy --recipe-path recipe.json \
+ && CARGO_TARGET_DIR=target/cpu-variants cargo chef cook --release --locked \
+      -p gantry-engine-llama-cpp --features cpu-variants --recipe-path recipe.json
 COPY . .
-RUN cargo build --release --locked -p gantry-node -p gantry-engine-llama-cpp \
+# The CPU plugin is the `cpu-variants` build: llama.cpp as shared libraries (found beside the
+# plugin through its $ORIGIN run path) and ggml's CPU code once per x86-64 level, of which the
+# plugin loads the best for the node's CPU at start (docs/engines.md, "CPU builds").
+RUN cargo build --release --locked -p gantry-node \
  && cargo build --release --locked --target x86_64-unknown-linux-musl -p gantry-operator -p gantry-copy \
+ && CARGO_TARGET_DIR=target/cpu-variants cargo build --release --locked \
+      -p gantry-engine-llama-cpp --features cpu-variants --lib \
  && mkdir -p /out/engines/llama_cpp/cpu \
  && cp -L target/release/gantry-node /out/gantry-node \
- && cp -L target/release/engines/llama_cpp/cpu/manifest.json /out/engines/llama_cpp/cpu/manifest.json \
- && cp -L target/release/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so /out/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/manifest.json /out/engines/llama_cpp/cpu/manifest.json \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so /out/engines/llama_cpp/cpu/libgantry_engine_llama_cpp.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libllama.so.0 /out/engines/llama_cpp/cpu/libllama.so.0 \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml.so.0 /out/engines/llama_cpp/cpu/libggml.so.0 \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-base.so.0 /out/engines/llama_cpp/cpu/libggml-base.so.0 \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-x64.so /out/engines/llama_cpp/cpu/libggml-cpu-x64.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-sse42.so /out/engines/llama_cpp/cpu/libggml-cpu-sse42.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-sandybridge.so /out/engines/llama_cpp/cpu/libggml-cpu-sandybridge.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-ivybridge.so /out/engines/llama_cpp/cpu/libggml-cpu-ivybridge.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-piledriver.so /out/engines/llama_cpp/cpu/libggml-cpu-piledriver.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-haswell.so /out/engines/llama_cpp/cpu/libggml-cpu-haswell.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-skylakex.so /out/engines/llama_cpp/cpu/libggml-cpu-skylakex.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-cannonlake.so /out/engines/llama_cpp/cpu/libggml-cpu-cannonlake.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-cascadelake.so /out/engines/llama_cpp/cpu/libggml-cpu-cascadelake.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-icelake.so /out/engines/llama_cpp/cpu/libggml-cpu-icelake.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-cooperlake.so /out/engines/llama_cpp/cpu/libggml-cpu-cooperlake.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-zen4.so /out/engines/llama_cpp/cpu/libggml-cpu-zen4.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-alderlake.so /out/engines/llama_cpp/cpu/libggml-cpu-alderlake.so \
+ && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-sapphirerapids.so /out/engines/llama_cpp/cpu/libggml-cpu-sapphirerapids.so \
  && cp -L target/x86_64-unknown-linux-musl/release/gantry-operator /out/gantry-operator \
  && cp -L target/x86_64-unknown-linux-musl/release/gantry-copy /out/copy
 

@@ -6,14 +6,16 @@
 #
 # The CUDA toolkit comes from NVIDIA's PyPI wheels (nvcc, the runtime, cuBLAS and CCCL's
 # headers), pinned below and installed once into ${GANTRY_CACHE}/cuda-toolkit-<version>.
-# CMake's FindCUDAToolkit wants one toolkit tree, so the wheels are assembled into one with
-# symlinks, plus a stub libcuda.so (the driver library, which only a GPU machine has; the
+# CMake's FindCUDAToolkit wants a lib64/ with unversioned names, so a small tree of symlinks
+# is laid over the wheels' files, plus a stub libcuda.so (the driver library, which only a GPU machine has; the
 # plugin is a shared library, so its driver symbols resolve when it is loaded there).
 #
 #   scripts/check-cuda-build.sh            # sm_90 (H100); CUDA_ARCH=89 for L4/L40S, ...
+#   CUDA_TOOLKIT_ONLY=1 scripts/check-cuda-build.sh   # only install the toolkit, print its root
 #
 # Builds into target/cuda-check (its own target dir: the default build is not touched) and
-# prints the plugin library's path and the time taken. Idempotent: a second run reuses the
+# prints the plugin library's path and the time taken. The result is a development check, not
+# the shipped image: the image builds the same feature in NVIDIA's devel image (Dockerfile). Idempotent: a second run reuses the
 # toolkit and the cargo build.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,13 +24,17 @@ cache="${GANTRY_CACHE:-$HOME/.cache/gantry}"
 arch="${CUDA_ARCH:-90}"
 log() { printf 'check-cuda-build: %s\n' "$*" >&2; }
 
-cuda_version=12.8
+cuda_version=13.0
+# CUDA 13's wheels hold the whole nvcc (CUDA 12's nvcc wheel has only ptxas), all under
+# site-packages/nvidia/cu13 in the toolkit's own layout.
 pins=(
-  "nvidia-cuda-nvcc-cu12==12.8.93"
-  "nvidia-cuda-runtime-cu12==12.8.90"
-  "nvidia-cuda-cccl-cu12==12.8.90"
-  "nvidia-cublas-cu12==12.8.4.1"
-  "nvidia-nvjitlink-cu12==12.8.93"
+  "nvidia-cuda-nvcc==13.0.88"
+  "nvidia-cuda-crt==13.0.88"
+  "nvidia-nvvm==13.0.88"
+  "nvidia-cuda-runtime==13.0.96"
+  "nvidia-cuda-cccl==13.0.85"
+  "nvidia-cublas==13.0.2.14"
+  "nvidia-nvjitlink==13.0.88"
 )
 venv="$cache/cuda-toolkit-$cuda_version/venv"
 toolkit="$cache/cuda-toolkit-$cuda_version/root"
@@ -40,19 +46,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -rf "$cache/cuda-toolkit-$cuda_version"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" >&2
-  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia"
-  mkdir -p "$toolkit/bin" "$toolkit/include" "$toolkit/lib64/stubs"
-  for pkg in cuda_nvcc cuda_runtime cuda_cccl cublas nvjitlink; do
-    [ -d "$site/$pkg" ] || { log "missing $site/$pkg"; exit 1; }
-    for d in include lib; do
-      [ -d "$site/$pkg/$d" ] || continue
-      dest="$toolkit/$d"; [ "$d" = lib ] && dest="$toolkit/lib64"
-      for f in "$site/$pkg/$d"/*; do ln -sfn "$f" "$dest/$(basename "$f")"; done
-    done
+  cu="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13"
+  [ -x "$cu/bin/nvcc" ] || { log "no nvcc in $cu/bin"; exit 1; }
+  mkdir -p "$toolkit/lib64/stubs"
+  for d in "$cu"/*; do
+    case "$(basename "$d")" in lib|lib64) continue ;; esac
+    ln -sfn "$d" "$toolkit/$(basename "$d")"
   done
-  # nvcc finds nvvm/ and its nvcc.profile beside its real path; link the whole bin/ and nvvm/.
-  for f in "$site/cuda_nvcc/bin"/*; do ln -sfn "$f" "$toolkit/bin/$(basename "$f")"; done
-  ln -sfn "$site/cuda_nvcc/nvvm" "$toolkit/nvvm"
+  for f in "$cu"/lib/*; do ln -sfn "$f" "$toolkit/lib64/$(basename "$f")"; done
   # Unversioned names for the linker.
   for lib in cudart cublas cublasLt nvJitLink; do
     real="$(ls "$toolkit/lib64/lib$lib.so."* 2>/dev/null | head -n1 || true)"
@@ -66,6 +67,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+if [ "${CUDA_TOOLKIT_ONLY:-0}" = 1 ]; then
+  echo "$toolkit"
+  exit 0
+fi
+
 export CUDA_PATH="$toolkit" CUDAToolkit_ROOT="$toolkit" CUDA_HOME="$toolkit"
 export PATH="$toolkit/bin:$PATH"
 export LIBRARY_PATH="$toolkit/lib64:$toolkit/lib64/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
@@ -73,16 +79,24 @@ export LD_LIBRARY_PATH="$toolkit/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # llama-cpp-sys-2 forwards CMAKE_* and GGML_* variables to CMake.
 export CMAKE_CUDA_ARCHITECTURES="$arch" CMAKE_CUDA_COMPILER="$toolkit/bin/nvcc"
 export CARGO_TARGET_DIR="$root/target/cuda-check"
+# The wheels carry the CUDA runtime and cuBLAS as shared libraries only (no static archives,
+# which llama-cpp-sys-2's static build links), so llama.cpp is built as shared libraries
+# here: ggml-cuda lands in libggml-cuda.so, linked against libcudart/libcublas.
+export LLAMA_BUILD_SHARED_LIBS=1
 
 log "building the llama.cpp plugin with --features cuda for sm_$arch into $CARGO_TARGET_DIR"
 start=$(date +%s)
 cargo build --release --locked -p gantry-engine-llama-cpp --features cuda --lib >&2
 secs=$(( $(date +%s) - start ))
 lib="$CARGO_TARGET_DIR/release/libgantry_engine_llama_cpp.so"
+cuda_lib="$CARGO_TARGET_DIR/release/libggml-cuda.so"
 [ -f "$lib" ] || { log "the build finished but $lib is missing"; exit 1; }
-# The library must really hold ggml-cuda, not a CPU build under another name.
-if ! nm -D --defined-only "$lib" 2>/dev/null | grep -q ggml_backend_cuda_init; then
-  log "$lib has no ggml_backend_cuda_init: not a CUDA build"; exit 1
+# ggml-cuda must really be there and compiled for the asked architecture.
+if ! nm -D --defined-only "$cuda_lib" 2>/dev/null | grep -q ggml_backend_cuda_init; then
+  log "$cuda_lib has no ggml_backend_cuda_init: not a CUDA build"; exit 1
+fi
+if ! "$toolkit/bin/cuobjdump" --list-elf "$cuda_lib" 2>/dev/null | grep -q "sm_$arch"; then
+  log "warning: cuobjdump lists no sm_$arch code in $cuda_lib (cuobjdump missing from the wheels?)"
 fi
 log "built in ${secs} s on $(nproc) cores: $lib"
 echo "$lib"

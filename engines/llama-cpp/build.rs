@@ -45,6 +45,55 @@ fn main() {
             dir.display()
         );
     }
+    if cpu_build == "variants" {
+        // llama.cpp is built as shared libraries with its CPU code in loadable modules: the
+        // plugin finds the libraries beside itself ($ORIGIN) and loads the modules from its
+        // own directory (src/cpu.rs), so the plugin directory holds all of them.
+        println!("cargo:rustc-link-arg-cdylib=-Wl,-rpath,$ORIGIN");
+        if let Err(e) = link_variants(&dir) {
+            println!(
+                "cargo:warning=could not link llama.cpp's shared libraries into {}: {e}",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Link llama.cpp's shared libraries (under the names the plugin's `NEEDED` entries use:
+/// `libllama.so.0`, `libggml.so.0`, `libggml-base.so.0`) and ggml's CPU modules into the
+/// plugin directory, each to the real file. Both come from llama-cpp-sys-2's output
+/// directory (`DEP_LLAMA_BACKENDS_DIR` is its `backends`; the libraries are in `lib`).
+fn link_variants(dir: &Path) -> std::io::Result<()> {
+    let Some(backends) = std::env::var_os("DEP_LLAMA_BACKENDS_DIR").map(PathBuf::from) else {
+        return Err(std::io::Error::other(
+            "llama-cpp-sys-2 did not report its backends directory",
+        ));
+    };
+    let lib = backends.parent().map(|p| p.join("lib")).unwrap_or_default();
+    let wanted = |name: &str| {
+        (name.starts_with("libllama.so") || name.starts_with("libggml")) && name.contains(".so")
+    };
+    for src_dir in [lib, backends] {
+        for entry in std::fs::read_dir(&src_dir)? {
+            let path = entry?.path();
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            if !wanted(&name) {
+                continue;
+            }
+            let real = std::fs::canonicalize(&path)?;
+            let link = dir.join(&name);
+            let _ = std::fs::remove_file(&link);
+            #[cfg(unix)]
+            std::os::unix::fs::symlink(&real, &link)?;
+        }
+    }
+    Ok(())
 }
 
 fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {

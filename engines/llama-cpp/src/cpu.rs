@@ -95,7 +95,7 @@ fn variant_of(features: &[String]) -> &'static str {
 /// With `cpu-variants`: load ggml's CPU modules from the directory of this library (the
 /// image puts them there), or from `GANTRY_GGML_BACKENDS_DIR`.
 #[cfg(feature = "cpu-variants")]
-fn load_variants() {
+pub(crate) fn load_variants() {
     use std::sync::Once;
     static LOADED: Once = Once::new();
     LOADED.call_once(|| {
@@ -109,7 +109,7 @@ fn load_variants() {
 }
 
 #[cfg(not(feature = "cpu-variants"))]
-fn load_variants() {}
+pub(crate) fn load_variants() {}
 
 /// The directory this shared library was loaded from.
 #[cfg(feature = "cpu-variants")]

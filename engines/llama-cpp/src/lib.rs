@@ -42,7 +42,11 @@ static LLAMA_BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
 
 fn backend() -> Result<&'static LlamaBackend, EngineError> {
     LLAMA_BACKEND
-        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .get_or_init(|| {
+            // The CPU modules (feature `cpu-variants`) must be registered before the backend.
+            cpu::load_variants();
+            LlamaBackend::init().map_err(|e| e.to_string())
+        })
         .as_ref()
         .map_err(|e| EngineError::internal(format!("llama backend: {e}")))
 }
