@@ -6,6 +6,13 @@ use super::*;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+fn req(gpus: u32, devices: &[u32]) -> PlacementRequest {
+    PlacementRequest {
+        gpus,
+        devices: devices.to_vec(),
+    }
+}
+
 fn h100s() -> DeviceSnapshot {
     serde_json::from_str(include_str!("../../tests/fixtures/devices-2xh100.json"))
         .expect("fixture parses as a DeviceSnapshot")
@@ -38,15 +45,7 @@ fn no_gpu_is_a_normal_state_with_no_budget_and_cpu_placement() {
 #[test]
 fn a_model_that_asks_for_a_gpu_on_a_node_without_one_is_refused_with_why() {
     let s = DeviceSnapshot::none("no CUDA driver (libcuda.so.1 not found)");
-    let e = place(
-        &s,
-        "big",
-        &PlacementRequest {
-            gpus: 2,
-            devices: vec![],
-        },
-    )
-    .expect_err("refused");
+    let e = place(&s, "big", &req(2, &[])).expect_err("refused");
     assert!(e.0.contains("asks for 2 GPU(s)"), "{e}");
     assert!(e.0.contains("libcuda.so.1 not found"), "{e}");
 }
@@ -109,61 +108,21 @@ fn placement_picks_the_devices_with_the_most_free_memory() {
     let s = h100s();
     let one = place(&s, "m", &PlacementRequest::default()).expect("placed");
     assert_eq!(one, vec![0], "device 0 is idle, device 1 is shared");
-    let two = place(
-        &s,
-        "m",
-        &PlacementRequest {
-            gpus: 2,
-            devices: vec![],
-        },
-    )
-    .expect("placed");
+    let two = place(&s, "m", &req(2, &[])).expect("placed");
     assert_eq!(two, vec![0, 1], "main device first");
-    let e = place(
-        &s,
-        "m",
-        &PlacementRequest {
-            gpus: 4,
-            devices: vec![],
-        },
-    )
-    .expect_err("only two");
+    let e = place(&s, "m", &req(4, &[])).expect_err("only two");
     assert!(e.0.contains("asks for 4 GPUs but this node sees 2"), "{e}");
 }
 
 #[test]
 fn pinned_devices_are_honoured_or_refused_by_name() {
     let s = h100s();
-    let pinned = place(
-        &s,
-        "m",
-        &PlacementRequest {
-            gpus: 1,
-            devices: vec![1],
-        },
-    )
-    .expect("pinned");
+    let pinned = place(&s, "m", &req(1, &[1])).expect("pinned");
     assert_eq!(pinned, vec![1]);
-    let e = place(
-        &s,
-        "m",
-        &PlacementRequest {
-            gpus: 1,
-            devices: vec![3],
-        },
-    )
-    .expect_err("no device 3");
+    let e = place(&s, "m", &req(1, &[3])).expect_err("no device 3");
     assert!(e.0.contains("device(s) 3"), "{e}");
     assert!(e.0.contains("CUDA_VISIBLE_DEVICES"), "{e}");
-    let e = place(
-        &s,
-        "m",
-        &PlacementRequest {
-            gpus: 2,
-            devices: vec![1],
-        },
-    )
-    .expect_err("too few pinned");
+    let e = place(&s, "m", &req(2, &[1])).expect_err("too few pinned");
     assert!(e.0.contains("asks for 2 GPUs but pins only"), "{e}");
 }
 
