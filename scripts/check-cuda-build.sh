@@ -88,15 +88,21 @@ log "building the llama.cpp plugin with --features cuda for sm_$arch into $CARGO
 start=$(date +%s)
 cargo build --release --locked -p gantry-engine-llama-cpp --features cuda --lib >&2
 secs=$(( $(date +%s) - start ))
-lib="$CARGO_TARGET_DIR/release/libgantry_engine_llama_cpp.so"
-cuda_lib="$CARGO_TARGET_DIR/release/libggml-cuda.so"
+plugin_dir="$CARGO_TARGET_DIR/release/engines/llama_cpp/cuda"
+lib="$plugin_dir/libgantry_engine_llama_cpp.so"
+# The plugin's build links llama.cpp's shared libraries into its directory (engines/llama-cpp/build.rs).
+cuda_lib="$plugin_dir/libggml-cuda.so.0"
 [ -f "$lib" ] || { log "the build finished but $lib is missing"; exit 1; }
 # ggml-cuda must really be there and compiled for the asked architecture.
-if ! nm -D --defined-only "$cuda_lib" 2>/dev/null | grep -q ggml_backend_cuda_init; then
+if ! nm -D --defined-only "$cuda_lib" 2>/dev/null | grep ggml_backend_cuda_init >/dev/null; then
   log "$cuda_lib has no ggml_backend_cuda_init: not a CUDA build"; exit 1
 fi
-if ! "$toolkit/bin/cuobjdump" --list-elf "$cuda_lib" 2>/dev/null | grep -q "sm_$arch"; then
-  log "warning: cuobjdump lists no sm_$arch code in $cuda_lib (cuobjdump missing from the wheels?)"
+# The CUDA 13 wheels have no cuobjdump; the fat binary names its targets in the clear.
+if ! strings -a "$cuda_lib" | grep "sm_$arch" >/dev/null; then
+  log "$cuda_lib holds no sm_$arch code"; exit 1
 fi
-log "built in ${secs} s on $(nproc) cores: $lib"
+for needed in libllama.so.0 libggml.so.0 libggml-base.so.0; do
+  [ -e "$plugin_dir/$needed" ] || { log "$plugin_dir lacks $needed"; exit 1; }
+done
+log "built in ${secs} s on $(nproc) cores: $lib ($(du -hL "$cuda_lib" | cut -f1) of ggml-cuda for sm_$arch)"
 echo "$lib"

@@ -45,12 +45,19 @@ fn main() {
             dir.display()
         );
     }
-    if cpu_build == "variants" {
-        // llama.cpp is built as shared libraries with its CPU code in loadable modules: the
-        // plugin finds the libraries beside itself ($ORIGIN) and loads the modules from its
-        // own directory (src/cpu.rs), so the plugin directory holds all of them.
-        println!("cargo:rustc-link-arg-cdylib=-Wl,-rpath,$ORIGIN");
-        if let Err(e) = link_variants(&dir) {
+    // llama.cpp built as shared libraries: with `cpu-variants` (its CPU code in loadable
+    // modules, src/cpu.rs), or when LLAMA_BUILD_SHARED_LIBS=1 (scripts/check-cuda-build.sh).
+    // The plugin finds the libraries beside itself ($ORIGIN) and the modules in its own
+    // directory, so the plugin directory holds all of them.
+    println!("cargo:rerun-if-env-changed=LLAMA_BUILD_SHARED_LIBS");
+    let shared =
+        cpu_build == "variants" || std::env::var("LLAMA_BUILD_SHARED_LIBS").is_ok_and(|v| v == "1");
+    if shared {
+        // DT_RPATH, not DT_RUNPATH: the loader searches an RPATH for the dependencies of
+        // dependencies too (libggml.so.0 needs libggml-cpu.so.0 and, in a CUDA build,
+        // libggml-cuda.so.0, and has no search path of its own).
+        println!("cargo:rustc-link-arg-cdylib=-Wl,-rpath,$ORIGIN,--disable-new-dtags");
+        if let Err(e) = link_shared(&dir, profile_dir) {
             println!(
                 "cargo:warning=could not link llama.cpp's shared libraries into {}: {e}",
                 dir.display()
@@ -60,20 +67,21 @@ fn main() {
 }
 
 /// Link llama.cpp's shared libraries (under the names the plugin's `NEEDED` entries use:
-/// `libllama.so.0`, `libggml.so.0`, `libggml-base.so.0`) and ggml's CPU modules into the
-/// plugin directory, each to the real file. Both come from llama-cpp-sys-2's output
-/// directory (`DEP_LLAMA_BACKENDS_DIR` is its `backends`; the libraries are in `lib`).
-fn link_variants(dir: &Path) -> std::io::Result<()> {
-    let Some(backends) = std::env::var_os("DEP_LLAMA_BACKENDS_DIR").map(PathBuf::from) else {
-        return Err(std::io::Error::other(
-            "llama-cpp-sys-2 did not report its backends directory",
-        ));
+/// `libllama.so.0`, `libggml.so.0`, `libggml-base.so.0`, and ggml-cuda's for a CUDA build)
+/// and ggml's CPU modules into the plugin directory, each to the real file. Both come from
+/// llama-cpp-sys-2's output directory: `DEP_LLAMA_BACKENDS_DIR` is its `backends` (with
+/// dynamic backends), the libraries are in the `lib` beside it.
+fn link_shared(dir: &Path, profile_dir: &Path) -> std::io::Result<()> {
+    let backends = std::env::var_os("DEP_LLAMA_BACKENDS_DIR").map(PathBuf::from);
+    // Without dynamic backends the crate reports no directory: its newest output's `lib`.
+    let lib = match &backends {
+        Some(b) => b.parent().map(|p| p.join("lib")).unwrap_or_default(),
+        None => newest_sys_lib(profile_dir)?,
     };
-    let lib = backends.parent().map(|p| p.join("lib")).unwrap_or_default();
     let wanted = |name: &str| {
         (name.starts_with("libllama.so") || name.starts_with("libggml")) && name.contains(".so")
     };
-    for src_dir in [lib, backends] {
+    for src_dir in std::iter::once(lib).chain(backends) {
         for entry in std::fs::read_dir(&src_dir)? {
             let path = entry?.path();
             let Some(name) = path
@@ -94,6 +102,32 @@ fn link_variants(dir: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `<profile>/build/llama-cpp-sys-2-*/out/lib` holding `libllama.so.0`, the newest one.
+fn newest_sys_lib(profile_dir: &Path) -> std::io::Result<PathBuf> {
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> =
+        std::fs::read_dir(profile_dir.join("build"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("llama-cpp-sys-2-"))
+            })
+            .map(|p| p.join("out").join("lib"))
+            .filter_map(|lib| {
+                let t = std::fs::metadata(lib.join("libllama.so.0"))
+                    .ok()?
+                    .modified()
+                    .ok()?;
+                Some((t, lib))
+            })
+            .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, lib)| lib)
+        .ok_or_else(|| std::io::Error::other("no llama-cpp-sys-2 output with libllama.so.0"))
 }
 
 fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {

@@ -42,45 +42,76 @@ const X86_VARIANTS: &[(&str, &[&str])] = &[
     ("sse42", &["SSE3"]),
 ];
 
-/// One line for `engines info` and `/v1/status`: the build, the variant and its features.
+/// One line for `engines info` and `/v1/status`: the build, the variant and its features,
+/// and for a GPU build its backend's own settings (e.g. `CUDA: ARCHS=900 USE_GRAPHS`).
 pub fn describe() -> String {
     load_variants();
-    let features = cpu_features();
+    let sections = backend_sections(&system_info());
+    let features: Vec<String> = sections
+        .iter()
+        .find(|(name, _)| name == "CPU")
+        .map(|(_, kv)| {
+            kv.iter()
+                .filter(|(_, v)| v == "1")
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default();
     let variant = variant_of(&features);
     let mode = match BUILD {
         "native" => "built for the build machine's CPU (GGML_NATIVE=ON)",
         "variants" => "runtime-dispatched ggml CPU variants (GGML_CPU_ALL_VARIANTS)",
         _ => "portable x86-64 build (GGML_NATIVE=OFF)",
     };
-    format!(
+    let mut line = format!(
         "cpu: {mode}; running the {variant} code path; ggml CPU features: {}",
         features.join(" ")
-    )
+    );
+    for (name, kv) in sections.iter().filter(|(name, _)| name != "CPU") {
+        let settings: Vec<String> = kv
+            .iter()
+            .map(|(k, v)| {
+                if v == "1" {
+                    k.clone()
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+            .collect();
+        line.push_str(&format!("; {name}: {}", settings.join(" ")));
+    }
+    line
 }
 
-/// The features the loaded CPU backend was compiled with (`NAME = 1` in llama.cpp's system
-/// info line), in its order.
-fn cpu_features() -> Vec<String> {
+/// llama.cpp's system info line (`CUDA : ARCHS = 900 | … | CPU : SSE3 = 1 | …`).
+fn system_info() -> String {
     // SAFETY: returns a pointer to a static string inside llama.cpp, valid until the next
     // call; this runs once, under the SDK's info cell, and copies the text at once.
-    let info = unsafe {
+    unsafe {
         let p = llama_cpp_sys_2::llama_print_system_info();
         if p.is_null() {
-            return Vec::new();
+            return String::new();
         }
         CStr::from_ptr(p).to_string_lossy().into_owned()
-    };
-    parse_features(&info)
+    }
 }
 
-fn parse_features(info: &str) -> Vec<String> {
-    info.split('|')
-        .filter_map(|kv| {
-            let kv = kv.rsplit(" : ").next().unwrap_or(kv);
-            let (k, v) = kv.split_once('=')?;
-            (v.trim() == "1").then(|| k.trim().to_string())
-        })
-        .collect()
+/// The line split per backend: `(name, [(key, value)])` in order.
+fn backend_sections(info: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut out: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    for part in info.split('|') {
+        let kv = match part.split_once(" : ") {
+            Some((name, rest)) => {
+                out.push((name.trim().to_string(), Vec::new()));
+                rest
+            }
+            None => part,
+        };
+        if let (Some((k, v)), Some(last)) = (kv.split_once('='), out.last_mut()) {
+            last.1.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
 }
 
 /// The ggml variant whose feature set the running code has (the same rule ggml's loader
@@ -140,8 +171,17 @@ mod tests {
 
     #[test]
     fn features_are_read_from_the_system_info_line() {
-        let line = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ";
-        let f = parse_features(line);
+        let line = "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | PEER_MAX_BATCH_SIZE = 128 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ";
+        let sections = backend_sections(line);
+        assert_eq!(sections.len(), 2);
+        assert_eq!(sections[0].0, "CUDA");
+        assert_eq!(sections[0].1[0], ("ARCHS".to_string(), "900".to_string()));
+        let f: Vec<String> = sections[1]
+            .1
+            .iter()
+            .filter(|(_, v)| v == "1")
+            .map(|(k, _)| k.clone())
+            .collect();
         assert_eq!(f[0], "SSE3");
         assert!(f.contains(&"AVX512_VNNI".to_string()));
         assert_eq!(variant_of(&f), "icelake");

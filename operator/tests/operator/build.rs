@@ -215,6 +215,40 @@ fn gpu_model_requests_and_limits_the_gpu_and_copies_scheduling() {
     assert_eq!(rolling(&o), (1, 0));
 }
 
+#[test]
+fn a_model_on_several_gpus_asks_the_node_to_spread_over_all_of_them() {
+    let config = |o: &OwnedObjects| -> gantry_api::NodeConfig {
+        serde_yaml::from_str(&o.config_map.data.as_ref().expect("data")["models.yaml"])
+            .expect("node config parses")
+    };
+    // One GPU: the node's default placement, nothing rendered (configs stay as they were).
+    assert_eq!(config(&built("gpu")).models[0].gpus, None);
+    let mut m = fixture_model("gpu");
+    m.spec.resources.get_or_insert_default().gpus = Some(2);
+    let v = validate(&m, &Settings::default()).expect("valid");
+    let r = resolve(
+        &v,
+        v.declared_architecture.as_deref(),
+        &fixture_plugins(),
+        1,
+    );
+    let o = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+    let limits = node(&o)
+        .resources
+        .clone()
+        .and_then(|r| r.limits)
+        .expect("limits");
+    assert_eq!(limits["nvidia.com/gpu"].0, "2");
+    let c = config(&o);
+    assert_eq!(
+        c.models[0].gpus,
+        Some(2),
+        "the pod's two GPUs hold the model"
+    );
+    assert!(c.models[0].devices.is_empty(), "the node picks them");
+    c.validate().expect("the node accepts it");
+}
+
 /// The Deployment's (maxSurge, maxUnavailable).
 fn rolling(o: &OwnedObjects) -> (i32, i32) {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
