@@ -51,6 +51,10 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L > "$out/nvidia-smi
 fi
 
 node="${GANTRY_NODE:-$root/target/release/gantry-node}"
+# A plugin built by scripts/check-cuda-build.sh links the CUDA runtime and cuBLAS of that
+# script's toolkit: put them on the library path when the machine has no CUDA of its own.
+toolkit_lib="${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-toolkit-13.0/root/lib64"
+[ -d "$toolkit_lib" ] && export LD_LIBRARY_PATH="$toolkit_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 plugins="${GANTRY_CUDA_PLUGINS_DIR:-$root/target/cuda-check/release/engines}"
 model="${GANTRY_GEMMA_GGUF:-${GANTRY_CACHE:-$HOME/.cache/gantry}/models/gemma-3-270m-q4_k_m.gguf}"
 failed=0

@@ -172,6 +172,51 @@ fn an_abi_mismatch_is_refused_having_called_only_the_entry_symbol() {
 }
 
 #[test]
+fn a_library_that_cannot_be_loaded_is_refused_with_the_loaders_reason() {
+    // A real shared library whose dependency is missing: the refusal names the dependency,
+    // not only "dlopen failed" (the case of a CUDA plugin on a node without the CUDA runtime).
+    let root = tempfile::tempdir().expect("tempdir");
+    let src = root.path().join("needs.c");
+    std::fs::write(&src, "void gantry_needs(void) {}\n").expect("source");
+    let dep = root.path().join("libgantry_missing_dep.so");
+    let cc = |args: &[&str]| {
+        let ok = std::process::Command::new("cc")
+            .args(args)
+            .status()
+            .expect("cc")
+            .success();
+        assert!(ok, "cc {args:?}");
+    };
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        dep.to_str().expect("utf-8"),
+        src.to_str().expect("utf-8"),
+    ]);
+    let lib = root.path().join("libneeds.so");
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        lib.to_str().expect("utf-8"),
+        src.to_str().expect("utf-8"),
+        "-L",
+        root.path().to_str().expect("utf-8"),
+        "-Wl,--no-as-needed",
+        "-lgantry_missing_dep",
+    ]);
+    std::fs::remove_file(&dep).expect("remove the dependency");
+    let mut m = faulty_manifest("needs");
+    m["binary"] = "libneeds.so".into();
+    install_plugin(root.path(), "needs", "cpu", m, Some(&lib));
+    let reg = EngineRegistry::discover(root.path(), &cpu_config());
+    let reason = refusal(&reg, "needs");
+    assert!(reason.starts_with("cannot load "), "{reason}");
+    assert!(reason.contains("libgantry_missing_dep.so"), "{reason}");
+}
+
+#[test]
 fn a_library_without_the_entry_symbol_is_refused() {
     let root = tempfile::tempdir().expect("tempdir");
     let mut m = faulty_manifest("noentry");

@@ -28,6 +28,19 @@ use gantry_engine_abi::{
     Backend, EngineConfig, EngineError, EngineInfo, LogLevel, ModelDescriptor, Status,
 };
 
+/// An error and its sources, `outer: inner: ...`: libloading's "dlopen failed" carries the
+/// loader's own message (which file, which missing library) as its source.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// Why a library could not become a plugin (after its manifest passed).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpenError {
@@ -261,7 +274,7 @@ impl Plugin {
         // when pinned); this is the trust the specification grants plugins.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| OpenError::Dlopen {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: error_chain(&e),
         })?;
         // SAFETY: the symbol's type is fixed by the header.
         let entry_fn: ffi::EntryFn =
