@@ -38,6 +38,18 @@ fn built(case: &str) -> OwnedObjects {
     built_with(case, &Settings::default())
 }
 
+/// The objects of an edited fixture Model, with the fixture plugins and default settings.
+fn built_model(m: &gantry_crd::Model) -> OwnedObjects {
+    let v = validate(m, &Settings::default()).expect("valid");
+    let r = resolve(
+        &v,
+        v.declared_architecture.as_deref(),
+        &fixture_plugins(),
+        1,
+    );
+    build::build(&v, &r.mounted(), &Settings::default()).expect("build")
+}
+
 fn built_with(case: &str, settings: &Settings) -> OwnedObjects {
     let (v, r) = resolved(case);
     build::build(&v, &r.mounted(), settings).expect("build")
@@ -225,14 +237,7 @@ fn a_model_on_several_gpus_asks_the_node_to_spread_over_all_of_them() {
     assert_eq!(config(&built("gpu")).models[0].gpus, None);
     let mut m = fixture_model("gpu");
     m.spec.resources.get_or_insert_default().gpus = Some(2);
-    let v = validate(&m, &Settings::default()).expect("valid");
-    let r = resolve(
-        &v,
-        v.declared_architecture.as_deref(),
-        &fixture_plugins(),
-        1,
-    );
-    let o = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+    let o = built_model(&m);
     let limits = node(&o)
         .resources
         .clone()
@@ -272,14 +277,7 @@ fn an_in_place_rollout_removes_a_pod_before_starting_its_replacement() {
         strategy: gantry_crd::RolloutStrategy::InPlace,
         ..Default::default()
     });
-    let v = validate(&m, &Settings::default()).expect("valid");
-    let r = resolve(
-        &v,
-        v.declared_architecture.as_deref(),
-        &fixture_plugins(),
-        1,
-    );
-    let o = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+    let o = built_model(&m);
     assert_eq!(rolling(&o), (0, 1));
 }
 
