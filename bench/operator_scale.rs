@@ -472,6 +472,7 @@ fn node_status(served: &str) -> NodeStatus {
             },
             queue: QueueStatus::default(),
             devices: Vec::new(),
+            replicas: Vec::new(),
         }],
         ..NodeStatus::default()
     }

@@ -26,6 +26,9 @@ use crate::source::{Source, check_relative_file};
 /// (`gantry-node serve --config ...`).
 pub const NODE_CONFIG_PATH: &str = "/etc/gantry/models.yaml";
 
+/// Most engine instances one model may have on one node (one per GPU on the largest nodes).
+pub const MAX_REPLICAS: u32 = 16;
+
 /// The whole node configuration file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -92,6 +95,11 @@ pub struct ModelConfig {
     /// `CUDA_VISIBLE_DEVICES`), main device first; empty = automatic pick.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<u32>,
+    /// Engine instances of this model on this node (seed 001: replicas with round-robin);
+    /// absent = 1. On a CUDA node each replica gets its own `gpus` devices (pinned
+    /// `devices` are split among the replicas in order); requests go to the replicas in turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
     /// Overrides the model's own chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
@@ -282,13 +290,33 @@ impl NodeConfig {
                     format!("lists a device twice: {:?}", m.devices),
                 );
             }
+            let replicas = m.replicas.unwrap_or(1);
+            if !(1..=MAX_REPLICAS).contains(&replicas) {
+                return invalid(
+                    format!("models[{}].replicas", m.id),
+                    format!("must be within [1, {MAX_REPLICAS}], got {replicas}"),
+                );
+            }
+            if !m.devices.is_empty() && !m.devices.len().is_multiple_of(replicas as usize) {
+                return invalid(
+                    format!("models[{}].devices", m.id),
+                    format!(
+                        "pins {} device(s), which cannot be split evenly among {replicas} replicas",
+                        m.devices.len()
+                    ),
+                );
+            }
             if let Some(g) = m.gpus
                 && !m.devices.is_empty()
-                && m.devices.len() < g as usize
+                && m.devices.len() < (g * replicas) as usize
             {
                 return invalid(
                     format!("models[{}].devices", m.id),
-                    format!("pins {} device(s) but gpus is {g}", m.devices.len()),
+                    format!(
+                        "pins {} device(s) but {replicas} replica(s) of {g} GPU(s) need {}",
+                        m.devices.len(),
+                        g * replicas
+                    ),
                 );
             }
             if m.load == LoadPolicy::Lazy && self.models.len() < 2 {
@@ -432,5 +460,28 @@ mod tests {
                 .contains("`gguf` or `safetensors`")
         );
         assert!(NodeConfig::single(Path::new("/m/x.bin"), None).is_err());
+    }
+
+    #[test]
+    fn replicas_are_bounded_and_pinned_devices_split_evenly() {
+        let mut cfg = NodeConfig::single(Path::new("/m/x.gguf"), None).expect("single");
+        let m = &mut cfg.models[0];
+        m.replicas = Some(2);
+        m.devices = vec![0, 1, 2, 3];
+        m.gpus = Some(2);
+        cfg.validate().expect("two replicas of two pinned GPUs");
+        let err = |cfg: &NodeConfig| cfg.validate().expect_err("invalid").to_string();
+        cfg.models[0].replicas = Some(0);
+        assert!(err(&cfg).contains("`models[x].replicas`: must be within [1, 16], got 0"));
+        cfg.models[0].replicas = Some(MAX_REPLICAS + 1);
+        assert!(err(&cfg).contains("got 17"));
+        cfg.models[0].replicas = Some(3);
+        assert!(err(&cfg).contains("cannot be split evenly among 3 replicas"));
+        cfg.models[0].replicas = Some(4);
+        assert!(
+            err(&cfg).contains("pins 4 device(s) but 4 replica(s) of 2 GPU(s) need 8"),
+            "{}",
+            err(&cfg)
+        );
     }
 }

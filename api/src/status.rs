@@ -143,9 +143,28 @@ pub struct ModelStatus {
     pub artifact: ArtifactStatus,
     pub load: LoadStatus,
     pub queue: QueueStatus,
-    /// Devices (CUDA ordinals) the model is placed on, first = main; empty on CPU.
+    /// Devices (CUDA ordinals) the model is placed on, first = main; empty on CPU. With
+    /// several replicas, every replica's devices, in replica order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<u32>,
+    /// The engine instances of a loaded model (node config `replicas`; requests go to them
+    /// in turn): where each runs and what it holds. Empty while the model is not loaded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+/// One engine instance (replica) of a loaded model.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// Its place in the round-robin order, from 0.
+    pub index: u32,
+    /// Devices it runs on, main first; empty on CPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<u32>,
+    /// Weights, KV and buffers, as its engine reports them.
+    pub bytes_used: u64,
+    pub queue: QueueStatus,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

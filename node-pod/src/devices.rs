@@ -250,6 +250,63 @@ pub fn place(
     Ok(by_free.iter().take(n).map(|d| d.index).collect())
 }
 
+/// The devices of each of `replicas` engine instances of one model (seed 001: replicas on
+/// several GPUs, requests in turn). Pinned devices are split among the replicas in order;
+/// otherwise each replica is placed by [`place`] on the devices the replicas before it left,
+/// so no two replicas share a device. A node without devices places every replica nowhere
+/// (CPU engines: the replicas share the cores).
+pub fn place_replicas(
+    snap: &DeviceSnapshot,
+    model: &str,
+    want: &PlacementRequest,
+    replicas: u32,
+) -> Result<Vec<Vec<u32>>, PlacementError> {
+    let r = replicas.max(1) as usize;
+    if r == 1 {
+        return place(snap, model, want).map(|p| vec![p]);
+    }
+    if snap.devices.is_empty() && want.devices.is_empty() && want.gpus <= 1 {
+        return Ok(vec![Vec::new(); r]);
+    }
+    if !want.devices.is_empty() {
+        if !want.devices.len().is_multiple_of(r) {
+            return Err(PlacementError(format!(
+                "model `{model}` pins {} device(s), which cannot be split evenly among {r} replicas",
+                want.devices.len()
+            )));
+        }
+        let per = want.devices.len() / r;
+        return want
+            .devices
+            .chunks(per)
+            .map(|chunk| {
+                let one = PlacementRequest {
+                    gpus: want.gpus,
+                    devices: chunk.to_vec(),
+                };
+                place(snap, model, &one)
+            })
+            .collect();
+    }
+    let n = want.gpus.max(1) as usize;
+    if snap.devices.len() < n * r {
+        return Err(PlacementError(format!(
+            "model `{model}` asks for {r} replicas of {n} GPU(s), {} in all, but this node sees {} ({})",
+            n * r,
+            snap.devices.len(),
+            seen(snap)
+        )));
+    }
+    let mut left = snap.clone();
+    let mut out = Vec::with_capacity(r);
+    for _ in 0..r {
+        let p = place(&left, model, want)?;
+        left.devices.retain(|d| !p.contains(&d.index));
+        out.push(p);
+    }
+    Ok(out)
+}
+
 fn pinned_text(devices: &[u32]) -> String {
     if devices.is_empty() {
         String::new()

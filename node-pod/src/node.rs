@@ -28,7 +28,7 @@ use crate::cache::ResponseCache;
 use crate::engine_host::{EngineRegistry, ModelShared};
 use crate::memory::{ModelMemory, NodeMemory};
 use crate::metrics::Metrics;
-use crate::scheduler::SchedulerHandle;
+use crate::scheduler::Replicas;
 use crate::store::{FetchRequest, Fetched, ModelStore, Progress};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
@@ -43,8 +43,11 @@ pub const DEFAULT_MAX_BATCH: u32 = 8;
 
 /// A model ready to serve.
 pub struct ReadyModel {
+    /// The first replica's engine model: model facts, tokenizer and vocabulary (every
+    /// replica loads the same files).
     pub shared: Arc<ModelShared>,
-    pub scheduler: SchedulerHandle,
+    /// The schedulers of the model's replicas; requests go to them in turn.
+    pub scheduler: Replicas,
     pub template: ChatTemplate,
     pub tokenizer: Tokenizer,
     pub plugin: String,
@@ -90,8 +93,8 @@ pub struct ServedModel {
     pub(crate) load_lock: std::sync::Mutex<()>,
     /// Last use and the memory policy's last decision (memory.rs).
     pub memory: ModelMemory,
-    /// Devices the model was placed on at its last load, main first (devices.rs).
-    pub placement: RwLock<Vec<u32>>,
+    /// Devices each replica was placed on at its last load, main first (devices.rs).
+    pub placement: RwLock<Vec<Vec<u32>>>,
     /// The fall in its devices' free memory across its last load (0 = not measured).
     pub measured_vram: std::sync::atomic::AtomicU64,
 }
@@ -114,6 +117,19 @@ impl ServedModel {
             gpus: self.config.gpus.unwrap_or(0),
             devices: self.config.devices.clone(),
         }
+    }
+
+    /// Every device the model's replicas were placed on, in replica order.
+    pub fn devices(&self) -> Vec<u32> {
+        self.placement
+            .read()
+            .map(|p| p.iter().flatten().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Engine instances the config asks for (`replicas`, default 1).
+    pub fn replicas(&self) -> u32 {
+        self.config.replicas.unwrap_or(1).max(1)
     }
 
     pub fn ready(&self) -> Option<Arc<ReadyModel>> {

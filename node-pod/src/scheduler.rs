@@ -144,7 +144,42 @@ pub struct Figures {
     pub step_started_ms: AtomicU64,
 }
 
-/// The HTTP side's handle on a model's scheduler.
+/// The figures of every replica of one model: what its per-model gauges and its
+/// `/v1/status` entry add up.
+#[derive(Debug, Default)]
+pub struct ModelFigures {
+    pub replicas: Vec<Arc<Figures>>,
+    /// KV cells of all replicas together.
+    pub kv_capacity: u64,
+}
+
+impl ModelFigures {
+    /// Fresh figures for replicas with these KV capacities (one entry per replica).
+    pub fn new(kv_capacities: &[u64]) -> Arc<Self> {
+        Arc::new(Self {
+            replicas: kv_capacities.iter().map(|_| Arc::default()).collect(),
+            kv_capacity: kv_capacities.iter().sum(),
+        })
+    }
+
+    fn sum(&self, f: impl Fn(&Figures) -> &AtomicU64) -> u64 {
+        self.replicas
+            .iter()
+            .map(|r| f(r).load(Ordering::Relaxed))
+            .sum()
+    }
+    pub fn waiting(&self) -> u64 {
+        self.sum(|f| &f.waiting)
+    }
+    pub fn running(&self) -> u64 {
+        self.sum(|f| &f.running)
+    }
+    pub fn kv_used(&self) -> u64 {
+        self.sum(|f| &f.kv_used)
+    }
+}
+
+/// The HTTP side's handle on one replica's scheduler.
 #[derive(Clone, Debug)]
 pub struct SchedulerHandle {
     tx: Sender<Job>,
@@ -161,6 +196,71 @@ impl SchedulerHandle {
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
             EngineError::internal("the model's scheduler has stopped")
         })
+    }
+}
+
+/// One engine instance of a model (a replica) and its scheduler.
+pub struct Replica {
+    pub scheduler: SchedulerHandle,
+    pub shared: Arc<ModelShared>,
+}
+
+/// Every replica of a loaded model (seed 001: replicas with round-robin): each request
+/// goes to the next replica in turn. One replica is the common case; its behaviour is
+/// exactly a single scheduler's.
+pub struct Replicas {
+    replicas: Vec<Replica>,
+    next: AtomicU64,
+    pub figures: Arc<ModelFigures>,
+}
+
+impl Replicas {
+    /// A model has at least one replica; an empty list is refused.
+    pub fn new(replicas: Vec<Replica>, figures: Arc<ModelFigures>) -> Result<Self, EngineError> {
+        if replicas.is_empty() {
+            return Err(EngineError::internal("a model needs at least one replica"));
+        }
+        Ok(Self {
+            replicas,
+            next: AtomicU64::new(0),
+            figures,
+        })
+    }
+
+    /// Queue a job on the next replica in turn.
+    pub fn submit(&self, job: Job) -> Result<(), EngineError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.replicas.len();
+        self.replicas[i].scheduler.submit(job)
+    }
+
+    /// Per-sequence context: the same on every replica (one config).
+    pub fn context_length(&self) -> u32 {
+        self.replicas[0].scheduler.context_length
+    }
+
+    /// What the engines report holding, all replicas together.
+    pub fn bytes_used(&self) -> u64 {
+        self.replicas
+            .iter()
+            .map(|r| r.shared.info().bytes_used)
+            .sum()
+    }
+
+    /// Nothing queued or running on any replica.
+    pub fn idle(&self) -> bool {
+        self.figures.waiting() == 0 && self.figures.running() == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.replicas.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty()
     }
 }
 
@@ -213,20 +313,29 @@ struct Scheduler {
     epoch: Instant,
     max_seqs: usize,
     kv_capacity: u64,
+    /// Every replica's figures (this one's among them), which the per-model gauges sum.
+    model_figures: Arc<ModelFigures>,
 }
 
-/// Start the scheduler thread of a loaded model.
+/// Start the scheduler thread of one loaded replica of a model; `replica` is its index in
+/// `model_figures`.
 pub fn spawn(
     model_id: String,
     exec: ModelExec,
     metrics: Metrics,
     settings: SchedulerSettings,
     hung: Arc<AtomicBool>,
+    model_figures: Arc<ModelFigures>,
+    replica: usize,
 ) -> std::io::Result<SchedulerHandle> {
     let (tx, rx) = std::sync::mpsc::channel();
     let shared = exec.shared().clone();
     let info = shared.info().clone();
-    let figures = Arc::new(Figures::default());
+    let figures = model_figures
+        .replicas
+        .get(replica)
+        .cloned()
+        .unwrap_or_default();
     let handle = SchedulerHandle {
         tx,
         figures: figures.clone(),
@@ -237,7 +346,7 @@ pub fn spawn(
     metrics
         .kv_cache_capacity_tokens
         .with_label_values(&[&model_id])
-        .set(info.kv_capacity_tokens as f64);
+        .set(model_figures.kv_capacity as f64);
     let s = Scheduler {
         model_id: model_id.clone(),
         exec,
@@ -252,9 +361,15 @@ pub fn spawn(
         epoch,
         max_seqs: info.max_sequences.max(1) as usize,
         kv_capacity: info.kv_capacity_tokens,
+        model_figures,
+    };
+    let name = if replica == 0 {
+        format!("sched-{model_id}")
+    } else {
+        format!("sched-{model_id}-{replica}")
     };
     std::thread::Builder::new()
-        .name(format!("sched-{model_id}"))
+        .name(name)
         .spawn(move || s.run())?;
     spawn_watchdog(
         model_id,
@@ -450,14 +565,14 @@ impl Scheduler {
             .running
             .store(self.running.len() as u64, Ordering::Relaxed);
         self.figures.kv_used.store(kv, Ordering::Relaxed);
-        self.metrics.requests_running.set(self.running.len() as f64);
-        self.metrics
-            .requests_waiting
-            .set(self.figures.waiting.load(Ordering::Relaxed) as f64);
-        let usage = if self.kv_capacity == 0 {
+        // The gauges are per model: the sums over its replicas.
+        let all = &self.model_figures;
+        self.metrics.requests_running.set(all.running() as f64);
+        self.metrics.requests_waiting.set(all.waiting() as f64);
+        let usage = if all.kv_capacity == 0 {
             0.0
         } else {
-            kv as f64 / self.kv_capacity as f64
+            all.kv_used() as f64 / all.kv_capacity as f64
         };
         self.metrics.kv_cache_usage.set(usage);
     }

@@ -755,3 +755,87 @@ fn the_node_answers_healthz_right_after_start() {
     let healthy_at = healthy_at.expect("no 200 from /healthz within 10 s of exec");
     eprintln!("healthz answered {healthy_at:?} after exec");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_take_requests_in_turn_and_status_shows_each_one() {
+    // Two engine instances of one sequence each: two streams run at once only because they
+    // went to different replicas, and a third waits on the replica whose turn it is.
+    let node = tiny_node(
+        json!({"requestTimeoutSeconds": 0, "maxBatchSize": 1, "replicas": 2}),
+        json!({"responseCacheRamFraction": 0.0}),
+    );
+    wait_ready(&node).await;
+    let s = status(&node).await;
+    let replicas = s["models"][0]["replicas"].as_array().expect("replicas");
+    assert_eq!(replicas.len(), 2, "{s}");
+    let capacity: u64 = replicas
+        .iter()
+        .map(|r| r["queue"]["kvCapacityTokens"].as_u64().expect("capacity"))
+        .sum();
+    assert_eq!(
+        s["models"][0]["queue"]["kvCapacityTokens"].as_u64(),
+        Some(capacity),
+        "the model's KV is its replicas' together: {s}"
+    );
+    let bytes: u64 = replicas
+        .iter()
+        .map(|r| r["bytesUsed"].as_u64().expect("bytes"))
+        .sum();
+    assert!(replicas.iter().all(|r| r["bytesUsed"].as_u64() > Some(0)));
+    assert_eq!(s["models"][0]["load"]["bytesUsed"].as_u64(), Some(bytes));
+
+    let mut a = open_stream(&node, 1800).await;
+    let mut b = open_stream(&node, 1800).await;
+    for _ in 0..3 {
+        a.recv().await.expect("a chunk");
+        b.recv().await.expect("b chunk");
+    }
+    let s = status(&node).await;
+    let running = |s: &Value, i: usize| s["models"][0]["replicas"][i]["queue"]["running"].clone();
+    assert_eq!(
+        (running(&s, 0), running(&s, 1)),
+        (json!(1), json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["models"][0]["queue"]["running"], 2, "{s}");
+    let metrics = metrics_text(&node).await;
+    assert_eq!(
+        metric_value(&metrics, "gantry_num_requests_running{model=\"tiny\"}"),
+        2.0,
+        "the gauge sums the replicas"
+    );
+    // The third request is replica 0's turn again: it waits there while replica 1 is busy too.
+    let c = tokio::spawn({
+        let base = node.base.clone();
+        async move {
+            http()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"model": "tiny", "prompt": "C", "max_tokens": 5, "temperature": 0}))
+                .send()
+                .await
+                .expect("c")
+                .status()
+                .as_u16()
+        }
+    });
+    let t0 = Instant::now();
+    loop {
+        let s = status(&node).await;
+        if s["models"][0]["replicas"][0]["queue"]["waiting"] == 1 {
+            assert_eq!(s["models"][0]["replicas"][1]["queue"]["waiting"], 0, "{s}");
+            assert_eq!(s["models"][0]["queue"]["waiting"], 1, "{s}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "C never queued: {s}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(a); // replica 0's slot frees, and C runs there
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), c)
+            .await
+            .expect("C admitted")
+            .expect("join"),
+        200
+    );
+    drop(b);
+}

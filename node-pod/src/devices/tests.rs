@@ -127,6 +127,44 @@ fn pinned_devices_are_honoured_or_refused_by_name() {
 }
 
 #[test]
+fn replicas_go_on_distinct_devices_or_are_refused_with_the_count() {
+    let s = h100s();
+    let two = place_replicas(&s, "m", &PlacementRequest::default(), 2).expect("placed");
+    assert_eq!(
+        two,
+        vec![vec![0], vec![1]],
+        "one replica per GPU, most free first"
+    );
+    let e = place_replicas(&s, "m", &req(2, &[]), 2).expect_err("needs four");
+    assert!(
+        e.0.contains("asks for 2 replicas of 2 GPU(s), 4 in all, but this node sees 2"),
+        "{e}"
+    );
+    let pinned = place_replicas(&s, "m", &req(1, &[1, 0]), 2).expect("pinned");
+    assert_eq!(
+        pinned,
+        vec![vec![1], vec![0]],
+        "pinned devices split in order"
+    );
+    let e = place_replicas(&s, "m", &req(1, &[0, 1]), 3).expect_err("uneven");
+    assert!(
+        e.0.contains("cannot be split evenly among 3 replicas"),
+        "{e}"
+    );
+    let cpu = DeviceSnapshot::none("no CUDA driver");
+    assert_eq!(
+        place_replicas(&cpu, "m", &PlacementRequest::default(), 3),
+        Ok(vec![Vec::new(), Vec::new(), Vec::new()]),
+        "CPU replicas share the cores"
+    );
+    assert_eq!(
+        place_replicas(&s, "m", &req(1, &[1]), 1),
+        place(&s, "m", &req(1, &[1])).map(|p| vec![p]),
+        "one replica is the plain placement"
+    );
+}
+
+#[test]
 fn a_load_is_measured_on_its_devices_and_checked_against_the_engine() {
     let before = h100s();
     let mut after = before.clone();

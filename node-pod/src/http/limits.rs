@@ -125,7 +125,7 @@ pub fn generation(
     let max_tokens = check_lengths(
         prompt.len(),
         params.max_tokens,
-        ready.scheduler.context_length,
+        ready.scheduler.context_length(),
         prompt_field,
     )?;
     let deadline = deadline_for(m, sched, params.timeout)?;
@@ -165,7 +165,7 @@ pub fn embedding(
             ),
         ));
     }
-    let ctx = ready.scheduler.context_length as usize;
+    let ctx = ready.scheduler.context_length() as usize;
     let mut out = Vec::with_capacity(req.inputs.len());
     for (i, input) in req.inputs.iter().enumerate() {
         let tokens = match input {

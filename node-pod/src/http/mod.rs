@@ -182,7 +182,7 @@ async fn models(State(s): State<AppState>) -> Response {
                 ModelState::Ready(r) => (
                     true,
                     Some(r.template_source().as_str()),
-                    Some(r.scheduler.context_length),
+                    Some(r.scheduler.context_length()),
                     Some(r.plugin.clone()),
                 ),
                 _ => (false, None, None, None),

@@ -41,7 +41,9 @@ impl Node {
 
     /// Bytes `m` will hold once loaded, before loading it: its weight files
     /// plus the KV cache for its context (per-sequence context x sequences,
-    /// at f16, from the GGUF header). Returns the total and how it was made.
+    /// at f16, from the GGUF header), once per replica (on CPU the replicas map the
+    /// same weight files, so this overcounts them: the safe side). Returns the total
+    /// and how it was made.
     fn estimate(&self, m: &ServedModel, primary: &Path) -> (u64, String) {
         let weights = super::weight_bytes(primary, m.format);
         let mut how = format!("weights {}", super::human(weights));
@@ -82,13 +84,22 @@ impl Node {
                 Err(e) => how.push_str(&format!(" (header unreadable: {e}; KV not counted)")),
             }
         }
-        (weights.saturating_add(kv), how)
+        let replicas = m.replicas();
+        if replicas > 1 {
+            how.push_str(&format!(", x {replicas} replicas"));
+        }
+        (
+            weights
+                .saturating_add(kv)
+                .saturating_mul(u64::from(replicas)),
+            how,
+        )
     }
 
     /// What a loaded model holds: the engine's report, else the estimate; on a GPU node
     /// the measured fall in free device memory when that is larger (devices.rs).
     fn held(&self, m: &ServedModel, r: &ReadyModel) -> Bytes {
-        let reported = r.shared.info().bytes_used;
+        let reported = r.scheduler.bytes_used();
         let n = if reported > 0 {
             reported
         } else {
@@ -299,8 +310,5 @@ impl Node {
 /// No request holds the model (the state's reference is the only one) and
 /// nothing is queued or running in its scheduler.
 fn is_idle(r: &Arc<ReadyModel>) -> bool {
-    let f = &r.scheduler.figures;
-    Arc::strong_count(r) == 1
-        && f.waiting.load(Ordering::Relaxed) == 0
-        && f.running.load(Ordering::Relaxed) == 0
+    Arc::strong_count(r) == 1 && r.scheduler.idle()
 }

@@ -17,7 +17,7 @@ use gantry_engine_abi::{ModelDescriptor, Status};
 
 use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
 use crate::memory::{Pool, Refusal};
-use crate::scheduler::SchedulerSettings;
+use crate::scheduler::{ModelFigures, Replica, Replicas, SchedulerSettings};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 use gantry_api::config::ModelConfig;
@@ -121,16 +121,16 @@ impl Node {
         }
     }
 
-    /// The devices `m` goes on: none on a CPU node (where asking for GPUs is an error),
-    /// else by `devices::place`.
+    /// The devices each replica of `m` goes on: none on a CPU node (where asking for GPUs is
+    /// an error; the replicas share the cores), else by `devices::place_replicas`.
     fn placement_for(
         &self,
         m: &ServedModel,
         snap: &crate::devices::DeviceSnapshot,
-    ) -> Result<Vec<u32>, crate::devices::PlacementError> {
+    ) -> Result<Vec<Vec<u32>>, crate::devices::PlacementError> {
         let want = m.placement_request();
         if self.engine_config.backend == gantry_engine_abi::Backend::Cuda {
-            return crate::devices::place(snap, &m.config.id, &want);
+            return crate::devices::place_replicas(snap, &m.config.id, &want, m.replicas());
         }
         if want.gpus > 0 || !want.devices.is_empty() {
             return Err(crate::devices::PlacementError(format!(
@@ -138,7 +138,7 @@ impl Node {
                 m.config.id
             )));
         }
-        Ok(Vec::new())
+        Ok(vec![Vec::new(); m.replicas() as usize])
     }
 
     /// Load a supported model and start its scheduler. Blocking.
@@ -179,71 +179,90 @@ impl Node {
         }
         m.set(ModelState::Loading);
         let t0 = Instant::now();
-        let desc = ModelDescriptor {
-            model_id: m.config.id.clone(),
-            model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
-            primary_file: primary.clone(),
-            format: m.format,
-            quantization: m
-                .fetched
-                .get()
-                .and_then(|f| f.quantization.clone())
-                .or_else(|| m.config.quantization.clone()),
-            mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
-            context_length: m.config.context_length.unwrap_or(0),
-            max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
-            device_ids: placement.iter().map(|d| *d as i32).collect(),
-        };
-        let (shared, exec) = match plugin.load_model(&desc) {
-            Ok(x) => x,
-            Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
-                // The engine refused and freed what it had (no partial loads).
-                let pool = if e.status == Status::OomVram {
-                    Pool::Vram
-                } else {
-                    Pool::Ram
-                };
-                let message = format!(
-                    "{}: the engine refused model `{}`: {}",
-                    e.status, m.config.id, e.message
-                );
-                let never_fits = false;
-                self.refuse_load(
-                    m,
-                    Refusal {
-                        pool,
-                        message,
-                        never_fits,
-                    },
-                );
-                return;
+        // One engine instance per replica; a replica that fails takes the others down with it
+        // (dropping them unloads them), so a model is either fully loaded or not at all.
+        let mut loaded = Vec::with_capacity(placement.len());
+        for (i, devices) in placement.iter().enumerate() {
+            let which = if placement.len() > 1 {
+                format!(" (replica {i} of {})", placement.len())
+            } else {
+                String::new()
+            };
+            let desc = ModelDescriptor {
+                model_id: m.config.id.clone(),
+                model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                primary_file: primary.clone(),
+                format: m.format,
+                quantization: m
+                    .fetched
+                    .get()
+                    .and_then(|f| f.quantization.clone())
+                    .or_else(|| m.config.quantization.clone()),
+                mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
+                context_length: m.config.context_length.unwrap_or(0),
+                max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
+                device_ids: devices.iter().map(|d| *d as i32).collect(),
+            };
+            match plugin.load_model(&desc) {
+                Ok(x) => loaded.push(x),
+                Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
+                    // The engine refused and freed what it had (no partial loads).
+                    let pool = if e.status == Status::OomVram {
+                        Pool::Vram
+                    } else {
+                        Pool::Ram
+                    };
+                    let message = format!(
+                        "{}: the engine refused model `{}`{which}: {}",
+                        e.status, m.config.id, e.message
+                    );
+                    drop(loaded);
+                    let never_fits = false;
+                    self.refuse_load(
+                        m,
+                        Refusal {
+                            pool,
+                            message,
+                            never_fits,
+                        },
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(model = %m.config.id, error = %e, "model load failed{which}");
+                    drop(loaded);
+                    m.set(ModelState::Failed(format!("load failed{which}: {e}")));
+                    return;
+                }
             }
-            Err(e) => {
-                tracing::error!(model = %m.config.id, error = %e, "model load failed");
-                m.set(ModelState::Failed(format!("load failed: {e}")));
-                return;
-            }
-        };
+        }
         let load_s = t0.elapsed().as_secs_f64();
         self.metrics
             .model_load_seconds
             .with_label_values(&[&m.config.id])
             .set(load_s);
+        let Some((shared, _)) = loaded.first() else {
+            m.set(ModelState::Failed("load failed: no replica".into()));
+            return;
+        };
+        let shared = shared.clone();
         let info = shared.info().clone();
+        let reported: u64 = loaded.iter().map(|(s, _)| s.info().bytes_used).sum();
         // What the load really took on its devices, checked against the engine's figure.
         let after = self.devices.refresh();
         self.metrics.set_devices(&after);
+        let all_devices: Vec<u32> = placement.iter().flatten().copied().collect();
         let measured = if self.devices.measures_loads()
             && self.engine_config.backend == gantry_engine_abi::Backend::Cuda
         {
-            crate::devices::measured_use(&before, &after, &placement)
+            crate::devices::measured_use(&before, &after, &all_devices)
         } else {
             None
         };
         m.measured_vram
             .store(measured.unwrap_or(0), Ordering::Relaxed);
         if let Some(w) =
-            measured.and_then(|x| crate::devices::check_report(&m.config.id, info.bytes_used, x))
+            measured.and_then(|x| crate::devices::check_report(&m.config.id, reported, x))
         {
             tracing::warn!(target: "gantry::alert", model = %m.config.id, "{w}");
         }
@@ -253,7 +272,7 @@ impl Node {
         self.metrics
             .model_memory_bytes
             .with_label_values(&[&m.config.id])
-            .set(info.bytes_used.max(measured.unwrap_or(0)) as f64);
+            .set(reported.max(measured.unwrap_or(0)) as f64);
         let model_dir = primary.parent().unwrap_or(Path::new("."));
         let template = match choose_template(&m.config, &info, model_dir) {
             Ok(t) => t,
@@ -277,22 +296,42 @@ impl Node {
             prefill_chunk_tokens: sched.prefill_chunk_tokens as usize,
             step_timeout: std::time::Duration::from_secs(sched.step_timeout_seconds.max(1)),
         };
-        let scheduler = match crate::scheduler::spawn(
-            m.config.id.clone(),
-            exec,
-            self.metrics.clone(),
-            settings,
-            self.hung.clone(),
-        ) {
-            Ok(s) => s,
+        let capacities: Vec<u64> = loaded
+            .iter()
+            .map(|(s, _)| s.info().kv_capacity_tokens)
+            .collect();
+        let figures = ModelFigures::new(&capacities);
+        let mut replicas = Vec::with_capacity(loaded.len());
+        for (i, (rep_shared, exec)) in loaded.into_iter().enumerate() {
+            match crate::scheduler::spawn(
+                m.config.id.clone(),
+                exec,
+                self.metrics.clone(),
+                settings.clone(),
+                self.hung.clone(),
+                figures.clone(),
+                i,
+            ) {
+                Ok(scheduler) => replicas.push(Replica {
+                    scheduler,
+                    shared: rep_shared,
+                }),
+                Err(e) => {
+                    m.set(ModelState::Failed(format!(
+                        "cannot start the scheduler: {e}"
+                    )));
+                    return;
+                }
+            }
+        }
+        let scheduler = match Replicas::new(replicas, figures) {
+            Ok(r) => r,
             Err(e) => {
-                m.set(ModelState::Failed(format!(
-                    "cannot start the scheduler: {e}"
-                )));
+                m.set(ModelState::Failed(format!("load failed: {e}")));
                 return;
             }
         };
-        tracing::info!(model = %m.config.id, plugin = %plugin_id, load_s, ctx = info.context_length, kv = info.kv_capacity_tokens, template = template.source().as_str(), "model ready");
+        tracing::info!(model = %m.config.id, plugin = %plugin_id, load_s, replicas = scheduler.len(), ctx = info.context_length, kv = scheduler.figures.kv_capacity, template = template.source().as_str(), "model ready");
         let vocabulary = Arc::new(crate::constraint::Vocabulary::new(shared.clone()));
         if shared.supports_token_mask() && info.supports_completion() {
             // Build the constrained-decoding vocabulary now, off the request path, so the

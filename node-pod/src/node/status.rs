@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use gantry_api::{
     ArtifactState, ArtifactStatus, LoadState, LoadStatus, ModelStatus, NodeStatus, PluginStatus,
-    QueueStatus,
+    QueueStatus, ReplicaStatus,
 };
 
 use super::{ModelState, Node, ServedModel};
@@ -67,7 +67,7 @@ impl Node {
             .values()
             .filter(|m| m.ready().is_some())
             .filter_map(|m| {
-                let p = m.placement.read().ok()?.clone();
+                let p = m.devices();
                 (!p.is_empty()).then(|| (m.config.id.clone(), p))
             })
             .collect();
@@ -101,21 +101,42 @@ impl Node {
             ModelState::Ready(_) => (LoadState::Loaded, None),
             ModelState::Failed(msg) => (LoadState::Failed, Some(msg.clone())),
         };
-        let (plugin, bytes_used, queue) = match &state {
+        let (plugin, bytes_used, queue, replicas) = match &state {
             ModelState::Ready(r) => {
                 let f = &r.scheduler.figures;
+                let placement = m.placement.read().map(|p| p.clone()).unwrap_or_default();
+                let replicas = r
+                    .scheduler
+                    .iter()
+                    .enumerate()
+                    .map(|(i, rep)| {
+                        let g = &rep.scheduler.figures;
+                        ReplicaStatus {
+                            index: i as u32,
+                            devices: placement.get(i).cloned().unwrap_or_default(),
+                            bytes_used: rep.shared.info().bytes_used,
+                            queue: QueueStatus {
+                                waiting: g.waiting.load(Ordering::Relaxed),
+                                running: g.running.load(Ordering::Relaxed),
+                                kv_capacity_tokens: rep.scheduler.kv_capacity,
+                                kv_used_tokens: g.kv_used.load(Ordering::Relaxed),
+                            },
+                        }
+                    })
+                    .collect();
                 (
                     Some(r.plugin.clone()),
-                    r.shared.info().bytes_used,
+                    r.scheduler.bytes_used(),
                     QueueStatus {
-                        waiting: f.waiting.load(Ordering::Relaxed),
-                        running: f.running.load(Ordering::Relaxed),
-                        kv_capacity_tokens: r.scheduler.kv_capacity,
-                        kv_used_tokens: f.kv_used.load(Ordering::Relaxed),
+                        waiting: f.waiting(),
+                        running: f.running(),
+                        kv_capacity_tokens: f.kv_capacity,
+                        kv_used_tokens: f.kv_used(),
                     },
+                    replicas,
                 )
             }
-            _ => (None, 0, QueueStatus::default()),
+            _ => (None, 0, QueueStatus::default(), Vec::new()),
         };
         ModelStatus {
             id: m.config.id.clone(),
@@ -152,10 +173,11 @@ impl Node {
             },
             queue,
             devices: if matches!(state, ModelState::Ready(_)) {
-                m.placement.read().map(|p| p.clone()).unwrap_or_default()
+                m.devices()
             } else {
                 Vec::new()
             },
+            replicas,
         }
     }
 }

@@ -463,6 +463,7 @@ fn node_with_queue(served: &str, waiting: u64, running: u64) -> NodeStatus {
                 kv_used_tokens: 512,
             },
             devices: Vec::new(),
+            replicas: Vec::new(),
         }],
         ..NodeStatus::default()
     }

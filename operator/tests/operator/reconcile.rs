@@ -173,6 +173,7 @@ pub(crate) fn node_report(
             },
             queue: QueueStatus::default(),
             devices: Vec::new(),
+            replicas: Vec::new(),
         }],
         ..NodeStatus::default()
     };
