@@ -157,8 +157,34 @@ impl BlockPool {
         }
     }
 
-    /// Give back every block of a sequence; registered ones stay cached.
+    /// Give back every block of a sequence; registered ones stay cached. A partly filled last
+    /// block is cached too, as a copy source only: a later prompt that continues the same
+    /// prefix copies its matching head (it is never shared, since its owner could have written
+    /// on).
     pub fn release(&mut self, seq: &mut SeqBlocks) {
+        let bs = self.block_size;
+        let full = seq.len / bs;
+        if self.prefix_cache
+            && seq.len % bs != 0
+            && let Some(&last) = seq.table.get(full)
+            && self.refcount[last as usize] == 1
+            && self.registered[last as usize].is_none()
+        {
+            let parent = if full == 0 {
+                ROOT
+            } else {
+                seq.hashes[full - 1]
+            };
+            let tokens = seq.tokens[full * bs..seq.len].to_vec();
+            // Not in `by_hash`: only the copy-on-write search (`children`) finds it.
+            let hash = chain_hash(parent ^ 1, &tokens);
+            self.registered[last as usize] = Some(Registered {
+                hash,
+                parent,
+                tokens,
+            });
+            self.children.entry(parent).or_default().push(last);
+        }
         // Deepest first, so that under LRU a prefix outlives its extensions.
         for b in std::mem::take(&mut seq.table).into_iter().rev() {
             self.release_block(b);
@@ -327,8 +353,8 @@ mod tests {
         assert_eq!(a.table.len(), 3);
         let a_blocks = a.table.clone();
         pool.release(&mut a);
-        // Two full blocks are cached; the partial third went back to the free list.
-        assert_eq!(pool.cached_idle(), 2);
+        // Two full blocks are cached, and the partial third as a copy source.
+        assert_eq!(pool.cached_idle(), 3);
 
         // Same first 6 tokens, then different: 4 shared + 2 copied from the cached second block.
         let mut b = SeqBlocks::default();
@@ -340,6 +366,22 @@ mod tests {
         assert_eq!(copies[0].src, a_blocks[1]);
         assert_eq!(copies[0].slots, 2);
         assert_ne!(b.table[1], a_blocks[1], "a shared block is never written");
+        pool.release(&mut b);
+
+        // The released partial block serves a prompt that continues the same prefix.
+        let mut c = SeqBlocks::default();
+        let (reused, copies) = pool
+            .bind_prefix(&mut c, &prompt, prompt.len() - 1)
+            .expect("bind");
+        assert_eq!(reused, 9);
+        assert_eq!(
+            copies,
+            vec![BlockCopy {
+                src: a_blocks[2],
+                dst: c.table[2],
+                slots: 1
+            }]
+        );
     }
 
     #[test]
@@ -390,9 +432,13 @@ mod tests {
         assert_eq!((reused, copies.len()), (4, 0));
         assert_eq!(b.table, a.table[..2].to_vec());
         pool.release(&mut a);
-        assert_eq!(pool.cached_idle(), 0, "b still uses them");
+        assert_eq!(
+            pool.cached_idle(),
+            1,
+            "b still uses the full blocks; a's partial one is idle"
+        );
         pool.release(&mut b);
-        assert_eq!(pool.cached_idle(), 2);
+        assert_eq!(pool.cached_idle(), 3, "two full blocks and a's partial one");
         pool.drop_cached();
         assert_eq!(pool.available(), 6);
     }
