@@ -165,7 +165,7 @@ impl BlockPool {
         let bs = self.block_size;
         let full = seq.len / bs;
         if self.prefix_cache
-            && seq.len % bs != 0
+            && !seq.len.is_multiple_of(bs)
             && let Some(&last) = seq.table.get(full)
             && self.refcount[last as usize] == 1
             && self.registered[last as usize].is_none()
