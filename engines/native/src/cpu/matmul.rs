@@ -258,7 +258,7 @@ mod bf16 {
         let wp = w.as_ptr().cast::<u16>();
         let mut acc = [[_mm512_setzero_ps(); N]; M];
         let mut kk = 0;
-        // SAFETY (whole body): every load reads inside row r of x (`(i+r)*k + kk .. + 32 <=
+        // SAFETY: (the whole body) every load reads inside row r of x (`(i+r)*k + kk .. + 32 <=
         // (i+r+1)*k`) or of w, whose bounds the caller asserted; the masked tail loads touch
         // only the `k - kk` remaining elements; stores go to y[(i+r)*n + n0 + c], inside y.
         unsafe {
