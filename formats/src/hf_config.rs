@@ -2,8 +2,9 @@
 //! the weights.
 //!
 //! Hugging Face metadata is the source of truth for a safetensors model
-//! (seeds 000/001): `model_type` is the architecture matched against a
-//! plugin's list, `architectures` names the model class, and the trained
+//! (seeds 000/001): the first `architectures` class (`LlamaForCausalLM`) is
+//! the architecture matched against a plugin's list (the class names the
+//! implementation that runs the weights), `model_type` the family, and the trained
 //! context length sits under `max_position_embeddings` or one of its older
 //! aliases. Multimodal configs keep the language model's settings under
 //! `text_config`, which is read when the top level lacks them. The file is
@@ -42,10 +43,10 @@ const MAX_ARCHITECTURES: usize = 64;
 /// What the node needs from a `config.json`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HfConfig {
-    /// `model_type` (`llama`, `qwen2`, `gemma3_text`, ...): the architecture
-    /// a plugin manifest lists.
+    /// `model_type` (`llama`, `qwen2`, `gemma3_text`, ...): the family.
     pub model_type: String,
-    /// `architectures` (`LlamaForCausalLM`, ...); empty when absent.
+    /// `architectures` (`LlamaForCausalLM`, ...); empty when absent. The first one is the
+    /// architecture a plugin manifest lists.
     pub architectures: Vec<String>,
     /// The trained context length, when the file states one.
     pub context_length: Option<ContextLength>,

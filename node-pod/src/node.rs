@@ -390,7 +390,10 @@ impl Node {
 }
 
 /// Architecture from metadata, without loading weights: the GGUF header's
-/// `general.architecture`, or `config.json`'s `model_type`.
+/// `general.architecture`, or the model class `config.json` names first in `architectures`
+/// (`LlamaForCausalLM`, ...). The class, not `model_type`, says which implementation runs the
+/// weights (seeds 000/001), so it is what safetensors engines list in their manifests and
+/// what the operator selects by (it learns the architecture from this report).
 pub fn read_architecture(primary: &Path, format: Format) -> Result<String, String> {
     match format {
         Format::Gguf => {
@@ -405,9 +408,14 @@ pub fn read_architecture(primary: &Path, format: Format) -> Result<String, Strin
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join("config.json");
-            gantry_formats::hf_config::read(&cfg)
-                .map(|c| c.model_type)
-                .map_err(|e| format!("{}: {e}", cfg.display()))
+            let c = gantry_formats::hf_config::read(&cfg)
+                .map_err(|e| format!("{}: {e}", cfg.display()))?;
+            c.architectures.into_iter().next().ok_or_else(|| {
+                format!(
+                    "{}: no `architectures` list: a safetensors model's engine is chosen by its model class",
+                    cfg.display()
+                )
+            })
         }
     }
 }

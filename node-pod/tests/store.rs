@@ -1026,10 +1026,12 @@ async fn the_node_fetches_from_s3_with_aws_env_and_judges_each_model_from_its_me
     assert_eq!(tiny["load"]["state"], "loaded", "{tiny}");
     let st = by_id("st");
     assert_eq!(st["artifact"]["state"], "ready", "{st}");
-    // The verdict comes from config.json, read before any load: no plugin here takes safetensors.
-    assert_eq!(st["architecture"], "llama", "{st}");
-    assert_eq!(st["verdict"]["verdict"], "unsupported", "{st}");
-    assert_eq!(st["verdict"]["rejections"][0]["kind"], "format", "{st}");
+    // The verdict comes from config.json, read before any load: the model class selects the
+    // native engine, whose load then refuses these stand-in files with the reason.
+    assert_eq!(st["architecture"], "LlamaForCausalLM", "{st}");
+    assert_eq!(st["verdict"]["verdict"], "supported", "{st}");
+    assert_eq!(st["verdict"]["plugin"], "native", "{st}");
+    assert_eq!(st["load"]["state"], "failed", "{st}");
     assert_eq!(
         s["ready"], false,
         "one model cannot be served, so the node is not ready"

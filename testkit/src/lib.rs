@@ -2,10 +2,13 @@
 //!
 //! [`write_tiny_gguf`] writes a deterministic, random-weight `llama` model (about 0.6 MB, all F32)
 //! with a SentencePiece-style vocabulary and a ChatML template that real llama.cpp loads and runs;
+//! [`hf::write_tiny_hf`] writes tiny random-weight Hugging Face directories (safetensors) of
+//! each architecture the native engine runs;
 //! [`read_gguf_metadata`] reads the KV metadata of any GGUF file back as JSON values;
 //! [`k8s_check`] checks rendered Kubernetes manifests against the `k8s-openapi` types.
 
 pub mod gguf;
+pub mod hf;
 pub mod k8s_check;
 pub mod tiny;
 

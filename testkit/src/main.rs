@@ -1,5 +1,5 @@
 //! Test support CLI: `gantry-testkit tiny-gguf --out PATH ...` writes a tiny GGUF model for
-//! scripts and Python tests; `gantry-testkit metadata PATH` prints a GGUF file's metadata as JSON;
+//! scripts and Python tests; `gantry-testkit tiny-hf --family F --out DIR` a tiny safetensors one; `gantry-testkit metadata PATH` prints a GGUF file's metadata as JSON;
 //! `gantry-testkit k8s-check < manifests.yaml` checks rendered manifests (chart tests).
 
 use std::path::PathBuf;
@@ -41,6 +41,18 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Write a tiny random-weight Hugging Face model directory (safetensors) of one family:
+    /// llama, mistral, qwen2, qwen3 or gemma3.
+    TinyHf {
+        /// Directory to write (created if needed).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        family: String,
+        /// Weight RNG seed; the same seed gives the same bytes.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Print the KV metadata of a GGUF file as one JSON object.
     Metadata { path: PathBuf },
     /// Check a multi-document YAML stream on stdin against the k8s-openapi types: one JSON
@@ -75,6 +87,11 @@ fn main() -> Result<()> {
                 spec.name = name;
             }
             write_tiny_gguf(&out, &spec)?;
+        }
+        Command::TinyHf { out, family, seed } => {
+            let f = gantry_testkit::hf::HfFamily::parse(&family)
+                .ok_or_else(|| anyhow::anyhow!("unknown family {family}"))?;
+            gantry_testkit::hf::write_tiny_hf(&out, f, seed)?;
         }
         Command::Metadata { path } => {
             let metadata = read_gguf_metadata(&path)?;

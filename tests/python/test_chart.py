@@ -21,7 +21,8 @@ OVERRIDES = {
     "defaults": {},
     "gateway-only": {"controller": {"enabled": False}},
     "controller-only": {"gateway": {"enabled": False}},
-    "no-default-engines": {"engines": {"llamaCpp": {"cpu": {"enabled": False}, "cuda": {"enabled": False}}}},
+    "no-default-engines": {"engines": {"llamaCpp": {"cpu": {"enabled": False}, "cuda": {"enabled": False}},
+                                       "native": {"cpu": {"enabled": False}}}},
     "network-policies": {"networkPolicy": {"metricsNamespace": "monitoring",
                                            "nodeDownloadCidrs": ["10.20.0.0/16", "192.0.2.0/24"]}},
     "no-network-policies": {"networkPolicy": {"enabled": False}},
@@ -107,7 +108,7 @@ def test_default_install_runs_both_components_in_one_pod_with_the_gateway_servic
     assert env["GANTRY_NODE_IMAGE"] == "ghcr.io/gantry-dev/node:0.1.0"
     svc = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "gantry-gateway")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
-    assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda"}
+    assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda", "native-cpu"}
     assert not of_kind(objects, "ServiceMonitor")
 
 
@@ -314,8 +315,11 @@ def test_values_schema_rejects_wrong_values(bad):
 
 
 def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
-    manifest = json.loads((ROOT / "engines/llama-cpp/manifest.json").read_text())
+    manifests = {m["id"]: m for m in (json.loads((ROOT / f"engines/{d}/manifest.json").read_text())
+                                      for d in ("llama-cpp", "native"))}
     for p in of_kind(render({}), "EnginePlugin"):
+        manifest = manifests[p["spec"]["engineId"]]
+        assert p["spec"]["formats"] == manifest["formats"]
         assert p["spec"]["architectures"] == manifest["architectures"]
         assert p["spec"]["version"] == manifest["version"]
         assert p["spec"]["abiVersion"] == int(manifest["abi_version"])

@@ -32,6 +32,11 @@ TARGETS = {
             "manifest.json", "libgantry_engine_llama_cpp.so", "libllama.so.0", "libggml.so.0", "libggml-base.so.0",
             *(f"libggml-cpu-{v}.so" for v in CPU_VARIANTS)]},
     },
+    "engine-native-cpu": {
+        "/copy": "target/release/gantry-copy",
+        "/engines/native/cpu/manifest.json": "target/release/engines/native/cpu/manifest.json",
+        "/engines/native/cpu/libgantry_engine_native.so": "target/release/engines/native/cpu/libgantry_engine_native.so",
+    },
     "engine-llama-cpp-cuda": {
         "/copy": "target/release/gantry-copy",
         # Built with --features cuda; its layout mirrors the CPU one (engines/llama-cpp/build.rs).
@@ -110,7 +115,7 @@ def test_each_target_copies_exactly_the_files_the_build_produces(target):
 
 def test_the_cpu_build_outputs_exist_by_path():
     # The CUDA plugin is not built here (no CUDA toolkit); its paths mirror the CPU ones above.
-    for target in ("operator", "node", "engine-llama-cpp-cpu"):
+    for target in ("operator", "node", "engine-llama-cpp-cpu", "engine-native-cpu"):
         for src in TARGETS[target].values():
             src = normalise(src)
             if src.startswith("target/cpu-variants/"):

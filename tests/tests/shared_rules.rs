@@ -223,6 +223,19 @@ const SELECTION: &[SelectionCase] = &[
         ]),
     },
     SelectionCase {
+        // A safetensors model's architecture is its config.json class (node-pod's
+        // read_architecture); the safetensors engine lists classes.
+        name: "a safetensors model goes to the engine that lists its model class",
+        plugins: &[
+            CPU_LLAMA,
+            ("native", "cpu", &["safetensors"], &["LlamaForCausalLM"], 1),
+        ],
+        format: "safetensors",
+        architecture: "LlamaForCausalLM",
+        pin: None,
+        want: Want::Chosen("native"),
+    },
+    SelectionCase {
         name: "an unknown architecture lists every candidate",
         plugins: &[CPU_TOY, CPU_LLAMA],
         format: "gguf",
@@ -279,11 +292,14 @@ fn profile_dir() -> PathBuf {
 }
 
 /// The node's registry over the case's plugins, each a real library under
-/// `<root>/<id>/<backend>/`: llama.cpp for `llama_cpp`, the fault-injection plugin otherwise.
+/// `<root>/<id>/<backend>/`: llama.cpp for `llama_cpp`, the native engine for `native`, the
+/// fault-injection plugin otherwise.
 fn node_registry(root: &Path, plugins: &[PluginCase]) -> EngineRegistry {
     for &(id, backend, formats, architectures, abi) in plugins {
         let name = if id == "llama_cpp" {
             "libgantry_engine_llama_cpp.so"
+        } else if id == "native" {
+            "libgantry_engine_native.so"
         } else {
             "libgantry_fault_faulty.so"
         };

@@ -1,0 +1,374 @@
+//! Native engine, CPU backend: the forward pass of a decoder-only transformer over a batch of
+//! tokens from many sequences, with K/V in the paged cache.
+//!
+//! One pass per step: every token of every entry goes through each layer together (the linear
+//! layers are one matrix product for the whole batch); attention reads each token's own
+//! sequence through its block table. The final norm and the output projection run only for the
+//! tokens whose logits are sampled. Work runs on the engine's own thread pool (threads from the
+//! engine config).
+
+pub mod matmul;
+pub mod ops;
+
+use std::sync::Arc;
+
+use gantry_engine_abi::{EngineError, Status};
+
+use crate::backend::{Backend, StepInput};
+use crate::config::{Activation, ModelConfig};
+use crate::kv::BlockCopy;
+use crate::weights::{TensorInfo, Weights};
+use matmul::Linear;
+use ops::{AttnShape, AttnTokens, LayerKv};
+
+struct Layer {
+    in_norm: Vec<f32>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    post_ffn_norm: Option<Vec<f32>>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+pub struct CpuBackend {
+    cfg: ModelConfig,
+    weights: Arc<Weights>,
+    embed: TensorInfo,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    lm_head: Linear,
+    /// Inverse frequencies and cos/sin factor of each rotary setting.
+    ropes: Vec<(Vec<f32>, f32)>,
+    kv: Vec<LayerKv>,
+    block_size: usize,
+    pool: Arc<rayon::ThreadPool>,
+    threads: usize,
+}
+
+/// Tensor loading with shape checks; errors name the tensor.
+struct Loader<'a> {
+    w: &'a Weights,
+}
+
+impl Loader<'_> {
+    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+        let t = self.w.expect(name, &[len])?;
+        Ok(self.w.to_f32(t))
+    }
+
+    fn linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bias: bool,
+    ) -> Result<Linear, EngineError> {
+        let t = self.w.expect(&format!("{name}.weight"), &[rows, cols])?;
+        let b = if bias {
+            Some(self.vec(&format!("{name}.bias"), rows)?)
+        } else {
+            None
+        };
+        Ok(Linear::new(self.w, t, b))
+    }
+}
+
+impl CpuBackend {
+    pub fn new(
+        cfg: &ModelConfig,
+        weights: Arc<Weights>,
+        n_blocks: usize,
+        block_size: usize,
+        threads: usize,
+    ) -> Result<Self, EngineError> {
+        let l = Loader { w: &weights };
+        let (h, hd, nh, nkv, ff) = (
+            cfg.hidden,
+            cfg.head_dim,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.intermediate,
+        );
+        let embed = weights
+            .expect("model.embed_tokens.weight", &[cfg.vocab, h])?
+            .clone();
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let p = format!("model.layers.{i}");
+            let gemma = cfg.sandwich_norms;
+            layers.push(Layer {
+                in_norm: l.vec(&format!("{p}.input_layernorm.weight"), h)?,
+                q: l.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?,
+                k: l.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?,
+                v: l.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?,
+                o: l.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?,
+                q_norm: cfg
+                    .qk_norm
+                    .then(|| l.vec(&format!("{p}.self_attn.q_norm.weight"), hd))
+                    .transpose()?,
+                k_norm: cfg
+                    .qk_norm
+                    .then(|| l.vec(&format!("{p}.self_attn.k_norm.weight"), hd))
+                    .transpose()?,
+                post_attn_norm: gemma
+                    .then(|| l.vec(&format!("{p}.post_attention_layernorm.weight"), h))
+                    .transpose()?,
+                ffn_norm: if gemma {
+                    l.vec(&format!("{p}.pre_feedforward_layernorm.weight"), h)?
+                } else {
+                    l.vec(&format!("{p}.post_attention_layernorm.weight"), h)?
+                },
+                post_ffn_norm: gemma
+                    .then(|| l.vec(&format!("{p}.post_feedforward_layernorm.weight"), h))
+                    .transpose()?,
+                gate: l.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
+                up: l.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
+                down: l.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
+            });
+        }
+        let final_norm = l.vec("model.norm.weight", h)?;
+        let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
+            l.linear("lm_head", cfg.vocab, h, false)?
+        } else {
+            Linear::new(&weights, &embed, None)
+        };
+        let ropes = cfg.ropes.iter().map(|r| r.inv_freq(hd)).collect();
+        let cells = n_blocks * block_size * nkv * hd;
+        let kv = (0..cfg.n_layers)
+            .map(|_| {
+                let mut k = Vec::new();
+                let mut v = Vec::new();
+                k.try_reserve_exact(cells)
+                    .and_then(|()| v.try_reserve_exact(cells))
+                    .map_err(|_| {
+                        EngineError::new(
+                            Status::OomRam,
+                            format!(
+                                "cannot allocate the KV cache ({} bytes)",
+                                cells * 8 * cfg.n_layers
+                            ),
+                        )
+                    })?;
+                k.resize(cells, 0.0);
+                v.resize(cells, 0.0);
+                Ok(LayerKv { k, v })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("native-cpu-{i}"))
+            .build()
+            .map(Arc::new)
+            .map_err(|e| EngineError::internal(format!("thread pool: {e}")))?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            weights,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            ropes,
+            kv,
+            block_size,
+            pool,
+            threads,
+        })
+    }
+
+    fn run(&mut self, input: &StepInput<'_>) -> Result<Vec<f32>, EngineError> {
+        let cfg = &self.cfg;
+        let w = &*self.weights;
+        let t = input.tokens.len();
+        let (h, hd, nh, nkv, ff) = (
+            cfg.hidden,
+            cfg.head_dim,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.intermediate,
+        );
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let mut scratch = Vec::new();
+
+        // Embeddings, scaled (Gemma: by sqrt(hidden)).
+        let mut x = vec![0.0f32; t * h];
+        let row_bytes = h * self.embed.dtype.size();
+        let table = w.bytes(&self.embed);
+        for (i, &tok) in input.tokens.iter().enumerate() {
+            let id = usize::try_from(tok)
+                .ok()
+                .filter(|&id| id < cfg.vocab)
+                .ok_or_else(|| {
+                    EngineError::unsupported(format!("token id {tok} is outside the vocabulary"))
+                })?;
+            let row = crate::weights::to_f32(
+                &table[id * row_bytes..(id + 1) * row_bytes],
+                self.embed.dtype,
+            );
+            for (d, s) in x[i * h..(i + 1) * h].iter_mut().zip(row) {
+                *d = s * cfg.embed_scale;
+            }
+        }
+
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = self
+            .ropes
+            .iter()
+            .map(|(f, a)| ops::rope_table(input.positions, f, *a))
+            .collect();
+        let toks = AttnTokens {
+            positions: input.positions,
+            tables: input.tables,
+            seq_of: input.seq_of,
+        };
+        let mut hbuf = vec![0.0f32; t * h];
+        let mut q = vec![0.0f32; t * qd];
+        let mut k = vec![0.0f32; t * kvd];
+        let mut v = vec![0.0f32; t * kvd];
+        let mut att = vec![0.0f32; t * qd];
+        let mut o = vec![0.0f32; t * h];
+        let mut g = vec![0.0f32; t * ff];
+        let mut u = vec![0.0f32; t * ff];
+        let bs = self.block_size;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let kind = &cfg.layers[li];
+            ops::rms_norm(
+                &x,
+                &layer.in_norm,
+                cfg.rms_eps,
+                cfg.norm_plus_one,
+                &mut hbuf,
+            );
+            layer.q.forward(w, &hbuf, t, &mut q, &mut scratch);
+            layer.k.forward(w, &hbuf, t, &mut k, &mut scratch);
+            layer.v.forward(w, &hbuf, t, &mut v, &mut scratch);
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                ops::rms_norm_inplace(&mut q, qn, cfg.rms_eps, cfg.norm_plus_one);
+                ops::rms_norm_inplace(&mut k, kn, cfg.rms_eps, cfg.norm_plus_one);
+            }
+            let (cos, sin) = &tables[kind.rope];
+            ops::rope(&mut q, nh, hd, cos, sin);
+            ops::rope(&mut k, nkv, hd, cos, sin);
+            // Append this step's K/V at each token's position.
+            let kvl = &mut self.kv[li];
+            for i in 0..t {
+                let p = input.positions[i];
+                let table = input.tables[input.seq_of[i]];
+                let cell = table[p / bs] as usize * bs + p % bs;
+                kvl.k[cell * kvd..(cell + 1) * kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                kvl.v[cell * kvd..(cell + 1) * kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+            }
+            let shape = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                block_size: bs,
+                window: kind.window,
+                scale: cfg.attn_scale,
+                softcap: cfg.attn_softcap,
+            };
+            ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
+            layer.o.forward(w, &att, t, &mut o, &mut scratch);
+            if let Some(n) = &layer.post_attn_norm {
+                ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
+            }
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+
+            ops::rms_norm(
+                &x,
+                &layer.ffn_norm,
+                cfg.rms_eps,
+                cfg.norm_plus_one,
+                &mut hbuf,
+            );
+            layer.gate.forward(w, &hbuf, t, &mut g, &mut scratch);
+            layer.up.forward(w, &hbuf, t, &mut u, &mut scratch);
+            match cfg.activation {
+                Activation::Silu => ops::silu_mul(&mut g, &u),
+                Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
+            }
+            layer.down.forward(w, &g, t, &mut o, &mut scratch);
+            if let Some(n) = &layer.post_ffn_norm {
+                ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
+            }
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        }
+
+        let rows = input.logits_rows.len();
+        let mut last = vec![0.0f32; rows * h];
+        for (r, &i) in input.logits_rows.iter().enumerate() {
+            ops::rms_norm(
+                &x[i * h..(i + 1) * h],
+                &self.final_norm,
+                cfg.rms_eps,
+                cfg.norm_plus_one,
+                &mut last[r * h..(r + 1) * h],
+            );
+        }
+        let mut logits = vec![0.0f32; rows * cfg.vocab];
+        self.lm_head
+            .forward(w, &last, rows, &mut logits, &mut scratch);
+        if let Some(cap) = cfg.final_softcap {
+            logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+        }
+        Ok(logits)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn forward(&mut self, input: &StepInput<'_>) -> Result<Vec<f32>, EngineError> {
+        // A handle of its own, so `run` can borrow the backend mutably inside the pool.
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.run(input))
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) {
+        let per = self.cfg.n_kv_heads * self.cfg.head_dim;
+        let bs = self.block_size;
+        for c in copies {
+            let n = c.slots * per;
+            let (src, dst) = (c.src as usize * bs * per, c.dst as usize * bs * per);
+            for l in &mut self.kv {
+                l.k.copy_within(src..src + n, dst);
+                l.v.copy_within(src..src + n, dst);
+            }
+        }
+    }
+
+    fn bytes_used(&self) -> u64 {
+        let kv: u64 = self
+            .kv
+            .iter()
+            .map(|l| ((l.k.len() + l.v.len()) * 4) as u64)
+            .sum();
+        let owned: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|x| x.owned_bytes())
+                    .sum::<u64>()
+            })
+            .sum::<u64>()
+            + self.lm_head.owned_bytes();
+        self.weights.mapped_bytes() + owned + kv
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu, {} threads, {} kernel",
+            self.threads,
+            if matmul::has_bf16_kernel() {
+                "AVX-512 BF16 for bf16 weights, gemm for f32"
+            } else {
+                "gemm (f32; bf16/f16 weights converted at load)"
+            }
+        )
+    }
+}

@@ -1,0 +1,458 @@
+//! Native engine plugin (engine layer, below the engine host): runs Hugging Face safetensors
+//! models in Rust, written against `gantry-engine-abi` alone.
+//!
+//! Load: `config.json` chooses the architecture by its `architectures` class ([`config`]); the
+//! shards are memory-mapped ([`weights`]); `tokenizer.json` and `tokenizer_config.json` give
+//! the tokenizer, chat template and special tokens ([`tokenizer`]); the backend prepares the
+//! weights and allocates the paged KV cache ([`cpu`], behind [`backend::Backend`]).
+//!
+//! Step: each entry's sequence is bound to its cached prefix on its first chunk ([`kv`]), gets
+//! the blocks its new tokens need (all or nothing: a step that does not fit fails before any KV
+//! changes), the backend runs every token of the batch in one forward pass, full blocks are
+//! registered for reuse, and each sampling entry draws its token ([`sampler`]).
+#![allow(unsafe_code)] // An engine crate: memory-mapped weights and SIMD kernels. Each block has a SAFETY note.
+
+pub mod backend;
+pub mod config;
+pub mod cpu;
+pub mod kv;
+pub mod sampler;
+pub mod tokenizer;
+pub mod weights;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use gantry_engine_abi::ffi::GANTRY_MODALITY_COMPLETION;
+use gantry_engine_abi::sdk::{Engine, HostLog, Model};
+use gantry_engine_abi::{
+    Backend as AbiBackend, EngineConfig, EngineError, Format, LogLevel, ModelDescriptor, ModelInfo,
+    SampledToken, Status, StepEntry,
+};
+
+use crate::backend::{Backend, StepInput};
+use crate::config::ModelConfig;
+use crate::kv::{BlockPool, SeqBlocks};
+use crate::sampler::SeqSampler;
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+
+/// Token positions per KV block.
+pub const BLOCK_SIZE: usize = 16;
+
+/// The engine: settings shared by every model it loads.
+pub struct NativeEngine {
+    config: EngineConfig,
+    log: HostLog,
+}
+
+impl Engine for NativeEngine {
+    type Model = NativeModel;
+
+    const ID: &'static str = "native";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const BACKEND: AbiBackend = AbiBackend::Cpu;
+    const DESCRIPTION: &'static str = "Hugging Face safetensors models in Rust (paged KV cache)";
+    const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK;
+
+    fn build_info() -> String {
+        format!(
+            "cpu: {} matrix kernel; element-wise code built for {}",
+            if cpu::matmul::has_bf16_kernel() {
+                "AVX-512 BF16 (bf16 weights read in place)"
+            } else {
+                "gemm f32 (bf16/f16 weights converted at load: no AVX-512 BF16 on this CPU)"
+            },
+            if cfg!(target_feature = "avx512f") {
+                "AVX-512"
+            } else if cfg!(target_feature = "avx2") {
+                "AVX2"
+            } else {
+                "baseline x86-64"
+            }
+        )
+    }
+
+    fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError> {
+        if config.backend != AbiBackend::Cpu {
+            // This build has no CUDA backend compiled in: refuse clearly, never crash.
+            return Err(EngineError::unsupported(format!(
+                "backend: {} unavailable (this native engine build runs on cpu)",
+                config.backend
+            )));
+        }
+        Ok(Self { config, log })
+    }
+
+    fn load_model(&self, desc: &ModelDescriptor) -> Result<NativeModel, EngineError> {
+        if desc.format != Format::Safetensors {
+            return Err(EngineError::unsupported(format!(
+                "the native engine loads safetensors only, model {} is {}",
+                desc.model_id, desc.format
+            )));
+        }
+        NativeModel::load(&self.config, desc, self.log)
+    }
+}
+
+/// One open sequence.
+struct Seq {
+    blocks: SeqBlocks,
+    /// Whether its first chunk has been matched against the prefix cache.
+    bound: bool,
+    sampler: Option<SeqSampler>,
+}
+
+/// Everything `step` mutates, behind one lock.
+struct Exec {
+    backend: Box<dyn Backend>,
+    pool: BlockPool,
+    seqs: HashMap<u64, Seq>,
+    next_id: u64,
+}
+
+pub struct NativeModel {
+    exec: Mutex<Exec>,
+    tokenizer: Tokenizer,
+    info: ModelInfo,
+    vocab: usize,
+    log: HostLog,
+}
+
+fn read_optional(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+impl NativeModel {
+    fn load(cfg: &EngineConfig, desc: &ModelDescriptor, log: HostLog) -> Result<Self, EngineError> {
+        let dir = if desc.model_dir.as_os_str().is_empty() {
+            desc.primary_file
+                .parent()
+                .unwrap_or(Path::new("."))
+                .to_path_buf()
+        } else {
+            desc.model_dir.clone()
+        };
+        let config_path = dir.join("config.json");
+        let bytes = std::fs::read(&config_path).map_err(|e| {
+            EngineError::new(
+                Status::LoadFailed,
+                format!("{}: {e}", config_path.display()),
+            )
+        })?;
+        let generation = read_optional(&dir.join("generation_config.json"));
+        let mc = config::parse(&bytes, generation.as_deref())?;
+        let tokenizer = Tokenizer::load(&dir, mc.bos_token)?;
+        if tokenizer.n_tokens > mc.vocab {
+            return Err(EngineError::new(
+                Status::ModelCorrupt,
+                format!(
+                    "tokenizer.json has {} tokens, config.json `vocab_size` is {}",
+                    tokenizer.n_tokens, mc.vocab
+                ),
+            ));
+        }
+        let weights = Arc::new(Weights::open(&dir, &desc.primary_file)?);
+
+        let max_seqs = match desc.max_sequences {
+            0 => cfg.max_batch_size,
+            n => n,
+        }
+        .max(1);
+        let wanted = match desc.context_length {
+            0 => cfg.context_length,
+            n => n,
+        };
+        let per_seq = if wanted == 0 {
+            mc.max_position
+        } else {
+            wanted.min(mc.max_position)
+        };
+        let capacity = u64::from(per_seq) * u64::from(max_seqs);
+        // Room for every sequence's partial last block, and a copy per sequence.
+        let n_blocks = (capacity as usize).div_ceil(BLOCK_SIZE) + 2 * max_seqs as usize;
+        let kv_bytes =
+            (n_blocks * BLOCK_SIZE * mc.n_kv_heads * mc.head_dim * 2 * 4 * mc.n_layers) as u64;
+        if cfg.vram_limit_bytes > 0 && weights.mapped_bytes() + kv_bytes > cfg.vram_limit_bytes {
+            return Err(EngineError::new(
+                Status::OomRam,
+                format!(
+                    "model {} needs ~{} bytes (weights {} + KV {kv_bytes}), the limit is {} bytes",
+                    desc.model_id,
+                    weights.mapped_bytes() + kv_bytes,
+                    weights.mapped_bytes(),
+                    cfg.vram_limit_bytes
+                ),
+            ));
+        }
+        let threads = match cfg.n_threads {
+            0 => std::thread::available_parallelism().map_or(4, |n| n.get()),
+            n => n as usize,
+        };
+        let backend: Box<dyn Backend> = Box::new(cpu::CpuBackend::new(
+            &mc,
+            Arc::clone(&weights),
+            n_blocks,
+            BLOCK_SIZE,
+            threads,
+        )?);
+
+        let mut eog: Vec<i32> = mc.eos_tokens.clone();
+        if let Some(e) = tokenizer.eos {
+            eog.push(e);
+        }
+        // End-of-turn markers of chat templates end generation too.
+        for marker in [
+            "<end_of_turn>",
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|endoftext|>",
+            "</s>",
+        ] {
+            if let Some(id) = tokenizer.id(marker) {
+                eog.push(id);
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
+        let eos = tokenizer.eos.or(mc.eos_tokens.first().copied());
+        let info = ModelInfo {
+            architecture: mc.class.clone(),
+            vocab_size: mc.vocab as u32,
+            context_length: per_seq,
+            trained_context_length: mc.max_position,
+            kv_capacity_tokens: capacity,
+            max_sequences: max_seqs,
+            bos_token: tokenizer.bos,
+            eos_token: eos,
+            eog_tokens: eog,
+            bos_text: tokenizer.bos_text.clone(),
+            eos_text: tokenizer.eos_text.clone(),
+            chat_template: tokenizer.chat_template.clone(),
+            bytes_used: backend.bytes_used(),
+            modalities: GANTRY_MODALITY_COMPLETION,
+            embedding_dims: 0,
+            add_bos: tokenizer.add_bos,
+        };
+        log.log(
+            LogLevel::Info,
+            &format!(
+                "loaded {} ({}, {} layers, ctx {per_seq} x {max_seqs} seqs, {n_blocks} KV blocks of {BLOCK_SIZE}; {})",
+                desc.model_id,
+                mc.class,
+                mc.n_layers,
+                backend.describe()
+            ),
+        );
+        let mut pool = BlockPool::new(n_blocks, BLOCK_SIZE);
+        pool.prefix_cache = std::env::var("GANTRY_NATIVE_PREFIX_CACHE").map_or(true, |v| v != "0");
+        Ok(Self {
+            exec: Mutex::new(Exec {
+                backend,
+                pool,
+                seqs: HashMap::new(),
+                next_id: 1,
+            }),
+            tokenizer,
+            info,
+            vocab: mc.vocab,
+            log,
+        })
+    }
+
+    fn exec(&self) -> std::sync::MutexGuard<'_, Exec> {
+        // A panic inside step poisons the lock; the bookkeeping it guards stays consistent
+        // enough to release sequences, so keep going.
+        self.exec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The config this model was loaded with (for tests and tools).
+    pub fn model_config(dir: &Path) -> Result<ModelConfig, EngineError> {
+        let bytes = std::fs::read(dir.join("config.json"))
+            .map_err(|e| EngineError::new(Status::LoadFailed, e.to_string()))?;
+        config::parse(
+            &bytes,
+            read_optional(&dir.join("generation_config.json")).as_deref(),
+        )
+    }
+}
+
+impl Model for NativeModel {
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn tokenize(
+        &self,
+        text: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        let text = std::str::from_utf8(text)
+            .map_err(|e| EngineError::unsupported(format!("text is not UTF-8: {e}")))?;
+        self.tokenizer.encode(text, add_special, parse_special)
+    }
+
+    fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        self.tokenizer.bytes_of(tokens, render_special)
+    }
+
+    fn seq_open(&self) -> Result<u64, EngineError> {
+        let mut ex = self.exec();
+        if ex.seqs.len() >= self.info.max_sequences as usize {
+            return Err(EngineError::new(
+                Status::OomRam,
+                format!("all {} sequence slots are in use", self.info.max_sequences),
+            ));
+        }
+        let id = ex.next_id;
+        ex.next_id += 1;
+        ex.seqs.insert(
+            id,
+            Seq {
+                blocks: SeqBlocks::default(),
+                bound: false,
+                sampler: None,
+            },
+        );
+        Ok(id)
+    }
+
+    fn seq_release(&self, seq: u64) {
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        if let Some(mut s) = ex.seqs.remove(&seq) {
+            ex.pool.release(&mut s.blocks);
+        }
+    }
+
+    fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        let ctx = self.info.context_length as usize;
+        // Check every entry before anything changes.
+        for e in entries {
+            let s = ex.seqs.get(&e.seq).ok_or_else(|| {
+                EngineError::internal(format!("step on unknown sequence {}", e.seq))
+            })?;
+            if e.sample.is_some() && e.tokens.is_empty() {
+                return Err(EngineError::internal(format!(
+                    "sequence {} asks for a sample without tokens",
+                    e.seq
+                )));
+            }
+            if s.blocks.len + e.tokens.len() > ctx {
+                return Err(EngineError::unsupported(format!(
+                    "sequence {} would hold {} tokens, its context is {ctx}",
+                    e.seq,
+                    s.blocks.len + e.tokens.len()
+                )));
+            }
+        }
+        // Bind new sequences to their cached prefix (copies happen now, while their sources
+        // are known to be alive).
+        let mut skip = vec![0usize; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
+            let s = ex.seqs.get_mut(&e.seq).expect("checked above");
+            if s.bound {
+                continue;
+            }
+            s.bound = true;
+            let limit = if e.fresh {
+                0
+            } else {
+                e.tokens.len() - usize::from(e.sample.is_some())
+            };
+            let (reused, copies) = ex.pool.bind_prefix(&mut s.blocks, e.tokens, limit)?;
+            ex.backend.copy_blocks(&copies);
+            skip[i] = reused;
+            self.log.log(
+                LogLevel::Debug,
+                &format!(
+                    "sequence {}: first prompt chunk of {} tokens, {reused} reused from the prefix cache, {} evaluated",
+                    e.seq,
+                    e.tokens.len(),
+                    e.tokens.len() - reused
+                ),
+            );
+        }
+        // All the blocks the step needs, or none.
+        let needed: usize = entries
+            .iter()
+            .zip(&skip)
+            .map(|(e, &k)| {
+                ex.pool
+                    .blocks_needed(&ex.seqs[&e.seq].blocks, e.tokens.len() - k)
+            })
+            .sum();
+        if needed > ex.pool.available() {
+            return Err(EngineError::new(
+                Status::OomRam,
+                format!(
+                    "the KV cache is full: the step needs {needed} blocks, {} are free",
+                    ex.pool.available()
+                ),
+            ));
+        }
+        for (e, &k) in entries.iter().zip(&skip) {
+            let s = ex.seqs.get_mut(&e.seq).expect("checked above");
+            ex.pool.grow(&mut s.blocks, e.tokens.len() - k)?;
+        }
+        // Flatten the batch.
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut seq_of = Vec::new();
+        let mut logits_rows = Vec::new();
+        let mut tables: Vec<&[u32]> = Vec::with_capacity(entries.len());
+        for (i, (e, &k)) in entries.iter().zip(&skip).enumerate() {
+            let s = &ex.seqs[&e.seq];
+            tables.push(&s.blocks.table);
+            for (j, &t) in e.tokens[k..].iter().enumerate() {
+                tokens.push(t);
+                positions.push(s.blocks.len + j);
+                seq_of.push(i);
+            }
+            if e.sample.is_some() {
+                logits_rows.push(tokens.len() - 1);
+            }
+        }
+        let logits = if tokens.is_empty() {
+            Vec::new()
+        } else {
+            let input = StepInput {
+                tokens: &tokens,
+                positions: &positions,
+                seq_of: &seq_of,
+                tables: &tables,
+                logits_rows: &logits_rows,
+            };
+            ex.backend.forward(&input)?
+        };
+        drop(tables);
+        let mut out = Vec::with_capacity(entries.len());
+        let mut row = 0;
+        for (e, &k) in entries.iter().zip(&skip) {
+            let s = ex.seqs.get_mut(&e.seq).expect("checked above");
+            ex.pool.commit(&mut s.blocks, &e.tokens[k..]);
+            let Some(params) = e.sample else {
+                out.push(None);
+                continue;
+            };
+            let mut l = logits[row * self.vocab..(row + 1) * self.vocab].to_vec();
+            row += 1;
+            let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
+            out.push(Some(sampler.sample(&mut l, params, e.allowed)?));
+        }
+        Ok(out)
+    }
+
+    fn embed(&self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::unsupported(format!(
+            "{} is a causal language model; the native engine embeds with embedding models only",
+            self.info.architecture
+        )))
+    }
+}
+
+gantry_engine_abi::declare_engine!(NativeEngine);
