@@ -5,6 +5,7 @@
 #   docker build --target engine-llama-cpp-cpu  -t gantry/engine-llama-cpp-cpu .
 #   docker build --target engine-llama-cpp-cuda -t gantry/engine-llama-cpp-cuda .
 #   docker build --target engine-native-cpu     -t gantry/engine-native-cpu .
+#   docker build --target engine-native-cuda    -t gantry/engine-native-cuda .
 # Dependencies are compiled in their own layer (cargo chef), so a source change rebuilds only
 # Gantry's crates. Toolchain and base images are pinned; Cargo.lock is used as is (--locked).
 # tests/python/test_dockerfile.py checks that every file a target copies is one the build makes.
@@ -90,6 +91,17 @@ RUN cargo build --release --locked -p gantry-engine-llama-cpp --features cuda \
  && mkdir -p /out/engines/llama_cpp/cuda \
  && cp -L target/release/engines/llama_cpp/cuda/manifest.json /out/engines/llama_cpp/cuda/manifest.json \
  && cp -L target/release/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so /out/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so
+# The native engine's CUDA plugin: cudarc opens cuBLAS and NVRTC at run time, so the image ships
+# the CUDA image's own copies beside the library (its $ORIGIN run path finds them); the driver
+# (libcuda) comes from the node, through the NVIDIA container runtime.
+RUN cargo build --release --locked -p gantry-engine-native --features cuda --lib \
+ && mkdir -p /out/engines/native/cuda \
+ && cp -L target/release/engines/native/cuda/manifest.json /out/engines/native/cuda/manifest.json \
+ && cp -L target/release/engines/native/cuda/libgantry_engine_native.so /out/engines/native/cuda/libgantry_engine_native.so \
+ && cp -L /usr/local/cuda/lib64/libcublas.so.12 /out/engines/native/cuda/libcublas.so.12 \
+ && cp -L /usr/local/cuda/lib64/libcublasLt.so.12 /out/engines/native/cuda/libcublasLt.so.12 \
+ && cp -L /usr/local/cuda/lib64/libnvrtc.so.12 /out/engines/native/cuda/libnvrtc.so.12 \
+ && cp -L /usr/local/cuda/lib64/libnvrtc-builtins.so.12.6 /out/engines/native/cuda/libnvrtc-builtins.so.12.6
 
 # ---- operator: static binary on distroless/static, non-root ------------------------------------
 FROM gcr.io/distroless/static-debian12:nonroot AS operator
@@ -127,5 +139,14 @@ ENTRYPOINT ["/copy"]
 FROM scratch AS engine-native-cpu
 COPY --from=build /out/copy /copy
 COPY --from=build /out/engines/native/cpu/ /engines/native/cpu/
+USER 65532:65532
+ENTRYPOINT ["/copy"]
+
+# The native engine on NVIDIA GPUs: the same library built as the cuda plugin, with the CUDA
+# libraries it opens (cuBLAS, NVRTC) beside it. Its kernels are compiled at load for the GPU it
+# finds, so one image serves every architecture from Turing on.
+FROM scratch AS engine-native-cuda
+COPY --from=build /out/copy /copy
+COPY --from=build-cuda /out/engines/native/cuda/ /engines/native/cuda/
 USER 65532:65532
 ENTRYPOINT ["/copy"]

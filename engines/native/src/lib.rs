@@ -4,7 +4,8 @@
 //! Load: `config.json` chooses the architecture by its `architectures` class ([`config`]); the
 //! shards are memory-mapped ([`weights`]); `tokenizer.json` and `tokenizer_config.json` give
 //! the tokenizer, chat template and special tokens ([`tokenizer`]); the backend prepares the
-//! weights and allocates the paged KV cache ([`cpu`], behind [`backend::Backend`]).
+//! weights and allocates the paged KV cache ([`cpu`] or [`cuda`], behind [`backend::Backend`],
+//! by the engine config's backend).
 //!
 //! Step: each entry's sequence is bound to its cached prefix on its first chunk ([`kv`]), gets
 //! the blocks its new tokens need (all or nothing: a step that does not fit fails before any KV
@@ -15,6 +16,7 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod kv;
 pub mod sampler;
 pub mod tokenizer;
@@ -52,13 +54,19 @@ impl Engine for NativeEngine {
 
     const ID: &'static str = "native";
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
-    const BACKEND: AbiBackend = AbiBackend::Cpu;
+    /// What this build is laid out for (`engines/native/{cpu,cuda}/`); the library itself runs
+    /// either backend, as the engine config asks.
+    const BACKEND: AbiBackend = if cfg!(feature = "cuda") {
+        AbiBackend::Cuda
+    } else {
+        AbiBackend::Cpu
+    };
     const DESCRIPTION: &'static str = "Hugging Face safetensors models in Rust (paged KV cache)";
     const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK;
 
     fn build_info() -> String {
         format!(
-            "cpu: {} matrix kernel; element-wise code built for {}",
+            "cpu: {} matrix kernel; element-wise code built for {}; cuda: {}",
             if cpu::matmul::has_bf16_kernel() {
                 "AVX-512 BF16 (bf16 weights read in place)"
             } else {
@@ -70,17 +78,25 @@ impl Engine for NativeEngine {
                 "AVX2"
             } else {
                 "baseline x86-64"
+            },
+            match cuda::unavailable() {
+                None => "cuBLAS + NVRTC kernels, available".to_string(),
+                Some(why) => format!("unavailable ({why})"),
             }
         )
     }
 
     fn create(config: EngineConfig, log: HostLog) -> Result<Self, EngineError> {
-        if config.backend != AbiBackend::Cpu {
-            // This build has no CUDA backend compiled in: refuse clearly, never crash.
-            return Err(EngineError::unsupported(format!(
-                "backend: {} unavailable (this native engine build runs on cpu)",
-                config.backend
-            )));
+        match config.backend {
+            AbiBackend::Cpu => {}
+            AbiBackend::Cuda => {
+                // No driver, device, cuBLAS or NVRTC: refuse clearly, never crash.
+                if let Some(why) = cuda::unavailable() {
+                    return Err(EngineError::unsupported(format!(
+                        "backend: cuda unavailable: {why}"
+                    )));
+                }
+            }
         }
         Ok(Self { config, log })
     }
@@ -186,17 +202,39 @@ impl NativeModel {
                 ),
             ));
         }
-        let threads = match cfg.n_threads {
-            0 => std::thread::available_parallelism().map_or(4, |n| n.get()),
-            n => n as usize,
+        let backend: Box<dyn Backend> = if cfg.backend == AbiBackend::Cuda {
+            let devices = if desc.device_ids.is_empty() {
+                &cfg.device_ids
+            } else {
+                &desc.device_ids
+            };
+            if devices.len() > 1 {
+                return Err(EngineError::unsupported(format!(
+                    "model {} is placed on {} GPUs; the native engine runs a model on one (ask for gpus: 1, or replicas)",
+                    desc.model_id,
+                    devices.len()
+                )));
+            }
+            let ordinal = devices.first().copied().unwrap_or(0);
+            let ordinal = usize::try_from(ordinal).map_err(|_| {
+                EngineError::unsupported(format!("device id {ordinal} is not a CUDA ordinal"))
+            })?;
+            Box::new(cuda::CudaBackend::new(
+                &mc, &weights, n_blocks, BLOCK_SIZE, ordinal,
+            )?)
+        } else {
+            let threads = match cfg.n_threads {
+                0 => std::thread::available_parallelism().map_or(4, |n| n.get()),
+                n => n as usize,
+            };
+            Box::new(cpu::CpuBackend::new(
+                &mc,
+                Arc::clone(&weights),
+                n_blocks,
+                BLOCK_SIZE,
+                threads,
+            )?)
         };
-        let backend: Box<dyn Backend> = Box::new(cpu::CpuBackend::new(
-            &mc,
-            Arc::clone(&weights),
-            n_blocks,
-            BLOCK_SIZE,
-            threads,
-        )?);
 
         let mut eog: Vec<i32> = mc.eos_tokens.clone();
         if let Some(e) = tokenizer.eos {

@@ -1,0 +1,230 @@
+//! Native engine, CUDA backend: what can be checked on any machine, and the GPU checks.
+//!
+//! On every machine: the kernels compile with NVRTC for each GPU generation the images target
+//! (NVRTC needs no GPU; `scripts/setup.sh` installs it from PyPI and exports
+//! `GANTRY_NVRTC_LIB`), and the engine asked for the cuda backend either starts (a GPU is
+//! there) or refuses with the reason (none is), never crashes.
+//!
+//! On a machine with an NVIDIA GPU (`scripts/gpu-check.sh` runs them with `--ignored`; they are
+//! listed as ignored everywhere else, never as passed): the CUDA and CPU backends give the same
+//! logits on every tiny architecture, prompt and decode steps through the paged cache, and the
+//! real Gemma 3 270M answers " Paris" on the GPU.
+#![allow(unsafe_code)] // An engine crate's test: opens NVRTC by path (libloading); SAFETY noted.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gantry_engine_abi::sdk::{Engine, HostLog, Model};
+use gantry_engine_abi::{Backend as AbiBackend, EngineConfig, Sampling, StepEntry};
+use gantry_engine_native::backend::{Backend, StepInput};
+use gantry_engine_native::cpu::CpuBackend;
+use gantry_engine_native::cuda::{self, CudaBackend, KERNEL_NAMES};
+use gantry_engine_native::weights::Weights;
+use gantry_engine_native::{NativeEngine, NativeModel};
+use gantry_testkit::hf::{HfFamily, write_tiny_hf};
+
+mod common;
+use common::*;
+
+/// Open the NVRTC library `scripts/setup.sh` installed, by its path. Once loaded, cudarc's
+/// open by name (`libnvrtc.so.12`) finds it by its soname.
+fn load_nvrtc() {
+    let lib = env_path("GANTRY_NVRTC_LIB");
+    // SAFETY: NVRTC's initialisers only set up the library; it is kept loaded for the process.
+    let l = unsafe { libloading::Library::new(&lib) }
+        .unwrap_or_else(|e| panic!("opening {}: {e}", lib.display()));
+    std::mem::forget(l);
+}
+
+#[test]
+fn the_kernels_compile_for_every_gpu_generation_the_images_target() {
+    load_nvrtc();
+    // Turing, Ampere (A100, A10/RTX 30), Ada (L4/L40), Hopper (H100/H200).
+    for (major, minor) in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0)] {
+        let cubin =
+            cuda::compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
+        assert_eq!(&cubin[..4], b"\x7fELF", "sm_{major}{minor}: not a cubin");
+        for name in KERNEL_NAMES {
+            let sym = format!("{name}\0");
+            assert!(
+                cubin.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                "sm_{major}{minor}: kernel {name} is missing from the cubin"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_compile_error_is_reported_with_the_compilers_log() {
+    load_nvrtc();
+    // An architecture NVRTC does not know: the error carries NVRTC's own message.
+    let err = cuda::compile(1, 0).expect_err("sm_10 does not exist");
+    assert!(err.contains("sm_10"), "{err}");
+}
+
+#[test]
+fn the_cuda_backend_starts_where_a_gpu_is_and_is_refused_with_the_reason_where_none_is() {
+    let cfg = EngineConfig {
+        backend: AbiBackend::Cuda,
+        ..EngineConfig::default()
+    };
+    let created = NativeEngine::create(cfg, HostLog::discard());
+    match cuda::unavailable() {
+        Some(why) => {
+            let err = created
+                .err()
+                .expect("no GPU here: the cuda backend must be refused");
+            assert_eq!(err.message, format!("backend: cuda unavailable: {why}"));
+            eprintln!(
+                "no GPU on this machine, refused as expected: {}",
+                err.message
+            );
+        }
+        None => {
+            created.expect("a GPU is here: the cuda backend starts");
+        }
+    }
+    // The CPU backend is unaffected either way.
+    NativeEngine::create(EngineConfig::default(), HostLog::discard()).expect("cpu backend");
+}
+
+/// One prompt step of two sequences (prompts of 9 and 5 tokens, across block boundaries of
+/// 4-token blocks) and one decode step of each, on a backend; the logits of every sampled row.
+fn two_steps(b: &mut dyn Backend) -> Vec<Vec<f32>> {
+    let t0: Vec<i32> = (1..10).collect();
+    let t1: Vec<i32> = vec![7, 3, 9, 2, 5];
+    let table0: Vec<u32> = vec![0, 1, 2];
+    let table1: Vec<u32> = vec![3, 4];
+    let tables: Vec<&[u32]> = vec![&table0, &table1];
+    let mut tokens = t0.clone();
+    tokens.extend(&t1);
+    let mut positions: Vec<usize> = (0..t0.len()).collect();
+    positions.extend(0..t1.len());
+    let mut seq_of = vec![0; t0.len()];
+    seq_of.extend(vec![1; t1.len()]);
+    let prompt = b
+        .forward(&StepInput {
+            tokens: &tokens,
+            positions: &positions,
+            seq_of: &seq_of,
+            tables: &tables,
+            logits_rows: &[t0.len() - 1, tokens.len() - 1],
+        })
+        .expect("prompt step");
+    let decode = b
+        .forward(&StepInput {
+            tokens: &[11, 12],
+            positions: &[t0.len(), t1.len()],
+            seq_of: &[0, 1],
+            tables: &tables,
+            logits_rows: &[0, 1],
+        })
+        .expect("decode step");
+    vec![prompt, decode]
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it"]
+fn cuda_and_cpu_backends_agree_on_every_tiny_architecture() {
+    for family in HfFamily::ALL {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_tiny_hf(dir.path(), family, 7).expect("tiny model");
+        let mc = NativeModel::model_config(dir.path()).expect("config");
+        let primary = st_desc("tiny", dir.path()).primary_file;
+        let weights = Arc::new(Weights::open(dir.path(), &primary).expect("weights"));
+        let (n_blocks, bs) = (8, 4);
+        let mut cpu = CpuBackend::new(&mc, Arc::clone(&weights), n_blocks, bs, 2).expect("cpu");
+        let mut gpu = CudaBackend::new(&mc, &weights, n_blocks, bs, 0).expect("cuda");
+        let want = two_steps(&mut cpu);
+        let got = two_steps(&mut gpu);
+        for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.len(), g.len());
+            let scale = w.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            let diff = w
+                .iter()
+                .zip(g)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            eprintln!(
+                "{}: step {step}: max |logit| {scale:.3}, max abs difference {diff:.2e}",
+                family.name()
+            );
+            // bf16 products round the activations on the GPU and on CPUs with the AVX-512
+            // BF16 kernel only; 2 % of the largest logit covers that rounding.
+            assert!(
+                diff <= 0.02 * scale,
+                "{}: step {step}: CUDA and CPU logits differ by {diff} (largest logit {scale})",
+                family.name()
+            );
+            for (r, (wr, gr)) in w
+                .chunks_exact(mc.vocab)
+                .zip(g.chunks_exact(mc.vocab))
+                .enumerate()
+            {
+                let argmax = |v: &[f32]| {
+                    v.iter()
+                        .enumerate()
+                        .fold(
+                            (0, f32::NEG_INFINITY),
+                            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+                        )
+                };
+                let (wi, wv) = argmax(wr);
+                let (gi, _) = argmax(gr);
+                // A different argmax only where the two top logits are within the tolerance.
+                assert!(
+                    wi == gi || (wv - gr[wi]).abs() <= 0.02 * scale,
+                    "{}: step {step} row {r}: greedy token {wi} on the CPU, {gi} on CUDA",
+                    family.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it"]
+fn gemma_on_cuda_answers_paris() {
+    let dir = env_path("GANTRY_GEMMA_ST_DIR");
+    let engine = NativeEngine::create(
+        EngineConfig {
+            backend: AbiBackend::Cuda,
+            max_batch_size: 8,
+            context_length: 512,
+            ..EngineConfig::default()
+        },
+        HostLog::discard(),
+    )
+    .expect("cuda engine");
+    let model = engine
+        .load_model(&st_desc("gemma-st", Path::new(&dir)))
+        .expect("load on the GPU");
+    let prompt = model
+        .tokenize(
+            b"Question: What is the capital of France?\nAnswer:",
+            true,
+            false,
+        )
+        .expect("tokenize");
+    let seq = model.seq_open().expect("seq");
+    let greedy = Sampling::greedy();
+    let mut feed = prompt;
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        let r = model
+            .step(&[StepEntry {
+                seq,
+                tokens: &feed,
+                sample: Some(&greedy),
+                fresh: false,
+                allowed: None,
+            }])
+            .expect("step");
+        let t = r[0].as_ref().expect("sampled").token;
+        out.push(t);
+        feed = vec![t];
+    }
+    model.seq_release(seq);
+    let text = String::from_utf8_lossy(&model.detokenize(&out, false).expect("text")).into_owned();
+    eprintln!("gemma on CUDA: {text:?}; {}", model.info().bytes_used);
+    assert!(text.starts_with(" Paris"), "{text:?}");
+}
