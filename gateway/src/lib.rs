@@ -1,8 +1,9 @@
 //! The in-cluster OpenAI gateway (data-plane edge, `gantry-operator run --components gateway`):
 //! one endpoint for every Model, in front of the node pods.
 //!
-//! Request path: [`proxy`] (auth from [`auth`], body, `model`) → [`routes`] (least-loaded
-//! replica; held while none is ready, asking [`scale`] for one) → upstream node → response
+//! Request path: [`proxy`] (auth from [`auth`], body, `model`, routing key from [`affinity`])
+//! → [`routes`] (the key's replica within a load bound, else the least loaded; held while none
+//! is ready, asking [`scale`] for one) → upstream node → response
 //! relayed unbuffered. Discovery feeds [`routes`]: [`kube_source`] (Models + EndpointSlices
 //! reflectors) in a cluster, [`static_source`] (a YAML file) elsewhere; [`probe`] polls every
 //! replica's `/v1/status` for readiness and queue depth. The gateway keeps no state worth
@@ -12,6 +13,7 @@
 //! operator (through `gantry-crd`); the `gantry-operator` binary starts it through [`serve`].
 #![forbid(unsafe_code)]
 
+pub mod affinity;
 pub mod auth;
 pub mod error;
 pub mod kube_source;
@@ -92,6 +94,9 @@ pub struct GatewayArgs {
     /// Require API keys from this YAML file (same format as the Secret's entries).
     #[arg(long, env = "GANTRY_GATEWAY_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
+    /// Session and prompt-prefix affinity (docs/gateway.md, "Routing").
+    #[command(flatten)]
+    pub routing: crate::affinity::RoutingArgs,
 }
 
 /// Tunables of a running gateway.
@@ -109,6 +114,8 @@ pub struct GatewaySettings {
     /// The install token (`GANTRY_NODE_TOKEN`): each Model's node token is derived from it and
     /// sent as `X-Gantry-Node-Token`; static endpoints get it as is. `None`: no token is sent.
     pub node_token: Option<InstallToken>,
+    /// Routing keys and the load bound of keyed picks.
+    pub affinity: crate::affinity::Affinity,
 }
 
 impl Default for GatewaySettings {
@@ -122,13 +129,15 @@ impl Default for GatewaySettings {
             max_retries: 2,
             probe_interval: Duration::from_secs(1),
             node_token: None,
+            affinity: crate::affinity::Affinity::default(),
         }
     }
 }
 
 impl GatewayArgs {
-    pub fn settings(&self) -> GatewaySettings {
-        GatewaySettings {
+    /// The settings these flags give; an invalid routing flag is an error naming it.
+    pub fn settings(&self) -> Result<GatewaySettings, String> {
+        Ok(GatewaySettings {
             max_body_bytes: self.edge.max_body_bytes,
             edge: self.edge.clone(),
             hold_timeout: Duration::from_secs(self.hold_timeout_seconds),
@@ -138,7 +147,8 @@ impl GatewayArgs {
             probe_interval: Duration::from_millis(self.probe_interval_ms.max(50)),
             // Set by `gantry-operator run --node-token`, shared with the controller.
             node_token: None,
-        }
+            affinity: self.routing.affinity()?,
+        })
     }
 
     pub fn key_source(&self) -> Option<KeySource> {

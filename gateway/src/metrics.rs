@@ -28,6 +28,8 @@ pub struct GatewayMetrics {
     pub upstream_errors: IntCounterVec,
     /// Retries on another replica, by model.
     pub retries: IntCounterVec,
+    /// Requests routed, by model and rule (`session`, `prefix`, `least_load`).
+    pub routed: IntCounterVec,
     /// Connections at the edge (gantry-edge).
     pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
 }
@@ -88,6 +90,14 @@ impl GatewayMetrics {
             ),
             &["model"],
         )?;
+        let routed = IntCounterVec::new(
+            Opts::new(
+                "gantry_gateway_routed_total",
+                "Requests placed on a replica, by model and rule (session, prefix: the key's replica or the next on the ring within the load bound, least_load: no key).",
+            ),
+            &["model", "rule"],
+        )?;
+        registry.register(Box::new(routed.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(overhead.clone()))?;
         registry.register(Box::new(hold.clone()))?;
@@ -107,13 +117,15 @@ impl GatewayMetrics {
             held,
             upstream_errors,
             retries,
+            routed,
         })
     }
 
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 6] = [
+        let collectors: [&dyn Collector; 7] = [
+            &self.routed,
             &self.requests,
             &self.overhead,
             &self.hold,

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use gantry_api::node_token::NODE_TOKEN_HEADER;
 
 use crate::GatewayState;
+use crate::affinity::{RouteKey, route_key};
 use crate::auth::Caller;
 use crate::error::GatewayError;
 use crate::routes::{Lease, ModelRoute, NoReplica};
@@ -123,12 +124,16 @@ impl Drop for Held<'_> {
 /// A replica for `id`, holding the request while none is ready (scale from zero, a restart)
 /// up to the hold timeout and within the held-request bounds. Returns the lease and the time
 /// spent held.
-async fn acquire(state: &GatewayState, id: &str) -> Result<(Lease, Duration), GatewayError> {
+async fn acquire(
+    state: &GatewayState,
+    id: &str,
+    key: Option<RouteKey>,
+) -> Result<(Lease, Duration), GatewayError> {
     let route = state
         .table
         .get(id)
         .ok_or_else(|| GatewayError::model_not_found(id))?;
-    match state.table.pick(&route, &[]) {
+    match pick(state, &route, &[], key) {
         Ok(lease) => return Ok((lease, Duration::ZERO)),
         Err(NoReplica::Failed) => return Err(failed(id)),
         Err(NoReplica::NoneReady) => {}
@@ -157,7 +162,7 @@ async fn acquire(state: &GatewayState, id: &str) -> Result<(Lease, Duration), Ga
             state.scale.request(id, route.spec.target.clone());
         }
         changed.borrow_and_update();
-        match state.table.pick(&route, &[]) {
+        match pick(state, &route, &[], key) {
             Ok(lease) => {
                 let waited = start.elapsed();
                 state
@@ -193,6 +198,25 @@ async fn acquire(state: &GatewayState, id: &str) -> Result<(Lease, Duration), Ga
             .get(id)
             .ok_or_else(|| GatewayError::model_not_found(id))?;
     }
+}
+
+/// The table's pick by `key` under the gateway's load factor, counted by rule.
+fn pick(
+    state: &GatewayState,
+    route: &ModelRoute,
+    exclude: &[String],
+    key: Option<RouteKey>,
+) -> Result<Lease, NoReplica> {
+    let (lease, rule) =
+        state
+            .table
+            .pick_keyed(route, exclude, key, state.settings.affinity.load_factor)?;
+    state
+        .metrics
+        .routed
+        .with_label_values(&[route.spec.id.as_str(), rule.as_str()])
+        .inc();
+    Ok(lease)
 }
 
 fn failed(id: &str) -> GatewayError {
@@ -288,7 +312,8 @@ async fn forward(
     }
     // A known model from here on: label metrics with it (unknown ids would grow the series).
     model_label.push_str(&id);
-    let (mut lease, held) = acquire(state, &id).await?;
+    let key = route_key(&bytes, headers, &state.settings.affinity);
+    let (mut lease, held) = acquire(state, &id, key).await?;
     let mut tried: Vec<String> = Vec::new();
     let mut delays = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(20))
@@ -348,7 +373,7 @@ async fn forward(
         let next = state
             .table
             .get(&id)
-            .and_then(|route: Arc<ModelRoute>| state.table.pick(&route, &tried).ok());
+            .and_then(|route: Arc<ModelRoute>| pick(state, &route, &tried, key).ok());
         let delay = delays.next();
         match (next, delay) {
             (Some(l), Some(d)) => {

@@ -1,5 +1,7 @@
 //! The routing table (between discovery and every proxied request): which replicas serve each
-//! model id, how loaded each one is, and the least-loaded pick.
+//! model id, how loaded each one is, and the pick: by routing key with bounded load
+//! ([`crate::affinity`]), else the least-loaded replica, preferring those that report the model
+//! loaded.
 //!
 //! Discovery sources (static file or kube reflectors) hand over whole snapshots with
 //! [`RouteTable::replace`]; replicas are kept by base URL across snapshots so their counters
@@ -12,7 +14,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderValue;
+use gantry_api::LoadState;
 use gantry_api::node_token::ModelToken;
+
+use crate::affinity::{KeyKind, Ring, RouteKey, load_cap};
 use tokio::sync::watch;
 
 /// Which Deployment to scale up for a model (kube source); `None` for static endpoints.
@@ -119,6 +124,39 @@ impl Replica {
     fn load(&self) -> u64 {
         self.outstanding.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed)
     }
+
+    /// Whether the node's last report says model `id` is loaded (a cold replica of a pool
+    /// would load it first). A replica that never reported counts as cold.
+    fn has_loaded(&self, id: &str) -> bool {
+        self.reported
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .any(|m| m.id == id && m.load.state == LoadState::Loaded)
+            })
+            .unwrap_or(false)
+    }
+}
+
+/// Which rule placed a request (the `rule` label of `gantry_gateway_routed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// Its session header's replica.
+    Session,
+    /// Its prompt prefix's replica (or the next one on the ring within the load bound).
+    Prefix,
+    /// No key: least load.
+    LeastLoad,
+}
+
+impl Rule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::Session => "session",
+            Rule::Prefix => "prefix",
+            Rule::LeastLoad => "least_load",
+        }
+    }
 }
 
 /// A replica picked for one request: counts as outstanding until dropped.
@@ -138,6 +176,8 @@ impl Drop for Lease {
 pub struct ModelRoute {
     pub spec: ModelSpec,
     pub replicas: Vec<Arc<Replica>>,
+    /// The replicas' points on the hash ring (indices into `replicas`).
+    pub ring: Ring,
 }
 
 impl ModelRoute {
@@ -234,7 +274,7 @@ impl RouteTable {
                 .as_ref()
                 .or(self.default_node_token.as_ref())
                 .and_then(token_header);
-            let replicas = spec
+            let replicas: Vec<Arc<Replica>> = spec
                 .endpoints
                 .iter()
                 .map(|(url, ready)| {
@@ -261,7 +301,15 @@ impl RouteTable {
                 tracing::warn!(model = %spec.id, "two Models serve the same id; the first one listed wins");
                 continue;
             }
-            next.insert(spec.id.clone(), Arc::new(ModelRoute { spec, replicas }));
+            let ring = Ring::new(replicas.iter().map(|r| r.url.as_str()));
+            next.insert(
+                spec.id.clone(),
+                Arc::new(ModelRoute {
+                    spec,
+                    replicas,
+                    ring,
+                }),
+            );
         }
         match self.models.write() {
             Ok(mut m) => *m = Arc::new(next),
@@ -332,28 +380,80 @@ impl RouteTable {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// The least-loaded usable replica of `route` not in `exclude`: fewest of (this gateway's
-    /// outstanding requests + the node's reported waiting requests); ties rotate.
+    /// The least-loaded usable replica of `route` not in `exclude` (see [`Self::pick_keyed`]).
     pub fn pick(&self, route: &ModelRoute, exclude: &[String]) -> Result<Lease, NoReplica> {
+        self.pick_keyed(route, exclude, None, 1.0)
+            .map(|(lease, _)| lease)
+    }
+
+    /// A replica of `route` not in `exclude`, and the rule that chose it:
+    /// - with a key: the first usable replica clockwise from the key on the ring whose load
+    ///   stays within the bound ([`load_cap`] with `load_factor` >= 1). The bound is above the
+    ///   mean load, so the least-loaded replica always fits and a keyed pick always lands on
+    ///   the ring;
+    /// - otherwise: the least loaded (this gateway's outstanding requests + the node's reported
+    ///   waiting requests), among the replicas that report the model loaded when any does;
+    ///   ties rotate.
+    pub fn pick_keyed(
+        &self,
+        route: &ModelRoute,
+        exclude: &[String],
+        key: Option<RouteKey>,
+        load_factor: f64,
+    ) -> Result<(Lease, Rule), NoReplica> {
         if route.spec.failed {
             return Err(NoReplica::Failed);
         }
         let now = Instant::now();
         let n = route.replicas.len();
+        let usable: Vec<bool> = route
+            .replicas
+            .iter()
+            .map(|r| r.usable(now) && !exclude.iter().any(|e| *e == r.url))
+            .collect();
+        let count = usable.iter().filter(|u| **u).count();
+        if count == 0 {
+            return Err(NoReplica::NoneReady);
+        }
+        let lease = |r: &Arc<Replica>| {
+            r.outstanding.fetch_add(1, Ordering::Relaxed);
+            Lease {
+                replica: Arc::clone(r),
+            }
+        };
+        if let Some(key) = key {
+            let total: u64 = (0..n)
+                .filter(|&i| usable[i])
+                .map(|i| route.replicas[i].load())
+                .sum();
+            let cap = load_cap(total, count, load_factor);
+            if let Some(i) = route
+                .ring
+                .walk(key.hash, n)
+                .into_iter()
+                .find(|&i| usable[i] && route.replicas[i].load() < cap)
+            {
+                let rule = match key.kind {
+                    KeyKind::Session => Rule::Session,
+                    KeyKind::Prefix => Rule::Prefix,
+                };
+                return Ok((lease(&route.replicas[i]), rule));
+            }
+        }
         let start = if n > 0 {
             self.rotor.fetch_add(1, Ordering::Relaxed) % n
         } else {
             0
         };
+        let warm = (0..n).any(|i| usable[i] && route.replicas[i].has_loaded(&route.spec.id));
         let best = (0..n)
-            .map(|i| &route.replicas[(start + i) % n])
-            .filter(|r| r.usable(now) && !exclude.iter().any(|e| *e == r.url))
+            .map(|i| (start + i) % n)
+            .filter(|&i| usable[i])
+            .map(|i| &route.replicas[i])
+            .filter(|r| !warm || r.has_loaded(&route.spec.id))
             .min_by_key(|r| r.load())
             .ok_or(NoReplica::NoneReady)?;
-        best.outstanding.fetch_add(1, Ordering::Relaxed);
-        Ok(Lease {
-            replica: Arc::clone(best),
-        })
+        Ok((lease(best), Rule::LeastLoad))
     }
 }
 
@@ -395,6 +495,106 @@ mod tests {
             let l = t.pick(&route, &[]).expect("pick");
             assert_eq!(l.replica.url, "http://a");
             std::mem::forget(l);
+        }
+    }
+
+    fn prefix_key(text: &str) -> RouteKey {
+        RouteKey {
+            hash: crate::affinity::hash64(&[text.as_bytes()]),
+            kind: KeyKind::Prefix,
+        }
+    }
+
+    #[test]
+    fn a_key_sticks_to_its_replica_until_that_replica_passes_the_load_bound() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b", "http://c"])]);
+        let route = t.get("m").expect("route");
+        let key = prefix_key("conversation 1");
+        let (first, rule) = t.pick_keyed(&route, &[], Some(key), 1.25).expect("pick");
+        assert_eq!(rule, Rule::Prefix);
+        let home = first.replica.url.clone();
+        drop(first);
+        // Sequential requests of one conversation: always home.
+        for _ in 0..5 {
+            let (l, rule) = t.pick_keyed(&route, &[], Some(key), 1.25).expect("pick");
+            assert_eq!(
+                (l.replica.url.as_str(), rule),
+                (home.as_str(), Rule::Prefix)
+            );
+        }
+        // Concurrent ones: home takes them while its load is within
+        // ceil(1.25 x (total + 1) / 3); past that the next replica on the ring takes over.
+        let mut held = Vec::new();
+        let mut homes = 0;
+        for _ in 0..6 {
+            let (l, _) = t.pick_keyed(&route, &[], Some(key), 1.25).expect("pick");
+            homes += usize::from(l.replica.url == home);
+            held.push(l);
+        }
+        let loads: Vec<u64> = route.replicas.iter().map(|r| r.outstanding()).collect();
+        assert!(homes >= 2, "home took {homes} of 6");
+        assert!(homes < 6, "the bound never spilled: {loads:?}");
+        // No replica above 1.25x the mean (rounded up), the point of the bound.
+        let cap = load_cap(6 - 1, 3, 1.25);
+        assert!(loads.iter().all(|&l| l <= cap), "{loads:?} past {cap}");
+    }
+
+    #[test]
+    fn a_session_key_stays_on_the_ring_however_deep_the_queues_are() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b"])]);
+        let route = t.get("m").expect("route");
+        // Both report a deep queue: the bound moves with the mean, so the key keeps its home.
+        for r in &route.replicas {
+            t.probed(r, true, 20, Vec::new());
+        }
+        let key = RouteKey {
+            hash: 7,
+            kind: KeyKind::Session,
+        };
+        let (l1, rule) = t.pick_keyed(&route, &[], Some(key), 1.0).expect("pick");
+        assert_eq!(rule, Rule::Session);
+        let home = l1.replica.url.clone();
+        drop(l1);
+        let (l2, _) = t.pick_keyed(&route, &[], Some(key), 1.0).expect("pick");
+        assert_eq!(l2.replica.url, home);
+        let (_l, rule) = t.pick_keyed(&route, &[], None, 1.0).expect("pick");
+        assert_eq!(rule, Rule::LeastLoad);
+    }
+
+    #[test]
+    fn least_load_prefers_replicas_that_report_the_model_loaded() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b"])]);
+        let route = t.get("m").expect("route");
+        let loaded = gantry_api::ModelStatus {
+            id: "m".into(),
+            format: "gguf".into(),
+            architecture: None,
+            verdict: None,
+            artifact: Default::default(),
+            load: gantry_api::LoadStatus {
+                state: LoadState::Loaded,
+                ..Default::default()
+            },
+            queue: Default::default(),
+            devices: Vec::new(),
+            replicas: Vec::new(),
+        };
+        let b = route
+            .replicas
+            .iter()
+            .find(|r| r.url == "http://b")
+            .expect("b");
+        // b is warm but busier; a would load the model first.
+        t.probed(b, true, 3, vec![loaded]);
+        for _ in 0..3 {
+            let (l, rule) = t.pick_keyed(&route, &[], None, 1.25).expect("pick");
+            assert_eq!(
+                (l.replica.url.as_str(), rule),
+                ("http://b", Rule::LeastLoad)
+            );
         }
     }
 

@@ -205,6 +205,8 @@ pub enum ComponentError {
     Panicked(#[source] tokio::task::JoinError),
     #[error("--components named nothing to run")]
     NothingToRun,
+    #[error("gateway settings: {0}")]
+    GatewaySettings(String),
 }
 
 /// An error and its causes on one line, `outer: cause: root cause`: how `main` and the
@@ -296,7 +298,7 @@ async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
             },
             (None, None) => return Err(ComponentError::NoDiscovery),
         };
-        let mut settings = g.settings();
+        let mut settings = g.settings().map_err(ComponentError::GatewaySettings)?;
         settings.node_token = args.node_token.clone();
         let config = gantry_gateway::GatewayConfig {
             settings,

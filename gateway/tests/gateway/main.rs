@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gantry_gateway::GatewaySettings;
+use gantry_gateway::affinity::RoutingMode;
 use serde_json::{Value, json};
 
 use support::*;
@@ -200,13 +201,77 @@ async fn concurrent_load_spreads_across_replicas_within_one_and_a_half_shares() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_turn_of_a_conversation_goes_to_the_replica_that_served_its_first() {
+    let _cpu = measuring().await;
+    let nodes = [
+        Node::start("tiny", free_port()),
+        Node::start("tiny", free_port()),
+    ];
+    // The key is a completion's first 48 characters: each conversation's own opening.
+    let mut settings = fast_settings();
+    settings.affinity.prefix_chars = 48;
+    let gw = Gateway::start(
+        json!({"models": {"tiny": [nodes[0].base, nodes[1].base]}}),
+        settings,
+        None,
+    )
+    .await;
+    for n in &nodes {
+        n.wait_ready().await;
+    }
+    gw.wait_probed("tiny").await;
+    // Six conversations of three turns, one after another: each turn's prompt repeats the
+    // conversation's opening and adds to it, as a chat client's history does.
+    let conversations = 6;
+    for c in 0..conversations {
+        let before = [
+            nodes[0].requests_ok("tiny").await,
+            nodes[1].requests_ok("tiny").await,
+        ];
+        let mut prompt = format!("Conversation {c}: a shared opening that the node caches.");
+        for turn in 0..3 {
+            prompt.push_str(&format!(" Turn {turn}."));
+            let (status, body) = gw
+                .post(
+                    "/v1/completions",
+                    json!({"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}),
+                    None,
+                )
+                .await;
+            assert_eq!(status, 200, "{body}");
+        }
+        let after = [
+            nodes[0].requests_ok("tiny").await,
+            nodes[1].requests_ok("tiny").await,
+        ];
+        let got = [after[0] - before[0], after[1] - before[1]];
+        assert!(
+            got == [3.0, 0.0] || got == [0.0, 3.0],
+            "conversation {c} was split over the replicas: {got:?}"
+        );
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "gantry_gateway_routed_total{model=\"tiny\",rule=\"prefix\"}"
+        ),
+        Some(f64::from(conversations * 3))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_a_node_fails_only_its_in_flight_requests_and_new_ones_go_to_the_survivor() {
     let _cpu = measuring().await;
     let mut doomed = Node::start("tiny", free_port());
     let survivor = Node::start("tiny", free_port());
+    // Identical prompts: least-load routing puts two streams on each node (prefix routing
+    // would keep them together up to its load bound).
+    let mut settings = fast_settings();
+    settings.affinity.mode = RoutingMode::LeastLoad;
     let gw = Gateway::start(
         json!({"models": {"tiny": [doomed.base, survivor.base]}}),
-        fast_settings(),
+        settings,
         None,
     )
     .await;
