@@ -68,9 +68,12 @@ impl Engine for NativeEngine {
         format!(
             "cpu: {} matrix kernel; element-wise code built for {}; cuda: {}",
             if cpu::matmul::has_bf16_kernel() {
-                "AVX-512 BF16 (bf16 weights read in place)"
+                format!(
+                    "{} (bf16 weights read in place), gemm for f32",
+                    cpu::matmul::bf16_kernel_name()
+                )
             } else {
-                "gemm f32 (bf16/f16 weights converted at load: no AVX-512 BF16 on this CPU)"
+                "gemm f32 (bf16/f16 weights converted at load: no AVX2+FMA on this CPU)".to_string()
             },
             if cfg!(target_feature = "avx512f") {
                 "AVX-512"

@@ -365,7 +365,7 @@ impl Backend for CpuBackend {
             "cpu, {} threads, {} kernel",
             self.threads,
             if matmul::has_bf16_kernel() {
-                "AVX-512 BF16 for bf16 weights, gemm for f32"
+                matmul::bf16_kernel_name()
             } else {
                 "gemm (f32; bf16/f16 weights converted at load)"
             }
