@@ -27,9 +27,9 @@ from conftest import TARGET, _free_port
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
 # Largest |engine - reference| log-probability accepted, by weight dtype. f32/f16 weights run
-# in f32 (gemm). bf16 weights run the AVX-512 BF16 kernel where the CPU has it, which rounds
-# the activations to bf16 before each product (as llama.cpp does); the reference rounds the
-# same inputs then, and what is left is f32 accumulation order.
+# in f32 (gemm). bf16 weights run a bf16 kernel (AVX-512 BF16, or AVX2+FMA) where the CPU has
+# one, which rounds the activations to bf16 before each product (as llama.cpp does); the
+# reference rounds the same inputs then, and what is left is f32 accumulation order.
 TOLERANCE = {"float32": 2e-3, "float16": 2e-3, "bfloat16": 2e-2}
 
 
@@ -102,7 +102,7 @@ def native_node():
         time.sleep(0.2)
     native = next(p for p in s["plugins"] if p["id"] == "native")
     yield {"base": base, "work": work, "broken": broken,
-           "bf16_kernel": "AVX-512 BF16" in (native.get("buildInfo") or "")}
+           "bf16_kernel": "bf16 weights read in place" in (native.get("buildInfo") or "")}
     proc.terminate()
     proc.wait(timeout=30)
     log.close()
@@ -142,7 +142,7 @@ def load_safetensors(d: Path) -> dict:
 
 def bf16_round(v):
     """Round to bf16, nearest even: what the engine (and llama.cpp) does to activations before
-    multiplying them with bf16 weights on the AVX-512 BF16 path."""
+    multiplying them with bf16 weights in its bf16 kernels."""
     bits = np.ascontiguousarray(v, dtype=np.float32).view(np.uint32).astype(np.uint64)
     bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
