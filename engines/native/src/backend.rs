@@ -3,12 +3,15 @@
 //!
 //! The model-level code (`lib.rs`) owns the sequences, the block tables and sampling; a backend
 //! owns the weights in its memory, the K/V blocks, and the forward pass. The CPU backend
-//! (`cpu`) is the one built today; a CUDA backend implements the same trait over device memory
-//! (cuBLAS for the linear layers, NVRTC kernels for the rest) and hands back the same logits.
+//! (`cpu`) and the CUDA backend (`cuda`: cuBLAS for the linear layers, NVRTC kernels for the
+//! rest) implement the same trait and hand back the same logits. Both read the checkpoint's
+//! decoder stack through [`load_stack`], each into its own memory ([`TensorLoader`]).
 
 use gantry_engine_abi::EngineError;
 
+use crate::config::ModelConfig;
 use crate::kv::BlockCopy;
+use crate::weights::Weights;
 
 /// One step's tokens, flattened across sequences.
 pub struct StepInput<'a> {
@@ -32,4 +35,122 @@ pub trait Backend: Send {
     fn bytes_used(&self) -> u64;
     /// One line for logs and the build report.
     fn describe(&self) -> String;
+}
+
+/// One decoder layer's tensors as a backend holds them: `V` a norm vector, `L` a linear layer.
+pub struct Layer<V, L> {
+    pub in_norm: V,
+    pub q: L,
+    pub k: L,
+    pub v: L,
+    pub o: L,
+    pub q_norm: Option<V>,
+    pub k_norm: Option<V>,
+    pub post_attn_norm: Option<V>,
+    pub ffn_norm: V,
+    pub post_ffn_norm: Option<V>,
+    pub gate: L,
+    pub up: L,
+    pub down: L,
+}
+
+/// How a backend reads a tensor into its own memory (with the shape checks of
+/// [`crate::weights::Weights::expect`], errors naming the tensor).
+pub trait TensorLoader {
+    type Vec;
+    type Linear;
+    /// A `[len]` vector (norm weights, biases) as f32.
+    fn vec(&mut self, name: &str, len: usize) -> Result<Self::Vec, EngineError>;
+    /// `{name}.weight` of shape `[rows, cols]`, and `{name}.bias` when `bias`.
+    fn linear(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bias: bool,
+    ) -> Result<Self::Linear, EngineError>;
+}
+
+/// The decoder stack of a checkpoint, by its Hugging Face tensor names: the layers, the final
+/// norm, and the output projection (`None` when it is the embedding table, tied). One place
+/// for every backend, so an architecture's tensors are named once.
+pub struct Stack<V, L> {
+    pub layers: Vec<Layer<V, L>>,
+    pub final_norm: V,
+    pub lm_head: Option<L>,
+}
+
+pub fn load_stack<T: TensorLoader>(
+    cfg: &ModelConfig,
+    weights: &Weights,
+    t: &mut T,
+) -> Result<Stack<T::Vec, T::Linear>, EngineError> {
+    let (h, hd, nh, nkv, ff) = (
+        cfg.hidden,
+        cfg.head_dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.intermediate,
+    );
+    let gemma = cfg.sandwich_norms;
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    for i in 0..cfg.n_layers {
+        let p = format!("model.layers.{i}");
+        let in_norm = t.vec(&format!("{p}.input_layernorm.weight"), h)?;
+        let q = t.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?;
+        let k = t.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?;
+        let v = t.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?;
+        let o = t.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?;
+        let (q_norm, k_norm) = if cfg.qk_norm {
+            (
+                Some(t.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?),
+                Some(t.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?),
+            )
+        } else {
+            (None, None)
+        };
+        let post_attn_norm = if gemma {
+            Some(t.vec(&format!("{p}.post_attention_layernorm.weight"), h)?)
+        } else {
+            None
+        };
+        // Gemma's sandwich norms: the pre-FFN norm has its own name; elsewhere the
+        // "post-attention" norm is the one before the FFN.
+        let ffn_norm = if gemma {
+            t.vec(&format!("{p}.pre_feedforward_layernorm.weight"), h)?
+        } else {
+            t.vec(&format!("{p}.post_attention_layernorm.weight"), h)?
+        };
+        let post_ffn_norm = if gemma {
+            Some(t.vec(&format!("{p}.post_feedforward_layernorm.weight"), h)?)
+        } else {
+            None
+        };
+        layers.push(Layer {
+            in_norm,
+            q,
+            k,
+            v,
+            o,
+            q_norm,
+            k_norm,
+            post_attn_norm,
+            ffn_norm,
+            post_ffn_norm,
+            gate: t.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
+            up: t.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
+            down: t.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
+        });
+    }
+    let final_norm = t.vec("model.norm.weight", h)?;
+    let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
+        Some(t.linear("lm_head", cfg.vocab, h, false)?)
+    } else {
+        None
+    };
+    Ok(Stack {
+        layers,
+        final_norm,
+        lm_head,
+    })
 }

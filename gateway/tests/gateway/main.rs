@@ -129,20 +129,7 @@ async fn requests_route_by_model_and_refusals_have_the_openai_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_load_spreads_across_replicas_within_one_and_a_half_shares() {
     let _cpu = measuring().await;
-    let nodes = [
-        Node::start("tiny", free_port()),
-        Node::start("tiny", free_port()),
-    ];
-    let gw = Gateway::start(
-        json!({"models": {"tiny": [nodes[0].base, nodes[1].base]}}),
-        fast_settings(),
-        None,
-    )
-    .await;
-    for n in &nodes {
-        n.wait_ready().await;
-    }
-    gw.wait_probed("tiny").await;
+    let (nodes, gw) = two_nodes_behind_a_gateway(fast_settings()).await;
     // 48 requests, 8 at a time, of uneven lengths. Two shared cores can starve one node for a
     // moment, and least-loaded routing rightly favours the faster one; so a skewed burst is
     // run again (at most three bursts, counted separately). Wrong routing skews every burst.
@@ -203,23 +190,10 @@ async fn concurrent_load_spreads_across_replicas_within_one_and_a_half_shares() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_turn_of_a_conversation_goes_to_the_replica_that_served_its_first() {
     let _cpu = measuring().await;
-    let nodes = [
-        Node::start("tiny", free_port()),
-        Node::start("tiny", free_port()),
-    ];
     // The key is a completion's first 48 characters: each conversation's own opening.
     let mut settings = fast_settings();
     settings.affinity.prefix_chars = 48;
-    let gw = Gateway::start(
-        json!({"models": {"tiny": [nodes[0].base, nodes[1].base]}}),
-        settings,
-        None,
-    )
-    .await;
-    for n in &nodes {
-        n.wait_ready().await;
-    }
-    gw.wait_probed("tiny").await;
+    let (nodes, gw) = two_nodes_behind_a_gateway(settings).await;
     // Six conversations of three turns, one after another: each turn's prompt repeats the
     // conversation's opening and adds to it, as a chat client's history does.
     let conversations = 6;
@@ -263,21 +237,11 @@ async fn every_turn_of_a_conversation_goes_to_the_replica_that_served_its_first(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_a_node_fails_only_its_in_flight_requests_and_new_ones_go_to_the_survivor() {
     let _cpu = measuring().await;
-    let mut doomed = Node::start("tiny", free_port());
-    let survivor = Node::start("tiny", free_port());
     // Identical prompts: least-load routing puts two streams on each node (prefix routing
     // would keep them together up to its load bound).
     let mut settings = fast_settings();
     settings.affinity.mode = RoutingMode::LeastLoad;
-    let gw = Gateway::start(
-        json!({"models": {"tiny": [doomed.base, survivor.base]}}),
-        settings,
-        None,
-    )
-    .await;
-    doomed.wait_ready().await;
-    survivor.wait_ready().await;
-    gw.wait_probed("tiny").await;
+    let ([mut doomed, survivor], gw) = two_nodes_behind_a_gateway(settings).await;
     // Four long streams, two on each node (least-loaded alternates them).
     let mut streams = Vec::new();
     for _ in 0..4 {

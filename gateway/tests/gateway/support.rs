@@ -242,6 +242,26 @@ pub fn fast_settings() -> GatewaySettings {
     }
 }
 
+/// Two nodes serving the tiny model as `tiny`, behind a gateway with `settings`, both ready and
+/// probed.
+pub async fn two_nodes_behind_a_gateway(settings: GatewaySettings) -> ([Node; 2], Gateway) {
+    let nodes = [
+        Node::start("tiny", free_port()),
+        Node::start("tiny", free_port()),
+    ];
+    let gw = Gateway::start(
+        serde_json::json!({"models": {"tiny": [nodes[0].base, nodes[1].base]}}),
+        settings,
+        None,
+    )
+    .await;
+    for n in &nodes {
+        n.wait_ready().await;
+    }
+    gw.wait_probed("tiny").await;
+    (nodes, gw)
+}
+
 /// An in-process gateway on an ephemeral loopback port; stopped on drop.
 #[derive(Clone)]
 pub struct Gateway {

@@ -14,28 +14,14 @@ use std::sync::Arc;
 
 use gantry_engine_abi::{EngineError, Status};
 
-use crate::backend::{Backend, StepInput};
+use crate::backend::{Backend, StepInput, TensorLoader, load_stack};
 use crate::config::{Activation, ModelConfig};
 use crate::kv::BlockCopy;
 use crate::weights::{TensorInfo, Weights};
 use matmul::Linear;
 use ops::{AttnShape, AttnTokens, LayerKv};
 
-struct Layer {
-    in_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    post_attn_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    post_ffn_norm: Option<Vec<f32>>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
+type Layer = crate::backend::Layer<Vec<f32>, Linear>;
 
 pub struct CpuBackend {
     cfg: ModelConfig,
@@ -57,14 +43,17 @@ struct Loader<'a> {
     w: &'a Weights,
 }
 
-impl Loader<'_> {
-    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+impl TensorLoader for Loader<'_> {
+    type Vec = Vec<f32>;
+    type Linear = Linear;
+
+    fn vec(&mut self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
         let t = self.w.expect(name, &[len])?;
         Ok(self.w.to_f32(t))
     }
 
     fn linear(
-        &self,
+        &mut self,
         name: &str,
         rows: usize,
         cols: usize,
@@ -88,57 +77,14 @@ impl CpuBackend {
         block_size: usize,
         threads: usize,
     ) -> Result<Self, EngineError> {
-        let l = Loader { w: &weights };
-        let (h, hd, nh, nkv, ff) = (
-            cfg.hidden,
-            cfg.head_dim,
-            cfg.n_heads,
-            cfg.n_kv_heads,
-            cfg.intermediate,
-        );
+        let (h, hd, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_kv_heads);
         let embed = weights
             .expect("model.embed_tokens.weight", &[cfg.vocab, h])?
             .clone();
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let p = format!("model.layers.{i}");
-            let gemma = cfg.sandwich_norms;
-            layers.push(Layer {
-                in_norm: l.vec(&format!("{p}.input_layernorm.weight"), h)?,
-                q: l.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?,
-                k: l.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?,
-                v: l.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?,
-                o: l.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?,
-                q_norm: cfg
-                    .qk_norm
-                    .then(|| l.vec(&format!("{p}.self_attn.q_norm.weight"), hd))
-                    .transpose()?,
-                k_norm: cfg
-                    .qk_norm
-                    .then(|| l.vec(&format!("{p}.self_attn.k_norm.weight"), hd))
-                    .transpose()?,
-                post_attn_norm: gemma
-                    .then(|| l.vec(&format!("{p}.post_attention_layernorm.weight"), h))
-                    .transpose()?,
-                ffn_norm: if gemma {
-                    l.vec(&format!("{p}.pre_feedforward_layernorm.weight"), h)?
-                } else {
-                    l.vec(&format!("{p}.post_attention_layernorm.weight"), h)?
-                },
-                post_ffn_norm: gemma
-                    .then(|| l.vec(&format!("{p}.post_feedforward_layernorm.weight"), h))
-                    .transpose()?,
-                gate: l.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
-                up: l.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
-                down: l.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
-            });
-        }
-        let final_norm = l.vec("model.norm.weight", h)?;
-        let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
-            l.linear("lm_head", cfg.vocab, h, false)?
-        } else {
-            Linear::new(&weights, &embed, None)
-        };
+        let stack = load_stack(cfg, &weights, &mut Loader { w: &weights })?;
+        let lm_head = stack
+            .lm_head
+            .unwrap_or_else(|| Linear::new(&weights, &embed, None));
         let ropes = cfg.ropes.iter().map(|r| r.inv_freq(hd)).collect();
         let cells = n_blocks * block_size * nkv * hd;
         let kv = (0..cfg.n_layers)
@@ -171,8 +117,8 @@ impl CpuBackend {
             cfg: cfg.clone(),
             weights,
             embed,
-            layers,
-            final_norm,
+            layers: stack.layers,
+            final_norm: stack.final_norm,
             lm_head,
             ropes,
             kv,

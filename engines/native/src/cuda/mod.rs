@@ -28,7 +28,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use gantry_engine_abi::{EngineError, Status};
 
-use crate::backend::{Backend, StepInput};
+use crate::backend::{Backend, StepInput, TensorLoader, load_stack};
 use crate::config::{Activation, ModelConfig};
 use crate::kv::BlockCopy;
 use crate::weights::{DType, TensorInfo, Weights};
@@ -249,21 +249,7 @@ struct DevLinear {
     bias: Option<CudaSlice<f32>>,
 }
 
-struct Layer {
-    in_norm: CudaSlice<f32>,
-    q: DevLinear,
-    k: DevLinear,
-    v: DevLinear,
-    o: DevLinear,
-    q_norm: Option<CudaSlice<f32>>,
-    k_norm: Option<CudaSlice<f32>>,
-    post_attn_norm: Option<CudaSlice<f32>>,
-    ffn_norm: CudaSlice<f32>,
-    post_ffn_norm: Option<CudaSlice<f32>>,
-    gate: DevLinear,
-    up: DevLinear,
-    down: DevLinear,
-}
+type Layer = crate::backend::Layer<CudaSlice<f32>, DevLinear>;
 
 struct LayerKv {
     k: CudaSlice<f32>,
@@ -306,12 +292,6 @@ impl Uploader<'_> {
         self.stream.clone_htod(v).map_err(cuda_err(what))
     }
 
-    fn vec(&mut self, name: &str, len: usize) -> Result<CudaSlice<f32>, EngineError> {
-        let t = self.w.expect(name, &[len])?;
-        let v = self.w.to_f32(t);
-        self.f32s(&v, name)
-    }
-
     fn matrix(&mut self, name: &str, t: &TensorInfo) -> Result<DevLinear, EngineError> {
         let bytes = self.w.bytes(t);
         self.bytes += bytes.len() as u64;
@@ -322,6 +302,17 @@ impl Uploader<'_> {
             w: self.stream.clone_htod(bytes).map_err(cuda_err(name))?,
             bias: None,
         })
+    }
+}
+
+impl TensorLoader for Uploader<'_> {
+    type Vec = CudaSlice<f32>;
+    type Linear = DevLinear;
+
+    fn vec(&mut self, name: &str, len: usize) -> Result<CudaSlice<f32>, EngineError> {
+        let t = self.w.expect(name, &[len])?;
+        let v = self.w.to_f32(t);
+        self.f32s(&v, name)
     }
 
     fn linear(
@@ -383,13 +374,7 @@ impl CudaBackend {
                 "backend: cuda unavailable: {why}"
             )));
         }
-        let (h, hd, nh, nkv, ff) = (
-            cfg.hidden,
-            cfg.head_dim,
-            cfg.n_heads,
-            cfg.n_kv_heads,
-            cfg.intermediate,
-        );
+        let (h, hd, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_kv_heads);
         if hd > MAX_HEAD_DIM || hd % 2 != 0 {
             return Err(EngineError::unsupported(format!(
                 "head_dim {hd}: the CUDA attention kernel takes even head sizes up to {MAX_HEAD_DIM}"
@@ -451,56 +436,7 @@ impl CudaBackend {
         };
         let et = weights.expect("model.embed_tokens.weight", &[cfg.vocab, h])?;
         let embed = up.matrix("model.embed_tokens.weight", et)?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let p = format!("model.layers.{i}");
-            let gemma = cfg.sandwich_norms;
-            let in_norm = up.vec(&format!("{p}.input_layernorm.weight"), h)?;
-            let q = up.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?;
-            let k = up.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?;
-            let v = up.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?;
-            let o = up.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?;
-            let (q_norm, k_norm) = if cfg.qk_norm {
-                (
-                    Some(up.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?),
-                    Some(up.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?),
-                )
-            } else {
-                (None, None)
-            };
-            let post_attn_norm = gemma
-                .then(|| up.vec(&format!("{p}.post_attention_layernorm.weight"), h))
-                .transpose()?;
-            let ffn_norm = if gemma {
-                up.vec(&format!("{p}.pre_feedforward_layernorm.weight"), h)?
-            } else {
-                up.vec(&format!("{p}.post_attention_layernorm.weight"), h)?
-            };
-            let post_ffn_norm = gemma
-                .then(|| up.vec(&format!("{p}.post_feedforward_layernorm.weight"), h))
-                .transpose()?;
-            layers.push(Layer {
-                in_norm,
-                q,
-                k,
-                v,
-                o,
-                q_norm,
-                k_norm,
-                post_attn_norm,
-                ffn_norm,
-                post_ffn_norm,
-                gate: up.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
-                up: up.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
-                down: up.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
-            });
-        }
-        let final_norm = up.vec("model.norm.weight", h)?;
-        let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
-            Some(up.linear("lm_head", cfg.vocab, h, false)?)
-        } else {
-            None
-        };
+        let stack = load_stack(cfg, weights, &mut up)?;
         let mut ropes = Vec::with_capacity(cfg.ropes.len());
         for r in &cfg.ropes {
             let (inv, factor) = r.inv_freq(hd);
@@ -528,9 +464,9 @@ impl CudaBackend {
             device_name,
             arch,
             embed,
-            lm_head,
-            layers,
-            final_norm,
+            lm_head: stack.lm_head,
+            layers: stack.layers,
+            final_norm: stack.final_norm,
             ropes,
             kv,
             block_size,
@@ -738,7 +674,7 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the context"))?;
-        let c = self.cfg.clone();
+        let c = &self.cfg;
         let t = input.tokens.len();
         for &tok in input.tokens {
             if usize::try_from(tok).map_or(true, |id| id >= c.vocab) {
@@ -771,7 +707,7 @@ impl CudaBackend {
         let bs32 = int(self.block_size)?;
         let (nh32, nkv32, hd32, kvd32) = (int(nh)?, int(nkv)?, int(hd)?, int(kvd)?);
         for li in 0..self.layers.len() {
-            let kind = c.layers[li].clone();
+            let kind = &c.layers[li];
             let layer = &self.layers[li];
             self.rms_norm(&b.x, &layer.in_norm, Some(&mut b.hbuf), h, t)?;
             self.linear(&layer.q, &b.hbuf, t, &mut b.half, &mut b.q)?;
