@@ -41,6 +41,10 @@
 #   GANTRY_PEER_GPU=cuda          also build llama.cpp's CUDA backend (GGML_CUDA=ON) for
 #                                 CUDA_ARCH (default 90), the peer of scripts/gpu-check.sh;
 #                                 needs nvcc (scripts/check-cuda-build.sh's toolkit works)
+#   GANTRY_PEER_LINK=shared       build llama.cpp as shared libraries (BUILD_SHARED_LIBS=ON):
+#                                 llama-server then loads libllama/libggml* by name, so it can
+#                                 run on another build of the same sources, e.g. the CUDA
+#                                 plugin's directory (scripts/gpu-bundle.sh); default static
 #   GANTRY_PEER_REBUILD=1         ignore the cached binary and build again
 #   CARGO_TARGET_DIR              where to look for Gantry's own llama.cpp CMakeCache.txt to
 #                                 compare flags with (default <repo>/target)
@@ -124,6 +128,11 @@ case "$peer_cpu" in
   portable) ggml_native=OFF; march="-march=x86-64" ;;
   *) die "GANTRY_PEER_CPU must be native or portable, not '$peer_cpu'" ;;
 esac
+case "${GANTRY_PEER_LINK:-static}" in
+  static) shared_libs=OFF ;;
+  shared) shared_libs=ON ;;
+  *) die "GANTRY_PEER_LINK must be static or shared, not '$GANTRY_PEER_LINK'" ;;
+esac
 case "$(uname -m)" in
   x86_64) cflags="-ffunction-sections -fdata-sections -fPIC -m64 $march -w" ;;
   *) cflags="-ffunction-sections -fdata-sections -fPIC -w" ;;
@@ -137,7 +146,7 @@ cmake_args=(
   -DLLAMA_BUILD_COMMON=ON
   -DLLAMA_CURL=OFF
   -DGGML_NATIVE=$ggml_native
-  -DBUILD_SHARED_LIBS=OFF
+  -DBUILD_SHARED_LIBS=$shared_libs
   -DGGML_OPENMP=ON
   -DGGML_WEBGPU=OFF
   "-DCMAKE_C_FLAGS=$cflags"

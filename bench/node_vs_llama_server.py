@@ -208,11 +208,13 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests-per-slot", type=int, default=3, help="requests per concurrent client")
     ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--parallel", type=int, default=8,
+                    help="sequences each server runs at once (node --max-batch-size, llama-server -np)")
     ap.add_argument("--node-arg", action="append", default=[], help="extra gantry-node serve argument")
     ap.add_argument("--peer-arg", action="append", default=[], help="extra llama-server argument (e.g. -ngl 999 on CUDA)")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
-    ctx_per_seq, parallel = 4096, 8
+    ctx_per_seq, parallel = 4096, args.parallel
 
     node_port, peer_port = free_port(), free_port()
     node_argv = [args.node, "serve", "--model", args.model, "--model-id", "gemma", "--listen", f"127.0.0.1:{node_port}",

@@ -31,6 +31,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 cache="${GANTRY_CACHE:-$HOME/.cache/gantry}"
 arch="${CUDA_ARCH:-90}"
+# CMake's form: "90" is sm_90 code plus compute_90 PTX, "90-real" sm_90 code alone (smaller).
+arch_num="${arch%%-*}"
 log() { printf 'check-cuda-build: %s\n' "$*" >&2; }
 
 cuda_version=13.0
@@ -126,13 +128,13 @@ if ! nm -D --defined-only "$cuda_lib" 2>/dev/null | grep ggml_backend_cuda_init 
   log "$cuda_lib has no ggml_backend_cuda_init: not a CUDA build"; exit 1
 fi
 # The CUDA 13 wheels have no cuobjdump; the fat binary names its targets in the clear.
-if ! strings -a "$cuda_lib" | grep "sm_$arch" >/dev/null; then
-  log "$cuda_lib holds no sm_$arch code"; exit 1
+if ! strings -a "$cuda_lib" | grep "sm_$arch_num" >/dev/null; then
+  log "$cuda_lib holds no sm_$arch_num code"; exit 1
 fi
 for needed in libllama.so.0 libggml.so.0 libggml-base.so.0; do
   [ -e "$plugin_dir/$needed" ] || { log "$plugin_dir lacks $needed"; exit 1; }
 done
-log "built in ${secs} s on $(nproc) cores: $lib ($(du -hL "$cuda_lib" | cut -f1) of ggml-cuda for sm_$arch)"
+log "built in ${secs} s on $(nproc) cores: $lib ($(du -hL "$cuda_lib" | cut -f1) of ggml-cuda for sm_$arch_num)"
 
 fi
 

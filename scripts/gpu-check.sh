@@ -4,6 +4,20 @@
 #
 #   scripts/gpu-check.sh OUT_DIR
 #
+# Two ways to run it:
+#   - from a checkout where Gantry was built (cargo on the machine), as described below;
+#   - from a bundle made elsewhere by scripts/gpu-bundle.sh (no Rust toolchain needed):
+#     GANTRY_GPU_BUNDLE names the unpacked bundle, which supplies the node, the CUDA plugins,
+#     the peer llama-server, the test binaries and the gguf wheel.
+# The CUDA runtime, cuBLAS and NVRTC are looked up on the machine (CUDA_HOME, /usr/local/cuda,
+# Python's nvidia-* wheels, the toolkit scripts/check-cuda-build.sh installs) and linked, under
+# the names the plugins open, into a directory put first on the library path.
+# When GANTRY_GEMMA_ST_DIR / GANTRY_GEMMA_BF16_GGUF are not given, the bf16 test model is made
+# from GANTRY_GEMMA_GGUF with testkit/python/gemma_bf16.py (needs numpy and gguf) under
+# GANTRY_GPU_WORK (default ${TMPDIR:-/tmp}/gantry-gpu-check). Each step is bounded by
+# GANTRY_GPU_STEP_TIMEOUT seconds (default 900); GANTRY_GPU_STEPS=devices,tests,... runs only
+# the steps it names (for a short first look at a machine before the benchmarks).
+#
 # What it needs on the machine (all local; nothing is downloaded):
 #   - nvidia-smi and the NVIDIA driver;
 #   - Gantry built (target/release/gantry-node) and the llama.cpp plugin built with
@@ -57,16 +71,80 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L > "$out/nvidia-smi
   exit 2
 fi
 
-node="${GANTRY_NODE:-$root/target/release/gantry-node}"
-# A plugin built by scripts/check-cuda-build.sh links the CUDA runtime and cuBLAS of that
-# script's toolkit: put them on the library path when the machine has no CUDA of its own.
-toolkit_lib="${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-toolkit-13.0/root/lib64"
-[ -d "$toolkit_lib" ] && export LD_LIBRARY_PATH="$toolkit_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-plugins="${GANTRY_CUDA_PLUGINS_DIR:-$root/target/cuda-check/release/engines}"
+bundle="${GANTRY_GPU_BUNDLE:-}"
+work="${GANTRY_GPU_WORK:-${TMPDIR:-/tmp}/gantry-gpu-check}"
+step_timeout="${GANTRY_GPU_STEP_TIMEOUT:-900}"
+mkdir -p "$work"
+if [ -n "$bundle" ]; then
+  [ -f "$bundle/BUNDLE.txt" ] || { log "GANTRY_GPU_BUNDLE=$bundle is not an unpacked gpu bundle"; exit 2; }
+  cp "$bundle/BUNDLE.txt" "$out/bundle.txt"
+  node="${GANTRY_NODE:-$bundle/bin/gantry-node}"
+  plugins="${GANTRY_CUDA_PLUGINS_DIR:-$bundle/engines}"
+  GANTRY_PEER_CUDA="${GANTRY_PEER_CUDA:-$bundle/peer/llama-server}"
+  for whl in "$bundle"/wheels/*.whl; do
+    [ -e "$whl" ] && export PYTHONPATH="$whl${PYTHONPATH:+:$PYTHONPATH}"
+  done
+else
+  node="${GANTRY_NODE:-$root/target/release/gantry-node}"
+  plugins="${GANTRY_CUDA_PLUGINS_DIR:-$root/target/cuda-check/release/engines}"
+fi
 model="${GANTRY_GEMMA_GGUF:-${GANTRY_CACHE:-$HOME/.cache/gantry}/models/gemma-3-270m-q4_k_m.gguf}"
+
+# The CUDA libraries: the llama.cpp plugin links libcudart/libcublas of the toolkit it was built
+# with (13 for scripts/check-cuda-build.sh); the native plugin opens cuBLAS and NVRTC by name
+# at run time (libcublas.so, libnvrtc.so, then versioned names). Find each on the machine and
+# link it into one directory, first on the library path.
+cuda_libs="$work/cuda-libs"
+rm -rf "$cuda_libs"; mkdir -p "$cuda_libs"
+cuda_dirs=()
+for d in "${CUDA_HOME:-}/lib64" "${CUDA_PATH:-}/lib64" /usr/local/cuda/lib64 \
+         /usr/local/cuda/targets/x86_64-linux/lib \
+         "${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-toolkit-13.0/root/lib64"; do
+  [ -d "$d" ] && cuda_dirs+=("$d")
+done
+while IFS= read -r d; do cuda_dirs+=("$d"); done < <("$python" - <<'EOF' 2>/dev/null
+import glob, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for r in roots:
+    for d in sorted(glob.glob(f"{r}/nvidia/cu*/lib")) + sorted(glob.glob(f"{r}/nvidia/*/lib")):
+        print(d)
+EOF
+)
+find_lib() { # soname: the first file with that name in the candidate directories
+  local d
+  for d in "${cuda_dirs[@]}"; do
+    [ -e "$d/$1" ] && { readlink -f "$d/$1"; return 0; }
+  done
+  return 1
+}
+lib_path=""
+for major in 12 13; do
+  for lib in libcudart libcublas libcublasLt libnvrtc libnvrtc-builtins; do
+    f="$(find_lib "$lib.so.$major")" || continue
+    ln -sfn "$f" "$cuda_libs/$lib.so.$major"
+    # The first major found (12: the native plugin's bindings are CUDA 12.8's; else 13) also
+    # answers to the unversioned name cudarc tries first.
+    [ -e "$cuda_libs/$lib.so" ] || ln -sfn "$f" "$cuda_libs/$lib.so"
+    # Their directories too: a library opens its companions (NVRTC's builtins, cuBLASLt) there.
+    case ":$lib_path:" in *":$(dirname "$f"):"*) ;; *) lib_path="$lib_path:$(dirname "$f")" ;; esac
+  done
+done
+export LD_LIBRARY_PATH="$cuda_libs$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ls -l "$cuda_libs" > "$out/cuda-libs.txt" 2>&1
+[ -n "${GANTRY_NVRTC_LIB:-}" ] || { [ -e "$cuda_libs/libnvrtc.so" ] && export GANTRY_NVRTC_LIB="$cuda_libs/libnvrtc.so"; }
+# The peer llama-server of a bundle runs on the plugin's own llama/ggml libraries.
+peer_env=()
+if [ -n "$bundle" ]; then
+  peer_env=(env "LD_LIBRARY_PATH=$plugins/llama_cpp/cuda:$bundle/peer:$LD_LIBRARY_PATH")
+fi
+# GANTRY_GPU_STEPS=devices,tests,... runs only those steps (default: all six).
+want() { [ -z "${GANTRY_GPU_STEPS:-}" ] || [[ ",$GANTRY_GPU_STEPS," == *",$1,"* ]]; }
+bounded() { timeout --signal=TERM --kill-after=10 "$step_timeout" "$@"; }
+get() { "$python" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
 failed=0
 
 # 1. devices ---------------------------------------------------------------------------------
+if want devices; then
 nvidia-smi --query-gpu=index,uuid,name,compute_cap,memory.total,memory.used,memory.free \
   --format=csv,noheader,nounits > "$out/nvidia-smi-gpus.csv"
 "$node" devices --json > "$out/devices-snapshot.json"
@@ -75,15 +153,24 @@ if "$python" bench/gpu_check.py compare-devices "$out/devices-snapshot.json" "$o
 else
   summary devices failed "$out/devices.json"; failed=1
 fi
+fi
 
 # 2. tests -----------------------------------------------------------------------------------
-if cargo test --release --offline -p gantry-node --lib -- devices:: engine_host::cuda:: > "$out/tests.txt" 2>&1; then
+if want tests; then
+if [ -n "$bundle" ]; then
+  node_tests=(bounded "$bundle/tests/node-lib" devices:: engine_host::cuda::)
+else
+  node_tests=(bounded cargo test --release --offline -p gantry-node --lib -- devices:: engine_host::cuda::)
+fi
+if "${node_tests[@]}" > "$out/tests.txt" 2>&1; then
   summary tests passed "$out/tests.txt"
 else
   summary tests failed "$out/tests.txt"; failed=1
 fi
+fi
 
 # 3. vram ------------------------------------------------------------------------------------
+if want vram; then
 if [ ! -f "$plugins/llama_cpp/cuda/manifest.json" ]; then
   log "no CUDA plugin under $plugins (run scripts/check-cuda-build.sh first)"
   summary vram not-run "no CUDA plugin under $plugins"; failed=1
@@ -95,11 +182,15 @@ else
     --listen "127.0.0.1:$port" > "$out/node.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do
-    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    get "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
     sleep 0.1
   done
-  curl -fsS "http://127.0.0.1:$port/v1/status" > "$out/status.json" || true
-  curl -fsS "http://127.0.0.1:$port/metrics" > "$out/metrics.txt" || true
+  get "http://127.0.0.1:$port/v1/status" > "$out/status.json" || true
+  get "http://127.0.0.1:$port/metrics" > "$out/metrics.txt" || true
+  # The device's own reading with the model loaded (beside the per-process one below, which
+  # a sandboxed machine may not report).
+  nvidia-smi --query-gpu=index,uuid,name,compute_cap,memory.total,memory.used,memory.free \
+    --format=csv,noheader,nounits > "$out/nvidia-smi-gpus-loaded.csv"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$out/nvidia-smi-apps.csv"
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   if "$python" bench/gpu_check.py compare-vram "$out/status.json" "$out/nvidia-smi-apps.csv" "$pid" "$out/vram.json"; then
@@ -108,14 +199,16 @@ else
     summary vram failed "$out/vram.json"; failed=1
   fi
 fi
+fi
 
 # 4. bench -----------------------------------------------------------------------------------
+if want bench; then
 if [ -z "${GANTRY_PEER_CUDA:-}" ] || [ ! -x "${GANTRY_PEER_CUDA:-}" ]; then
   log "GANTRY_PEER_CUDA is not a CUDA llama-server binary: benchmark not run"
   summary bench not-run "GANTRY_PEER_CUDA not set"; failed=1
 elif [ -f "$plugins/llama_cpp/cuda/manifest.json" ] && [ -s "$model" ]; then
-  if "$python" bench/node_vs_llama_server.py --node "$node" --peer "$GANTRY_PEER_CUDA" --model "$model" \
-      --out "$out/bench-cuda.json" --concurrency 1,8,32,64 --threads "$(nproc)" \
+  if bounded "${peer_env[@]}" "$python" bench/node_vs_llama_server.py --node "$node" --peer "$GANTRY_PEER_CUDA" --model "$model" \
+      --out "$out/bench-cuda.json" --concurrency 1,8,32,64 --parallel 64 --threads "$(nproc)" \
       --node-arg=--backend --node-arg=cuda --node-arg=--plugins-dir --node-arg="$plugins" \
       --peer-arg=-ngl --peer-arg=999 > "$out/bench.txt" 2>&1; then
     summary bench passed "$out/bench-cuda.json"
@@ -123,32 +216,56 @@ elif [ -f "$plugins/llama_cpp/cuda/manifest.json" ] && [ -s "$model" ]; then
     summary bench failed "$out/bench.txt"; failed=1
   fi
 fi
+fi
 
 # 5. native-tests ----------------------------------------------------------------------------
-rt12="${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-runtime-12/lib"
-if [ ! -d "$rt12" ]; then
-  summary native-tests not-run "no CUDA 12 runtime libraries at $rt12 (run scripts/check-cuda-build.sh first)"; failed=1
-elif LD_LIBRARY_PATH="$rt12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GANTRY_NVRTC_LIB="${GANTRY_NVRTC_LIB:-$rt12/libnvrtc.so.12}" \
-    cargo test --release --offline -p gantry-engine-native --test cuda -- --include-ignored --nocapture > "$out/native-tests.txt" 2>&1; then
-  summary native-tests passed "$out/native-tests.txt"
+if want native-tests; then
+st="${GANTRY_GEMMA_ST_DIR:-}"
+bf16="${GANTRY_GEMMA_BF16_GGUF:-}"
+if { [ ! -d "$st" ] || [ ! -s "$bf16" ]; } && [ -s "$model" ] && { want native-tests || want native-bench; }; then
+  st="$work/models/gemma-3-270m-bf16"; bf16="$work/models/gemma-3-270m-bf16.gguf"
+  if [ ! -s "$bf16" ]; then
+    log "making the bf16 test model from $model"
+    mkdir -p "$work/models"
+    bounded "$python" testkit/python/gemma_bf16.py "$model" "$st" "$bf16" > "$out/bf16-model.txt" 2>&1 \
+      || log "could not make the bf16 model (see $out/bf16-model.txt)"
+  fi
+fi
+export GANTRY_GEMMA_ST_DIR="$st"
+if [ -n "$bundle" ]; then
+  native_tests=(bounded "$bundle/tests/native-cuda" --include-ignored --nocapture)
 else
-  summary native-tests failed "$out/native-tests.txt"; failed=1
+  native_tests=(bounded cargo test --release --offline -p gantry-engine-native --test cuda -- --include-ignored --nocapture)
+fi
+# Without the real model, the tiny architectures still run; the summary says what was left out.
+native_note=""
+if [ ! -d "$st" ]; then
+  native_tests+=(--skip gemma_on_cuda_answers_paris)
+  native_note=" (gemma_on_cuda_answers_paris not run: no bf16 model)"
+fi
+if [ -z "${GANTRY_NVRTC_LIB:-}" ]; then
+  summary native-tests not-run "no NVRTC found (CUDA_HOME, /usr/local/cuda, nvidia-* wheels)"; failed=1
+elif "${native_tests[@]}" > "$out/native-tests.txt" 2>&1; then
+  summary native-tests passed "$out/native-tests.txt$native_note"
+else
+  summary native-tests failed "$out/native-tests.txt$native_note"; failed=1
+fi
 fi
 
 # 6. native-bench ----------------------------------------------------------------------------
-st="${GANTRY_GEMMA_ST_DIR:-}"
-bf16="${GANTRY_GEMMA_BF16_GGUF:-}"
+if want native-bench; then
 if [ ! -f "$plugins/native/cuda/manifest.json" ] || [ ! -f "$plugins/llama_cpp/cuda/manifest.json" ]; then
   summary native-bench not-run "the native and llama.cpp CUDA plugins are not both under $plugins"; failed=1
 elif [ ! -d "$st" ] || [ ! -s "$bf16" ]; then
-  summary native-bench not-run "GANTRY_GEMMA_ST_DIR / GANTRY_GEMMA_BF16_GGUF not set (scripts/setup.sh)"; failed=1
-elif (cd bench && "$python" native_vs_llama_cpp.py --node "$node" --st "$st" --gguf "$bf16" \
+  summary native-bench not-run "no bf16 test model (GANTRY_GEMMA_ST_DIR / GANTRY_GEMMA_BF16_GGUF, or GANTRY_GEMMA_GGUF to make it)"; failed=1
+elif (cd bench && bounded "$python" native_vs_llama_cpp.py --node "$node" --st "$st" --gguf "$bf16" \
       --out "$out/native-bench-cuda.json" --concurrency 1,8,32,64 --parallel 64 --threads "$(nproc)" \
       --node-arg=--backend --node-arg=cuda --node-arg=--plugins-dir --node-arg="$plugins" \
       --machine-note "GPU check: $(head -n1 "$out/nvidia-smi-L.txt")") > "$out/native-bench.txt" 2>&1; then
   summary native-bench passed "$out/native-bench-cuda.json"
 else
   summary native-bench failed "$out/native-bench.txt"; failed=1
+fi
 fi
 
 log "results in $out (summary.json)"

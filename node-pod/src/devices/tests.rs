@@ -190,8 +190,12 @@ fn devices_list_the_models_placed_on_them() {
 }
 
 fn node_on(backend: gantry_engine_abi::Backend, vram_limit: u64) -> crate::node::Node {
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/devices-2xh100.json");
+    // The fixture is compiled in and written out, so the test binary runs away from the
+    // source tree too (scripts/gpu-bundle.sh carries it to a GPU machine without cargo).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fixture = dir.path().join("devices-2xh100.json");
+    std::fs::write(&fixture, include_str!("../../tests/fixtures/devices-2xh100.json"))
+        .expect("writing the fixture");
     let devices = NodeDevices::recorded(&fixture, GIB).expect("fixture");
     let engine = gantry_engine_abi::EngineConfig {
         backend,
