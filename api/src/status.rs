@@ -80,6 +80,36 @@ pub struct NodeStatus {
     /// devices were found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices_note: Option<String>,
+    /// The memory the node's policy budgets its models against; absent from nodes that
+    /// predate it. The gateway sends a model no replica has loaded to the replica with the
+    /// most room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStatus>,
+}
+
+/// The memory pool the node's load policy watches (VRAM on a CUDA node, RAM on a CPU node): the
+/// same figures as the `gantry_memory_used_bytes` / `gantry_memory_limit_bytes` gauges.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStatus {
+    /// `vram` or `ram`.
+    pub pool: String,
+    /// The budget; 0 when the pool has no limit.
+    pub limit_bytes: u64,
+    /// Where loads start unloading idle models or are refused (90 % of the budget); absent
+    /// without a limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_bytes: Option<u64>,
+    /// What the loaded models hold.
+    pub used_bytes: u64,
+}
+
+impl MemoryStatus {
+    /// Bytes a new model can take before the watermark; `u64::MAX` when the pool has no limit.
+    pub fn room_bytes(&self) -> u64 {
+        self.watermark_bytes
+            .map_or(u64::MAX, |w| w.saturating_sub(self.used_bytes))
+    }
 }
 
 /// One GPU as the node last read it.

@@ -93,7 +93,7 @@ impl GatewayMetrics {
         let routed = IntCounterVec::new(
             Opts::new(
                 "gantry_gateway_routed_total",
-                "Requests placed on a replica, by model and rule (session, prefix: the key's replica or the next on the ring within the load bound, least_load: no key).",
+                "Requests placed on a replica, by model and rule (cold: no replica had the model loaded, the one with the most memory room; session, prefix: the key's replica or the next on the ring within the load bound; least_load: no key).",
             ),
             &["model", "rule"],
         )?;

@@ -1,5 +1,6 @@
 //! Replica prober (beside the request path, feeding the least-loaded pick): polls every node's
-//! `/v1/status` about once a second for readiness and queue depth.
+//! `/v1/status` about once a second for readiness, queue depth, the models each node has loaded
+//! and its memory room.
 //!
 //! One call gives both: `ready` is the node's `/readyz` answer and `models[].queue.waiting` the
 //! same figure as its `gantry_num_requests_waiting` gauge. A replica that fails the probe, is
@@ -20,6 +21,8 @@ enum Probe {
         up: bool,
         waiting: u64,
         models: Vec<gantry_api::ModelStatus>,
+        /// Bytes the node could still load before its memory watermark (0: not reported).
+        room: u64,
     },
     /// Nothing listens there: the node is gone.
     Refused,
@@ -45,6 +48,7 @@ async fn probe_one(client: &reqwest::Client, replica: &Replica, timeout: Duratio
         Ok(s) => Probe::Answer {
             up: s.ready && !s.draining,
             waiting: s.models.iter().map(|m| m.queue.waiting).sum(),
+            room: s.memory.as_ref().map_or(0, |m| m.room_bytes()),
             models: s.models,
         },
         Err(_) => Probe::Missed,
@@ -72,8 +76,9 @@ pub async fn run(table: Arc<RouteTable>, client: reqwest::Client, every: Duratio
                     up,
                     waiting,
                     models,
-                } => table.probed(r, up, waiting, models),
-                Probe::Refused => table.probed(r, false, 0, Vec::new()),
+                    room,
+                } => table.probed(r, up, waiting, models, room),
+                Probe::Refused => table.probed(r, false, 0, Vec::new(), 0),
                 Probe::Missed => table.probe_missed(r),
             }
         }

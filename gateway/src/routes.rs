@@ -65,6 +65,9 @@ pub struct Replica {
     outstanding: AtomicU64,
     /// Waiting requests the node last reported.
     waiting: AtomicU64,
+    /// Bytes a new model could take on the node before its memory watermark, as it last
+    /// reported (`u64::MAX`: no limit; 0: unknown or full).
+    room: AtomicU64,
     /// Probes in a row that got no answer in time (reset by any answer).
     probe_misses: AtomicU32,
     /// Skip until then: the node answered 503 with this `Retry-After`, or refused a connection.
@@ -85,6 +88,7 @@ impl Replica {
             up: AtomicBool::new(up),
             outstanding: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
+            room: AtomicU64::new(0),
             probe_misses: AtomicU32::new(0),
             unavailable_until: Mutex::new(None),
         }
@@ -125,6 +129,18 @@ impl Replica {
         self.outstanding.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Whether the node's last report lists model `id` at all (loaded or not).
+    fn lists(&self, id: &str) -> bool {
+        self.reported
+            .lock()
+            .map(|r| r.iter().any(|m| m.id == id))
+            .unwrap_or(false)
+    }
+
+    fn room(&self) -> u64 {
+        self.room.load(Ordering::Relaxed)
+    }
+
     /// Whether the node's last report says model `id` is loaded (a cold replica of a pool
     /// would load it first). A replica that never reported counts as cold.
     fn has_loaded(&self, id: &str) -> bool {
@@ -145,8 +161,10 @@ pub enum Rule {
     Session,
     /// Its prompt prefix's replica (or the next one on the ring within the load bound).
     Prefix,
-    /// No key: least load.
+    /// No key, or its replicas are all over the load bound: least load.
     LeastLoad,
+    /// No replica has the model loaded (a pool's cold model): the one with the most room.
+    Cold,
 }
 
 impl Rule {
@@ -155,6 +173,7 @@ impl Rule {
             Rule::Session => "session",
             Rule::Prefix => "prefix",
             Rule::LeastLoad => "least_load",
+            Rule::Cold => "cold",
         }
     }
 }
@@ -337,12 +356,14 @@ impl RouteTable {
         up: bool,
         waiting: u64,
         models: Vec<gantry_api::ModelStatus>,
+        room: u64,
     ) {
         if let Ok(mut r) = replica.reported.lock() {
             *r = models;
         }
         replica.probe_misses.store(0, Ordering::Relaxed);
         replica.waiting.store(waiting, Ordering::Relaxed);
+        replica.room.store(room, Ordering::Relaxed);
         let was = replica.up.swap(up, Ordering::Relaxed);
         if up && !was {
             self.notify();
@@ -421,17 +442,41 @@ impl RouteTable {
                 replica: Arc::clone(r),
             }
         };
-        if let Some(key) = key {
-            let total: u64 = (0..n)
+        let start = if n > 0 {
+            self.rotor.fetch_add(1, Ordering::Relaxed) % n
+        } else {
+            0
+        };
+        let id = &route.spec.id;
+        let warm: Vec<bool> = (0..n)
+            .map(|i| usable[i] && route.replicas[i].has_loaded(id))
+            .collect();
+        let any_warm = warm.iter().any(|w| *w);
+        // A model its replicas list but none has loaded (a pool's cold model): it loads where
+        // there is the most room; on a tie, the least load, then in turn.
+        if !any_warm && (0..n).any(|i| usable[i] && route.replicas[i].lists(id)) {
+            let best = (0..n)
+                .map(|i| (start + i) % n)
                 .filter(|&i| usable[i])
-                .map(|i| route.replicas[i].load())
-                .sum();
+                .map(|i| &route.replicas[i])
+                .max_by_key(|r| (r.room(), std::cmp::Reverse(r.load())))
+                .ok_or(NoReplica::NoneReady)?;
+            return Ok((lease(best), Rule::Cold));
+        }
+        // The candidates: the replicas that have the model loaded when any has, else all.
+        let candidate = |i: usize| if any_warm { warm[i] } else { usable[i] };
+        if let Some(key) = key {
+            let (total, count) = (0..n)
+                .filter(|&i| candidate(i))
+                .fold((0u64, 0usize), |(t, c), i| {
+                    (t + route.replicas[i].load(), c + 1)
+                });
             let cap = load_cap(total, count, load_factor);
             if let Some(i) = route
                 .ring
                 .walk(key.hash, n)
                 .into_iter()
-                .find(|&i| usable[i] && route.replicas[i].load() < cap)
+                .find(|&i| candidate(i) && route.replicas[i].load() < cap)
             {
                 let rule = match key.kind {
                     KeyKind::Session => Rule::Session,
@@ -440,17 +485,10 @@ impl RouteTable {
                 return Ok((lease(&route.replicas[i]), rule));
             }
         }
-        let start = if n > 0 {
-            self.rotor.fetch_add(1, Ordering::Relaxed) % n
-        } else {
-            0
-        };
-        let warm = (0..n).any(|i| usable[i] && route.replicas[i].has_loaded(&route.spec.id));
         let best = (0..n)
             .map(|i| (start + i) % n)
-            .filter(|&i| usable[i])
+            .filter(|&i| candidate(i))
             .map(|i| &route.replicas[i])
-            .filter(|r| !warm || r.has_loaded(&route.spec.id))
             .min_by_key(|r| r.load())
             .ok_or(NoReplica::NoneReady)?;
         Ok((lease(best), Rule::LeastLoad))
@@ -488,7 +526,7 @@ mod tests {
             .iter()
             .find(|r| r.url == "http://b")
             .expect("b");
-        t.probed(b, true, 5, Vec::new());
+        t.probed(b, true, 5, Vec::new(), 0);
         drop(second);
         drop(first);
         for _ in 0..3 {
@@ -547,7 +585,7 @@ mod tests {
         let route = t.get("m").expect("route");
         // Both report a deep queue: the bound moves with the mean, so the key keeps its home.
         for r in &route.replicas {
-            t.probed(r, true, 20, Vec::new());
+            t.probed(r, true, 20, Vec::new(), 0);
         }
         let key = RouteKey {
             hash: 7,
@@ -588,7 +626,7 @@ mod tests {
             .find(|r| r.url == "http://b")
             .expect("b");
         // b is warm but busier; a would load the model first.
-        t.probed(b, true, 3, vec![loaded]);
+        t.probed(b, true, 3, vec![loaded], 0);
         for _ in 0..3 {
             let (l, rule) = t.pick_keyed(&route, &[], None, 1.25).expect("pick");
             assert_eq!(
@@ -598,24 +636,125 @@ mod tests {
         }
     }
 
+    fn listed(id: &str, state: LoadState) -> gantry_api::ModelStatus {
+        gantry_api::ModelStatus {
+            id: id.into(),
+            format: "gguf".into(),
+            architecture: None,
+            verdict: None,
+            artifact: Default::default(),
+            load: gantry_api::LoadStatus {
+                state,
+                ..Default::default()
+            },
+            queue: Default::default(),
+            devices: Vec::new(),
+            replicas: Vec::new(),
+        }
+    }
+
+    fn replica<'a>(route: &'a ModelRoute, url: &str) -> &'a Arc<Replica> {
+        route
+            .replicas
+            .iter()
+            .find(|r| r.url == url)
+            .expect("replica")
+    }
+
+    #[test]
+    fn a_model_no_replica_has_loaded_goes_where_there_is_the_most_room() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b", "http://c"])]);
+        let route = t.get("m").expect("route");
+        const GIB: u64 = 1 << 30;
+        // A pool's three pods list the model, none has loaded it; b has the most room but the
+        // most waiting requests too: room decides, load only breaks ties.
+        for (url, room, waiting) in [
+            ("http://a", GIB, 0),
+            ("http://b", 5 * GIB, 4),
+            ("http://c", 3 * GIB, 0),
+        ] {
+            let r = replica(&route, url);
+            t.probed(
+                r,
+                true,
+                waiting,
+                vec![listed("m", LoadState::Unloaded)],
+                room,
+            );
+        }
+        for key in [None, Some(prefix_key("You are terse."))] {
+            let (l, rule) = t.pick_keyed(&route, &[], key, 1.25).expect("pick");
+            assert_eq!((l.replica.url.as_str(), rule), ("http://b", Rule::Cold));
+        }
+        // Equal room: the least loaded.
+        t.probed(
+            replica(&route, "http://c"),
+            true,
+            0,
+            vec![listed("m", LoadState::Unloaded)],
+            5 * GIB,
+        );
+        let (l, rule) = t.pick_keyed(&route, &[], None, 1.25).expect("pick");
+        assert_eq!((l.replica.url.as_str(), rule), ("http://c", Rule::Cold));
+        // Once one has it loaded, the model stays there, prefix keys included.
+        t.probed(
+            replica(&route, "http://a"),
+            true,
+            0,
+            vec![listed("m", LoadState::Loaded)],
+            0,
+        );
+        for text in ["one system prompt", "another", "a third"] {
+            let (l, rule) = t
+                .pick_keyed(&route, &[], Some(prefix_key(text)), 1.25)
+                .expect("pick");
+            assert_eq!(
+                (l.replica.url.as_str(), rule),
+                ("http://a", Rule::Prefix),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn replicas_that_never_reported_keep_prefix_routing_over_all_of_them() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b", "http://c"])]);
+        let route = t.get("m").expect("route");
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..64 {
+            let (l, rule) = t
+                .pick_keyed(&route, &[], Some(prefix_key(&format!("prompt {i}"))), 1.25)
+                .expect("pick");
+            assert_eq!(rule, Rule::Prefix);
+            seen.insert(l.replica.url.clone());
+        }
+        assert_eq!(
+            seen.len(),
+            3,
+            "64 prefixes spread over every replica: {seen:?}"
+        );
+    }
+
     #[test]
     fn a_replica_leaves_the_rotation_only_after_three_missed_probes_in_a_row() {
         let t = RouteTable::new(true);
         t.replace(vec![spec("m", &["http://a"])]);
         let route = t.get("m").expect("route");
         let a = &route.replicas[0];
-        t.probed(a, true, 0, Vec::new());
+        t.probed(a, true, 0, Vec::new(), 0);
         t.probe_missed(a);
         t.probe_missed(a);
         assert!(a.is_up(), "two slow answers keep a busy node in rotation");
-        t.probed(a, true, 0, Vec::new());
+        t.probed(a, true, 0, Vec::new(), 0);
         t.probe_missed(a);
         t.probe_missed(a);
         assert!(a.is_up(), "an answer resets the count");
         t.probe_missed(a);
         assert!(!a.is_up(), "the third miss in a row takes it out");
         assert_eq!(t.pick(&route, &[]).err(), Some(NoReplica::NoneReady));
-        t.probed(a, true, 0, Vec::new());
+        t.probed(a, true, 0, Vec::new(), 0);
         assert!(
             t.pick(&route, &[]).is_ok(),
             "the next answer brings it back"

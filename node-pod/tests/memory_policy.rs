@@ -230,6 +230,21 @@ async fn the_least_recently_used_idle_model_is_unloaded_and_one_that_never_fits_
         used > 0.0 && used <= (limit - limit / 10) as f64,
         "two models under the watermark: {used} of {limit}"
     );
+    // `/v1/status` reports the same pool (the gateway places a cold model by its room).
+    let v: Value = get(&node, "/v1/status").await.json().await.expect("json");
+    let mem = &v["memory"];
+    assert_eq!(mem["pool"], "ram", "{mem}");
+    assert_eq!(mem["limitBytes"].as_u64(), Some(limit), "{mem}");
+    assert_eq!(
+        mem["watermarkBytes"].as_u64(),
+        Some(limit / 100 * 90 + limit % 100 * 90 / 100),
+        "{mem}"
+    );
+    assert_eq!(
+        mem["usedBytes"].as_u64().map(|u| u as f64),
+        Some(used),
+        "{mem}"
+    );
 }
 
 /// `(waiting, running)` of one model's queue from `/v1/status`.

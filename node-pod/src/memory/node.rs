@@ -286,6 +286,23 @@ impl Node {
         self.update_memory_gauges();
     }
 
+    /// The policy's pool as `/v1/status` reports it: its budget, its watermark and what the
+    /// loaded models hold (the figures of the `gantry_memory_*` gauges).
+    pub(crate) fn memory_status(&self) -> gantry_api::MemoryStatus {
+        let pool = self.pool();
+        let limits = self.limits_now();
+        let used = self
+            .residents()
+            .iter()
+            .fold(0u64, |sum, r| sum.saturating_add(r.held.get(pool)));
+        gantry_api::MemoryStatus {
+            pool: pool.label().to_string(),
+            limit_bytes: limits.get(pool),
+            watermark_bytes: limits.watermark(pool),
+            used_bytes: used,
+        }
+    }
+
     fn update_memory_gauges(&self) {
         let limits = self.limits_now();
         let mut used = Bytes::default();

@@ -81,6 +81,7 @@ impl Node {
             models,
             devices: snap.devices,
             devices_note: snap.note,
+            memory: Some(self.memory_status()),
         }
     }
 
