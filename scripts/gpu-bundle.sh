@@ -23,6 +23,7 @@
 #                                  with the libraries it needs that the plugin directory lacks.
 #                                  gpu-check runs it on the plugin directory's libllama/libggml,
 #                                  so both sides run the very same ggml-cuda build
+#   lib/libgomp.so.1               OpenMP's runtime, used only where the machine has none
 #   wheels/gguf-*.whl              PyPI's gguf (pure Python), for making the bf16 model there
 #   BUNDLE.txt                     the commit, the build flags and each file's sha256
 #
@@ -31,6 +32,7 @@
 # are (for this machine's CPU, .cargo/config.toml): set RUSTFLAGS="-C target-cpu=x86-64-v3"
 # for a GPU machine whose CPU lacks what this one has.
 set -euo pipefail
+shopt -s extglob
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 out="${1:-}"
@@ -80,25 +82,39 @@ mkdir -p "$b/bin" "$b/tests" "$b/engines/llama_cpp/cuda" "$b/engines/native/cuda
 strip -o "$b/bin/gantry-node" target/release/gantry-node
 strip -o "$b/tests/node-lib" "$node_tests"
 strip -o "$b/tests/native-cuda" "$native_tests"
-for f in "$plugins"/llama_cpp/cuda/*; do
-  case "$f" in
-    *.so|*.so.*) strip -o "$b/engines/llama_cpp/cuda/$(basename "$f")" "$(readlink -f "$f")" ;;
-    *) cp -L "$f" "$b/engines/llama_cpp/cuda/" ;;
-  esac
-done
+# Copy a library directory's entries into the bundle: each real file once (stripped), the
+# other names as the symlinks they are here.
+copy_libs() { # from-dir to-dir [skip-pattern]
+  local f name real
+  for f in "$1"/*; do
+    [ -e "$f" ] || continue
+    name="$(basename "$f")"
+    if [ -n "${3:-}" ] && [[ "$name" == $3 ]]; then continue; fi
+    case "$name" in
+      *.so|*.so.*)
+        real="$(readlink -f "$f")"
+        [ -e "$2/$(basename "$real")" ] || strip -o "$2/$(basename "$real")" "$real"
+        [ "$name" = "$(basename "$real")" ] || ln -sfn "$(basename "$real")" "$2/$name"
+        ;;
+      *) cp -L "$f" "$2/" ;;
+    esac
+  done
+}
+copy_libs "$plugins/llama_cpp/cuda" "$b/engines/llama_cpp/cuda"
 # The native plugin without the CUDA 12 libraries linked beside it here: the GPU machine's
 # own cuBLAS and NVRTC are found on its library path (gpu-check.sh sets it).
 strip -o "$b/engines/native/cuda/libgantry_engine_native.so" "$plugins/native/cuda/libgantry_engine_native.so"
 cp "$plugins/native/cuda/manifest.json" "$b/engines/native/cuda/"
 strip -o "$b/peer/llama-server" "$peer"
-# The peer's own shared libraries that the plugin directory does not provide (libmtmd, ...).
-peer_dir="$(dirname "$peer")"
-for f in "$peer_dir"/lib*.so*; do
-  [ -e "$f" ] || continue
-  name="$(basename "$f")"
-  [ -e "$b/engines/llama_cpp/cuda/$name" ] && continue
-  case "$name" in libggml*|libllama.so*) continue ;; esac
-  strip -o "$b/peer/$name" "$(readlink -f "$f")"
+# The peer's own shared libraries that the plugin directory does not provide (libmtmd,
+# libllama-common, the server's implementation); libllama and libggml* come from the plugin's.
+copy_libs "$(dirname "$peer")" "$b/peer" "@(libggml*|libllama.so*|llama-server|*.a)"
+# The C/C++ runtime libraries the plugin and the peer link that a slim GPU image may lack
+# (OpenMP's libgomp): gpu-check.sh puts them last on the library path, after the machine's own.
+mkdir -p "$b/lib"
+for soname in libgomp.so.1; do
+  f="$(ldconfig -p | awk -v n="$soname" '$1 == n { print $NF; exit }')"
+  [ -n "$f" ] && cp -L "$f" "$b/lib/$soname"
 done
 "$python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
   -d "$b/wheels" "$(grep -E '^gguf==' scripts/requirements-test.txt)" >&2

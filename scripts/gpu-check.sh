@@ -99,7 +99,8 @@ rm -rf "$cuda_libs"; mkdir -p "$cuda_libs"
 cuda_dirs=()
 for d in "${CUDA_HOME:-}/lib64" "${CUDA_PATH:-}/lib64" /usr/local/cuda/lib64 \
          /usr/local/cuda/targets/x86_64-linux/lib \
-         "${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-toolkit-13.0/root/lib64"; do
+         "${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-toolkit-13.0/root/lib64" \
+         "${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-runtime-12/lib"; do
   [ -d "$d" ] && cuda_dirs+=("$d")
 done
 while IFS= read -r d; do cuda_dirs+=("$d"); done < <("$python" - <<'EOF' 2>/dev/null
@@ -130,6 +131,15 @@ for major in 12 13; do
   done
 done
 export LD_LIBRARY_PATH="$cuda_libs$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The bundle's fallback runtime libraries, only for those the machine lacks.
+if [ -n "$bundle" ] && [ -d "$bundle/lib" ]; then
+  for f in "$bundle"/lib/*; do
+    [ -e "$f" ] || continue
+    ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$(basename "$f") " && continue
+    mkdir -p "$work/fallback-libs"; ln -sfn "$f" "$work/fallback-libs/$(basename "$f")"
+  done
+  [ -d "$work/fallback-libs" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$work/fallback-libs"
+fi
 ls -l "$cuda_libs" > "$out/cuda-libs.txt" 2>&1
 [ -n "${GANTRY_NVRTC_LIB:-}" ] || { [ -e "$cuda_libs/libnvrtc.so" ] && export GANTRY_NVRTC_LIB="$cuda_libs/libnvrtc.so"; }
 # The peer llama-server of a bundle runs on the plugin's own llama/ggml libraries.
@@ -218,8 +228,7 @@ elif [ -f "$plugins/llama_cpp/cuda/manifest.json" ] && [ -s "$model" ]; then
 fi
 fi
 
-# 5. native-tests ----------------------------------------------------------------------------
-if want native-tests; then
+# The bf16 model of steps 5 and 6 (made here from the GGUF when not given).
 st="${GANTRY_GEMMA_ST_DIR:-}"
 bf16="${GANTRY_GEMMA_BF16_GGUF:-}"
 if { [ ! -d "$st" ] || [ ! -s "$bf16" ]; } && [ -s "$model" ] && { want native-tests || want native-bench; }; then
@@ -232,6 +241,9 @@ if { [ ! -d "$st" ] || [ ! -s "$bf16" ]; } && [ -s "$model" ] && { want native-t
   fi
 fi
 export GANTRY_GEMMA_ST_DIR="$st"
+
+# 5. native-tests ----------------------------------------------------------------------------
+if want native-tests; then
 if [ -n "$bundle" ]; then
   native_tests=(bounded "$bundle/tests/native-cuda" --include-ignored --nocapture)
 else

@@ -194,8 +194,11 @@ fn node_on(backend: gantry_engine_abi::Backend, vram_limit: u64) -> crate::node:
     // source tree too (scripts/gpu-bundle.sh carries it to a GPU machine without cargo).
     let dir = tempfile::tempdir().expect("temp dir");
     let fixture = dir.path().join("devices-2xh100.json");
-    std::fs::write(&fixture, include_str!("../../tests/fixtures/devices-2xh100.json"))
-        .expect("writing the fixture");
+    std::fs::write(
+        &fixture,
+        include_str!("../../tests/fixtures/devices-2xh100.json"),
+    )
+    .expect("writing the fixture");
     let devices = NodeDevices::recorded(&fixture, GIB).expect("fixture");
     let engine = gantry_engine_abi::EngineConfig {
         backend,
