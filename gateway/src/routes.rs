@@ -606,27 +606,9 @@ mod tests {
         let t = RouteTable::new(true);
         t.replace(vec![spec("m", &["http://a", "http://b"])]);
         let route = t.get("m").expect("route");
-        let loaded = gantry_api::ModelStatus {
-            id: "m".into(),
-            format: "gguf".into(),
-            architecture: None,
-            verdict: None,
-            artifact: Default::default(),
-            load: gantry_api::LoadStatus {
-                state: LoadState::Loaded,
-                ..Default::default()
-            },
-            queue: Default::default(),
-            devices: Vec::new(),
-            replicas: Vec::new(),
-        };
-        let b = route
-            .replicas
-            .iter()
-            .find(|r| r.url == "http://b")
-            .expect("b");
+        let b = replica(&route, "http://b");
         // b is warm but busier; a would load the model first.
-        t.probed(b, true, 3, vec![loaded], 0);
+        t.probed(b, true, 3, vec![listed("m", LoadState::Loaded)], 0);
         for _ in 0..3 {
             let (l, rule) = t.pick_keyed(&route, &[], None, 1.25).expect("pick");
             assert_eq!(

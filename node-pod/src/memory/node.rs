@@ -291,25 +291,27 @@ impl Node {
     pub(crate) fn memory_status(&self) -> gantry_api::MemoryStatus {
         let pool = self.pool();
         let limits = self.limits_now();
-        let used = self
-            .residents()
-            .iter()
-            .fold(0u64, |sum, r| sum.saturating_add(r.held.get(pool)));
         gantry_api::MemoryStatus {
             pool: pool.label().to_string(),
             limit_bytes: limits.get(pool),
             watermark_bytes: limits.watermark(pool),
-            used_bytes: used,
+            used_bytes: self.held_now().get(pool),
         }
     }
 
-    fn update_memory_gauges(&self) {
-        let limits = self.limits_now();
+    /// What the loaded models hold, per pool.
+    fn held_now(&self) -> Bytes {
         let mut used = Bytes::default();
         for r in self.residents() {
             used.vram = used.vram.saturating_add(r.held.vram);
             used.ram = used.ram.saturating_add(r.held.ram);
         }
+        used
+    }
+
+    fn update_memory_gauges(&self) {
+        let limits = self.limits_now();
+        let used = self.held_now();
         for pool in Pool::ALL {
             let l = [pool.label()];
             self.metrics
