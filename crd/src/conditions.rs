@@ -62,6 +62,15 @@ pub mod reason {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// Ready=False / Degraded=True: no engine can serve the model.
     pub const ENGINE_UNRESOLVED: &str = "EngineUnresolved";
+    /// Ready=False / Degraded=True: `spec.pool` names no ModelPool in the Model's namespace.
+    pub const POOL_NOT_FOUND: &str = "PoolNotFound";
+    /// Ready=False / Degraded=True: the member's `resources.memory` is more than the pool's
+    /// pods can ever hold; the pool leaves it out.
+    pub const DOES_NOT_FIT: &str = "DoesNotFit";
+    /// Ready=False / Degraded=True: an older member of the pool has the same served name.
+    pub const SERVED_NAME_TAKEN: &str = "ServedNameTaken";
+    /// ModelPool Ready=False: no Model can be served by the pool; it runs no pods.
+    pub const NO_MEMBERS: &str = "NoMembers";
 
     // EngineResolved
     /// EngineResolved=True: one EnginePlugin fits and (once a node reports) the node agrees.

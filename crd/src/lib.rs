@@ -1,5 +1,5 @@
 //! Custom resources (the shapes every reconcile step reads and writes, and that the gateway's
-//! discovery reads): `Model`, `EnginePlugin`, their schema helpers, and the object names and
+//! discovery reads): `Model`, `ModelPool`, `EnginePlugin`, their schema helpers, and the object names and
 //! condition types both the operator and the gateway rely on.
 //!
 //! This crate is the contract between the control plane (`gantry-operator`) and the data-plane
@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod engine_plugin;
 pub mod model;
 pub mod names;
+pub mod pool;
 pub mod schema;
 
 pub use engine_plugin::{
@@ -20,6 +21,7 @@ pub use engine_plugin::{
 pub use model::{
     Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,
     CandidateRejection, DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat,
-    ModelResources, ModelSource, ModelSpec, ModelStatus, ReplicaStatus, Replicas, ResolvedEngine,
-    Rollout, RolloutStrategy, Scheduling, SecretKeyRef,
+    ModelResources, ModelSource, ModelSpec, ModelStatus, PoolPlacement, ReplicaStatus, Replicas,
+    ResolvedEngine, Rollout, RolloutStrategy, Scheduling, SecretKeyRef,
 };
+pub use pool::{ModelPool, ModelPoolSpec, ModelPoolStatus, PoolMember, PoolPod, PoolRefusal};

@@ -107,9 +107,21 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<Cache>,
     /// When the node loads the model: `eager` at start-up (the pod is ready only once loaded) or `lazy` on the first request.
+    /// Members of a pool always load lazily.
     #[serde(default)]
     pub load: LoadPolicy,
+    /// Join the ModelPool of this name in the Model's namespace instead of getting node pods of
+    /// its own. The pool's pods serve it beside the other members; `resources`, `scheduling`,
+    /// `replicas`, `autoscaling`, `rollout` and `cache` belong to the pool then (only
+    /// `resources.memory`, the memory the model needs once loaded, may stay: the pool refuses a
+    /// member that can never fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = POOL_NAME_PATTERN))]
+    pub pool: Option<String>,
 }
+
+/// `spec.pool`: a ModelPool name.
+pub const POOL_NAME_PATTERN: &str = r"^[a-z]([-a-z0-9]*[a-z0-9])?$";
 
 /// Where the weights come from.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -466,6 +478,23 @@ pub struct ModelStatus {
     /// When no engine can serve the model: every candidate EnginePlugin and why it was rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<CandidateRejection>,
+    /// A pool member: the pool and which of its pods hold the model now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolPlacement>,
+}
+
+/// Where a pool member is.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolPlacement {
+    /// The ModelPool's name.
+    pub name: String,
+    /// Pool pods running a config that lists the model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listed_by: Vec<String>,
+    /// Pool pods that have it loaded now (the others load it on its first request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded_on: Vec<String>,
 }
 
 /// The engine serving a model.

@@ -60,6 +60,18 @@ pub fn owned_name(model: &str) -> String {
     model.to_string()
 }
 
+/// The name of a ModelPool's objects (ConfigMap, Deployment, Service, PDB, node-token Secret
+/// prefix): the pool's name and `-pool`, so a pool and a Model of the same name do not meet.
+pub fn pool_object_name(pool: &str) -> String {
+    format!("{pool}-pool")
+}
+
+/// The ModelPool a node pod serves, on the pool's objects and pods beside [`LABEL_MODEL`]
+/// (which holds [`pool_object_name`] there, so the selectors of Models and pools never overlap).
+pub const LABEL_POOL: &str = "gantry.dev/pool";
+/// The kind of a pool, as owner references name it.
+pub const POOL_KIND: &str = "ModelPool";
+
 /// The Secret holding a Model's node token (key `token`), read by its node pods' env.
 pub fn node_token_secret_name(model: &str) -> String {
     format!("{model}-node-token")

@@ -2,7 +2,8 @@
 //! EndpointSlices of the Services the operator creates, folded into one snapshot per change.
 //!
 //! A Model's id is `spec.servedName` or its name; its replicas are the endpoints of the
-//! EndpointSlices labelled `kubernetes.io/service-name=<owned_name(model)>` in its namespace,
+//! EndpointSlices labelled `kubernetes.io/service-name=<owned_name(model)>` in its namespace
+//! (for a pool member, `<pool_object_name(spec.pool)>`: the pool's pods serve it),
 //! on the port named `http`, ready per the slice's `conditions.ready`. A Model whose status says
 //! it cannot serve (invalid spec, no engine, download failed) is marked failed: refused at once
 //! rather than held. Calls: list+watch `models.gantry.dev` and `endpointslices.discovery.k8s.io`
@@ -100,9 +101,17 @@ pub fn routes_from(
         .map(|m| {
             let ns = m.namespace().unwrap_or_default();
             let name = m.name_any();
-            let deployment = names::owned_name(&name);
+            // A pool member is served by its pool's pods: their Service, their token, and the
+            // pool's Deployment to wake.
+            let owner = match &m.spec.pool {
+                Some(pool) => names::pool_object_name(pool),
+                None => name.clone(),
+            };
+            let deployment = names::owned_name(&owner);
+            // Cloned, not taken: every member of a pool shares its Service.
             let mut endpoints = by_service
-                .remove(&(ns.clone(), deployment.clone()))
+                .get(&(ns.clone(), deployment.clone()))
+                .cloned()
                 .unwrap_or_default();
             endpoints.sort();
             endpoints.dedup_by(|a, b| a.0 == b.0);
@@ -113,7 +122,7 @@ pub fn routes_from(
                 min_replicas: replicas.min,
                 max_replicas: replicas.max,
                 failed: failed(m),
-                node_token: install.map(|t| t.for_model(&ns, &name)),
+                node_token: install.map(|t| t.for_model(&ns, &owner)),
                 target: Some(ScaleTarget {
                     namespace: ns,
                     deployment,

@@ -10,15 +10,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 
 use gantry_api::node_token::InstallToken;
 
 use crate::cache::Caches;
 use crate::metrics::Metrics;
 use crate::report_cache::Reports;
-use gantry_crd::EnginePlugin;
 use gantry_crd::names::NODE_PORT;
+use gantry_crd::{EnginePlugin, Model, ModelPool};
 
 /// Operator-wide settings (from flags and environment; see `cli`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +92,10 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
+    /// Every Model and every ModelPool, kept current by the controllers' reflectors: a pool
+    /// reconcile reads its members here, a member's reconcile its pool.
+    pub models: Store<DeserializeGuard<Model>>,
+    pub pools: Store<DeserializeGuard<ModelPool>>,
     /// Consecutive transient failures per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -118,8 +122,51 @@ impl Context {
             reports,
             metrics,
             clock: Arc::new(Timestamp::now),
+            models: reflector::store().0,
+            pools: reflector::store().0,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Read Models and ModelPools from these stores (the controllers' reflectors).
+    pub fn with_stores(
+        mut self,
+        models: Store<DeserializeGuard<Model>>,
+        pools: Store<DeserializeGuard<ModelPool>>,
+    ) -> Self {
+        self.models = models;
+        self.pools = pools;
+        self
+    }
+
+    /// The Models in `namespace` whose `spec.pool` is `pool`, oldest first (then by name): of
+    /// two members with one served name the older keeps it.
+    pub fn pool_members(&self, namespace: &str, pool: &str) -> Vec<Model> {
+        let mut members: Vec<Model> = self
+            .models
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .filter(|m| {
+                m.metadata.namespace.as_deref() == Some(namespace)
+                    && m.spec.pool.as_deref() == Some(pool)
+                    && m.metadata.deletion_timestamp.is_none()
+            })
+            .cloned()
+            .collect();
+        members.sort_by(|a, b| {
+            (&a.metadata.creation_timestamp, &a.metadata.name)
+                .partial_cmp(&(&b.metadata.creation_timestamp, &b.metadata.name))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        members
+    }
+
+    /// The ModelPool `name` in `namespace`, if it exists and deserialized.
+    pub fn pool(&self, namespace: &str, name: &str) -> Option<ModelPool> {
+        self.pools
+            .get(&ObjectRef::new(name).within(namespace))
+            .and_then(|g| g.0.as_ref().ok().cloned())
     }
 
     /// Replace the clock (tests).

@@ -23,7 +23,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::store::WriterDropped;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -35,9 +35,9 @@ use crate::leader::{LeaderElector, LeaseConfig, LeaseError};
 use crate::metrics::{self, Metrics};
 use crate::node_report::HttpNodeStatus;
 use crate::report_cache::{self, PluginRef, PollConfig, Reports};
-use crate::{model, plugin};
+use crate::{model, plugin, pool};
 use gantry_crd::names::{FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME};
-use gantry_crd::{EnginePlugin, Model};
+use gantry_crd::{EnginePlugin, Model, ModelPool};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
@@ -125,9 +125,10 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
     let plugins_api = Api::<DeserializeGuard<EnginePlugin>>::all(client.clone());
     let (plugin_store, writer) = reflector::store();
     let (trigger_tx, trigger_rx) = futures::channel::mpsc::channel::<()>(1);
+    let (pool_trigger_tx, pool_trigger_rx) = futures::channel::mpsc::channel::<()>(1);
     let watch_store = plugin_store.clone();
     let plugin_watch = tokio::spawn(async move {
-        let mut trigger_tx = trigger_tx;
+        let (mut trigger_tx, mut pool_trigger_tx) = (trigger_tx, pool_trigger_tx);
         let mut last = BTreeMap::new();
         let mut stream = std::pin::pin!(
             reflector::reflector(writer, watcher(plugins_api, watcher::Config::default()))
@@ -143,6 +144,7 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
                 last = now;
                 // A full channel already holds a pending "reconcile all".
                 let _ = trigger_tx.try_send(());
+                let _ = pool_trigger_tx.try_send(());
             }
         }
     });
@@ -200,16 +202,32 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
         })
     });
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        config.settings.clone(),
-        plugin_store,
-        caches,
-        reports,
-        metrics.clone(),
-    ));
+    // The ModelPool store: a pool reconcile reads its members from the Model store, a member's
+    // reconcile its pool from this one.
+    let (pool_store, pool_writer) = reflector::store();
+    let pool_stream = watcher(
+        Api::<DeserializeGuard<ModelPool>>::all(client.clone()),
+        list_config(),
+    )
+    .default_backoff()
+    .reflect(pool_writer)
+    .applied_objects()
+    .predicate_filter(spec_or_deletion, Default::default());
+
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            config.settings.clone(),
+            plugin_store,
+            caches,
+            reports,
+            metrics.clone(),
+        )
+        .with_stores(model_store.clone(), pool_store.clone()),
+    );
 
     let controller_config = controller::Config::default().concurrency(config.concurrency);
+    let ctx_pools = ctx.clone();
     let models = Controller::for_stream(model_stream, model_store)
         .reconcile_on(model_rx)
         .reconcile_all_on(trigger_rx)
@@ -228,13 +246,35 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
     .reconcile_on(plugin_rx)
     .with_config(controller_config)
     .shutdown_on_signal()
-    .run(plugin::reconcile, plugin::error_policy, ctx)
+    .run(plugin::reconcile, plugin::error_policy, ctx.clone())
     .for_each(|result| async move {
         if let Err(e) = result {
             tracing::debug!(error = %e, "engineplugin controller");
         }
     });
-    let controllers = futures::future::join(models, plugins);
+    // A Model joining, leaving or changing inside a pool re-renders the pool's config. This is
+    // a second watch of Models (metadata and spec, no trimming needed for the mapper): the
+    // first one feeds the Model controller's stream and cannot be shared across controllers.
+    let pools = Controller::for_stream(pool_stream, pool_store)
+        .watches(
+            Api::<DeserializeGuard<Model>>::all(client.clone()),
+            list_config(),
+            |m: DeserializeGuard<Model>| {
+                let model = m.0.as_ref().ok()?;
+                let pool = model.spec.pool.as_deref()?;
+                Some(ObjectRef::new(pool).within(model.metadata.namespace.as_deref()?))
+            },
+        )
+        .reconcile_all_on(pool_trigger_rx)
+        .with_config(controller::Config::default().concurrency(config.concurrency))
+        .shutdown_on_signal()
+        .run(pool::reconcile, pool::error_policy, ctx_pools)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "modelpool controller");
+            }
+        });
+    let controllers = futures::future::join3(models, plugins, pools);
 
     let outcome = match &mut elector {
         Some(elector) => {
@@ -277,7 +317,7 @@ fn list_config() -> watcher::Config {
 
 /// What a Model reconcile decides on besides its status: the spec (its generation), the
 /// object's identity and whether it is being deleted.
-fn spec_or_deletion(m: &DeserializeGuard<Model>) -> Option<u64> {
+fn spec_or_deletion<K: Resource>(m: &K) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     m.meta().uid.hash(&mut h);
     m.meta().generation.hash(&mut h);

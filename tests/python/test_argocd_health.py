@@ -90,6 +90,33 @@ def test_engineplugin_health(name, obj, want):
     assert hs["status"] == want, hs
 
 
+def pool(*conditions, observed=2, refused=()):
+    return {"apiVersion": "gantry.dev/v1alpha1", "kind": "ModelPool", "metadata": {"name": "p", "generation": 2},
+            "status": {"observedGeneration": observed, "conditions": list(conditions), "refused": list(refused)}}
+
+
+REFUSED = {"name": "big", "reason": reason("DOES_NOT_FIT"), "message": "spec.resources.memory is more than the pool can hold"}
+
+POOL_CASES = [
+    ("ready", pool(cond("Ready", "True", reason("READY"))), "Healthy"),
+    ("a member refused", pool(cond("Ready", "True", reason("READY")), refused=[REFUSED]), "Degraded"),
+    ("pods starting", pool(cond("Ready", "False", reason("REPLICAS_NOT_READY"))), "Progressing"),
+    ("no members", pool(cond("Ready", "False", reason("NO_MEMBERS"))), "Suspended"),
+    ("invalid spec", pool(cond("Ready", "False", reason("INVALID_SPEC"))), "Degraded"),
+    ("apply refused", pool(cond("Ready", "False", reason("APPLY_FAILED"))), "Degraded"),
+    ("old generation", pool(cond("Ready", "True", reason("READY")), observed=1), "Progressing"),
+    ("no status yet", {"metadata": {"name": "p", "generation": 1}}, "Progressing"),
+]
+
+
+@pytest.mark.parametrize("name,obj,want", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_modelpool_health(name, obj, want):
+    hs = run_health("health-modelpool.lua", obj)
+    assert hs["status"] == want, hs
+    if name == "a member refused":
+        assert "big: DoesNotFit" in hs["message"], hs
+
+
 def test_the_lua_runtime_is_lua_5_1():
     # Argo CD embeds gopher-lua (Lua 5.1): run the checks on the same language version.
     assert lupa.LuaRuntime().eval("_VERSION") == "Lua 5.1"

@@ -250,3 +250,48 @@ fn a_model_whose_status_says_it_cannot_serve_is_failed_and_not_listed() {
     table.replace(specs);
     assert!(!table.get("gemma-3-270m").expect("route").listable());
 }
+
+#[test]
+fn pool_members_share_their_pools_pods_token_and_deployment() {
+    let member = |name: &str| -> Arc<Model> {
+        let mut m = fixture_model();
+        m.metadata.name = Some(name.to_string());
+        m.spec.served_name = Some(name.to_string());
+        m.spec.resources = None;
+        m.spec.pool = Some("small".to_string());
+        Arc::new(m)
+    };
+    let slices: Vec<Arc<EndpointSlice>> = vec![Arc::new(
+        serde_json::from_value(slice(
+            "default",
+            "small-pool",
+            &[("10.0.0.7", None), ("10.0.0.8", Some(true))],
+        ))
+        .expect("slice"),
+    )];
+    let install: InstallToken = "0123456789abcdef0123456789abcdef".parse().expect("token");
+    let specs = routes_from(&[member("a"), member("b")], &slices, Some(&install));
+    assert_eq!(specs.len(), 2);
+    for s in &specs {
+        assert_eq!(
+            s.endpoints,
+            vec![
+                ("http://10.0.0.7:8080".to_string(), true),
+                ("http://10.0.0.8:8080".to_string(), true)
+            ],
+            "{}",
+            s.id
+        );
+        assert_eq!(
+            s.node_token,
+            Some(install.for_model("default", "small-pool"))
+        );
+        assert_eq!(
+            s.target,
+            Some(ScaleTarget {
+                namespace: "default".into(),
+                deployment: "small-pool".into()
+            })
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::path::Path;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use gantry_crd::{EnginePlugin, Model};
+use gantry_crd::{EnginePlugin, Model, ModelPool};
 
 use super::structural;
 
@@ -42,9 +42,9 @@ impl GenerateError {
     }
 }
 
-/// Both CRDs, Model first.
+/// Every CRD, Model first.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Model::crd(), EnginePlugin::crd()]
+    vec![Model::crd(), ModelPool::crd(), EnginePlugin::crd()]
 }
 
 /// `gantry.dev_models.yaml`: the file name for one CRD.

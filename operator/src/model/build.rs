@@ -40,7 +40,7 @@ use crate::context::{NodeNetworkPolicy, Settings};
 use crate::model::node_config::{self, RenderError, RenderedConfig, short_hash};
 use crate::model::validate::ValidModel;
 use gantry_api::node_token::{ModelToken, NODE_TOKEN_SECRET_KEY};
-use gantry_crd::names::{self, *};
+use gantry_crd::names::*;
 use gantry_crd::{AutoscalingMode, CacheType, EnginePlugin};
 
 mod pod;
@@ -238,19 +238,28 @@ fn hpa(model: &ValidModel) -> HorizontalPodAutoscaler {
 fn owner_reference(model: &ValidModel) -> OwnerReference {
     OwnerReference {
         api_version: format!("{API_GROUP}/{API_VERSION}"),
-        kind: "Model".to_string(),
-        name: model.name.clone(),
+        kind: model.owner.kind.to_string(),
+        name: model.owner.name.clone(),
         uid: model.uid.clone(),
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
 }
 
+/// [`object_labels`], and on a pool's objects and pods the pool's name.
+fn labels(model: &ValidModel) -> BTreeMap<String, String> {
+    let mut labels = object_labels(&model.name);
+    if model.owner.kind == POOL_KIND {
+        labels.insert(LABEL_POOL.to_string(), model.owner.name.clone());
+    }
+    labels
+}
+
 fn metadata(model: &ValidModel, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: Some(model.namespace.clone()),
-        labels: Some(object_labels(&model.name)),
+        labels: Some(labels(model)),
         owner_references: Some(vec![owner_reference(model)]),
         ..ObjectMeta::default()
     }
@@ -488,7 +497,7 @@ fn deployment(
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(names::object_labels(&model.name)),
+                    labels: Some(labels(model)),
                     annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),

@@ -125,6 +125,10 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
         }
     };
 
+    if let Some(pool) = &valid.pool {
+        // A pool member gets no pods of its own: its pool's reconcile serves it.
+        return crate::pool::member_status(model, &valid, pool, ctx).await;
+    }
     let config = node_config::render(&valid)?;
     let observation = observe::observe(
         &valid,

@@ -48,29 +48,34 @@ pub fn render(model: &ValidModel) -> Result<RenderedConfig, RenderError> {
 /// The node's model config (YAML) for one Model: the node's own type, so the node reads
 /// exactly what is rendered here.
 pub fn node_config(model: &ValidModel) -> NodeConfig {
-    let positive = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
     NodeConfig {
-        models: vec![ModelConfig {
-            id: model.served_name.clone(),
-            source: Some(model.source.node_uri.clone()),
-            format: model.format.as_str().to_string(),
-            quantization: model.source.quantization.clone(),
-            files: model.source.files.clone(),
-            engine: model.pin.clone(),
-            context_length: positive(model.engine_config.context_length),
-            max_batch_size: positive(model.engine_config.max_batch_size),
-            threads: positive(model.engine_config.threads),
-            // The pod gets `resources.gpus` devices; a model on more than one spreads over
-            // all of them (one is the node's default).
-            gpus: u32::try_from(model.gpus).ok().filter(|g| *g > 1),
-            load: match model.load {
-                gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
-                gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
-            },
-            ..ModelConfig::default()
-        }],
+        models: vec![model_config(model)],
         cache_dir: Some(NODE_CACHE_DIR.into()),
         ..NodeConfig::default()
+    }
+}
+
+/// One Model's entry in a node config (a dedicated Model's only one, or a pool member's).
+pub fn model_config(model: &ValidModel) -> ModelConfig {
+    let positive = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
+    ModelConfig {
+        id: model.served_name.clone(),
+        source: Some(model.source.node_uri.clone()),
+        format: model.format.as_str().to_string(),
+        quantization: model.source.quantization.clone(),
+        files: model.source.files.clone(),
+        engine: model.pin.clone(),
+        context_length: positive(model.engine_config.context_length),
+        max_batch_size: positive(model.engine_config.max_batch_size),
+        threads: positive(model.engine_config.threads),
+        // The pod gets `resources.gpus` devices; a model on more than one spreads over
+        // all of them (one is the node's default).
+        gpus: u32::try_from(model.gpus).ok().filter(|g| *g > 1),
+        load: match model.load {
+            gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
+            gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
+        },
+        ..ModelConfig::default()
     }
 }
 

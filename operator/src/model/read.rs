@@ -42,10 +42,6 @@ fn meta<K>(m: Option<Arc<Meta<K>>>) -> Option<ObjectMeta> {
 
 /// Read the owned objects, the plugins and the node reports of `model` from the caches.
 pub async fn read(model: &Model, ctx: &Context) -> Observed {
-    let ns = model.namespace().unwrap_or_default();
-    let name = model.name_any();
-    let owned = owned_name(&name);
-    let c = &ctx.caches;
     // The claim only matters while the spec asks for one; a claim left from an earlier spec
     // stays (it holds downloaded weights) until the Model is deleted.
     let wants_claim = model
@@ -53,6 +49,21 @@ pub async fn read(model: &Model, ctx: &Context) -> Observed {
         .cache
         .as_ref()
         .is_some_and(|c| c.type_ == CacheType::PersistentVolumeClaim);
+    read_objects(
+        &model.namespace().unwrap_or_default(),
+        &model.name_any(),
+        wants_claim,
+        ctx,
+    )
+    .await
+}
+
+/// [`read`] for the objects named after `name` in `ns` (a Model's name, or a pool's object
+/// name), looking up the cache claim only when `wants_claim`.
+pub async fn read_objects(ns: &str, name: &str, wants_claim: bool, ctx: &Context) -> Observed {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    let owned = owned_name(&name);
+    let c = &ctx.caches;
     let deployment = cache::get(&c.deployments, &ns, &owned).map(|d| (*d).clone());
     // Without a Deployment there are no node pods to ask.
     let reports = if deployment.is_some() {

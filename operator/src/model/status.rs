@@ -293,6 +293,8 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         download,
         endpoint: f.deployment.is_some().then(|| endpoint(f.valid)),
         candidates,
+        // A pool member's reconcile adds where it is (pool/mod.rs).
+        pool: None,
     }
 }
 
@@ -308,7 +310,7 @@ pub fn endpoint(model: &ValidModel) -> String {
 /// The recent-write kind of a Model's status.
 const STATUS_KIND: &str = "Model/status";
 
-fn status_digest(document: Option<&serde_json::Value>) -> String {
+pub(crate) fn status_digest(document: Option<&serde_json::Value>) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     document.map(ToString::to_string).hash(&mut h);

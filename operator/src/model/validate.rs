@@ -47,6 +47,19 @@ pub struct ValidModel {
     pub engine_config: EngineConfig,
     pub cache: Cache,
     pub load: LoadPolicy,
+    /// `spec.pool`: the ModelPool whose pods serve this Model instead of its own.
+    pub pool: Option<String>,
+    /// The object the owned objects belong to: the Model itself, or the ModelPool for the
+    /// template the pool reconcile builds its pods from (pool/validate.rs).
+    pub owner: Owner,
+}
+
+/// The controller reference of built objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// `Model` or `ModelPool`.
+    pub kind: &'static str,
+    pub name: String,
 }
 
 /// `spec.autoscaling` with every default filled in.
@@ -254,7 +267,7 @@ pub struct Invalid {
 }
 
 impl Invalid {
-    fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
         Invalid {
             field,
             message: message.into(),
@@ -400,9 +413,12 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             format!("must be an engine id (lower-case letters, digits, _ and -), got {pin:?}"),
         ));
     }
+    if let Some(pool) = &spec.pool {
+        check_pool_member(model, pool, source.as_ref(), &mut problems);
+    }
     // A Model's node pods serve that one model, and a node loads lazily only
-    // when it serves several (it refuses the config otherwise).
-    if spec.load == gantry_crd::LoadPolicy::Lazy {
+    // when it serves several (it refuses the config otherwise). Pool members always load lazily.
+    if spec.load == gantry_crd::LoadPolicy::Lazy && spec.pool.is_none() {
         problems.push(Invalid::new(
             "spec.load",
             "`lazy` needs a node serving several models; a Model's node pods serve one, so use `eager`",
@@ -441,10 +457,59 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             engine_config,
             cache,
             load: spec.load,
+            pool: spec.pool.clone(),
+            owner: Owner {
+                kind: "Model",
+                name: name.clone(),
+            },
             name,
             namespace,
         }),
         _ => Err(problems),
+    }
+}
+
+/// A pool member leaves the pod template to its pool: the fields that shape node pods are
+/// refused on it, and so are sources that need a per-model volume or Secret in the pod.
+fn check_pool_member(
+    model: &Model,
+    pool: &str,
+    source: Option<&ValidSource>,
+    problems: &mut Vec<Invalid>,
+) {
+    let spec = &model.spec;
+    let resources = spec.resources.clone().unwrap_or_default();
+    for (field, set) in [
+        ("spec.replicas", spec.replicas.is_some()),
+        ("spec.autoscaling", spec.autoscaling.is_some()),
+        ("spec.rollout", spec.rollout.is_some()),
+        ("spec.scheduling", spec.scheduling.is_some()),
+        ("spec.cache", spec.cache.is_some()),
+        ("spec.resources.gpus", resources.gpus.is_some()),
+        (
+            "spec.resources.gpuResourceName",
+            resources.gpu_resource_name.is_some(),
+        ),
+        ("spec.resources.cpu", resources.cpu.is_some()),
+    ] {
+        if set {
+            problems.push(Invalid::new(
+                field,
+                format!("belongs to the ModelPool `{pool}` for a member of it; set it there, or remove spec.pool"),
+            ));
+        }
+    }
+    if let Some(claim) = source.and_then(|s| s.claim.as_ref()) {
+        problems.push(Invalid::new(
+            "spec.source.uri",
+            format!("a pvc:// source (claim `{claim}`) cannot join a pool: the pool's pods mount no per-model claims; use hf://, s3://, https:// or a file:// path on the pool's cache"),
+        ));
+    }
+    if source.is_some_and(|s| s.secret.is_some()) {
+        problems.push(Invalid::new(
+            "spec.source.secretRef",
+            "a source with a Secret cannot join a pool: the pool's pods carry no per-model credentials",
+        ));
     }
 }
 
@@ -567,6 +632,40 @@ pub fn is_quantity(s: &str) -> bool {
             None => false,
         },
     }
+}
+
+/// Bytes of a quantity [`is_quantity`] accepts (`512Mi`, `2G`, `1.5e9`); `None` for anything
+/// else. Close enough for comparing memory sizes, not for money.
+pub fn quantity_bytes(s: &str) -> Option<f64> {
+    if !is_quantity(s) {
+        return None;
+    }
+    const SUFFIXES: [(&str, f64); 15] = [
+        ("Ki", 1024.0),
+        ("Mi", 1048576.0),
+        ("Gi", 1073741824.0),
+        ("Ti", 1099511627776.0),
+        ("Pi", 1125899906842624.0),
+        ("Ei", 1152921504606846976.0),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    for (suffix, factor) in SUFFIXES {
+        if let Some(n) = s.strip_suffix(suffix)
+            && let Ok(v) = n.parse::<f64>()
+        {
+            return Some(v * factor);
+        }
+    }
+    // Plain numbers and decimal exponents (`1e9`) parse as they are.
+    s.parse::<f64>().ok()
 }
 
 /// `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.

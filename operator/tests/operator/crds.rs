@@ -163,6 +163,16 @@ fn the_examples_pass_admission() {
         schema_errors(&EnginePlugin::crd(), &plugin),
         Vec::<String>::new()
     );
+    // The pool example: the pool and each of its three members.
+    for doc in yaml_docs::<Value>(&repo_dir().join("docs/examples/modelpool-small.yaml")) {
+        let crd = match doc["kind"].as_str() {
+            Some("ModelPool") => gantry_crd::ModelPool::crd(),
+            _ => Model::crd(),
+        };
+        let what = doc["metadata"]["name"].clone();
+        assert_eq!(schema_errors(&crd, &doc), Vec::<String>::new(), "{what}");
+        assert_eq!(cel_errors(&crd, &doc, None), Vec::<String>::new(), "{what}");
+    }
     for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"] {
         let fixture = yaml_docs::<Value>(
             &crate::support::crate_dir().join(format!("tests/fixtures/models/{case}.yaml")),

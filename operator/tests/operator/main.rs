@@ -11,6 +11,7 @@ mod leader;
 mod node_report;
 mod objects;
 mod plugin;
+mod pool;
 mod rbac;
 mod reconcile;
 mod support;

@@ -138,6 +138,7 @@ fn examples_and_fixtures_read_back_as_gantry_resources() {
             match doc["kind"].as_str() {
                 Some("Model") => assert_round_trips::<Model>(&doc, &what),
                 Some("EnginePlugin") => assert_round_trips::<EnginePlugin>(&doc, &what),
+                Some("ModelPool") => assert_round_trips::<gantry_crd::ModelPool>(&doc, &what),
                 other => panic!("{what}: unexpected kind {other:?}"),
             }
         }

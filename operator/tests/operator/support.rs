@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::NodeStatus;
-use gantry_crd::{EnginePlugin, Model};
+use gantry_crd::{EnginePlugin, Model, ModelPool};
 use gantry_operator::cache::{self, Writers};
 use gantry_operator::context::{Context, Settings};
 use gantry_operator::metrics::Metrics;
@@ -80,11 +80,31 @@ pub fn context_with(
     plugins: Vec<EnginePlugin>,
     nodes: BTreeMap<String, NodeStatus>,
 ) -> (Arc<Context>, ApiServer) {
+    context_full(settings, plugins, nodes, Vec::new(), Vec::new())
+}
+
+/// [`context_with`] whose Model and ModelPool stores hold `models` and `pools`, as the
+/// controllers' reflectors would.
+pub fn context_full(
+    settings: Settings,
+    plugins: Vec<EnginePlugin>,
+    nodes: BTreeMap<String, NodeStatus>,
+    models: Vec<Model>,
+    pools: Vec<ModelPool>,
+) -> (Arc<Context>, ApiServer) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let (store, mut writer) = reflector::store::<DeserializeGuard<EnginePlugin>>();
     for p in plugins {
         writer.apply_watcher_event(&watcher::Event::Apply(DeserializeGuard(Ok(p))));
+    }
+    let (model_store, mut model_writer) = reflector::store::<DeserializeGuard<Model>>();
+    for m in models {
+        model_writer.apply_watcher_event(&watcher::Event::Apply(DeserializeGuard(Ok(m))));
+    }
+    let (pool_store, mut pool_writer) = reflector::store::<DeserializeGuard<ModelPool>>();
+    for p in pools {
+        pool_writer.apply_watcher_event(&watcher::Event::Apply(DeserializeGuard(Ok(p))));
     }
     let metrics = Arc::new(Metrics::new().expect("metrics"));
     let (caches, writers) = cache::caches();
@@ -96,7 +116,8 @@ pub fn context_with(
         Arc::new(Reports::new(Arc::new(FixedNodeStatus(nodes)))),
         metrics,
     )
-    .with_clock(Arc::new(t0));
+    .with_clock(Arc::new(t0))
+    .with_stores(model_store, pool_store);
     let mut server = ApiServer::new(handle);
     server.writers = Some(writers);
     (Arc::new(ctx), server)

@@ -1,0 +1,198 @@
+//! ModelPool reconcile, status step: folds the admission, the Deployment and the pool pods'
+//! reports into `ModelPool.status` (pure), then writes it only when it changed.
+//!
+//! As for Models, nothing here changes on its own (no timestamps besides
+//! `lastTransitionTime`, no rates), so a still pool folds to the stored status and is not written.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use super::CONTROLLER;
+use super::admit::Admission;
+use crate::context::Context;
+use crate::model::apply::ApplyError;
+use crate::model::status::StatusError;
+use crate::node_report::NodeReport;
+use crate::write;
+use gantry_crd::conditions::{self, Decided, FALSE, TRUE, model as cond, reason};
+use gantry_crd::names::{NODE_PORT, pool_object_name};
+use gantry_crd::{ModelPool, ModelPoolStatus, PoolMember, PoolPod, ReplicaStatus};
+
+/// Everything the fold looks at.
+#[derive(Clone, Copy, Debug)]
+pub struct Facts<'a> {
+    pub pool: &'a ModelPool,
+    pub admission: &'a Admission,
+    /// The hash of the node config the pool's pods should run.
+    pub config_hash: &'a str,
+    /// The Deployment after the apply step (`None`: no members, no pods).
+    pub deployment: Option<&'a Deployment>,
+    /// Reports of the pool's pods, sorted by pod name.
+    pub reports: &'a [NodeReport],
+    pub apply_error: Option<&'a ApplyError>,
+    pub now: Timestamp,
+}
+
+/// The in-cluster base URL of a pool's pods.
+pub fn endpoint(pool: &ModelPool) -> String {
+    format!(
+        "http://{}.{}.svc:{NODE_PORT}/v1",
+        pool_object_name(&pool.name_any()),
+        pool.namespace().unwrap_or_default()
+    )
+}
+
+/// One pool pod as its report says.
+pub fn pod(report: &NodeReport, config_hash: &str) -> PoolPod {
+    let name = report
+        .pod
+        .rsplit_once('/')
+        .map_or(report.pod.as_str(), |(_, n)| n)
+        .to_string();
+    let Ok(s) = &report.status else {
+        return PoolPod {
+            name,
+            ..PoolPod::default()
+        };
+    };
+    let memory = s.memory.clone().unwrap_or_default();
+    PoolPod {
+        name,
+        ready: s.ready,
+        config_current: s.config_hash.as_deref() == Some(config_hash),
+        loaded: s
+            .models
+            .iter()
+            .filter(|m| m.load.state == gantry_api::LoadState::Loaded)
+            .map(|m| m.id.clone())
+            .collect(),
+        memory_used_bytes: i64::try_from(memory.used_bytes).unwrap_or(i64::MAX),
+        memory_limit_bytes: i64::try_from(memory.limit_bytes).unwrap_or(i64::MAX),
+    }
+}
+
+/// Node pod counts from the Deployment (never from the reports: a silent pod still exists).
+pub fn replicas(deployment: Option<&Deployment>) -> ReplicaStatus {
+    match deployment {
+        Some(d) => {
+            let s = d.status.clone().unwrap_or_default();
+            ReplicaStatus {
+                desired: d.spec.replicas.unwrap_or(1),
+                current: s.replicas.unwrap_or(0),
+                ready: s.ready_replicas.unwrap_or(0),
+            }
+        }
+        None => ReplicaStatus::default(),
+    }
+}
+
+/// Fold the pool's facts into its status.
+pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
+    let previous = f.pool.status.clone().unwrap_or_default();
+    let generation = f.pool.metadata.generation;
+    let replicas = replicas(f.deployment);
+    let ready = if let Some(e) = f.apply_error {
+        Decided::new(cond::READY, FALSE, reason::APPLY_FAILED, e.to_string())
+    } else if f.admission.members.is_empty() {
+        Decided::new(
+            cond::READY,
+            FALSE,
+            reason::NO_MEMBERS,
+            "no Model the pool can serve names it in spec.pool; the pool runs no node pods",
+        )
+    } else if replicas.ready > 0 {
+        // A pool serves once one pod does; the others add capacity.
+        Decided::new(
+            cond::READY,
+            TRUE,
+            reason::READY,
+            format!("{}/{} node pods ready", replicas.ready, replicas.desired),
+        )
+    } else {
+        Decided::new(
+            cond::READY,
+            FALSE,
+            reason::REPLICAS_NOT_READY,
+            format!("{}/{} node pods ready", replicas.ready, replicas.desired),
+        )
+    };
+    let models: Vec<PoolMember> = f
+        .admission
+        .members
+        .iter()
+        .map(|m| PoolMember {
+            name: m.name.clone(),
+            served_name: m.valid.served_name.clone(),
+            plugins: m
+                .resolution
+                .mounted()
+                .iter()
+                .map(|p| p.name_any())
+                .collect(),
+        })
+        .collect();
+    ModelPoolStatus {
+        observed_generation: generation,
+        conditions: conditions::with_times(&[ready], &previous.conditions, generation, f.now),
+        model_count: i32::try_from(models.len()).unwrap_or(i32::MAX),
+        models,
+        refused_count: i32::try_from(f.admission.refused.len()).unwrap_or(i32::MAX),
+        refused: f.admission.refused.clone(),
+        pods: f.reports.iter().map(|r| pod(r, f.config_hash)).collect(),
+        replicas: Some(replicas),
+        endpoint: f.deployment.is_some().then(|| endpoint(f.pool)),
+    }
+}
+
+/// Status for a pool whose spec failed validation; the last good objects keep running.
+pub fn fold_invalid(pool: &ModelPool, message: String, now: Timestamp) -> ModelPoolStatus {
+    let previous = pool.status.clone().unwrap_or_default();
+    let ready = Decided::new(
+        cond::READY,
+        FALSE,
+        reason::INVALID_SPEC,
+        format!("the spec cannot be served as written: {message}"),
+    );
+    ModelPoolStatus {
+        observed_generation: pool.metadata.generation,
+        conditions: conditions::with_times(
+            &[ready],
+            &previous.conditions,
+            pool.metadata.generation,
+            now,
+        ),
+        ..previous
+    }
+}
+
+/// The recent-write kind of a pool's status.
+const STATUS_KIND: &str = "ModelPool/status";
+
+/// Write `status` if it differs from the stored one and from the one written a moment ago.
+pub async fn publish(
+    pool: &ModelPool,
+    status: ModelPoolStatus,
+    ctx: &Context,
+) -> Result<bool, StatusError> {
+    let document = serde_json::to_value(&status).ok();
+    if serde_json::to_value(pool.status.clone().unwrap_or_default()).ok() == document {
+        return Ok(false);
+    }
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let digest = crate::model::status::status_digest(document.as_ref());
+    if ctx.caches.recent.holds(STATUS_KIND, &ns, &name, &digest) {
+        return Ok(false);
+    }
+    let api = Api::<ModelPool>::namespaced(ctx.client.clone(), &ns);
+    write::apply_status(&api, &name, &status, &ctx.metrics, CONTROLLER)
+        .await
+        .map_err(|source| StatusError::Patch {
+            model: format!("ModelPool {ns}/{name}"),
+            source,
+        })?;
+    ctx.caches.recent.wrote(STATUS_KIND, &ns, &name, &digest);
+    Ok(true)
+}
