@@ -11,7 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::model::{Cache, EngineConfig, ModelResources, Replicas, Rollout, Scheduling};
+use super::model::{
+    Autoscaling, AutoscalingStatus, Cache, EngineConfig, ModelResources, Replicas, Rollout,
+    Scheduling,
+};
 use super::schema::{conditions_schema, quantity_schema};
 
 /// A pool's name names its objects (`<name>-pool`), so it must be a DNS-1035 label that leaves
@@ -54,6 +57,11 @@ pub struct ModelPoolSpec {
     /// Node pods. The Deployment starts with `min`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<Replicas>,
+    /// Autoscaling targets within `replicas`, on the pool's summed queue and KV use and its
+    /// memory pressure (loads refused and models evicted per minute). `Builtin` only;
+    /// `replicas.min: 0` scales an idle pool to zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
     /// How node pods are replaced when the pod template changes (a member joining or leaving
     /// changes only the node config, which the pods reload without a restart).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,7 +92,8 @@ pub struct ModelPoolStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` (reasons `Ready`, `ReplicasNotReady`, `NoMembers`, `InvalidSpec`, `ApplyFailed`).
+    /// `Ready` (reasons `Ready`, `ScaledToZero`, `ReplicasNotReady`, `NoMembers`, `InvalidSpec`,
+    /// `ApplyFailed`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -106,6 +115,9 @@ pub struct ModelPoolStatus {
     /// Node pod counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<super::model::ReplicaStatus>,
+    /// The autoscaler's last decision (field manager `gantry-autoscaler`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingStatus>,
     /// In-cluster OpenAI base URL of the pool's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,

@@ -4,6 +4,7 @@
 --   Ready=False, reason InvalidSpec/ApplyFailed -> Degraded
 --   Ready=False, reason NoMembers             -> Suspended (no Model names the pool; no pod runs)
 --   Ready=True, some member refused           -> Degraded (status.refused says which and why)
+--   Ready=True, reason ScaledToZero           -> Suspended (the gateway starts a pod on demand)
 --   Ready=True                                -> Healthy
 --   otherwise                                 -> Progressing (pods starting)
 local hs = {}
@@ -51,7 +52,11 @@ if ready.status == "True" then
       (first.reason or "") .. ": " .. (first.message or "")
     return hs
   end
-  hs.status = "Healthy"
+  if ready.reason == "ScaledToZero" then
+    hs.status = "Suspended"
+  else
+    hs.status = "Healthy"
+  end
   hs.message = ready.message or ""
   return hs
 end

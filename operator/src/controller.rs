@@ -177,6 +177,18 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
     // A status write (ours or the autoscaler's) changes nothing a reconcile decides on.
     .predicate_filter(spec_or_deletion, Default::default());
 
+    // The ModelPool store: a pool reconcile reads its members from the Model store, a member's
+    // reconcile its pool from this one.
+    let (pool_store, pool_writer) = reflector::store();
+    let pool_stream = watcher(
+        Api::<DeserializeGuard<ModelPool>>::all(client.clone()),
+        list_config(),
+    )
+    .default_backoff()
+    .reflect(pool_writer)
+    .applied_objects()
+    .predicate_filter(spec_or_deletion, Default::default());
+
     let node_status = HttpNodeStatus::new(config.settings.node_port)
         .map_err(RunError::NodeStatusClient)?
         .with_install_token(config.settings.node_token.clone());
@@ -194,25 +206,15 @@ pub async fn run_with_client(client: Client, config: RunConfig) -> Result<(), Ru
     let autoscaler = config.autoscaler.map(|a| {
         let (client, settings, metrics) =
             (client.clone(), config.settings.clone(), metrics.clone());
-        let (models, caches) = (model_store.clone(), caches.clone());
+        let (models, pools, caches) = (model_store.clone(), pool_store.clone(), caches.clone());
         tokio::spawn(async move {
-            if let Err(e) = autoscale::run(client, a, settings, metrics, models, caches).await {
+            if let Err(e) =
+                autoscale::run(client, a, settings, metrics, models, pools, caches).await
+            {
                 tracing::error!(error = %e, "autoscaler stopped");
             }
         })
     });
-
-    // The ModelPool store: a pool reconcile reads its members from the Model store, a member's
-    // reconcile its pool from this one.
-    let (pool_store, pool_writer) = reflector::store();
-    let pool_stream = watcher(
-        Api::<DeserializeGuard<ModelPool>>::all(client.clone()),
-        list_config(),
-    )
-    .default_backoff()
-    .reflect(pool_writer)
-    .applied_objects()
-    .predicate_filter(spec_or_deletion, Default::default());
 
     let ctx = Arc::new(
         Context::new(

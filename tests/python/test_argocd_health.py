@@ -101,6 +101,7 @@ POOL_CASES = [
     ("ready", pool(cond("Ready", "True", reason("READY"))), "Healthy"),
     ("a member refused", pool(cond("Ready", "True", reason("READY")), refused=[REFUSED]), "Degraded"),
     ("pods starting", pool(cond("Ready", "False", reason("REPLICAS_NOT_READY"))), "Progressing"),
+    ("scaled to zero", pool(cond("Ready", "True", reason("SCALED_TO_ZERO"))), "Suspended"),
     ("no members", pool(cond("Ready", "False", reason("NO_MEMBERS"))), "Suspended"),
     ("invalid spec", pool(cond("Ready", "False", reason("INVALID_SPEC"))), "Degraded"),
     ("apply refused", pool(cond("Ready", "False", reason("APPLY_FAILED"))), "Degraded"),

@@ -1,8 +1,10 @@
-//! Autoscaler, decide step (pure, no I/O, the time is an argument): one Model's replica count
+//! Autoscaler, decide step (pure, no I/O, the time is an argument): one Model's (or pool's) replica count
 //! from one interval's observation of its node pods and the recommendations it remembers.
 //!
 //! Per interval: `want = max(ceil(demand / targetQueueDepth), ceil(Σ KV use / target))`,
 //! where demand is the waiting plus running requests of the ready pods that reported.
+//! - Pools add memory pressure: evictions plus refused loads per minute per pod at or above
+//!   [`PRESSURE_PER_MINUTE`] want one pod more than now.
 //! - Up at once: a `want` above the current count is applied in the same interval.
 //! - Down only after the stabilization window: each interval's `want`, averaged over the
 //!   last [`SMOOTHING_SAMPLES`], is remembered for the window; the count goes down to the
@@ -22,6 +24,11 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::model::validate::ValidModel;
 
+/// Evictions plus refused loads per minute per pod at which a pool wants one more pod: its
+/// members' working set no longer fits in the pods it has, and the gateway sends a cold model
+/// to the pod with the most room, so one more pod splits the set.
+pub const PRESSURE_PER_MINUTE: f64 = 1.0;
+
 /// Recommendations averaged for the scale-down side (30 s at the default 5 s interval).
 pub const SMOOTHING_SAMPLES: usize = 6;
 
@@ -31,6 +38,9 @@ pub mod reason {
     pub const SCALED_UP_QUEUE_DEPTH: &str = "ScaledUpQueueDepth";
     /// More replicas: the KV-cache (VRAM) use per pod exceeds `targetVramUtilization`.
     pub const SCALED_UP_VRAM_PRESSURE: &str = "ScaledUpVramPressure";
+    /// One more replica (a pool): its pods evicted models or refused loads at least
+    /// [`super::PRESSURE_PER_MINUTE`] times a minute per pod.
+    pub const SCALED_UP_MEMORY_PRESSURE: &str = "ScaledUpMemoryPressure";
     /// Fewer replicas would do, but the stabilization window still holds a higher recommendation.
     pub const SCALE_DOWN_STABILIZING: &str = "ScaleDownStabilizing";
     /// Fewer replicas: every recommendation in the stabilization window was lower.
@@ -51,9 +61,10 @@ pub mod reason {
     pub const DELEGATED_TO_HPA: &str = "DelegatedToHPA";
 
     /// Every reason, for docs and tests.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         SCALED_UP_QUEUE_DEPTH,
         SCALED_UP_VRAM_PRESSURE,
+        SCALED_UP_MEMORY_PRESSURE,
         SCALE_DOWN_STABILIZING,
         SCALED_DOWN,
         SCALED_TO_ZERO_IDLE,
@@ -138,6 +149,9 @@ pub struct Observation {
     pub silent: usize,
     /// The gateway's `gantry.dev/scale-up-requested-at`, when set and valid.
     pub scale_up_requested_at: Option<Timestamp>,
+    /// Models evicted plus loads refused per minute, summed over the reporting pods, since the
+    /// previous interval (pools; 0 for a Model).
+    pub memory_pressure: f64,
 }
 
 /// What the autoscaler wants, and why.
@@ -225,7 +239,10 @@ impl History {
             let kv: f64 = obs.loads.iter().map(|l| l.kv_utilization).sum();
             let by_queue = ceil_div(demand as f64, policy.target_queue_depth);
             let by_kv = ceil_div(kv, policy.target_utilization);
-            let want = by_queue.max(by_kv);
+            let pods = obs.loads.len().max(1) as f64;
+            let pressured = obs.memory_pressure / pods >= PRESSURE_PER_MINUTE;
+            let by_pressure = if pressured { current + 1 } else { 0 };
+            let want = by_queue.max(by_kv).max(by_pressure);
             let partial = obs.silent > 0;
             let figures = format!(
                 "{demand} requests ({waiting} waiting, {running} running) on {} reporting pods, target {} per pod -> {by_queue}; KV use {:.0}% summed, target {:.0}% per pod -> {by_kv}{}",
@@ -238,7 +255,14 @@ impl History {
                 } else {
                     String::new()
                 }
-            );
+            ) + &if obs.memory_pressure > 0.0 {
+                format!(
+                    "; memory pressure {:.1} evictions and refused loads per minute, target under {PRESSURE_PER_MINUTE} per pod -> {by_pressure}",
+                    obs.memory_pressure
+                )
+            } else {
+                String::new()
+            };
 
             // A silent pod's load is unknown: remember at least the current count, so missing
             // data never lets the window fall.
@@ -298,7 +322,9 @@ impl History {
                     };
                     Decision {
                         desired,
-                        reason: if by_queue >= by_kv {
+                        reason: if by_pressure > by_queue.max(by_kv) {
+                            reason::SCALED_UP_MEMORY_PRESSURE
+                        } else if by_queue >= by_kv {
                             reason::SCALED_UP_QUEUE_DEPTH
                         } else {
                             reason::SCALED_UP_VRAM_PRESSURE

@@ -36,13 +36,14 @@ use crate::metrics::Metrics;
 use crate::model::apply::controlled_by;
 use crate::model::validate::{ValidModel, validate};
 use crate::node_report::{HttpNodeStatus, ModelRef, NodeStatusSource, reachable};
+use crate::pool::admit;
 use crate::write;
 use decide::{Decision, History, Observation, PodLoad, Policy, reason};
 use gantry_crd::names::{
     ANNOTATION_SCALE_UP_REQUESTED, AUTOSCALER_FIELD_MANAGER, LABEL_MODEL, LABEL_NAME,
     NODE_APP_NAME, owned_name,
 };
-use gantry_crd::{AutoscalingMode, AutoscalingStatus, Model};
+use gantry_crd::{AutoscalingMode, AutoscalingStatus, Model, ModelPool};
 
 /// Controller label of the autoscaler's writes in `gantry_operator_writes_total`.
 pub const CONTROLLER: &str = "autoscaler";
@@ -133,13 +134,78 @@ pub struct Outcome {
     pub status_written: bool,
 }
 
-/// One Model to look at this interval.
+/// Whose replica count a target is: a Model's own Deployment, or a pool's.
+#[derive(Clone, Copy, Debug)]
+enum Owner<'a> {
+    Model(&'a Model),
+    Pool(&'a ModelPool),
+}
+
+impl Owner<'_> {
+    /// History and outcome key: `namespace/name` of a Model, `ModelPool/namespace/name` of a pool.
+    fn key(&self) -> String {
+        match self {
+            Owner::Model(m) => key(m),
+            Owner::Pool(p) => format!(
+                "{POOL_KEY_PREFIX}{}/{}",
+                p.namespace().unwrap_or_default(),
+                p.name_any()
+            ),
+        }
+    }
+
+    fn namespace(&self) -> String {
+        match self {
+            Owner::Model(m) => m.namespace(),
+            Owner::Pool(p) => p.namespace(),
+        }
+        .unwrap_or_default()
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Owner::Model(m) => m.name_any(),
+            Owner::Pool(p) => p.name_any(),
+        }
+    }
+
+    fn stored(&self) -> Option<&AutoscalingStatus> {
+        match self {
+            Owner::Model(m) => m.status.as_ref().and_then(|s| s.autoscaling.as_ref()),
+            Owner::Pool(p) => p.status.as_ref().and_then(|s| s.autoscaling.as_ref()),
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        match self {
+            Owner::Model(m) => m.spec.autoscaling.as_ref(),
+            Owner::Pool(p) => p.spec.autoscaling.as_ref(),
+        }
+        .map(|a| a.mode)
+        .unwrap_or_default()
+        .as_str()
+    }
+}
+
+/// Pool keys in the histories and outcomes start with this.
+const POOL_KEY_PREFIX: &str = "ModelPool/";
+
+/// One Model (or pool) to look at this interval.
 struct Target<'a> {
-    model: &'a Model,
+    owner: Owner<'a>,
     valid: ValidModel,
     deployment: &'a Deployment,
-    /// Ready node pods of the Model, with their IPs.
+    /// Ready node pods, with their IPs.
     ready: Vec<&'a str>,
+    /// The model whose queue counts; `None`: every model on the pod (a pool).
+    served: Option<String>,
+}
+
+/// What one ready pod reported: its load, and (pools) its evictions plus refused loads so far.
+#[derive(Clone, Copy, Debug)]
+struct PodAnswer {
+    load: PodLoad,
+    pressure_total: u64,
 }
 
 /// The autoscaler: histories per Model plus the means to observe and write.
@@ -148,8 +214,11 @@ pub struct Autoscaler {
     node_status: Arc<dyn NodeStatusSource>,
     metrics: Arc<Metrics>,
     settings: Settings,
-    /// Keyed by `namespace/name`, with the Model's uid: a re-created Model starts afresh.
+    /// Keyed by `namespace/name` (pools: `ModelPool/namespace/name`), with the uid: a
+    /// re-created object starts afresh.
     histories: HashMap<String, (String, History)>,
+    /// Per pool pod IP: when its pressure counter was last read, and its value.
+    pressure: HashMap<String, (Timestamp, u64)>,
 }
 
 fn key(model: &Model) -> String {
@@ -165,6 +234,31 @@ fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Deployments by namespace and name.
+fn by_name<D: Borrow<Deployment>>(deployments: &[D]) -> BTreeMap<(String, String), &Deployment> {
+    deployments
+        .iter()
+        .map(|d| {
+            let d: &Deployment = d.borrow();
+            ((d.namespace().unwrap_or_default(), d.name_any()), d)
+        })
+        .collect()
+}
+
+/// IPs of the ready, reachable node pods labelled for `valid` (a Model or a pool template).
+fn ready_pods<'a, P: Borrow<Pod>>(pods: &'a [P], valid: &ValidModel) -> Vec<&'a str> {
+    pods.iter()
+        .map(|p| -> &Pod { p.borrow() })
+        .filter(|p| p.namespace().as_deref() == Some(valid.namespace.as_str()))
+        .filter(|p| {
+            p.labels().get(LABEL_MODEL) == Some(&valid.name)
+                && p.labels().get(LABEL_NAME).map(String::as_str) == Some(NODE_APP_NAME)
+        })
+        .filter(|p| is_ready(p))
+        .filter_map(reachable)
+        .collect()
 }
 
 /// The gateway's scale-up request, if present and a valid RFC 3339 time.
@@ -197,6 +291,7 @@ impl Autoscaler {
             metrics,
             settings,
             histories: HashMap::new(),
+            pressure: HashMap::new(),
         }
     }
 
@@ -210,13 +305,7 @@ impl Autoscaler {
         pods: &[P],
         now: Timestamp,
     ) -> Vec<Outcome> {
-        let deployments: BTreeMap<(String, String), &Deployment> = deployments
-            .iter()
-            .map(|d| {
-                let d: &Deployment = d.borrow();
-                ((d.namespace().unwrap_or_default(), d.name_any()), d)
-            })
-            .collect();
+        let deployments = by_name(deployments);
         let mut targets = Vec::new();
         let mut hpa = Vec::new();
         for model in models {
@@ -239,53 +328,19 @@ impl Autoscaler {
                 hpa.push((model, deployment));
                 continue;
             }
-            let ready = pods
-                .iter()
-                .map(|p| -> &Pod { p.borrow() })
-                .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
-                .filter(|p| {
-                    p.labels().get(LABEL_MODEL) == Some(&valid.name)
-                        && p.labels().get(LABEL_NAME).map(String::as_str) == Some(NODE_APP_NAME)
-                })
-                .filter(|p| is_ready(p))
-                .filter_map(reachable)
-                .collect();
+            let ready = ready_pods(pods, &valid);
+            let served = Some(valid.served_name.clone());
             targets.push(Target {
-                model,
+                owner: Owner::Model(model),
                 valid,
                 deployment,
                 ready,
+                served,
             });
         }
         let live: std::collections::HashSet<String> = models.iter().map(key).collect();
-        self.histories.retain(|k, _| live.contains(k));
-
-        // The fetches own what they need (no borrow crosses the concurrent stream), and come
-        // back keyed by the target's index.
-        let source = self.node_status.clone();
-        type Ask = (usize, (String, String), String, Vec<String>);
-        let asks: Vec<Ask> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let ips = t.ready.iter().map(|ip| (*ip).to_string()).collect();
-                let model = (t.valid.namespace.clone(), t.valid.name.clone());
-                (i, model, t.valid.served_name.clone(), ips)
-            })
-            .collect();
-        let mut answers: Vec<(usize, Vec<Option<PodLoad>>)> =
-            futures::stream::iter(asks.into_iter().map(|(i, model, served, ips)| {
-                let source = source.clone();
-                async move { (i, fetch_loads(source, model, served, ips).await) }
-            }))
-            .buffer_unordered(CONCURRENT_FETCHES)
-            .collect()
-            .await;
-        answers.sort_by_key(|(i, _)| *i);
-        let observed = targets
-            .into_iter()
-            .zip(answers.into_iter().map(|(_, loads)| loads));
-
+        self.histories
+            .retain(|k, _| k.starts_with(POOL_KEY_PREFIX) || live.contains(k));
         let mut outcomes = Vec::new();
         for (model, deployment) in hpa {
             let decision = Decision {
@@ -297,13 +352,124 @@ impl Autoscaler {
                 ),
             };
             self.histories.remove(&key(model));
-            outcomes.push(self.publish(model, decision, false, now).await);
+            outcomes.push(
+                self.publish(Owner::Model(model), decision, false, now)
+                    .await,
+            );
         }
-        for (t, loads) in observed {
-            outcomes.push(self.scale(&t, loads, now).await);
-        }
+        outcomes.extend(self.observe_and_scale(targets, now).await);
         outcomes.sort_by(|a, b| a.model.cmp(&b.model));
         outcomes
+    }
+
+    /// One interval over every ModelPool with a Deployment, as [`Autoscaler::tick`] for
+    /// Models: the load is every model's on each pod, plus the pods' memory pressure.
+    pub async fn tick_pools<D: Borrow<Deployment>, P: Borrow<Pod>>(
+        &mut self,
+        pools: &[ModelPool],
+        deployments: &[D],
+        pods: &[P],
+        now: Timestamp,
+    ) -> Vec<Outcome> {
+        let deployments = by_name(deployments);
+        let mut targets = Vec::new();
+        for pool in pools {
+            if pool.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Ok(valid) = admit::template(pool, &self.settings) else {
+                continue;
+            };
+            let Some(deployment) = deployments
+                .get(&(valid.namespace.clone(), owned_name(&valid.name)))
+                .copied()
+                .filter(|d| controlled_by(&d.metadata, &valid.uid))
+            else {
+                continue;
+            };
+            let ready = ready_pods(pods, &valid);
+            targets.push(Target {
+                owner: Owner::Pool(pool),
+                valid,
+                deployment,
+                ready,
+                served: None,
+            });
+        }
+        let live: std::collections::HashSet<String> =
+            pools.iter().map(|p| Owner::Pool(p).key()).collect();
+        self.histories
+            .retain(|k, _| !k.starts_with(POOL_KEY_PREFIX) || live.contains(k));
+        let mut outcomes = self.observe_and_scale(targets, now).await;
+        outcomes.sort_by(|a, b| a.model.cmp(&b.model));
+        outcomes
+    }
+
+    /// Ask every target's ready pods for their load (concurrently), then decide and write
+    /// target by target.
+    async fn observe_and_scale(
+        &mut self,
+        targets: Vec<Target<'_>>,
+        now: Timestamp,
+    ) -> Vec<Outcome> {
+        // The fetches own what they need (no borrow crosses the concurrent stream), and come
+        // back keyed by the target's index.
+        let source = self.node_status.clone();
+        type Ask = (usize, (String, String), Option<String>, Vec<String>);
+        let asks: Vec<Ask> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let ips = t.ready.iter().map(|ip| (*ip).to_string()).collect();
+                let model = (t.valid.namespace.clone(), t.valid.name.clone());
+                (i, model, t.served.clone(), ips)
+            })
+            .collect();
+        let mut answers: Vec<(usize, Vec<Option<PodAnswer>>)> =
+            futures::stream::iter(asks.into_iter().map(|(i, model, served, ips)| {
+                let source = source.clone();
+                async move { (i, fetch_loads(source, model, served, ips).await) }
+            }))
+            .buffer_unordered(CONCURRENT_FETCHES)
+            .collect()
+            .await;
+        answers.sort_by_key(|(i, _)| *i);
+        let mut outcomes = Vec::new();
+        for (t, (_, answers)) in targets.into_iter().zip(answers) {
+            let pressure = match t.owner {
+                Owner::Pool(_) => self.pressure_per_minute(&t.ready, &answers, now),
+                Owner::Model(_) => 0.0,
+            };
+            let loads = answers.into_iter().map(|a| a.map(|a| a.load)).collect();
+            outcomes.push(self.scale(&t, loads, pressure, now).await);
+        }
+        outcomes
+    }
+
+    /// Evictions plus refused loads per minute, summed over `ips` that answered, since each
+    /// pod's previous reading (a pod read for the first time, or whose counter went back
+    /// because it restarted, counts nothing this interval).
+    fn pressure_per_minute(
+        &mut self,
+        ips: &[&str],
+        answers: &[Option<PodAnswer>],
+        now: Timestamp,
+    ) -> f64 {
+        let mut rate = 0.0;
+        for (ip, answer) in ips.iter().zip(answers) {
+            let Some(answer) = answer else { continue };
+            if let Some((then, before)) = self.pressure.get(*ip)
+                && answer.pressure_total >= *before
+            {
+                let minutes = (now.as_millisecond() - then.as_millisecond()) as f64 / 60_000.0;
+                if minutes > 0.0 {
+                    rate += (answer.pressure_total - before) as f64 / minutes;
+                }
+            }
+            self.pressure
+                .insert((*ip).to_string(), (now, answer.pressure_total));
+        }
+        rate
     }
 
     /// Decide and write for one Builtin-mode Model.
@@ -311,6 +477,7 @@ impl Autoscaler {
         &mut self,
         t: &Target<'_>,
         loads: Vec<Option<PodLoad>>,
+        memory_pressure: f64,
         now: Timestamp,
     ) -> Outcome {
         let current = t.deployment.spec.replicas.unwrap_or(1);
@@ -322,11 +489,12 @@ impl Autoscaler {
             loads: loads.into_iter().flatten().collect(),
             silent,
             scale_up_requested_at: scale_up_requested_at(t.deployment),
+            memory_pressure,
         };
-        let stored = t.model.status.as_ref().and_then(|s| s.autoscaling.as_ref());
+        let stored = t.owner.stored();
         let entry = self
             .histories
-            .entry(key(t.model))
+            .entry(t.owner.key())
             .or_insert_with(|| (t.valid.uid.clone(), resume(stored, current)));
         if entry.0 != t.valid.uid {
             *entry = (t.valid.uid.clone(), resume(stored, current));
@@ -342,7 +510,7 @@ impl Autoscaler {
             {
                 Ok(_) => {
                     scaled = true;
-                    tracing::info!(model = %key(t.model), from = current, to = decision.desired,
+                    tracing::info!(target = %t.owner.key(), from = current, to = decision.desired,
                         reason = decision.reason, message = %decision.message, "scaled");
                 }
                 Err(source) => {
@@ -355,7 +523,7 @@ impl Autoscaler {
                     self.metrics.reconcile_failed(CONTROLLER, e.metric_label());
                     tracing::warn!(error = %e, "autoscaler");
                     return Outcome {
-                        model: key(t.model),
+                        model: t.owner.key(),
                         decision,
                         scaled: false,
                         status_written: false,
@@ -363,30 +531,24 @@ impl Autoscaler {
                 }
             }
         }
-        self.publish(t.model, decision, scaled, now).await
+        self.publish(t.owner, decision, scaled, now).await
     }
 
     /// Write `status.autoscaling` when the mode, reason or count differs from the stored one.
     async fn publish(
         &self,
-        model: &Model,
+        owner: Owner<'_>,
         decision: Decision,
         scaled: bool,
         now: Timestamp,
     ) -> Outcome {
-        let stored = model.status.as_ref().and_then(|s| s.autoscaling.as_ref());
-        let mode = model
-            .spec
-            .autoscaling
-            .as_ref()
-            .map(|a| a.mode)
-            .unwrap_or_default()
-            .as_str();
+        let stored = owner.stored();
+        let mode = owner.mode();
         let unchanged = stored.is_some_and(|s| {
             s.mode == mode && s.reason == decision.reason && s.desired_replicas == decision.desired
         });
         let mut outcome = Outcome {
-            model: key(model),
+            model: owner.key(),
             decision,
             scaled,
             status_written: false,
@@ -406,26 +568,40 @@ impl Autoscaler {
                 stored.and_then(|s| s.last_scale_time.clone())
             },
         };
-        let ns = model.namespace().unwrap_or_default();
-        let api = Api::<Model>::namespaced(self.client.clone(), &ns);
+        let (ns, name) = (owner.namespace(), owner.name());
         let body = serde_json::json!({ "autoscaling": status });
-        match write::apply_status_as(
-            &api,
-            &model.name_any(),
-            &body,
-            AUTOSCALER_FIELD_MANAGER,
-            &self.metrics,
-            CONTROLLER,
-        )
-        .await
-        {
-            Ok(_) => outcome.status_written = true,
+        let written = match owner {
+            Owner::Model(_) => {
+                let api = Api::<Model>::namespaced(self.client.clone(), &ns);
+                write::apply_status_as(
+                    &api,
+                    &name,
+                    &body,
+                    AUTOSCALER_FIELD_MANAGER,
+                    &self.metrics,
+                    CONTROLLER,
+                )
+                .await
+                .map(drop)
+            }
+            Owner::Pool(_) => {
+                let api = Api::<ModelPool>::namespaced(self.client.clone(), &ns);
+                write::apply_status_as(
+                    &api,
+                    &name,
+                    &body,
+                    AUTOSCALER_FIELD_MANAGER,
+                    &self.metrics,
+                    CONTROLLER,
+                )
+                .await
+                .map(drop)
+            }
+        };
+        match written {
+            Ok(()) => outcome.status_written = true,
             Err(source) => {
-                let e = ScaleError::Status {
-                    ns,
-                    name: model.name_any(),
-                    source,
-                };
+                let e = ScaleError::Status { ns, name, source };
                 self.metrics.reconcile_failed(CONTROLLER, e.metric_label());
                 tracing::warn!(error = %e, "autoscaler");
             }
@@ -434,24 +610,51 @@ impl Autoscaler {
     }
 }
 
-/// Ask every ready pod of one Model for its load; `None` for a pod that stays silent.
+/// Ask every ready pod for its load: of the model `served`, or (a pool, `None`) of every
+/// model on it, with its memory pressure counter; `None` for a pod that stays silent.
 async fn fetch_loads(
     source: Arc<dyn NodeStatusSource>,
     model: (String, String),
-    served: String,
+    served: Option<String>,
     ips: Vec<String>,
-) -> Vec<Option<PodLoad>> {
+) -> Vec<Option<PodAnswer>> {
     let (namespace, name) = (model.0.as_str(), model.1.as_str());
     futures::future::join_all(ips.iter().map(|ip| {
         let source = source.clone();
-        let served = served.as_str();
+        let served = served.as_deref();
         async move {
             let status = source.fetch(ip, ModelRef { namespace, name }).await.ok()?;
-            let entry = status.models.iter().find(|m| m.id == served)?;
-            Some(PodLoad::from_queue(&entry.queue))
+            let load = match served {
+                Some(served) => {
+                    let entry = status.models.iter().find(|m| m.id == served)?;
+                    PodLoad::from_queue(&entry.queue)
+                }
+                None => {
+                    let mut sum = gantry_api::QueueStatus::default();
+                    for m in &status.models {
+                        sum.waiting += m.queue.waiting;
+                        sum.running += m.queue.running;
+                        sum.kv_used_tokens += m.queue.kv_used_tokens;
+                        sum.kv_capacity_tokens += m.queue.kv_capacity_tokens;
+                    }
+                    PodLoad::from_queue(&sum)
+                }
+            };
+            Some(PodAnswer {
+                load,
+                pressure_total: pressure_total(&status),
+            })
         }
     }))
     .await
+}
+
+/// Models evicted plus loads refused since the node started, from its memory status.
+fn pressure_total(status: &gantry_api::NodeStatus) -> u64 {
+    status
+        .memory
+        .as_ref()
+        .map_or(0, |m| m.evictions_total.saturating_add(m.refusals_total))
 }
 
 /// A history for a Model seen for the first time (start-up or leader change): a Model at zero
@@ -486,6 +689,7 @@ pub async fn run(
     settings: Settings,
     metrics: Arc<Metrics>,
     models: Store<DeserializeGuard<Model>>,
+    pools: Store<DeserializeGuard<ModelPool>>,
     caches: Caches,
 ) -> Result<(), RunError> {
     let node_status = HttpNodeStatus::with_timeout(settings.node_port, config.metrics_timeout)
@@ -509,6 +713,14 @@ pub async fn run(
         let pods = caches.pods.state();
         autoscaler
             .tick(&models, &deployments, &pods, Timestamp::now())
+            .await;
+        let pools: Vec<ModelPool> = pools
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok().cloned())
+            .collect();
+        autoscaler
+            .tick_pools(&pools, &deployments, &pods, Timestamp::now())
             .await;
     }
 }

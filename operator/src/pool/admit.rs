@@ -54,7 +54,7 @@ pub fn template(pool: &ModelPool, settings: &Settings) -> Result<ValidModel, Vec
             resources: spec.resources.clone(),
             scheduling: spec.scheduling.clone(),
             replicas: spec.replicas.clone(),
-            autoscaling: None,
+            autoscaling: spec.autoscaling.clone(),
             rollout: spec.rollout.clone(),
             engine_config: spec.engine_config.clone(),
             cache: spec.cache.clone(),
@@ -78,10 +78,14 @@ pub fn template(pool: &ModelPool, settings: &Settings) -> Result<ValidModel, Vec
             ));
         }
     }
-    if spec.replicas.as_ref().is_some_and(|r| r.min < 1) {
+    if spec
+        .autoscaling
+        .as_ref()
+        .is_some_and(|a| a.mode == gantry_crd::AutoscalingMode::Hpa)
+    {
         problems.push(Invalid::new(
-            "spec.replicas.min",
-            "must be >= 1: pools are not autoscaled yet, so a pool at zero would never start a pod",
+            "spec.autoscaling.mode",
+            "a pool scales on its summed load and memory pressure, which an HPA cannot read: use Builtin",
         ));
     }
     if let Some(q) = &spec.model_memory

@@ -102,6 +102,13 @@ pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
             reason::NO_MEMBERS,
             "no Model the pool can serve names it in spec.pool; the pool runs no node pods",
         )
+    } else if f.deployment.is_some() && replicas.desired == 0 {
+        Decided::new(
+            cond::READY,
+            TRUE,
+            reason::SCALED_TO_ZERO,
+            "scaled to zero (replicas.min is 0); the gateway starts a node pod on the first request",
+        )
     } else if replicas.ready > 0 {
         // A pool serves once one pod does; the others add capacity.
         Decided::new(
@@ -142,6 +149,8 @@ pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
         refused: f.admission.refused.clone(),
         pods: f.reports.iter().map(|r| pod(r, f.config_hash)).collect(),
         replicas: Some(replicas),
+        // The autoscaler's field: never part of what this manager applies.
+        autoscaling: None,
         endpoint: f.deployment.is_some().then(|| endpoint(f.pool)),
     }
 }
@@ -163,6 +172,7 @@ pub fn fold_invalid(pool: &ModelPool, message: String, now: Timestamp) -> ModelP
             pool.metadata.generation,
             now,
         ),
+        autoscaling: None,
         ..previous
     }
 }
@@ -177,7 +187,12 @@ pub async fn publish(
     ctx: &Context,
 ) -> Result<bool, StatusError> {
     let document = serde_json::to_value(&status).ok();
-    if serde_json::to_value(pool.status.clone().unwrap_or_default()).ok() == document {
+    // `autoscaling` belongs to the autoscaler's field manager and is not compared.
+    let ours = ModelPoolStatus {
+        autoscaling: None,
+        ..pool.status.clone().unwrap_or_default()
+    };
+    if serde_json::to_value(&ours).ok() == document {
         return Ok(false);
     }
     let ns = pool.namespace().unwrap_or_default();

@@ -117,6 +117,7 @@ fn replay(policy: &Policy, start: i32, samples: &[Sample], silent: usize) -> Run
             loads,
             silent: silent.min(usize::try_from(current).unwrap_or(0)),
             scale_up_requested_at: None,
+            memory_pressure: 0.0,
         };
         let d = history.decide(policy, &obs);
         steps.push((secs, current, d.clone()));
@@ -286,6 +287,7 @@ fn a_model_at_zero_scales_up_when_the_gateway_asks_after_the_scale_to_zero() {
                 loads: Vec::new(),
                 silent: 0,
                 scale_up_requested_at: asked.map(at),
+                memory_pressure: 0.0,
             },
         )
     };
@@ -329,6 +331,7 @@ fn a_model_at_zero_scales_up_when_the_gateway_asks_after_the_scale_to_zero() {
                 }],
                 silent: 0,
                 scale_up_requested_at: Some(at(0)),
+                memory_pressure: 0.0,
             },
         );
         current = d.desired;
@@ -362,6 +365,7 @@ fn missing_metrics_never_scale_down() {
             loads: Vec::new(),
             silent: 3,
             scale_up_requested_at: None,
+            memory_pressure: 0.0,
         },
     );
     assert_eq!((d.desired, d.reason), (3, reason::METRICS_UNAVAILABLE));
