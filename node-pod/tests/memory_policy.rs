@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use std::time::{Duration, Instant};
 
-use common::{NodeProc, built_lib, faulty_manifest, install_plugin, profile_dir, spawn_node};
+use common::{
+    NodeProc, built_lib, faulty_manifest, http, install_plugin, profile_dir, spawn_node, wait_ready,
+};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
@@ -25,32 +27,12 @@ fn start_with(config: Value, plugins: &Path, ram_limit: u64, dir: tempfile::Temp
     })
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
 async fn get(node: &NodeProc, path: &str) -> reqwest::Response {
     http()
         .get(format!("{}{path}", node.base))
         .send()
         .await
         .expect("GET")
-}
-
-async fn wait_ready(node: &NodeProc) {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(60) {
-        if let Ok(r) = http().get(format!("{}/readyz", node.base)).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("node did not become ready within 60 s");
 }
 
 /// A short greedy completion; returns the status and body.

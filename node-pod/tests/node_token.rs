@@ -13,13 +13,6 @@ use serde_json::{Value, json};
 const TOKEN: &str = "4dce9168474a782aeebad355ce9572b8e237d58baa22a8c071bdd293110b3ba2";
 const HEADER: &str = "X-Gantry-Node-Token";
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
 fn node(token: Option<&str>) -> NodeProc {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("tiny.gguf");
@@ -33,20 +26,6 @@ fn node(token: Option<&str>) -> NodeProc {
             cmd.env("GANTRY_NODE_TOKEN", t);
         }
     })
-}
-
-/// `/readyz` is open, so readiness can be awaited without the token.
-async fn wait_ready(node: &NodeProc) {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(60) {
-        if let Ok(r) = http().get(format!("{}/readyz", node.base)).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("node did not become ready within 60 s");
 }
 
 async fn chat(node: &NodeProc, token: Option<&str>) -> (u16, Value) {

@@ -8,34 +8,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use futures::StreamExt;
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
 /// Start the node with a YAML config written from `models` (each `{id, file, ...}`).
 fn start(config: Value, plugins: &Path, dir: tempfile::TempDir) -> NodeProc {
     spawn_node(&config, plugins, dir, |_| {})
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
-async fn wait_ready(node: &NodeProc) {
-    let c = http();
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(60) {
-        if let Ok(r) = c.get(format!("{}/readyz", node.base)).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("node did not become ready within 60 s");
 }
 
 fn tiny_dir(spec: TinyModelSpec) -> (tempfile::TempDir, PathBuf) {
@@ -125,41 +103,6 @@ fn metric_value(text: &str, series: &str) -> f64 {
                 .map(|v| v.trim().parse::<f64>().expect("number"))
         })
         .unwrap_or_else(|| panic!("{series} missing"))
-}
-
-/// Read SSE `data:` payloads from a streaming response.
-async fn sse_lines(resp: reqwest::Response, tx: tokio::sync::mpsc::UnboundedSender<String>) {
-    let mut buf = String::new();
-    let mut body = resp.bytes_stream();
-    while let Some(Ok(chunk)) = body.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(i) = buf.find("\n\n") {
-            let ev: String = buf.drain(..i + 2).collect();
-            if let Some(d) = ev.trim().strip_prefix("data: ")
-                && tx.send(d.to_string()).is_err()
-            {
-                return;
-            }
-        }
-    }
-}
-
-/// POST a streaming request and collect its SSE `data:` payloads on a channel.
-async fn stream(
-    node: &NodeProc,
-    path: &str,
-    body: Value,
-) -> tokio::sync::mpsc::UnboundedReceiver<String> {
-    let resp = http()
-        .post(format!("{}{path}", node.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("stream");
-    assert_eq!(resp.status(), 200);
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(sse_lines(resp, tx));
-    rx
 }
 
 async fn open_stream(

@@ -1,7 +1,11 @@
-//! Shared test support for the node's integration tests: locating built plugins and writing plugin trees.
+//! Shared test support for the node's integration tests: locating built plugins and writing
+//! plugin trees, starting the node binary and talking to it over loopback.
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
 
 use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor, Sampling, StepEntry};
 use gantry_node::engine_host::{EngineRegistry, ModelExec, Plugin};
@@ -131,12 +135,22 @@ pub fn spawn_node(
     dir: tempfile::TempDir,
     customize: impl FnOnce(&mut std::process::Command),
 ) -> NodeProc {
-    let port = free_port();
     let cfg_path = dir.path().join("node.yaml");
     std::fs::write(&cfg_path, serde_yaml::to_string(config).expect("yaml")).expect("write config");
+    spawn_node_with_config(&cfg_path, plugins, dir, customize)
+}
+
+/// Start the node binary as [`spawn_node`] does, on the config file already at `cfg_path`.
+pub fn spawn_node_with_config(
+    cfg_path: &Path,
+    plugins: &Path,
+    dir: tempfile::TempDir,
+    customize: impl FnOnce(&mut std::process::Command),
+) -> NodeProc {
+    let port = free_port();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gantry-node"));
     cmd.args(["serve", "--config"])
-        .arg(&cfg_path)
+        .arg(cfg_path)
         .args(["--listen", &format!("127.0.0.1:{port}"), "--plugins-dir"])
         .arg(plugins)
         .env("GANTRY_LOG", "info")
@@ -149,6 +163,64 @@ pub fn spawn_node(
         base: format!("http://127.0.0.1:{port}"),
         _dir: dir,
     }
+}
+
+/// An HTTP client with a generous overall timeout.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+/// Wait (at most 60 s) for `/readyz` to answer 200; `/readyz` needs no node token.
+pub async fn wait_ready(node: &NodeProc) {
+    let c = http();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        if let Ok(r) = c.get(format!("{}/readyz", node.base)).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("node did not become ready within 60 s");
+}
+
+/// Read SSE `data:` payloads from a streaming response.
+pub async fn sse_lines(resp: reqwest::Response, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+    let mut buf = String::new();
+    let mut body = resp.bytes_stream();
+    while let Some(Ok(chunk)) = body.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(i) = buf.find("\n\n") {
+            let ev: String = buf.drain(..i + 2).collect();
+            if let Some(d) = ev.trim().strip_prefix("data: ")
+                && tx.send(d.to_string()).is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// POST a streaming request and collect its SSE `data:` payloads on a channel.
+pub async fn stream(
+    node: &NodeProc,
+    path: &str,
+    body: serde_json::Value,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let resp = http()
+        .post(format!("{}{path}", node.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(resp.status(), 200);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(sse_lines(resp, tx));
+    rx
 }
 
 /// The descriptor of a GGUF model at `path`, loaded as `id`.
@@ -204,4 +276,22 @@ pub fn generate_batched(exec: &mut ModelExec, prompts: &[Vec<i32>], n: usize) ->
         exec.seq_release(s);
     }
     outs
+}
+
+/// One greedy step of `tokens` as the first entry of a new sequence of `exec`: its id and the
+/// token sampled after it. The sequence stays open (the caller reads what the engine reports
+/// about it, then releases it).
+pub fn step_new_sequence(exec: &mut ModelExec, tokens: &[i32], fresh: bool) -> (u64, i32) {
+    let seq = exec.seq_open().expect("seq_open");
+    let g = Sampling::greedy();
+    let out = exec
+        .step(&[StepEntry {
+            seq,
+            tokens,
+            sample: Some(&g),
+            fresh,
+            allowed: None,
+        }])
+        .expect("step");
+    (seq, out[0].as_ref().expect("sampled").token)
 }
