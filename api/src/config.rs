@@ -229,16 +229,30 @@ pub enum ConfigError {
     Invalid { field: String, reason: String },
 }
 
+/// The hash that names one node config file: the first 16 hex digits of the sha256 of its
+/// bytes. The node reports the hash of the file it runs (`/v1/status` `configHash`); the
+/// operator computes the same over the YAML it renders, so the two compare byte for byte.
+pub fn config_hash(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(bytes)[..8])
+}
+
 impl NodeConfig {
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: NodeConfig = serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        Self::from_yaml(&bytes, path)
+    }
+
+    /// Parse and validate the bytes of the config file at `path` (named in errors).
+    pub fn from_yaml(bytes: &[u8], path: &Path) -> Result<Self, ConfigError> {
+        let cfg: NodeConfig =
+            serde_yaml::from_slice(bytes).map_err(|source| ConfigError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -438,6 +452,14 @@ mod tests {
                 .to_string()
                 .contains("model store")
         );
+    }
+
+    #[test]
+    fn the_config_hash_is_the_first_eight_bytes_of_the_sha256_in_hex() {
+        // sha256("") = e3b0c44298fc1c149afbf4c8996fb924...
+        assert_eq!(config_hash(b""), "e3b0c44298fc1c14");
+        assert_eq!(config_hash(b"models: []\n").len(), 16);
+        assert_ne!(config_hash(b"a"), config_hash(b"b"));
     }
 
     #[test]
