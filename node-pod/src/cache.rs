@@ -182,6 +182,27 @@ impl ResponseCache {
         }
         self.metrics.response_cache_bytes.set(g.bytes as i64);
     }
+
+    /// Drop every answer of `model`: a config reload removed or replaced it, and a model that
+    /// comes back under the same id may answer otherwise.
+    pub fn forget_model(&self, model: &str) {
+        let Some(inner) = self.inner.as_ref() else {
+            return;
+        };
+        let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
+        let stale: Vec<u64> = g
+            .lru
+            .iter()
+            .filter(|(_, a)| a.key.model == model)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            if let Some(a) = g.lru.pop(&k) {
+                g.bytes -= a.bytes;
+            }
+        }
+        self.metrics.response_cache_bytes.set(g.bytes as i64);
+    }
 }
 
 #[cfg(test)]
@@ -240,6 +261,27 @@ mod tests {
         c.put(d.clone());
         assert!(c.get(&b.key).is_none(), "b was least recently used");
         assert!(c.get(&a.key).is_some() && c.get(&d.key).is_some());
+    }
+
+    #[test]
+    fn forgetting_a_model_drops_its_answers_only() {
+        let c = ResponseCache::with_limit(1 << 20, Metrics::new());
+        let (a1, a2, b) = (
+            answer("a", vec![1], "x"),
+            answer("a", vec![2], "x"),
+            answer("b", vec![1], "x"),
+        );
+        for x in [&a1, &a2, &b] {
+            c.put(x.clone());
+        }
+        c.forget_model("a");
+        assert!(c.get(&a1.key).is_none() && c.get(&a2.key).is_none());
+        assert!(c.get(&b.key).is_some());
+        c.put(a1.clone());
+        assert!(
+            c.get(&a1.key).is_some(),
+            "a model back under the id caches again"
+        );
     }
 
     #[test]
