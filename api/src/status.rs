@@ -85,6 +85,17 @@ pub struct NodeStatus {
     /// most room.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStatus>,
+    /// The hash of the config file the node runs ([`crate::config::config_hash`] of its
+    /// bytes): the one read at start, then the last one a reload applied (a refused file does
+    /// not change it). Absent on a node started without `--config`. The operator compares it
+    /// with the hash of the YAML it rendered to know the node picked up its model list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// Node-wide settings (`scheduler.*`, `cacheDir`) that the running config file changed but
+    /// that apply only at the next start, as dotted camelCase paths; the node keeps the values
+    /// it started with meanwhile. Empty when the file's settings are the ones in force.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_required: Vec<String>,
 }
 
 /// The memory pool the node's load policy watches (VRAM on a CUDA node, RAM on a CPU node): the
@@ -102,6 +113,15 @@ pub struct MemoryStatus {
     pub watermark_bytes: Option<u64>,
     /// What the loaded models hold.
     pub used_bytes: u64,
+    /// Models unloaded by the memory policy to make room, since the node started (the
+    /// `reason="*_watermark"` part of `gantry_model_unloads_total`).
+    #[serde(default)]
+    pub evictions_total: u64,
+    /// Model loads refused because they could not fit, since the node started
+    /// (`gantry_model_load_refusals_total`). With `evictionsTotal`, the pressure a pool's
+    /// autoscaler counts per minute.
+    #[serde(default)]
+    pub refusals_total: u64,
 }
 
 impl MemoryStatus {

@@ -10,9 +10,10 @@ use gantry_engine_abi::{Backend, EngineConfig};
 
 use std::sync::Arc;
 
+use crate::config_file::{ConfigFile, Overrides};
 use crate::engine_host::{EngineRegistry, PluginState, default_plugins_dir};
 use crate::node::Node;
-use crate::store::{ModelStore, SourceSettings};
+use crate::store::StoreSetup;
 use gantry_api::config::NodeConfig;
 
 #[derive(Debug, Parser)]
@@ -52,6 +53,10 @@ pub struct ServeArgs {
     /// YAML file listing the models to serve (see docs/node.md).
     #[arg(long, env = "GANTRY_CONFIG", conflicts_with = "model")]
     pub config: Option<PathBuf>,
+    /// Re-read `--config` every S seconds and apply a changed model list without a restart
+    /// (0 = no polling; SIGHUP reloads either way).
+    #[arg(long, env = "GANTRY_CONFIG_RELOAD_SECONDS", default_value_t = 5)]
+    pub config_reload_seconds: u64,
     /// Serve one model file (`.gguf`) or directory; the format follows from the path.
     #[arg(long, env = "GANTRY_MODEL")]
     pub model: Option<PathBuf>,
@@ -123,31 +128,27 @@ pub struct ServeArgs {
     pub node_token: Option<String>,
 }
 
-/// The model store for the config's remote sources; `None` when every model is local.
-fn model_store(args: &ServeArgs, config: &NodeConfig) -> anyhow::Result<Option<ModelStore>> {
-    if !config.models.iter().any(|m| m.is_remote()) {
-        return Ok(None);
+impl ServeArgs {
+    /// The flags that override the config file's node-wide settings.
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            request_timeout: self.request_timeout,
+            threads: self.threads,
+            prefill_chunk_tokens: self.prefill_chunk_tokens,
+            no_response_cache: self.no_response_cache,
+        }
     }
-    let mut settings = SourceSettings::from_env()?;
-    if let Some(e) = &args.hf_endpoint {
-        settings.hf_endpoint = Some(e.clone());
+
+    /// How the node makes its model store (at start, or at the reload that brings the
+    /// first remote model).
+    fn store_setup(&self) -> StoreSetup {
+        StoreSetup {
+            hf_endpoint: self.hf_endpoint.clone(),
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_region: self.s3_region.clone(),
+            cache_dir: self.cache_dir.clone(),
+        }
     }
-    if let Some(e) = &args.s3_endpoint {
-        settings.s3_endpoint = Some(e.clone());
-    }
-    if let Some(r) = &args.s3_region {
-        settings.s3_region = Some(r.clone());
-    }
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .or_else(|| config.cache_dir.clone())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gantry-node")))
-        .context(
-            "no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR",
-        )?;
-    tracing::info!(cache_dir = %cache_dir.display(), ?settings, "model store");
-    Ok(Some(ModelStore::new(cache_dir, settings)?))
 }
 
 #[derive(Debug, Subcommand)]
@@ -201,30 +202,27 @@ fn registry(args: &EngineArgs) -> EngineRegistry {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let mut config = match (&args.config, &args.model) {
-        (Some(path), _) => NodeConfig::read(path)?,
+    // With `--config`, the file (its hash names it in /v1/status) and later versions of it.
+    let (config, file) = match (&args.config, &args.model) {
+        (Some(path), _) => {
+            let file = ConfigFile {
+                path: path.clone(),
+                overrides: args.overrides(),
+            };
+            let version = file.read()?;
+            (version.config, Some((file, version.hash)))
+        }
         (None, Some(model)) => {
             let mut c = NodeConfig::single(model, args.model_id.clone())?;
             let m = &mut c.models[0];
             m.context_length = args.context_length.or(Some(crate::node::DEFAULT_CONTEXT));
             m.max_batch_size = args.max_batch_size;
-            c
+            args.overrides().apply(&mut c);
+            c.validate()?;
+            (c, None)
         }
         (None, None) => anyhow::bail!("give --config FILE or --model PATH"),
     };
-    if let Some(t) = args.request_timeout {
-        config.scheduler.request_timeout_seconds = t;
-    }
-    if let Some(t) = args.threads {
-        config.scheduler.threads = t;
-    }
-    if let Some(n) = args.prefill_chunk_tokens {
-        config.scheduler.prefill_chunk_tokens = n;
-    }
-    if args.no_response_cache {
-        config.scheduler.response_cache_ram_fraction = 0.0;
-    }
-    config.validate()?;
     let engine_config = EngineConfig {
         backend: args.backend,
         n_threads: config.scheduler.threads,
@@ -234,7 +232,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ..EngineConfig::default()
     };
     let plugins_dir = args.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
-    let store = model_store(&args, &config)?;
+    let store_setup = args.store_setup();
+    let store = if config.models.iter().any(|m| m.is_remote()) {
+        Some(store_setup.store_for(&config)?)
+    } else {
+        None
+    };
     gantry_edge::prepare(&args.edge);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -259,11 +262,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let mut node = Node::new(config, plugins_dir, engine_config)
             .with_ram_limit(args.ram_limit)
             .with_devices(devices)
-            .with_node_token(node_token);
+            .with_node_token(node_token)
+            .with_store_setup(store_setup)
+            .with_config_hash(file.as_ref().map(|(_, hash)| hash.clone()));
         if let Some(store) = store {
             node = node.with_store(store);
         }
         let node = Arc::new(node);
+        if let Some((file, _)) = file {
+            let every = (args.config_reload_seconds > 0)
+                .then(|| std::time::Duration::from_secs(args.config_reload_seconds));
+            crate::config_file::spawn_reloads(node.clone(), file, every)
+                .context("cannot install the SIGHUP handler for config reloads")?;
+        }
         let limits = &node.memory.limits;
         tracing::info!(
             ram_limit = limits.get(crate::memory::Pool::Ram),

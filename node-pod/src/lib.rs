@@ -11,13 +11,15 @@
 //! the text) → JSON or SSE. Beside it: `node`
 //! (model lifecycle and readiness), `memory` (LRU unloads, OOM refusals),
 //! `store` (sources, downloads, artifact selection), `metrics`,
-//! `error` (the one OpenAI-shaped error type and every HTTP mapping) and `cli`.
+//! `error` (the one OpenAI-shaped error type and every HTTP mapping), `config_file` (the
+//! config file, re-read on change for `node`'s reload) and `cli`.
 //! The rules the operator applies too (node config, source grammar, engine selection) come from
 //! `gantry-api`; the GGUF header and plugin manifest parsers from `gantry-formats`.
 #![deny(unsafe_code)] // Only `engine_host` may opt out, with a SAFETY note on every block.
 
 pub mod cache;
 pub mod cli;
+pub mod config_file;
 pub mod constraint;
 pub mod devices;
 pub mod engine_host;

@@ -26,6 +26,7 @@ mod node;
 mod tests;
 
 pub use measure::{RamSource, parse_cgroup_limit, parse_mem_total, ram_limit, weight_bytes};
+pub(crate) use node::is_idle;
 
 /// Unload above this share of a pool, in percent (seeds 001: 90 % for VRAM and RAM alike).
 pub const WATERMARK_PERCENT: u64 = 90;

@@ -55,6 +55,8 @@ pub struct Metrics {
     pub queue_seconds: HistogramVec,
     /// How each generation ended: stop, length, deadline, stall, queue_timeout, error, cancelled.
     pub finished: IntCounterVec,
+    /// Config reloads (node/reload.rs) by result: `applied` or `refused`.
+    pub config_reloads: IntCounterVec,
     /// Connections at the edge (gantry-edge).
     pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
     /// The endpoint picker's series (vLLM names), one sample each for the whole node.
@@ -178,6 +180,16 @@ impl Metrics {
         )
         .expect("gauge");
         r.register(Box::new(cache_bytes.clone())).expect("unique");
+        let config_reloads = counter(
+            &r,
+            "gantry_config_reloads_total",
+            "Config file reloads by result: applied, or refused (unreadable or invalid; the old config keeps serving)",
+            &["result"],
+        );
+        // Both series exist from the start, so a rate over them needs no first reload.
+        for result in ["applied", "refused"] {
+            config_reloads.with_label_values(&[result]);
+        }
         Self {
             requests_waiting: gauge(
                 &r,
@@ -313,7 +325,7 @@ impl Metrics {
             model_unloads: counter(
                 &r,
                 "gantry_model_unloads_total",
-                "Models unloaded by the memory policy (reason: the pool over its 90 % watermark)",
+                "Models unloaded (reason: ram_watermark/vram_watermark, the memory policy; config_removed/config_changed, a config reload)",
                 &["model", "reason"],
             ),
             model_load_refusals: counter(
@@ -347,6 +359,7 @@ impl Metrics {
                 "Generations by how they ended: stop, length, deadline, stall, queue_timeout, error, cancelled",
                 &["model", "reason"],
             ),
+            config_reloads,
             edge: std::sync::Arc::new(
                 gantry_edge::EdgeMetrics::register(&r, "gantry").expect("edge metrics"),
             ),
@@ -358,7 +371,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 34] = [
+        let collectors: [&dyn Collector; 35] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -388,6 +401,7 @@ impl Metrics {
             &self.memory_limit_bytes,
             &self.queue_seconds,
             &self.finished,
+            &self.config_reloads,
             &self.epp.waiting,
             &self.epp.running,
             &self.epp.kv_usage,
@@ -454,6 +468,23 @@ impl Metrics {
             .cache_config
             .with_label_values(&["1", &format!("{}", total as u64)])
             .set(1.0);
+    }
+
+    /// Drop the gauge series of a model this node no longer serves (a config reload removed
+    /// it), so the node-wide sums stop counting it. Counters and histograms stay: they are
+    /// cumulative, and Prometheus reads a vanished counter as the end of that series anyway.
+    pub fn forget_model(&self, model: &str) {
+        for g in [
+            &self.requests_waiting,
+            &self.requests_running,
+            &self.kv_cache_usage,
+            &self.kv_cache_capacity_tokens,
+            &self.model_memory_bytes,
+            &self.model_load_seconds,
+        ] {
+            // Absent when the model never loaded: nothing to drop.
+            let _ = g.remove_label_values(&[model]);
+        }
     }
 
     /// The Prometheus text exposition.

@@ -11,14 +11,19 @@
 //! registry for a verdict, and — when supported — load it and start its
 //! scheduler. The state of every model is what `/readyz`, `/v1/models` and
 //! `/v1/status` report; there is no silent fallback to another engine.
+//!
+//! The set of models is replaceable while the node runs (node/reload.rs): readers take a
+//! snapshot of the map with [`Node::models`] and keep the models they found for as long as
+//! they need them; a reload swaps the map and retires what left it.
 
 mod lifecycle;
+mod reload;
 mod status;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use gantry_api::EngineVerdict;
@@ -29,12 +34,16 @@ use crate::engine_host::{EngineRegistry, ModelShared};
 use crate::memory::{ModelMemory, NodeMemory};
 use crate::metrics::Metrics;
 use crate::scheduler::Replicas;
-use crate::store::{FetchRequest, Fetched, ModelStore, Progress};
+use crate::store::{FetchRequest, Fetched, ModelStore, Progress, StoreSetup};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
 
 pub use lifecycle::Unavailable;
+pub use reload::{ModelDiff, ReloadError, ReloadReport, node_wide_changes};
+
+/// The models a node serves, by OpenAI id.
+pub type ModelMap = BTreeMap<String, Arc<ServedModel>>;
 
 /// Default per-sequence context when neither the config nor a smaller trained length says otherwise.
 pub const DEFAULT_CONTEXT: u32 = 4096;
@@ -97,9 +106,44 @@ pub struct ServedModel {
     pub placement: RwLock<Vec<Vec<u32>>>,
     /// The fall in its devices' free memory across its last load (0 = not measured).
     pub measured_vram: std::sync::atomic::AtomicU64,
+    /// Whether `/readyz` waits for it: the models of the config the node started with do; a
+    /// model a reload added does not take readiness from a node that serves the others.
+    pub gates_readiness: bool,
+    /// `Node::start_model` ran for it (at start, or by the reload that added it).
+    started: AtomicBool,
+    /// A reload removed or replaced it: it takes no new request, never loads again, and is
+    /// unloaded once no request holds it (node/reload.rs).
+    retired: AtomicBool,
 }
 
 impl ServedModel {
+    /// A model of the config, not inspected yet. `gates_readiness`: see the field.
+    pub fn new(config: &ModelConfig, gates_readiness: bool) -> Self {
+        Self {
+            config: config.clone(),
+            format: config.format().unwrap_or(Format::Gguf), // validated by NodeConfig::validate
+            state: RwLock::new(ModelState::Pending),
+            verdict: RwLock::new(None),
+            architecture: RwLock::new(None),
+            primary: RwLock::new(None),
+            artifact_bytes: std::sync::atomic::AtomicU64::new(0),
+            download: config.is_remote().then(|| Arc::new(Progress::default())),
+            fetched: OnceLock::new(),
+            load_lock: std::sync::Mutex::new(()),
+            memory: ModelMemory::default(),
+            placement: RwLock::new(Vec::new()),
+            measured_vram: std::sync::atomic::AtomicU64::new(0),
+            gates_readiness,
+            started: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// A reload removed or replaced it (see the field).
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
     pub fn state(&self) -> ModelState {
         self.state
             .read()
@@ -142,8 +186,21 @@ impl ServedModel {
 
 /// Everything the HTTP handlers share.
 pub struct Node {
+    /// The config the node started with (flags applied). Its node-wide settings stay in force
+    /// for the life of the process; its `models` are only the start-up list: the models served
+    /// now are [`Node::models`].
     pub config: NodeConfig,
-    pub models: BTreeMap<String, Arc<ServedModel>>,
+    /// The models served now; a reload swaps the whole map (read it through `models()`).
+    models: RwLock<Arc<ModelMap>>,
+    /// Models a reload removed or replaced that still hold an engine: the memory policy counts
+    /// them until they are unloaded (node/reload.rs).
+    pub(crate) retiring: Mutex<Vec<Arc<ServedModel>>>,
+    /// The hash of the config file in force (`/v1/status` `configHash`).
+    config_hash: RwLock<Option<String>>,
+    /// Node-wide settings the config file changed that wait for a restart (`/v1/status`).
+    restart_required: RwLock<Vec<String>>,
+    /// One reload at a time.
+    reload_lock: Mutex<()>,
     pub registry: OnceLock<EngineRegistry>,
     pub engine_config: EngineConfig,
     pub plugins_dir: PathBuf,
@@ -157,38 +214,21 @@ pub struct Node {
     pub memory: NodeMemory,
     /// The GPUs this process sees and the reserve kept out of VRAM budgets (devices.rs).
     pub devices: crate::devices::NodeDevices,
-    /// Fetches remote sources; `None` on a node serving local files only.
-    pub store: Option<ModelStore>,
+    /// Fetches remote sources; unset on a node serving local files only, until a reload brings
+    /// a remote model (made then from `store_setup`).
+    pub store: OnceLock<ModelStore>,
+    /// How to make the store; `None`: this node never downloads.
+    pub store_setup: Option<StoreSetup>,
     /// The token callers must present (`http::node_auth`); `None` checks nothing.
     pub node_token: Option<crate::http::node_auth::NodeToken>,
 }
 
 impl Node {
     pub fn new(config: NodeConfig, plugins_dir: PathBuf, engine_config: EngineConfig) -> Self {
-        let models = config
+        let models: ModelMap = config
             .models
             .iter()
-            .map(|m| {
-                let format = m.format().unwrap_or(Format::Gguf); // validated by NodeConfig::validate
-                (
-                    m.id.clone(),
-                    Arc::new(ServedModel {
-                        config: m.clone(),
-                        format,
-                        state: RwLock::new(ModelState::Pending),
-                        verdict: RwLock::new(None),
-                        architecture: RwLock::new(None),
-                        primary: RwLock::new(None),
-                        artifact_bytes: std::sync::atomic::AtomicU64::new(0),
-                        download: m.is_remote().then(|| Arc::new(Progress::default())),
-                        fetched: OnceLock::new(),
-                        load_lock: std::sync::Mutex::new(()),
-                        memory: ModelMemory::default(),
-                        placement: RwLock::new(Vec::new()),
-                        measured_vram: std::sync::atomic::AtomicU64::new(0),
-                    }),
-                )
-            })
+            .map(|m| (m.id.clone(), Arc::new(ServedModel::new(m, true))))
             .collect();
         let metrics = Metrics::new();
         let cache = ResponseCache::with_ram_fraction(
@@ -198,7 +238,11 @@ impl Node {
         let memory = NodeMemory::new(engine_config.backend, engine_config.vram_limit_bytes, 0);
         Self {
             config,
-            models,
+            models: RwLock::new(Arc::new(models)),
+            retiring: Mutex::new(Vec::new()),
+            config_hash: RwLock::new(None),
+            restart_required: RwLock::new(Vec::new()),
+            reload_lock: Mutex::new(()),
             registry: OnceLock::new(),
             engine_config,
             plugins_dir,
@@ -212,9 +256,23 @@ impl Node {
             devices: crate::devices::NodeDevices::from_driver(
                 crate::devices::DEFAULT_VRAM_RESERVE_BYTES,
             ),
-            store: None,
+            store: OnceLock::new(),
+            store_setup: None,
             node_token: None,
         }
+    }
+
+    /// The models served now: a snapshot, unchanged by a later reload.
+    pub fn models(&self) -> Arc<ModelMap> {
+        self.models
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// The model served now as `id`.
+    pub fn model(&self, id: &str) -> Option<Arc<ServedModel>> {
+        self.models().get(id).cloned()
     }
 
     /// Read the devices again every 10 s for the per-device gauges (on a node that found a
@@ -255,8 +313,20 @@ impl Node {
 
     /// Use `store` for the models with remote sources.
     pub fn with_store(mut self, store: ModelStore) -> Self {
-        self.store = Some(store);
+        self.store = OnceLock::from(store);
         self
+    }
+
+    /// Make the model store with `setup` when a reload brings the first remote model.
+    pub fn with_store_setup(mut self, setup: StoreSetup) -> Self {
+        self.store_setup = Some(setup);
+        self
+    }
+
+    /// The engine registry, discovered on first use.
+    fn registry(&self) -> &EngineRegistry {
+        self.registry
+            .get_or_init(|| EngineRegistry::discover(&self.plugins_dir, &self.engine_config))
     }
 
     /// Discover plugins, start the downloads of remote models, then inspect
@@ -264,17 +334,38 @@ impl Node {
     /// and loaded when its artifacts are complete. Blocking: run it off the
     /// async runtime, from a task of the runtime the downloads run on.
     pub fn start(self: &Arc<Self>) {
-        let reg = self
-            .registry
-            .get_or_init(|| EngineRegistry::discover(&self.plugins_dir, &self.engine_config));
-        for m in self.models.values().filter(|m| m.download.is_some()) {
-            self.spawn_fetch(m.clone());
+        self.registry();
+        let models = self.models();
+        // Downloads first: they run in the background while the local models load.
+        let (remote, local): (Vec<_>, Vec<_>) = models.values().partition(|m| m.download.is_some());
+        for m in remote.into_iter().chain(local) {
+            self.start_model(m);
         }
-        for m in self.models.values().filter(|m| m.download.is_none()) {
-            self.inspect(reg, m);
-            if m.config.load == LoadPolicy::Eager && matches!(m.state(), ModelState::Idle) {
-                self.load(m);
-            }
+    }
+
+    /// Bring one model up, once: a remote model's download starts in the background (and it
+    /// is inspected and loaded when complete); a local model is inspected and, under
+    /// `load: eager`, loaded. Blocking for a local model, like `start`.
+    pub(crate) fn start_model(self: &Arc<Self>, m: &Arc<ServedModel>) {
+        if m.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if m.download.is_some() {
+            self.spawn_fetch(m.clone());
+        } else {
+            self.inspect_and_load(m);
+        }
+    }
+
+    /// Read the model's artifact and verdict, then load it when it is eager and supported;
+    /// nothing for a retired model.
+    fn inspect_and_load(&self, m: &ServedModel) {
+        if m.is_retired() {
+            return;
+        }
+        self.inspect(self.registry(), m);
+        if m.config.load == LoadPolicy::Eager && matches!(m.state(), ModelState::Idle) {
+            self.load(m);
         }
     }
 
@@ -283,7 +374,8 @@ impl Node {
         let Some(progress) = m.download.clone() else {
             return;
         };
-        let (Some(store), Some(source)) = (self.store.clone(), m.config.source.clone()) else {
+        let (Some(store), Some(source)) = (self.store.get().cloned(), m.config.source.clone())
+        else {
             let why = "this node has no model store configured for downloading sources".to_string();
             progress.set(gantry_api::ArtifactState::Failed, Some(why.clone()));
             m.set(ModelState::Failed(why));
@@ -306,16 +398,7 @@ impl Node {
             match store.fetch(&req, &progress).await {
                 Ok(fetched) => {
                     let _ = m.fetched.set(fetched);
-                    let blocking = tokio::task::spawn_blocking(move || {
-                        if let Some(reg) = node.registry.get() {
-                            node.inspect(reg, &m);
-                            if m.config.load == LoadPolicy::Eager
-                                && matches!(m.state(), ModelState::Idle)
-                            {
-                                node.load(&m);
-                            }
-                        }
-                    });
+                    let blocking = tokio::task::spawn_blocking(move || node.inspect_and_load(&m));
                     if let Err(e) = blocking.await {
                         tracing::error!(error = %e, "inspecting a downloaded model failed");
                     }

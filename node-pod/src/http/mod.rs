@@ -174,7 +174,7 @@ async fn models(State(s): State<AppState>) -> Response {
         .map_or(0, |d| d.as_secs().saturating_sub(created));
     let data: Vec<Value> = s
         .node
-        .models
+        .models()
         .values()
         .map(|m| {
             let state = m.state();

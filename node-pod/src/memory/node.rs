@@ -123,64 +123,85 @@ impl Node {
         limits
     }
 
-    /// Every loaded model as the policy sees it. Idle means nothing holds
-    /// the model but its state (no request between admission and its last
-    /// token) and nothing is queued; only `load: lazy` models may go, since
-    /// an eager model's absence would make the node unready.
+    /// Every loaded model as the policy sees it, the ones a reload retired and that still
+    /// hold their engine included. Idle means nothing holds the model but its state (no
+    /// request between admission and its last token) and nothing is queued; only `load: lazy`
+    /// models may go, since an eager model's absence would make the node unready, and never
+    /// a retired one (its drain unloads it: node/reload.rs).
     fn residents(&self) -> Vec<Resident> {
+        let retiring = self.retiring.lock().map(|r| r.clone()).unwrap_or_default();
         let mut out = Vec::new();
-        for m in self.models.values() {
+        for m in self.models().values().chain(retiring.iter()) {
             let Ok(state) = m.state.read() else { continue };
             if let ModelState::Ready(r) = &*state {
                 out.push(Resident {
                     id: m.config.id.clone(),
                     held: self.held(m, r),
                     last_used: m.memory.last_used(),
-                    evictable: m.config.load == LoadPolicy::Lazy && is_idle(r),
+                    evictable: m.config.load == LoadPolicy::Lazy && !m.is_retired() && is_idle(r),
                 });
             }
         }
         out
     }
 
-    /// Unload `u` if it is still idle (a request may have taken it since the
-    /// plan was made). Its scheduler stops and the engine frees the model
-    /// once the state's reference, the last one, is dropped here.
-    fn unload_for_memory(&self, u: &Unload, why: &str) -> bool {
-        let Some(m) = self.models.get(&u.id) else {
-            return false;
-        };
-        // Before the state lock: the limit reads every model's state.
-        let limit = self.limits_now().get(u.pool);
+    /// Unload `m` when it is idle, or also when busy with `force`: its state goes back to
+    /// `Idle`, which drops the state's reference to the ready model. Once no request holds
+    /// another, its schedulers stop (each only after its running sequences have ended) and
+    /// the engine frees the model. `note` makes the status message from what the model held;
+    /// the unload is counted under `reason`. Returns whether it unloaded. The memory policy's
+    /// unloads and a reload's (node/reload.rs) both come through here.
+    pub(crate) fn unload(
+        &self,
+        m: &ServedModel,
+        reason: &str,
+        force: bool,
+        note: impl FnOnce(Bytes) -> String,
+    ) -> bool {
         let Ok(mut state) = m.state.write() else {
             return false;
         };
         let held = match &*state {
-            ModelState::Ready(r) if is_idle(r) => self.held(m, r),
+            ModelState::Ready(r) if force || is_idle(r) => self.held(m, r),
             _ => return false,
         };
-        let pool = u.pool;
-        let message = format!(
-            "unloaded as the least recently used idle model: {} use was {} of {} (watermark {} %) {why}; it reloads on its next request",
-            pool.name(),
-            super::human(u.used),
-            super::human(limit),
-            super::WATERMARK_PERCENT,
-        );
-        tracing::warn!(target: "gantry::alert", model = %u.id, pool = pool.label(), used = u.used, limit, freed = held.get(pool), "{message}");
+        let message = note(held);
         *state = ModelState::Idle;
         drop(state);
         m.memory.set_note(Some(Note::Unloaded(message)));
-        let reason = format!("{}_watermark", pool.label());
+        let id = m.config.id.as_str();
         self.metrics
             .model_unloads
-            .with_label_values(&[u.id.as_str(), reason.as_str()])
+            .with_label_values(&[id, reason])
             .inc();
         self.metrics
             .model_memory_bytes
-            .with_label_values(&[&u.id])
+            .with_label_values(&[id])
             .set(0.0);
         true
+    }
+
+    /// Unload `u` if it is still idle (a request may have taken it since the
+    /// plan was made).
+    fn unload_for_memory(&self, u: &Unload, why: &str) -> bool {
+        let Some(m) = self.model(&u.id) else {
+            return false;
+        };
+        // Before the state lock: the limit reads every model's state.
+        let limit = self.limits_now().get(u.pool);
+        let pool = u.pool;
+        let reason = format!("{}_watermark", pool.label());
+        self.unload(&m, &reason, false, |held| {
+            let message = format!(
+                "unloaded as the least recently used idle model: {} use was {} of {} (watermark {} %) {why}; it reloads on its next request",
+                pool.name(),
+                super::human(u.used),
+                super::human(limit),
+                super::WATERMARK_PERCENT,
+            );
+            tracing::warn!(target: "gantry::alert", model = %u.id, pool = pool.label(), used = u.used, limit, freed = held.get(pool), "{message}");
+            message
+        })
     }
 
     /// Before loading `m`: estimate its need and unload least-recently-used
@@ -233,7 +254,7 @@ impl Node {
 
     /// A loaded `load: lazy` model other than `except` is serving a request.
     fn lazy_model_busy(&self, except: &str) -> bool {
-        self.models.values().any(|m| {
+        self.models().values().any(|m| {
             m.config.id != except
                 && m.config.load == LoadPolicy::Lazy
                 && m.state
@@ -296,6 +317,12 @@ impl Node {
             limit_bytes: limits.get(pool),
             watermark_bytes: limits.watermark(pool),
             used_bytes: self.held_now().get(pool),
+            evictions_total: counted(&self.metrics.model_unloads, |labels| {
+                labels
+                    .iter()
+                    .any(|l| l.name() == "reason" && l.value().ends_with("_watermark"))
+            }),
+            refusals_total: counted(&self.metrics.model_load_refusals, |_| true),
         }
     }
 
@@ -309,7 +336,7 @@ impl Node {
         used
     }
 
-    fn update_memory_gauges(&self) {
+    pub(crate) fn update_memory_gauges(&self) {
         let limits = self.limits_now();
         let used = self.held_now();
         for pool in Pool::ALL {
@@ -326,8 +353,23 @@ impl Node {
     }
 }
 
-/// No request holds the model (the state's reference is the only one) and
-/// nothing is queued or running in its scheduler.
-fn is_idle(r: &Arc<ReadyModel>) -> bool {
+/// No request holds the model (the state's reference is the only one: call it with that
+/// one, under the state lock) and nothing is queued or running in its scheduler.
+pub(crate) fn is_idle(r: &Arc<ReadyModel>) -> bool {
     Arc::strong_count(r) == 1 && r.scheduler.idle()
+}
+
+/// The sum of a counter vector's series whose labels pass `keep`.
+fn counted(
+    counters: &prometheus::IntCounterVec,
+    keep: impl Fn(&[prometheus::proto::LabelPair]) -> bool,
+) -> u64 {
+    use prometheus::core::Collector;
+    counters
+        .collect()
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .filter(|m| keep(m.get_label()))
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
 }

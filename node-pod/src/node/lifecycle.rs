@@ -27,7 +27,7 @@ use gantry_api::config::ModelConfig;
 pub enum Unavailable {
     /// The node is shutting down.
     Draining,
-    /// No model by that id on this node.
+    /// No model by that id on this node (never configured, or removed by a reload).
     Unknown(String),
     /// Its artifacts are still being fetched; how far it got, when known.
     Downloading {
@@ -52,7 +52,8 @@ pub enum Unavailable {
 
 impl Node {
     /// The model `id` ready to serve, loading it first when it is idle
-    /// (`load: lazy`, or unloaded by the memory policy).
+    /// (`load: lazy`, or unloaded by the memory policy). A model a reload removed is unknown
+    /// from the moment the new map is in place, also to a request that found it just before.
     pub async fn ready_model(
         self: &Arc<Self>,
         id: &str,
@@ -61,9 +62,8 @@ impl Node {
             return Err(Unavailable::Draining);
         }
         let m = self
-            .models
-            .get(id)
-            .cloned()
+            .model(id)
+            .filter(|m| !m.is_retired())
             .ok_or_else(|| Unavailable::Unknown(id.to_string()))?;
         let id = id.to_string();
         match m.state() {
@@ -78,6 +78,9 @@ impl Node {
                 tokio::task::spawn_blocking(move || n.load(&mm))
                     .await
                     .map_err(|e| Unavailable::LoadTask(e.to_string()))?;
+                if m.is_retired() {
+                    return Err(Unavailable::Unknown(id));
+                }
                 match m.state() {
                     ModelState::Ready(r) => Ok((m, r)),
                     // Refused by the memory policy or the engine: 507 with OOM_RAM/OOM_VRAM.
@@ -141,10 +144,11 @@ impl Node {
         Ok(vec![Vec::new(); m.replicas() as usize])
     }
 
-    /// Load a supported model and start its scheduler. Blocking.
+    /// Load a supported model and start its scheduler. Blocking. A retired model is not
+    /// loaded (checked under the load lock, which the reload's drain takes too).
     pub fn load(&self, m: &ServedModel) {
         let _serial = m.load_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if !matches!(m.state(), ModelState::Idle) {
+        if m.is_retired() || !matches!(m.state(), ModelState::Idle) {
             return;
         }
         let Some(reg) = self.registry.get() else {

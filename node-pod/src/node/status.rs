@@ -15,16 +15,22 @@ use gantry_api::config::LoadPolicy;
 
 impl Node {
     /// `/readyz`: every model has a supporting engine and its artifacts, and
-    /// eager models are loaded; never while draining.
+    /// eager models are loaded; never while draining. Models a reload added do not count
+    /// (their state is in `/v1/status`): a new model does not take readiness from a node
+    /// that serves the others.
     pub fn is_ready(&self) -> bool {
         if self.draining.load(Ordering::SeqCst) || self.registry.get().is_none() {
             return false;
         }
-        self.models.values().all(|m| match m.state() {
-            ModelState::Ready(_) => true,
-            ModelState::Idle => m.config.load == LoadPolicy::Lazy,
-            _ => false,
-        })
+        let models = self.models();
+        models
+            .values()
+            .filter(|m| m.gates_readiness)
+            .all(|m| match m.state() {
+                ModelState::Ready(_) => true,
+                ModelState::Idle => m.config.load == LoadPolicy::Lazy,
+                _ => false,
+            })
     }
 
     pub fn is_live(&self) -> bool {
@@ -61,9 +67,9 @@ impl Node {
                     .collect()
             })
             .unwrap_or_default();
-        let models = self.models.values().map(|m| self.model_status(m)).collect();
-        let placed: std::collections::BTreeMap<String, Vec<u32>> = self
-            .models
+        let served = self.models();
+        let models = served.values().map(|m| self.model_status(m)).collect();
+        let placed: std::collections::BTreeMap<String, Vec<u32>> = served
             .values()
             .filter(|m| m.ready().is_some())
             .filter_map(|m| {
@@ -82,6 +88,8 @@ impl Node {
             devices: snap.devices,
             devices_note: snap.note,
             memory: Some(self.memory_status()),
+            config_hash: self.config_hash(),
+            restart_required: self.restart_required(),
         }
     }
 

@@ -85,6 +85,9 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Lock(String),
+    /// The store itself cannot be set up (no cache directory).
+    #[error("{0}")]
+    Setup(String),
 }
 
 impl StoreError {
@@ -104,6 +107,7 @@ impl StoreError {
             StoreError::Size { .. } => "size",
             StoreError::Io { .. } => "io",
             StoreError::Lock(_) => "lock",
+            StoreError::Setup(_) => "setup",
         }
     }
 }
@@ -241,6 +245,51 @@ pub struct FetchRequest<'a> {
     pub format: Format,
     pub quantization: Option<&'a str>,
     pub files: &'a [String],
+}
+
+/// How a node makes its model store: the `serve` flags that override the environment's source
+/// settings, and the cache directory flag. The node makes the store at start when a model is
+/// remote, or at the reload that brings its first remote model (node/reload.rs).
+#[derive(Clone, Debug, Default)]
+pub struct StoreSetup {
+    pub hf_endpoint: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    /// `--cache-dir`: wins over the config's `cacheDir`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl StoreSetup {
+    /// The store for `config`'s remote models: settings from the environment (read now, so a
+    /// rotated token file is picked up) with the flags over them, and the cache directory from
+    /// the flag, else the config's `cacheDir`, else `~/.cache/gantry-node`.
+    pub fn store_for(&self, config: &gantry_api::NodeConfig) -> Result<ModelStore, StoreError> {
+        let mut settings = SourceSettings::from_env()?;
+        if let Some(e) = &self.hf_endpoint {
+            settings.hf_endpoint = Some(e.clone());
+        }
+        if let Some(e) = &self.s3_endpoint {
+            settings.s3_endpoint = Some(e.clone());
+        }
+        if let Some(r) = &self.s3_region {
+            settings.s3_region = Some(r.clone());
+        }
+        let cache_dir = self
+            .cache_dir
+            .clone()
+            .or_else(|| config.cache_dir.clone())
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gantry-node"))
+            })
+            .ok_or_else(|| {
+                StoreError::Setup(
+                    "no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR"
+                        .into(),
+                )
+            })?;
+        tracing::info!(cache_dir = %cache_dir.display(), ?settings, "model store");
+        ModelStore::new(cache_dir, settings)
+    }
 }
 
 /// Gets models' artifacts into the cache directory.
