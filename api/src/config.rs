@@ -188,6 +188,9 @@ pub struct SchedulerConfig {
     pub shutdown_grace_seconds: u64,
     /// Threads per engine (0 = all cores).
     pub threads: u32,
+    /// Where the memory policy starts unloading idle models and refuses loads, in percent of
+    /// the node's memory budget (50-99; a ModelPool's `memoryWatermarkPercent`).
+    pub memory_watermark_percent: u64,
 }
 
 impl SchedulerConfig {
@@ -207,6 +210,7 @@ impl Default for SchedulerConfig {
             response_cache_ram_fraction: 0.05,
             shutdown_grace_seconds: 30,
             threads: 0,
+            memory_watermark_percent: 90,
         }
     }
 }
@@ -333,14 +337,17 @@ impl NodeConfig {
                     ),
                 );
             }
-            if m.load == LoadPolicy::Lazy && self.models.len() < 2 {
-                return invalid(
-                    format!("models[{}].load", m.id),
-                    "`lazy` is allowed only on nodes serving several models".into(),
-                );
-            }
         }
         let s = &self.scheduler;
+        if !(50..=99).contains(&s.memory_watermark_percent) {
+            return invalid(
+                "scheduler.memoryWatermarkPercent".into(),
+                format!(
+                    "must be within [50, 99], got {}",
+                    s.memory_watermark_percent
+                ),
+            );
+        }
         if s.prefill_chunk_tokens == 0 {
             return invalid("scheduler.prefillChunkTokens".into(), "must be >= 1".into());
         }
@@ -463,16 +470,22 @@ mod tests {
     }
 
     #[test]
-    fn lazy_loading_needs_several_models_and_formats_are_checked() {
+    fn a_lazy_model_may_be_alone_the_watermark_is_bounded_and_formats_are_checked() {
         let mut cfg = NodeConfig::single(Path::new("/m/x.gguf"), None).expect("single");
         assert_eq!(cfg.models[0].id, "x");
+        // A pool of one member: it loads on its first request.
         cfg.models[0].load = LoadPolicy::Lazy;
-        assert!(
-            cfg.validate()
-                .expect_err("lazy alone")
-                .to_string()
-                .contains("several models")
-        );
+        cfg.validate().expect("lazy alone");
+        for bad in [49, 100] {
+            cfg.scheduler.memory_watermark_percent = bad;
+            assert!(
+                cfg.validate()
+                    .expect_err("watermark")
+                    .to_string()
+                    .contains("scheduler.memoryWatermarkPercent")
+            );
+        }
+        cfg.scheduler.memory_watermark_percent = 90;
         cfg.models[0].load = LoadPolicy::Eager;
         cfg.models[0].format = "onnx".into();
         assert!(

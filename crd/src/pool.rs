@@ -76,10 +76,17 @@ pub struct ModelPoolSpec {
     pub engine_plugins: Vec<String>,
     /// Memory each pod has for model weights and KV caches: the VRAM of its GPUs on a GPU pool,
     /// its RAM otherwise. Defaults to `resources.memory` on a CPU pool. A member whose
-    /// `resources.memory` exceeds the node's 90 % watermark of it can never load and is refused.
+    /// `resources.memory` exceeds the watermark (`memoryWatermarkPercent`) of it can never load
+    /// and is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "quantity_schema")]
     pub model_memory: Option<Quantity>,
+    /// Where the pods' memory policy starts unloading the least recently used idle member and
+    /// refuses loads, in percent of `modelMemory` (50-99). Defaults to 90. A change rolls the
+    /// pods (a node reads it at start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 50, max = 99))]
+    pub memory_watermark_percent: Option<i32>,
     /// Engine settings for members that do not set their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_config: Option<EngineConfig>,

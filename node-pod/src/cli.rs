@@ -281,7 +281,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             ram_limit_source = node.memory.ram_source.as_str(),
             vram_limit = limits.get(crate::memory::Pool::Vram),
             "memory policy: unload the least-recently-used idle model above {} %",
-            crate::memory::WATERMARK_PERCENT
+            limits.watermark_percent()
         );
         let snap = node.devices.snapshot();
         match &snap.note {

@@ -103,9 +103,11 @@ impl Bytes {
     }
 }
 
-/// The node's budgets; 0 in a pool means no limit there.
+/// The node's budgets (0 in a pool means no limit there), and the watermark in percent of
+/// each ([`WATERMARK_PERCENT`] unless the config's `scheduler.memoryWatermarkPercent` says
+/// otherwise).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Limits(pub Bytes);
+pub struct Limits(pub Bytes, pub u64);
 
 impl Limits {
     /// Budgets for a node: the VRAM limit handed to engines, and the RAM
@@ -113,19 +115,35 @@ impl Limits {
     /// the two binds and VRAM is not watched.
     pub fn for_backend(backend: Backend, vram_limit: u64, ram_limit: u64) -> Limits {
         match backend {
-            Backend::Cuda => Limits(Bytes {
-                vram: vram_limit,
-                ram: ram_limit,
-            }),
-            Backend::Cpu => Limits(Bytes {
-                vram: 0,
-                ram: match (vram_limit, ram_limit) {
-                    (0, r) => r,
-                    (v, 0) => v,
-                    (v, r) => v.min(r),
+            Backend::Cuda => Limits(
+                Bytes {
+                    vram: vram_limit,
+                    ram: ram_limit,
                 },
-            }),
+                WATERMARK_PERCENT,
+            ),
+            Backend::Cpu => Limits(
+                Bytes {
+                    vram: 0,
+                    ram: match (vram_limit, ram_limit) {
+                        (0, r) => r,
+                        (v, 0) => v,
+                        (v, r) => v.min(r),
+                    },
+                },
+                WATERMARK_PERCENT,
+            ),
         }
+    }
+
+    /// The same budgets with the watermark at `percent`.
+    pub fn with_watermark(self, percent: u64) -> Limits {
+        Limits(self.0, percent)
+    }
+
+    /// The watermark in percent of each budget.
+    pub fn watermark_percent(&self) -> u64 {
+        self.1
     }
 
     pub fn get(&self, p: Pool) -> u64 {
@@ -137,7 +155,7 @@ impl Limits {
         match self.get(p) {
             0 => None,
             // Integer arithmetic: exact, and no overflow near u64::MAX.
-            l => Some(l / 100 * WATERMARK_PERCENT + l % 100 * WATERMARK_PERCENT / 100),
+            l => Some(l / 100 * self.1 + l % 100 * self.1 / 100),
         }
     }
 }
@@ -387,10 +405,10 @@ pub struct NodeMemory {
 }
 
 impl NodeMemory {
-    pub fn new(backend: Backend, vram_limit: u64, ram_flag: u64) -> Self {
+    pub fn new(backend: Backend, vram_limit: u64, ram_flag: u64, watermark_percent: u64) -> Self {
         let (ram, ram_source) = ram_limit(ram_flag);
         Self {
-            limits: Limits::for_backend(backend, vram_limit, ram),
+            limits: Limits::for_backend(backend, vram_limit, ram).with_watermark(watermark_percent),
             ram_source,
             lock: std::sync::Mutex::new(()),
         }

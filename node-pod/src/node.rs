@@ -235,7 +235,12 @@ impl Node {
             config.scheduler.response_cache_ram_fraction,
             metrics.clone(),
         );
-        let memory = NodeMemory::new(engine_config.backend, engine_config.vram_limit_bytes, 0);
+        let memory = NodeMemory::new(
+            engine_config.backend,
+            engine_config.vram_limit_bytes,
+            0,
+            config.scheduler.memory_watermark_percent,
+        );
         Self {
             config,
             models: RwLock::new(Arc::new(models)),

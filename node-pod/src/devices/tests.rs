@@ -70,10 +70,13 @@ fn the_budget_feeds_the_watermark_policy_and_refuses_before_allocation() {
     use crate::memory::{Bytes, Limits, Pool, Resident, plan_load};
     let s = h100s();
     let budget = vram_budget(&s, GIB, 0);
-    let limits = Limits(Bytes {
-        vram: vram_limit(0, budget),
-        ram: 0,
-    });
+    let limits = Limits(
+        Bytes {
+            vram: vram_limit(0, budget),
+            ram: 0,
+        },
+        crate::memory::WATERMARK_PERCENT,
+    );
     // 150 GiB of weights do not fit 2 x 80 GB less the reserve and the other process.
     let r = plan_load(&limits, "huge", Bytes::in_pool(Pool::Vram, 150 * GIB), &[])
         .expect_err("refused before allocating");
@@ -88,10 +91,13 @@ fn the_budget_feeds_the_watermark_policy_and_refuses_before_allocation() {
         evictable: true,
     }];
     let ours = vram_budget(&s, GIB, 20 * GIB);
-    let limits = Limits(Bytes {
-        vram: vram_limit(0, ours),
-        ram: 0,
-    });
+    let limits = Limits(
+        Bytes {
+            vram: vram_limit(0, ours),
+            ram: 0,
+        },
+        crate::memory::WATERMARK_PERCENT,
+    );
     let unloads = plan_load(
         &limits,
         "new",

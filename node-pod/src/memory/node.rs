@@ -25,6 +25,7 @@ impl Node {
             self.engine_config.backend,
             self.engine_config.vram_limit_bytes,
             bytes,
+            self.config.scheduler.memory_watermark_percent,
         );
         self
     }
@@ -197,7 +198,7 @@ impl Node {
                 pool.name(),
                 super::human(u.used),
                 super::human(limit),
-                super::WATERMARK_PERCENT,
+                self.memory.limits.watermark_percent(),
             );
             tracing::warn!(target: "gantry::alert", model = %u.id, pool = pool.label(), used = u.used, limit, freed = held.get(pool), "{message}");
             message

@@ -136,6 +136,24 @@ fn a_cpu_node_binds_on_the_smaller_of_its_engine_and_ram_limits() {
 }
 
 #[test]
+fn a_lower_watermark_unloads_sooner() {
+    // 1000 MiB at 70 %: 700 MiB. 600 held plus 200 more is over it; at 90 % it was not.
+    let resident = [res("a", 600, 1, true)];
+    let at = |percent| {
+        let limits = limits(1000).with_watermark(percent);
+        plan_load(&limits, "new", ram(200 * MIB), &resident).expect("fits after unloading")
+    };
+    assert!(at(90).is_empty());
+    assert_eq!(at(70).len(), 1);
+    assert_eq!(
+        Limits::for_backend(Backend::Cpu, 0, 1000)
+            .with_watermark(70)
+            .watermark(Pool::Ram),
+        Some(700)
+    );
+}
+
+#[test]
 fn ram_limits_come_from_cgroup_files_and_meminfo() {
     assert_eq!(parse_cgroup_limit("max\n"), None);
     assert_eq!(parse_cgroup_limit("1073741824\n"), Some(1 << 30));

@@ -23,9 +23,17 @@ use gantry_crd::{
     EnginePlugin, LoadPolicy, Model, ModelFormat, ModelPool, ModelSource, ModelSpec, PoolRefusal,
 };
 
-/// The share of the pool's model memory a member may need at most: the node's watermark
-/// (node-pod/src/memory.rs `WATERMARK_PERCENT`), past which it refuses a load.
-pub const WATERMARK_PERCENT: f64 = 90.0;
+/// The pool's memory watermark when `memoryWatermarkPercent` is not set: the node's default
+/// (node-pod/src/memory.rs `WATERMARK_PERCENT`).
+pub const WATERMARK_PERCENT: i32 = 90;
+
+/// The share of the pool's model memory, in percent, past which its pods unload idle members
+/// and refuse loads: a member may need at most that much.
+pub fn watermark_percent(pool: &ModelPool) -> i32 {
+    pool.spec
+        .memory_watermark_percent
+        .unwrap_or(WATERMARK_PERCENT)
+}
 
 /// The pool's pod template: a Model with the pool's resources, scheduling, replicas, rollout
 /// and cache and no source, validated by the Model's own rules (the field paths are the same),
@@ -86,6 +94,14 @@ pub fn template(pool: &ModelPool, settings: &Settings) -> Result<ValidModel, Vec
         problems.push(Invalid::new(
             "spec.autoscaling.mode",
             "a pool scales on its summed load and memory pressure, which an HPA cannot read: use Builtin",
+        ));
+    }
+    if let Some(w) = spec.memory_watermark_percent
+        && !(50..=99).contains(&w)
+    {
+        problems.push(Invalid::new(
+            "spec.memoryWatermarkPercent",
+            format!("must be between 50 and 99, got {w}"),
         ));
     }
     if let Some(q) = &spec.model_memory
@@ -207,6 +223,7 @@ pub fn admit(
     settings: &Settings,
 ) -> Admission {
     let capacity = capacity_bytes(pool, template);
+    let percent = watermark_percent(pool);
     let mut out = Admission::default();
     let mut served: HashSet<String> = HashSet::new();
     for model in members {
@@ -233,13 +250,13 @@ pub fn admit(
             capacity,
             valid.memory.as_ref().and_then(|m| quantity_bytes(&m.0)),
         ) {
-            let watermark = cap * WATERMARK_PERCENT / 100.0;
+            let watermark = cap * f64::from(percent) / 100.0;
             if need > watermark {
                 out.refused.push(refusal(
                     &name,
                     reason::DOES_NOT_FIT,
                     format!(
-                        "spec.resources.memory ({} bytes) is more than the pool's pods can ever hold: {WATERMARK_PERCENT} % of the pool's model memory {} bytes is {} bytes",
+                        "spec.resources.memory ({} bytes) is more than the pool's pods can ever hold: {percent} % of the pool's model memory {} bytes is {} bytes",
                         need.round(),
                         cap.round(),
                         watermark.round()
@@ -306,8 +323,8 @@ pub struct PoolConfig {
     pub pod_hash: String,
 }
 
-/// Render the node config listing `admission`'s members.
-pub fn render(admission: &Admission) -> Result<PoolConfig, RenderError> {
+/// Render the node config of `pool` listing `admission`'s members.
+pub fn render(pool: &ModelPool, admission: &Admission) -> Result<PoolConfig, RenderError> {
     let mut models: Vec<_> = admission
         .members
         .iter()
@@ -319,6 +336,7 @@ pub fn render(admission: &Admission) -> Result<PoolConfig, RenderError> {
         cache_dir: Some(NODE_CACHE_DIR.into()),
         ..NodeConfig::default()
     };
+    node.scheduler.memory_watermark_percent = u64::try_from(watermark_percent(pool)).unwrap_or(90);
     let yaml = serde_yaml::to_string(&node).map_err(RenderError::Yaml)?;
     let hash = short_hash(yaml.as_bytes());
     node.models.clear();

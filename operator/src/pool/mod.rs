@@ -94,7 +94,7 @@ pub async fn plan(
         &plugins,
         &ctx.settings,
     );
-    let config = admit::render(&admission)?;
+    let config = admit::render(pool, &admission)?;
     let mounted = admission.mounted();
     let desired = if admission.members.is_empty() || mounted.is_empty() {
         None

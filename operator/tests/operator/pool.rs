@@ -138,7 +138,7 @@ fn built(
     let template = admit::template(pool, &settings).expect("valid pool");
     let plugins = admit::allowed_plugins(pool, example_plugins());
     let admission = admit::admit(pool, &template, members, &[], &plugins, &settings);
-    let config = admit::render(&admission).expect("render");
+    let config = admit::render(pool, &admission).expect("render");
     let pod = gantry_operator::model::node_config::RenderedConfig {
         yaml: config.config.yaml.clone(),
         hash: config.pod_hash.clone(),
@@ -844,5 +844,50 @@ async fn evictions_and_refused_loads_add_a_pod_to_a_pool_with_a_light_queue() {
         recorded[1].body,
         Some(json!({"apiVersion": "apps/v1", "kind": "Deployment",
                     "metadata": {"name": "small-pool"}, "spec": {"replicas": 2}}))
+    );
+}
+
+#[test]
+fn the_pools_watermark_reaches_its_pods_and_decides_what_fits() {
+    let (mut pool, mut members) = example();
+    members.push(member("mid", "mid-model", "1500Mi", 3));
+    let settings = Settings::default();
+    let admit_all = |pool: &ModelPool| {
+        let template = admit::template(pool, &settings).expect("template");
+        admit::admit(
+            pool,
+            &template,
+            &members,
+            &[],
+            &example_plugins(),
+            &settings,
+        )
+    };
+    // 1500 MiB fits under 90 % of 2 GiB (1843 MiB) ...
+    let a = admit_all(&pool);
+    assert!(a.member("mid").is_some());
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
+            .expect("config");
+    assert_eq!(config.scheduler.memory_watermark_percent, 90);
+    // ... not under 70 % (1434 MiB), and the pods are told 70.
+    pool.spec.memory_watermark_percent = Some(70);
+    let a = admit_all(&pool);
+    let refused = a.refusal("mid").expect("refused");
+    assert_eq!(refused.reason, "DoesNotFit");
+    assert!(refused.message.contains("70 %"), "{}", refused.message);
+    let rendered = admit::render(&pool, &a).expect("render");
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&rendered.config.yaml).expect("config");
+    assert_eq!(config.scheduler.memory_watermark_percent, 70);
+    // A node-wide setting: on the pod template's hash, so the pods roll to read it.
+    let before = admit::render(&example().0, &admit_all(&example().0)).expect("render");
+    assert_ne!(rendered.pod_hash, before.pod_hash);
+    // Out of range: the pool is invalid.
+    pool.spec.memory_watermark_percent = Some(99 + 1);
+    let problems = admit::template(&pool, &settings).expect_err("invalid");
+    assert!(
+        gantry_operator::model::validate::message(&problems)
+            .contains("spec.memoryWatermarkPercent")
     );
 }
