@@ -174,4 +174,10 @@ pub struct PoolPod {
     /// The node's memory budget (0: none).
     #[serde(default)]
     pub memory_limit_bytes: i64,
+    /// Models its memory policy unloaded to make room, since the pod started.
+    #[serde(default)]
+    pub evictions: i64,
+    /// Loads it refused because they could not fit, since the pod started.
+    #[serde(default)]
+    pub refusals: i64,
 }

@@ -202,18 +202,7 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
     let (progress_cond, stuck) = fold_progress(f.deployment);
     let engine_failed = engine_cond.status == FALSE;
 
-    // Counts come from the Deployment, never from the reports: a silent pod still exists.
-    let replicas = match f.deployment {
-        Some(d) => {
-            let s = d.status.clone().unwrap_or_default();
-            ReplicaStatus {
-                desired: d.spec.replicas.unwrap_or(1),
-                current: s.replicas.unwrap_or(0),
-                ready: s.ready_replicas.unwrap_or(0),
-            }
-        }
-        None => ReplicaStatus::default(),
-    };
+    let replicas = replica_counts(f.deployment);
 
     let load_failure = reports::fold_load(f);
     let degraded = if let Some(e) = f.apply_error {
@@ -253,12 +242,7 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
             engine_cond.message.clone(),
         )
     } else if f.deployment.is_some() && replicas.desired == 0 {
-        Decided::new(
-            cond::READY,
-            TRUE,
-            reason::SCALED_TO_ZERO,
-            "scaled to zero (replicas.min is 0); the gateway starts a node pod on the first request",
-        )
+        scaled_to_zero()
     } else if f.deployment.is_some()
         // The autoscaler adds pods under load: while they start, the Model still serves. Ready
         // needs the desired count, or `replicas.min` (at least 1) when more are wanted.
@@ -296,6 +280,31 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         // A pool member's reconcile adds where it is (pool/mod.rs).
         pool: None,
     }
+}
+
+/// Node pod counts from the Deployment, never from the reports: a silent pod still exists.
+pub fn replica_counts(deployment: Option<&Deployment>) -> ReplicaStatus {
+    match deployment {
+        Some(d) => {
+            let s = d.status.clone().unwrap_or_default();
+            ReplicaStatus {
+                desired: d.spec.replicas.unwrap_or(1),
+                current: s.replicas.unwrap_or(0),
+                ready: s.ready_replicas.unwrap_or(0),
+            }
+        }
+        None => ReplicaStatus::default(),
+    }
+}
+
+/// `Ready=True/ScaledToZero`, for a Model or a pool whose Deployment wants no pod.
+pub fn scaled_to_zero() -> Decided {
+    Decided::new(
+        cond::READY,
+        TRUE,
+        reason::SCALED_TO_ZERO,
+        "scaled to zero (replicas.min is 0); the gateway starts a node pod on the first request",
+    )
 }
 
 /// The in-cluster base URL of a Model's node pods.

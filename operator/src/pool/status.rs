@@ -18,7 +18,7 @@ use crate::node_report::NodeReport;
 use crate::write;
 use gantry_crd::conditions::{self, Decided, FALSE, TRUE, model as cond, reason};
 use gantry_crd::names::{NODE_PORT, pool_object_name};
-use gantry_crd::{ModelPool, ModelPoolStatus, PoolMember, PoolPod, ReplicaStatus};
+use gantry_crd::{ModelPool, ModelPoolStatus, PoolMember, PoolPod};
 
 /// Everything the fold looks at.
 #[derive(Clone, Copy, Debug)]
@@ -70,21 +70,8 @@ pub fn pod(report: &NodeReport, config_hash: &str) -> PoolPod {
             .collect(),
         memory_used_bytes: i64::try_from(memory.used_bytes).unwrap_or(i64::MAX),
         memory_limit_bytes: i64::try_from(memory.limit_bytes).unwrap_or(i64::MAX),
-    }
-}
-
-/// Node pod counts from the Deployment (never from the reports: a silent pod still exists).
-pub fn replicas(deployment: Option<&Deployment>) -> ReplicaStatus {
-    match deployment {
-        Some(d) => {
-            let s = d.status.clone().unwrap_or_default();
-            ReplicaStatus {
-                desired: d.spec.replicas.unwrap_or(1),
-                current: s.replicas.unwrap_or(0),
-                ready: s.ready_replicas.unwrap_or(0),
-            }
-        }
-        None => ReplicaStatus::default(),
+        evictions: i64::try_from(memory.evictions_total).unwrap_or(i64::MAX),
+        refusals: i64::try_from(memory.refusals_total).unwrap_or(i64::MAX),
     }
 }
 
@@ -92,7 +79,7 @@ pub fn replicas(deployment: Option<&Deployment>) -> ReplicaStatus {
 pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
     let previous = f.pool.status.clone().unwrap_or_default();
     let generation = f.pool.metadata.generation;
-    let replicas = replicas(f.deployment);
+    let replicas = crate::model::status::replica_counts(f.deployment);
     let ready = if let Some(e) = f.apply_error {
         Decided::new(cond::READY, FALSE, reason::APPLY_FAILED, e.to_string())
     } else if f.admission.members.is_empty() {
@@ -103,12 +90,7 @@ pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
             "no Model the pool can serve names it in spec.pool; the pool runs no node pods",
         )
     } else if f.deployment.is_some() && replicas.desired == 0 {
-        Decided::new(
-            cond::READY,
-            TRUE,
-            reason::SCALED_TO_ZERO,
-            "scaled to zero (replicas.min is 0); the gateway starts a node pod on the first request",
-        )
+        crate::model::status::scaled_to_zero()
     } else if replicas.ready > 0 {
         // A pool serves once one pod does; the others add capacity.
         Decided::new(

@@ -65,6 +65,22 @@ fn member(name: &str, served: &str, memory: &str, i: usize) -> Model {
     .expect("model")
 }
 
+/// A context whose stores hold `pool` and `members`, with the example plugins and `nodes`'
+/// status documents.
+fn pool_context(
+    pool: ModelPool,
+    members: Vec<Model>,
+    nodes: BTreeMap<String, NodeStatus>,
+) -> (Arc<gantry_operator::context::Context>, ApiServer) {
+    context_full(
+        Settings::default(),
+        example_plugins(),
+        nodes,
+        members,
+        vec![pool],
+    )
+}
+
 async fn run_pool(
     pool: ModelPool,
     ctx: Arc<gantry_operator::context::Context>,
@@ -190,13 +206,7 @@ fn pool_pod(o: &gantry_operator::model::build::OwnedObjects) -> Value {
 #[tokio::test]
 async fn a_pool_with_three_models_renders_one_deployment_whose_config_lists_them_all() {
     let (pool, members) = example();
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        members.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, server) = pool_context(pool.clone(), members.clone(), BTreeMap::new());
     let server = server.run(vec![
         Step::apply(pool_path("configmaps")),
         Step::apply(pool_path("deployments")),
@@ -271,13 +281,7 @@ async fn adding_and_removing_a_member_patches_only_the_config_map() {
     // A fourth Model joins.
     let mut four = members.clone();
     four.push(member("tiny", "tiny-llama", "100Mi", 3));
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        four.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, mut server) = pool_context(pool.clone(), four.clone(), BTreeMap::new());
     seed_live(&mut server, &live, 2);
     let server = server.run(vec![
         Step::apply(pool_path("configmaps")),
@@ -292,13 +296,7 @@ async fn adding_and_removing_a_member_patches_only_the_config_map() {
 
     // One of the first three leaves.
     let two = members[1..].to_vec();
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        two.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, mut server) = pool_context(pool.clone(), two.clone(), BTreeMap::new());
     seed_live(&mut server, &live, 2);
     let server = server.run(vec![
         Step::apply(pool_path("configmaps")),
@@ -329,13 +327,7 @@ async fn a_member_that_cannot_fit_is_refused_with_its_reason_and_the_pool_is_unt
     let big = member("big", "big-model", "3Gi", 3);
     let mut all = members.clone();
     all.push(big.clone());
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        all.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, mut server) = pool_context(pool.clone(), all.clone(), BTreeMap::new());
     seed_live(&mut server, &live, 2);
     // No object write: the config is what it was. Only the pool's status says why.
     let server = server.run(vec![pool_status_patch(&pool)]);
@@ -355,13 +347,7 @@ async fn a_member_that_cannot_fit_is_refused_with_its_reason_and_the_pool_is_unt
     assert!(message.contains("1932735283 bytes"), "{message}");
 
     // The member itself: Ready=False with the same reason, no objects of its own.
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        all,
-        vec![pool.clone()],
-    );
+    let (ctx, server) = pool_context(pool.clone(), all, BTreeMap::new());
     let server = server.run(vec![model_status_patch(&big), Step::event("default")]);
     run_model(big, ctx).await.expect("member reconcile");
     let recorded = finish(server).await;
@@ -384,13 +370,7 @@ async fn a_member_whose_format_no_allowed_engine_serves_is_refused() {
     let (pool, mut members) = example();
     members[2].spec.format = gantry_crd::ModelFormat::Safetensors;
     members[2].spec.source.quantization = None;
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        members.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, server) = pool_context(pool.clone(), members.clone(), BTreeMap::new());
     let server = server.run(vec![
         Step::apply(pool_path("configmaps")),
         Step::apply(pool_path("deployments")),
@@ -420,13 +400,7 @@ async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hol
     // The pool pod runs the current config and has loaded one member.
     let nodes = node_report_with(&hash);
 
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        nodes.clone(),
-        members.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, mut server) = pool_context(pool.clone(), members.clone(), nodes.clone());
     seed_live(&mut server, &live, 2);
     server.seed([pool_pod(&live)]);
     let server = server.run(vec![pool_status_patch(&pool)]);
@@ -438,18 +412,12 @@ async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hol
         status["pods"],
         json!([{"name": "small-pool-7c9d-abcde", "ready": true, "configCurrent": true,
                 "loaded": ["gemma-3-270m"], "memoryUsedBytes": 600_000_000,
-                "memoryLimitBytes": 2_147_483_648_i64}])
+                "memoryLimitBytes": 2_147_483_648_i64, "evictions": 3, "refusals": 1}])
     );
 
     // Second pass with that status stored: not a read, not a write.
     pool.status = Some(serde_json::from_value::<ModelPoolStatus>(status).expect("status"));
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        nodes.clone(),
-        members.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, mut server) = pool_context(pool.clone(), members.clone(), nodes.clone());
     seed_live(&mut server, &live, 2);
     server.seed([pool_pod(&live)]);
     let server = server.run(vec![]);
@@ -460,13 +428,7 @@ async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hol
 
     // The loaded member: Ready, the pool's endpoint, the pod that holds it.
     let gemma = members[0].clone();
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        nodes,
-        members.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, mut server) = pool_context(pool.clone(), members.clone(), nodes);
     seed_live(&mut server, &live, 2);
     server.seed([pool_pod(&live)]);
     let server = server.run(vec![
@@ -489,13 +451,7 @@ async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hol
     // A member's stored status folds to itself: its second reconcile writes nothing.
     let mut again = gemma;
     again.status = Some(serde_json::from_value::<ModelStatus>(status).expect("status"));
-    let (ctx, mut server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        node_report_with(&hash),
-        members,
-        vec![pool],
-    );
+    let (ctx, mut server) = pool_context(pool, members, node_report_with(&hash));
     seed_live(&mut server, &live, 2);
     server.seed([pool_pod(&live)]);
     let server = server.run(vec![]);
@@ -518,7 +474,8 @@ fn node_report_with(hash: &str) -> BTreeMap<String, NodeStatus> {
         limit_bytes: 2_147_483_648,
         watermark_bytes: Some(1_932_735_283),
         used_bytes: 600_000_000,
-        ..gantry_api::MemoryStatus::default()
+        evictions_total: 3,
+        refusals_total: 1,
     });
     report
 }
@@ -527,13 +484,7 @@ fn node_report_with(hash: &str) -> BTreeMap<String, NodeStatus> {
 async fn deleting_a_pool_makes_no_request_because_owner_references_cascade() {
     let (mut pool, members) = example();
     pool.metadata.deletion_timestamp = Some(created(9));
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        members.clone(),
-        vec![pool.clone()],
-    );
+    let (ctx, server) = pool_context(pool.clone(), members.clone(), BTreeMap::new());
     let server = server.run(vec![]);
     let action = run_pool(pool.clone(), ctx).await.expect("reconcile");
     assert!(finish(server).await.is_empty());
@@ -716,13 +667,7 @@ async fn a_pool_scales_on_the_summed_queue_of_all_its_members() {
             pool_node(&[("smollm2-135m-instruct", 2, 2)], 0, 0),
         ),
     ]);
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        members,
-        vec![pool.clone()],
-    );
+    let (ctx, server) = pool_context(pool.clone(), members, BTreeMap::new());
     let mut autoscaler = gantry_operator::autoscale::Autoscaler::new(
         ctx.client.clone(),
         Arc::new(Changing(std::sync::Mutex::new(nodes))),
@@ -780,13 +725,7 @@ async fn evictions_and_refused_loads_add_a_pod_to_a_pool_with_a_light_queue() {
         "10.0.0.5".to_string(),
         pool_node(&[("gemma-3-270m", 0, 1)], 10, 2),
     )]))));
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        members,
-        vec![pool.clone()],
-    );
+    let (ctx, server) = pool_context(pool.clone(), members, BTreeMap::new());
     let mut autoscaler = gantry_operator::autoscale::Autoscaler::new(
         ctx.client.clone(),
         statuses.clone(),
