@@ -10,7 +10,7 @@ use gantry_api::{EngineVerdict, RejectionKind};
 use gantry_engine_abi::{
     Backend, EngineConfig, Format, ModelDescriptor, Sampling, Status, StepEntry,
 };
-use gantry_node::engine_host::{EngineRegistry, PluginState};
+use gantry_node::engine_host::{EngineRegistry, Plugin, PluginState};
 
 fn refusal(reg: &EngineRegistry, dir_id: &str) -> String {
     let rec = reg
@@ -367,23 +367,29 @@ fn the_default_plugin_tree_from_the_build_holds_llama_cpp() {
     assert!(s.license.is_some());
 }
 
-#[test]
-fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
-    let root = tempfile::tempdir().expect("tempdir");
+/// Compile `source` (C99, against the header, with `examples/c` on the include path) into an
+/// `echo` plugin under `root`, discover it and return it.
+fn c_echo_plugin(root: &Path, source: &Path) -> Plugin {
     let abi = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engines/abi");
-    let dir = root.path().join("echo/cpu");
+    let dir = root.join("echo/cpu");
     std::fs::create_dir_all(&dir).expect("dir");
     let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args([
             "-std=c99", "-Wall", "-Werror", "-O2", "-shared", "-fPIC", "-I",
         ])
         .arg(abi.join("include"))
-        .arg(abi.join("examples/c/echo_engine.c"))
+        .arg("-I")
+        .arg(abi.join("examples/c"))
+        .arg(source)
         .arg("-o")
         .arg(dir.join("libecho_engine.so"))
         .status()
         .expect("a C compiler");
-    assert!(status.success(), "echo_engine.c must compile cleanly");
+    assert!(
+        status.success(),
+        "{} must compile cleanly",
+        source.display()
+    );
     let mut m = faulty_manifest("echo");
     m["version"] = "1.0.0".into();
     m["binary"] = "libecho_engine.so".into();
@@ -392,10 +398,18 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
         serde_json::to_vec(&m).expect("json"),
     )
     .expect("manifest");
-    let reg = EngineRegistry::discover(root.path(), &cpu_config());
-    let plugin = reg
-        .plugin("echo")
-        .unwrap_or_else(|| panic!("echo refused: {:?}", reg.records[0].summary().reason));
+    let reg = EngineRegistry::discover(root, &cpu_config());
+    reg.plugin("echo")
+        .unwrap_or_else(|| panic!("echo refused: {:?}", reg.records[0].summary().reason))
+        .clone()
+}
+
+#[test]
+fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engines/abi/examples/c/echo_engine.c");
+    let plugin = c_echo_plugin(root.path(), &example);
     assert_eq!(
         plugin.info().description.as_deref(),
         Some("byte echo engine written in C")
@@ -404,21 +418,59 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
     assert_eq!(shared.info().architecture, "toy");
     let toks = shared.tokenize("hi", false, false).expect("tokenize");
     assert_eq!(toks, vec![104, 105]);
-    let seq = exec.seq_open().expect("seq");
-    let g = Sampling::greedy();
-    let out = exec
-        .step(&[StepEntry {
-            seq,
-            tokens: &toks,
-            sample: Some(&g),
-            fresh: false,
-            allowed: None,
-        }])
-        .expect("step");
-    assert_eq!(out[0].as_ref().map(|t| t.token), Some(106));
+    let (seq, token) = step_new_sequence(&mut exec, &toks, false);
+    assert_eq!(token, 106);
+    // ABI 1.4: echo keeps no cache, so its sequence took nothing from one.
+    assert_eq!(exec.seq_cached_tokens(seq), Some(0));
+    assert_eq!(
+        exec.seq_cached_tokens(seq + 1000),
+        None,
+        "an unknown sequence"
+    );
     let err = exec.embed(&toks).expect_err("no embeddings");
     assert_eq!(
         (err.status, err.message.as_str()),
         (Status::Unsupported, "echo has no embeddings")
+    );
+}
+
+#[test]
+fn a_plugin_built_before_abi_1_4_loads_steps_and_reports_no_cached_tokens() {
+    let root = tempfile::tempdir().expect("tempdir");
+    // The echo example with the vtable an ABI 1.3 build exports: `struct_size` ends before
+    // `seq_cached_tokens`, and the slot past it holds garbage the host must not call.
+    let source = root.path().join("echo_1_3.c");
+    std::fs::write(
+        &source,
+        r#"#include <stddef.h>
+#define gantry_engine_entry echo_entry_1_4
+#include "echo_engine.c"
+#undef gantry_engine_entry
+
+static gantry_engine_vtable_t OLD_VTABLE;
+static gantry_engine_entry_t OLD_ENTRY;
+
+const gantry_engine_entry_t* gantry_engine_entry(void) {
+    const gantry_engine_entry_t* e = echo_entry_1_4();
+    OLD_VTABLE = *e->vtable;
+    OLD_VTABLE.struct_size = offsetof(gantry_engine_vtable_t, seq_cached_tokens);
+    OLD_VTABLE.seq_cached_tokens = (int64_t (*)(gantry_model_t*, uint64_t))(uintptr_t)1;
+    OLD_ENTRY = *e;
+    OLD_ENTRY.abi_minor = 3;
+    OLD_ENTRY.vtable = &OLD_VTABLE;
+    return &OLD_ENTRY;
+}
+"#,
+    )
+    .expect("write source");
+    let plugin = c_echo_plugin(root.path(), &source);
+    let (shared, mut exec) = plugin.load_model(&toy_desc("echo")).expect("load");
+    let toks = shared.tokenize("hi", false, false).expect("tokenize");
+    let (seq, token) = step_new_sequence(&mut exec, &toks, false);
+    assert_eq!(token, 106);
+    assert_eq!(
+        exec.seq_cached_tokens(seq),
+        None,
+        "a 1.3 plugin reports nothing"
     );
 }

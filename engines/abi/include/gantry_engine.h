@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.3.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.4.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -47,8 +47,9 @@
  * THREADING
  *   - `create`, `destroy`, `load_model` and `unload_model` on one engine are
  *     serialized by the host.
- *   - `seq_open`, `seq_release`, `step` and `embed` on one model are never
- *     called concurrently with each other (the host's scheduler owns them), but
+ *   - `seq_open`, `seq_release`, `step`, `embed` and `seq_cached_tokens` on one
+ *     model are never called concurrently with each other (the host's scheduler
+ *     owns them), but
  *     different models may be stepped concurrently from different threads.
  *   - `model_info`, `tokenize` and `detokenize` may be called from any thread
  *     at any time while the model is loaded, concurrently with `step`.
@@ -74,7 +75,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 3
+#define GANTRY_ABI_MINOR 4
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -353,6 +354,16 @@ typedef struct gantry_engine_vtable {
 
     /* Free everything the model holds. The handle is invalid afterwards. */
     void (*unload_model)(gantry_model_t* model);
+
+    /* Since 1.4; optional (a NULL slot, or a vtable whose `struct_size` does not cover it,
+     * means "not reported"). How many tokens of sequence `seq`'s first entry the plugin took
+     * from a cache (a released sequence's warm KV, shared prefix blocks) instead of evaluating
+     * them: 0 for a sequence that reused nothing (a cold cache, GANTRY_STEP_FRESH), at most
+     * that entry's `n_tokens`. Returns -1 when it does not know (an unknown sequence, or one
+     * whose first entry has not been stepped). The host calls it after the step that carried
+     * the sequence's first entry and before `seq_release`, so that it can count the prompt
+     * tokens an engine actually evaluated. Infallible; must not block. */
+    int64_t (*seq_cached_tokens)(gantry_model_t* model, uint64_t seq);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 3;
+pub const GANTRY_ABI_MINOR: u32 = 4;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -263,6 +263,8 @@ pub type EmbedFn = unsafe extern "C" fn(
     *mut gantry_error_t,
 ) -> gantry_status_t;
 pub type UnloadModelFn = unsafe extern "C" fn(*mut gantry_model_t);
+/// Since 1.4: cached tokens of a sequence's first entry, or -1 when unknown.
+pub type SeqCachedTokensFn = unsafe extern "C" fn(*mut gantry_model_t, u64) -> i64;
 
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
@@ -279,6 +281,8 @@ pub struct gantry_engine_vtable_t {
     pub step: Option<StepFn>,
     pub embed: Option<EmbedFn>,
     pub unload_model: Option<UnloadModelFn>,
+    /// Since 1.4; optional.
+    pub seq_cached_tokens: Option<SeqCachedTokensFn>,
 }
 
 #[repr(C)]

@@ -59,6 +59,12 @@ pub trait Model: Send + Sync + 'static {
     /// entries that asked for a sample.
     fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError>;
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError>;
+    /// How many tokens of `seq`'s first entry came from a cache instead of being evaluated
+    /// (since ABI 1.4, `seq_cached_tokens`); `None` when unknown. The host asks after the step
+    /// that carried the first entry. The default reports nothing, as a 1.3 plugin does.
+    fn seq_cached_tokens(&self, _seq: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// The host's log callback, safe to call from any thread.
@@ -327,6 +333,7 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         step: Some(shim_step::<E::Model>),
         embed: Some(shim_embed::<E::Model>),
         unload_model: Some(shim_unload_model::<E::Model>),
+        seq_cached_tokens: Some(shim_seq_cached_tokens::<E::Model>),
     }
 }
 
@@ -680,6 +687,22 @@ unsafe extern "C" fn shim_embed<M: Model>(
             Ok(())
         })
     }
+}
+
+unsafe extern "C" fn shim_seq_cached_tokens<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    seq: u64,
+) -> i64 {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: live handle per the header.
+        let m = unsafe { model_ref::<M>(model) }.ok()?;
+        m.model
+            .seq_cached_tokens(seq)
+            .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+    }))
+    .ok()
+    .flatten()
+    .unwrap_or(-1)
 }
 
 unsafe extern "C" fn shim_unload_model<M: Model>(model: *mut ffi::gantry_model_t) {

@@ -155,7 +155,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             seq_release,
             step,
             embed,
-            unload_model
+            unload_model,
+            seq_cached_tokens
         }
     );
     layout!(

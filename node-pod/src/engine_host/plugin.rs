@@ -86,7 +86,13 @@ struct Vtable {
     step: ffi::StepFn,
     embed: ffi::EmbedFn,
     unload_model: ffi::UnloadModelFn,
+    /// ABI 1.4, optional: `None` when the plugin's table is older or leaves the slot empty.
+    seq_cached_tokens: Option<ffi::SeqCachedTokensFn>,
 }
+
+/// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
+/// plugin's `struct_size` may cover.
+const VTABLE_1_0_SIZE: usize = std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_cached_tokens);
 
 impl Vtable {
     /// # Safety
@@ -98,13 +104,13 @@ impl Vtable {
         // SAFETY: non-null and valid per the caller's contract. The size is
         // read first; only slots it covers are read (append-only policy).
         let size = unsafe { (*vt).struct_size } as usize;
-        if size < size_of::<ffi::gantry_engine_vtable_t>() {
+        if size < VTABLE_1_0_SIZE {
             return Err(OpenError::BadVtable(format!(
-                "struct_size {size} is smaller than ABI 1.0's {}",
-                size_of::<ffi::gantry_engine_vtable_t>()
+                "struct_size {size} is smaller than ABI 1.0's {VTABLE_1_0_SIZE}"
             )));
         }
-        // SAFETY: as above; the whole 1.0 table is covered by `size`.
+        // SAFETY: as above; the whole 1.0 table is covered by `size`, and a later slot is
+        // read only where `size` covers it.
         let v = unsafe { &*vt };
         let need = |name: &str| OpenError::BadVtable(format!("missing function `{name}`"));
         Ok(Vtable {
@@ -120,6 +126,14 @@ impl Vtable {
             step: v.step.ok_or_else(|| need("step"))?,
             embed: v.embed.ok_or_else(|| need("embed"))?,
             unload_model: v.unload_model.ok_or_else(|| need("unload_model"))?,
+            seq_cached_tokens: if size
+                >= std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_cached_tokens)
+                    + size_of::<Option<ffi::SeqCachedTokensFn>>()
+            {
+                v.seq_cached_tokens
+            } else {
+                None
+            },
         })
     }
 }

@@ -132,9 +132,15 @@ static gantry_status_t echo_embed(gantry_model_t* m, const int32_t* t, size_t n,
 
 static void echo_unload(gantry_model_t* m) { free(m); }
 
+/* Since ABI 1.4: echo keeps no cache, so an open sequence took nothing from one. */
+static int64_t echo_seq_cached_tokens(gantry_model_t* m, uint64_t seq) {
+    return (seq < MAX_SEQS && m->open[seq]) ? 0 : -1;
+}
+
 static const gantry_engine_vtable_t VTABLE = {
     sizeof(gantry_engine_vtable_t), echo_info, echo_create, echo_destroy, echo_load, echo_model_info,
     echo_tokenize, echo_detokenize, echo_seq_open, echo_seq_release, echo_step, echo_embed, echo_unload,
+    echo_seq_cached_tokens,
 };
 
 static const gantry_engine_entry_t ENTRY = {

@@ -57,6 +57,7 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     step: None,
     embed: None,
     unload_model: None,
+    seq_cached_tokens: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {

@@ -280,6 +280,16 @@ impl ModelExec {
             .collect())
     }
 
+    /// How many tokens of `seq`'s first entry the engine took from its cache (ABI 1.4); `None`
+    /// when the plugin does not report it (older than 1.4, or it does not know). Asked after
+    /// the step that carried the first entry.
+    pub fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
+        let f = self.handle.plugin.vt.seq_cached_tokens?;
+        // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+        let n = unsafe { f(self.handle.raw, seq) };
+        u64::try_from(n).ok()
+    }
+
     pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
         let dims = self.shared.info.embedding_dims as usize;
         fill_growing("embed", dims, |out: &mut [f32], n, err| {
