@@ -106,3 +106,33 @@ fn a_released_prompt_prefix_is_reused_without_changing_the_output() {
     assert_eq!(reuse_counts(&log), vec![(shared, a.len() - shared)]);
     assert_eq!(a_again, a_cold);
 }
+
+#[test]
+fn the_plugin_reports_the_prefix_it_took_from_a_warm_slot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), &TinyModelSpec::default());
+    let plugin = llama_plugin(2, 512);
+    let (s, mut exec) = plugin.load_model(&desc("tiny", &path)).expect("load");
+    let text = |tail: &str| format!("A long shared system prompt about Paris and France. {tail}");
+    let a = s
+        .tokenize(&text("First question?"), true, false)
+        .expect("tok");
+    let b = s.tokenize(&text("Second one!"), true, false).expect("tok");
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    // `seq_cached_tokens` (ABI 1.4) for a new sequence whose first entry is `prompt`; the
+    // sequence is then released, its cells staying warm for the next.
+    let mut cached = |prompt: &[i32], fresh: bool| {
+        let (seq, _) = step_new_sequence(&mut exec, prompt, fresh);
+        let n = exec.seq_cached_tokens(seq);
+        exec.seq_release(seq);
+        n
+    };
+    assert_eq!(cached(&a, false), Some(0), "a cold model takes nothing");
+    assert_eq!(
+        cached(&a, false),
+        Some(a.len() as u64 - 1),
+        "the same prompt: all but the last token, evaluated again for its logits"
+    );
+    assert_eq!(cached(&b, false), Some(shared as u64), "the shared prefix");
+    assert_eq!(cached(&b, true), Some(0), "GANTRY_STEP_FRESH takes nothing");
+}

@@ -125,6 +125,9 @@ struct Seq {
     /// Tokens in this sequence's KV cells, in order.
     history: Vec<i32>,
     sampler: Option<SeqSampler>,
+    /// Leading tokens of the first chunk taken from a warm slot (ABI 1.4 `seq_cached_tokens`);
+    /// set by `bind`.
+    cached: Option<usize>,
 }
 
 /// A llama.cpp sequence slot no open sequence holds. Its KV may still hold
@@ -210,6 +213,7 @@ impl Exec {
         s.slot = Some(slot.id);
         s.n_past = reuse as i32;
         s.history = tokens[..reuse].to_vec();
+        s.cached = Some(reuse);
         // Tests read this line to check that reuse happened (what the engine evaluates).
         logging::debug(&format!(
             "sequence {seq}: first prompt chunk of {} tokens, {reuse} reused from a warm slot, {} evaluated",
@@ -544,6 +548,7 @@ impl Model for LlamaLoaded {
                 n_past: 0,
                 history: Vec::new(),
                 sampler: None,
+                cached: None,
             },
         );
         Ok(id)
@@ -649,6 +654,10 @@ impl Model for LlamaLoaded {
             out.push(Some(sampler.sample(&ex.ctx, idx, params, e.allowed)?));
         }
         Ok(out)
+    }
+
+    fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
+        self.exec().seqs.get(&seq)?.cached.map(|n| n as u64)
     }
 
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {

@@ -118,9 +118,10 @@ impl Engine for NativeEngine {
 /// One open sequence.
 struct Seq {
     blocks: SeqBlocks,
-    /// Whether its first chunk has been matched against the prefix cache.
-    bound: bool,
     sampler: Option<SeqSampler>,
+    /// Positions of the first chunk taken from the prefix cache (shared blocks plus a copied
+    /// head; ABI 1.4 `seq_cached_tokens`); `None` until that chunk has been matched.
+    cached: Option<usize>,
 }
 
 /// Everything `step` mutates, behind one lock.
@@ -353,8 +354,8 @@ impl Model for NativeModel {
             id,
             Seq {
                 blocks: SeqBlocks::default(),
-                bound: false,
                 sampler: None,
+                cached: None,
             },
         );
         Ok(id)
@@ -396,10 +397,9 @@ impl Model for NativeModel {
         let mut skip = vec![0usize; entries.len()];
         for (i, e) in entries.iter().enumerate() {
             let s = ex.seqs.get_mut(&e.seq).expect("checked above");
-            if s.bound {
+            if s.cached.is_some() {
                 continue;
             }
-            s.bound = true;
             let limit = if e.fresh {
                 0
             } else {
@@ -408,6 +408,7 @@ impl Model for NativeModel {
             let (reused, copies) = ex.pool.bind_prefix(&mut s.blocks, e.tokens, limit)?;
             ex.backend.copy_blocks(&copies);
             skip[i] = reused;
+            s.cached = Some(reused);
             self.log.log(
                 LogLevel::Debug,
                 &format!(
@@ -486,6 +487,10 @@ impl Model for NativeModel {
             out.push(Some(sampler.sample(&mut l, params, e.allowed)?));
         }
         Ok(out)
+    }
+
+    fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
+        self.exec().seqs.get(&seq)?.cached.map(|n| n as u64)
     }
 
     fn embed(&self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {

@@ -100,3 +100,64 @@ fn a_cached_prefix_is_reused_by_blocks_and_copied_where_prompts_diverge_without_
     let fresh = generate(&mut cold, std::slice::from_ref(&q), 10, &[]).remove(0);
     assert_eq!(cached, fresh, "a reused prefix changed the continuation");
 }
+
+#[test]
+fn the_engine_reports_the_positions_its_shared_prefix_blocks_cover() {
+    use gantry_engine_abi::{Sampling, StepEntry};
+    use gantry_engine_native::BLOCK_SIZE;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_hf(dir.path(), HfFamily::Llama, 0).expect("write");
+    let native = plugin("native", 4, 256);
+    let (s, mut exec) = native
+        .load_model(&st_desc("tiny", dir.path()))
+        .expect("load");
+    let text = "Question: what is the capital of France? The capital of France is Paris, and \
+                the capital of the world is a city with one name. Question: and of Italy? \
+                Rome, a city on seven hills, is the capital of Italy.";
+    let p = s.tokenize(text, true, false).expect("tok");
+    assert!(
+        p.len() > 4 * BLOCK_SIZE,
+        "{} tokens: the prompt must span several blocks",
+        p.len()
+    );
+    // `seq_cached_tokens` (ABI 1.4) for a new sequence whose first entry is `prompt`, stepped
+    // once; releasing it leaves its blocks cached for the next.
+    let greedy = Sampling::greedy();
+    let mut cached = |prompt: &[i32]| {
+        let seq = exec.seq_open().expect("seq_open");
+        exec.step(&[StepEntry {
+            seq,
+            tokens: prompt,
+            sample: Some(&greedy),
+            fresh: false,
+            allowed: None,
+        }])
+        .expect("step");
+        let n = exec.seq_cached_tokens(seq);
+        exec.seq_release(seq);
+        n
+    };
+    // `p` with a different token at position `k`: it shares exactly its first `k` tokens.
+    let diverging_at = |k: usize| {
+        let mut q = p.clone();
+        q[k] = if q[k] == 5 { 6 } else { 5 };
+        q
+    };
+    assert_eq!(cached(&p), Some(0), "a cold cache covers nothing");
+    assert_eq!(
+        cached(&p),
+        Some(p.len() as u64 - 1),
+        "a repeat: every block up to the last token, whose logits are needed"
+    );
+    assert_eq!(
+        cached(&diverging_at(3 * BLOCK_SIZE)),
+        Some(3 * BLOCK_SIZE as u64),
+        "three shared blocks, and nothing of the fourth to copy"
+    );
+    assert_eq!(
+        cached(&diverging_at(2 * BLOCK_SIZE + 5)),
+        Some(2 * BLOCK_SIZE as u64 + 5),
+        "two shared blocks and the first 5 positions of the third, copied"
+    );
+}
