@@ -73,11 +73,20 @@ pub struct CachedAnswer {
 }
 
 impl CachedAnswer {
-    pub fn new(key: CacheKey, events: Vec<GenEvent>) -> Option<Self> {
+    pub fn new(key: CacheKey, mut events: Vec<GenEvent>) -> Option<Self> {
         // Only complete answers: a deadline cut is not the model's answer.
         let complete = matches!(events.last(), Some(GenEvent::Done { reason, .. }) if matches!(reason, FinishReason::Stop | FinishReason::Length));
         if !complete {
             return None;
+        }
+        // A replay evaluates none of its prompt: all of it comes from this cache.
+        if let Some(GenEvent::Done {
+            prompt_tokens,
+            cached_tokens,
+            ..
+        }) = events.last_mut()
+        {
+            *cached_tokens = Some(*prompt_tokens);
         }
         let bytes = key.prompt.len() * 4
             + events
@@ -222,6 +231,7 @@ mod tests {
                 GenEvent::Done {
                     reason: FinishReason::Length,
                     prompt_tokens: 1,
+                    cached_tokens: None,
                     completion_tokens: 1,
                     queued: std::time::Duration::ZERO,
                 },

@@ -32,6 +32,10 @@ pub struct Metrics {
     pub inter_token: HistogramVec,
     pub e2e: HistogramVec,
     pub prompt_tokens: IntCounterVec,
+    /// Of those, the tokens the engine took from its prefix cache and the ones it evaluated
+    /// (ABI 1.4 `seq_cached_tokens`; only requests whose engine reports it).
+    pub prompt_tokens_cached: IntCounterVec,
+    pub prompt_tokens_evaluated: IntCounterVec,
     pub generation_tokens: IntCounterVec,
     pub requests: IntCounterVec,
     pub model_load_seconds: GaugeVec,
@@ -266,6 +270,18 @@ impl Metrics {
                 "Prompt tokens processed",
                 &m,
             ),
+            prompt_tokens_cached: counter(
+                &r,
+                "gantry_prompt_tokens_cached_total",
+                "Prompt tokens the engine took from its prefix cache instead of evaluating (engines that report it, ABI 1.4)",
+                &m,
+            ),
+            prompt_tokens_evaluated: counter(
+                &r,
+                "gantry_prompt_tokens_evaluated_total",
+                "Prompt tokens the engine evaluated: prompt minus cached (engines that report it, ABI 1.4)",
+                &m,
+            ),
             generation_tokens: counter(
                 &r,
                 "gantry_generation_tokens_total",
@@ -371,7 +387,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 35] = [
+        let collectors: [&dyn Collector; 37] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -384,6 +400,8 @@ impl Metrics {
             &self.inter_token,
             &self.e2e,
             &self.prompt_tokens,
+            &self.prompt_tokens_cached,
+            &self.prompt_tokens_evaluated,
             &self.generation_tokens,
             &self.requests,
             &self.model_load_seconds,
@@ -528,6 +546,8 @@ pub struct ModelMetrics {
     pub inter_token: prometheus::Histogram,
     pub e2e: prometheus::Histogram,
     pub prompt_tokens: prometheus::IntCounter,
+    pub prompt_tokens_cached: prometheus::IntCounter,
+    pub prompt_tokens_evaluated: prometheus::IntCounter,
     pub generation_tokens: prometheus::IntCounter,
     pub steps: prometheus::IntCounter,
     pub step_tokens: prometheus::Histogram,
@@ -556,6 +576,8 @@ impl Metrics {
             inter_token: self.inter_token.with_label_values(&m),
             e2e: self.e2e.with_label_values(&m),
             prompt_tokens: self.prompt_tokens.with_label_values(&m),
+            prompt_tokens_cached: self.prompt_tokens_cached.with_label_values(&m),
+            prompt_tokens_evaluated: self.prompt_tokens_evaluated.with_label_values(&m),
             generation_tokens: self.generation_tokens.with_label_values(&m),
             steps: self.steps.with_label_values(&m),
             step_tokens: self.step_tokens.with_label_values(&m),

@@ -95,6 +95,9 @@ pub enum GenEvent {
     Done {
         reason: FinishReason,
         prompt_tokens: u32,
+        /// Prompt tokens the engine took from its prefix cache; `None` when it does not say
+        /// (ABI 1.4 `seq_cached_tokens`) or the prompt never reached it.
+        cached_tokens: Option<u32>,
         completion_tokens: u32,
         queued: Duration,
     },
@@ -276,6 +279,8 @@ struct Running {
     seq: u64,
     /// Prompt tokens fed so far.
     fed: usize,
+    /// Prompt tokens the engine took from its cache, once its first chunk ran and if it says.
+    cached: Option<u32>,
     /// Token to feed next step once decoding.
     next: Option<i32>,
     /// Sampled tokens fed back into the KV cache.
@@ -482,6 +487,7 @@ impl Scheduler {
                 let _ = j.events.send(GenEvent::Done {
                     reason: FinishReason::QueueTimeout,
                     prompt_tokens: j.prompt.len() as u32,
+                    cached_tokens: None,
                     completion_tokens: 0,
                     queued,
                 });
@@ -547,6 +553,7 @@ impl Scheduler {
                 job,
                 seq,
                 fed: 0,
+                cached: None,
                 next: None,
                 fed_decode: 0,
                 generated: 0,
@@ -663,6 +670,16 @@ impl Scheduler {
         let mut finished: Vec<(usize, FinishReason)> = Vec::new();
         for (&(i, n), sampled) in plan.iter().zip(results) {
             let r = &mut self.running[i];
+            if n > 0 && r.fed == 0 {
+                // The prompt's first chunk ran: the engine now knows what it took from a cache.
+                r.cached = self.exec.seq_cached_tokens(r.seq).map(|c| {
+                    let prompt = r.job.prompt.len() as u64;
+                    let c = c.min(prompt);
+                    self.metrics.prompt_tokens_cached.inc_by(c);
+                    self.metrics.prompt_tokens_evaluated.inc_by(prompt - c);
+                    c as u32
+                });
+            }
             r.fed += n;
             if n == 0 {
                 r.next = None;
@@ -828,6 +845,7 @@ impl Scheduler {
         let _ = r.job.events.send(GenEvent::Done {
             reason,
             prompt_tokens: r.job.prompt.len() as u32,
+            cached_tokens: r.cached,
             completion_tokens: r.generated,
             queued: r.queued,
         });

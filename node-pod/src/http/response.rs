@@ -306,8 +306,14 @@ impl Source {
     }
 }
 
-fn usage(prompt: u32, completion: u32) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's `usage`; `prompt_tokens_details.cached_tokens` when the engine said how much of the
+/// prompt came from its prefix cache.
+fn usage(prompt: u32, cached: Option<u32>, completion: u32) -> Value {
+    let mut u = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    if let Some(c) = cached {
+        u["prompt_tokens_details"] = json!({"cached_tokens": c});
+    }
+    u
 }
 
 fn chat_logprob(l: &TokenLogprob) -> Value {
@@ -366,6 +372,7 @@ async fn collect_response(
             Next::Event(GenEvent::Done {
                 reason,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
                 queued,
             }) => {
@@ -379,7 +386,7 @@ async fn collect_response(
                     }
                     _ => {}
                 }
-                let u = usage(prompt_tokens, completion_tokens);
+                let u = usage(prompt_tokens, cached_tokens, completion_tokens);
                 let cut = reason == FinishReason::Deadline;
                 return Ok((
                     match meta.flavor {
@@ -534,14 +541,14 @@ impl StreamState {
         }
     }
 
-    fn usage_chunk(&self, prompt: u32, completion: u32) -> Value {
+    fn usage_chunk(&self, prompt: u32, cached: Option<u32>, completion: u32) -> Value {
         let object = match self.meta.flavor {
             Flavor::Chat => "chat.completion.chunk",
             Flavor::Completion => "text_completion",
         };
         json!({
             "id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model,
-            "system_fingerprint": fingerprint(), "choices": [], "usage": usage(prompt, completion),
+            "system_fingerprint": fingerprint(), "choices": [], "usage": usage(prompt, cached, completion),
         })
     }
 
@@ -580,6 +587,7 @@ impl StreamState {
                 Next::Event(GenEvent::Done {
                     reason,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                     queued,
                 }) => {
@@ -597,7 +605,11 @@ impl StreamState {
                         out.push(data(&self.chunk("", None, Some(finish))));
                     }
                     if self.meta.include_usage {
-                        out.push(data(&self.usage_chunk(prompt_tokens, completion_tokens)));
+                        out.push(data(&self.usage_chunk(
+                            prompt_tokens,
+                            cached_tokens,
+                            completion_tokens,
+                        )));
                     }
                     // A cut stream ends with an error event (as OpenAI ends a stream that fails
                     // midway), never with a `finish_reason` a client would read as complete.
