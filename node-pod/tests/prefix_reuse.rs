@@ -136,3 +136,47 @@ fn the_plugin_reports_the_prefix_it_took_from_a_warm_slot() {
     assert_eq!(cached(&b, false), Some(shared as u64), "the shared prefix");
     assert_eq!(cached(&b, true), Some(0), "GANTRY_STEP_FRESH takes nothing");
 }
+
+#[test]
+fn a_prompt_that_diverges_early_shares_the_prefix_and_the_warm_slot_keeps_its_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), &TinyModelSpec::default());
+    let plugin = llama_plugin(2, 512);
+    let (s, mut exec) = plugin.load_model(&desc("tiny", &path)).expect("load");
+    let long = |tail: &str| {
+        let tail = std::iter::repeat_n(tail, 12).collect::<Vec<_>>().join(" ");
+        format!("A shared system prompt about Paris and France. {tail}")
+    };
+    let a = s
+        .tokenize(&long("First question about the river?"), true, false)
+        .expect("tok");
+    let b = s
+        .tokenize(&long("Second one, on the tower!"), true, false)
+        .expect("tok");
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(
+        a.len() - shared > 32,
+        "A goes on {} tokens past the shared prefix",
+        a.len() - shared
+    );
+    let mut cached = |prompt: &[i32]| {
+        let (seq, _) = step_new_sequence(&mut exec, prompt, false);
+        let n = exec.seq_cached_tokens(seq);
+        exec.seq_release(seq);
+        n
+    };
+    assert_eq!(cached(&a), Some(0));
+    // B takes the empty slot with A's prefix shared into it: A's slot is not cut...
+    assert_eq!(cached(&b), Some(shared as u64));
+    // ...so A comes back to all of its history.
+    assert_eq!(cached(&a), Some(a.len() as u64 - 1));
+    // With both slots warm, B's own slot serves it.
+    assert_eq!(cached(&b), Some(b.len() as u64 - 1));
+    // The shared cells give the same answer as a cold evaluation.
+    let warm = generate_batched(&mut exec, std::slice::from_ref(&b), 8);
+    let (_, mut cold) = plugin.load_model(&desc("cold", &path)).expect("load");
+    assert_eq!(
+        warm,
+        generate_batched(&mut cold, std::slice::from_ref(&b), 8)
+    );
+}

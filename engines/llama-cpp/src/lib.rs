@@ -138,13 +138,21 @@ struct FreeSlot {
     released_at: u64,
 }
 
+/// A warm slot whose history goes on longer than this past a new sequence's prefix is shared
+/// with it rather than cut. A shorter tail is usually the same conversation coming back (its
+/// last reply re-tokenized, the token kept for its logits), which supersedes it.
+const SHARE_MIN_TAIL: usize = 32;
+
 /// Everything `step` mutates, behind one lock.
 ///
 /// Prefix cache: a released sequence's cells stay in its slot. A new
 /// sequence takes the free slot whose cached tokens share the longest prefix
-/// with its first prompt chunk and skips those tokens. Warm cells are evicted
-/// whenever the cache is full, so a release still gives its capacity back;
-/// no two open sequences ever share cells.
+/// with its first prompt chunk and skips those tokens. When that prefix is only
+/// part of the warm slot's cells and an empty slot is free, the sequence takes
+/// the empty slot with the prefix's cells shared into it (llama.cpp's unified
+/// cache lets cells belong to several sequences), so the warm slot keeps its
+/// whole history for the sequence that continues it. Warm cells are evicted
+/// whenever the cache is full, so a release still gives its capacity back.
 struct Exec {
     ctx: ManuallyDrop<LlamaContext<'static>>,
     batch: LlamaBatch<'static>,
@@ -152,6 +160,8 @@ struct Exec {
     free_slots: Vec<FreeSlot>,
     next_id: u64,
     clock: u64,
+    /// The model's attention window (`<arch>.attention.sliding_window`); 0 = none.
+    n_swa: usize,
 }
 
 impl Exec {
@@ -185,15 +195,38 @@ impl Exec {
                 )
             })
             .ok_or_else(|| EngineError::internal("no free slot to bind a sequence"))?;
-        let slot = self.free_slots.swap_remove(best);
+        let mut slot = self.free_slots.swap_remove(best);
         let mut reuse = if fresh { 0 } else { common(&slot.tokens) };
         if keep_last && reuse == tokens.len() {
             reuse -= 1;
         }
-        // A sliding-window cache that already pruned its oldest cells no longer
-        // holds the whole prefix (llama-server applies the same rule).
-        if reuse > 0 && self.ctx.kv_cache_seq_pos_min(slot.id) > 0 {
+        // A sliding-window cache hands the cells that fell out of a sequence's window to
+        // other sequences (warm slots included), oldest first, so a warm slot may have lost
+        // its first cells. The prefix is still usable when the window its next token
+        // attends to lies above them: always for a continuation of the slot's whole history
+        // (the cells inside the window of its next position are never handed out), and, as
+        // llama-server decides, when the first cell left is below `reuse - n_swa`. Otherwise
+        // start cold.
+        let pos_min = self.ctx.kv_cache_seq_pos_min(slot.id);
+        let window_kept = reuse == slot.tokens.len()
+            || (self.n_swa > 0 && (pos_min.max(0) as usize) < reuse.saturating_sub(self.n_swa));
+        if reuse > 0 && pos_min > 0 && !window_kept {
             reuse = 0;
+        }
+        // Share rather than cut: the warm slot keeps the tail this sequence does not use.
+        if reuse > 0
+            && slot.tokens.len() - reuse > SHARE_MIN_TAIL
+            && let Some(e) = self.free_slots.iter().position(|f| f.tokens.is_empty())
+        {
+            let empty = self.free_slots[e].id;
+            if self
+                .ctx
+                .copy_kv_cache_seq(slot.id, empty, Some(0), Some(reuse as u32))
+                .is_ok()
+            {
+                let warm = std::mem::replace(&mut slot, self.free_slots.swap_remove(e));
+                self.free_slots.push(warm);
+            }
         }
         // Drop the cached cells past the shared prefix. Caches that cannot cut a
         // sequence in the middle (recurrent models) refuse: start cold then.
@@ -349,6 +382,9 @@ impl LlamaLoaded {
             .and_then(|v| v.parse::<i32>().ok())
             .unwrap_or(0);
         let embedding = pooling > 0;
+        let n_swa = meta(model, &format!("{arch}.attention.sliding_window"))
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
         let trained = model.n_ctx_train();
         let wanted = match desc.context_length {
             0 => cfg.context_length,
@@ -466,6 +502,7 @@ impl LlamaLoaded {
                     .collect(),
                 next_id: 1,
                 clock: 0,
+                n_swa,
             }),
             model,
             info,
