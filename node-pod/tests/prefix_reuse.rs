@@ -2,9 +2,9 @@
 //! sequence's prompt cells serve the next prompt that shares its prefix, without changing the
 //! output.
 //!
-//! This test reads the plugin's debug lines through a thread-local `tracing` subscriber, so it
-//! has a test binary of its own: no other test in the process registers callsites or installs
-//! a subscriber while it captures.
+//! The first test reads the plugin's debug lines through a thread-local `tracing` subscriber, so
+//! the tests of this binary run one at a time ([`serial`]): no other test registers callsites or
+//! logs from the plugin while it captures.
 
 mod common;
 
@@ -13,6 +13,15 @@ use std::sync::Arc;
 use common::*;
 use gantry_node::engine_host::ModelShared;
 use gantry_testkit::TinyModelSpec;
+
+/// Held for the whole of each test: the plugin's log lines of one test must not reach another's
+/// capture, nor another test's callsite registration race the capture's interest rebuild.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Runs `f` and returns what it returned with the plugin's debug lines logged meanwhile (the
 /// engine host forwards them to `tracing` on the calling thread).
@@ -59,6 +68,7 @@ fn reuse_counts(log: &str) -> Vec<(usize, usize)> {
 
 #[test]
 fn a_released_prompt_prefix_is_reused_without_changing_the_output() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = tiny(dir.path(), &TinyModelSpec::default());
     let plugin = llama_plugin(2, 512);
@@ -109,6 +119,7 @@ fn a_released_prompt_prefix_is_reused_without_changing_the_output() {
 
 #[test]
 fn the_plugin_reports_the_prefix_it_took_from_a_warm_slot() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = tiny(dir.path(), &TinyModelSpec::default());
     let plugin = llama_plugin(2, 512);
@@ -139,6 +150,7 @@ fn the_plugin_reports_the_prefix_it_took_from_a_warm_slot() {
 
 #[test]
 fn a_prompt_that_diverges_early_shares_the_prefix_and_the_warm_slot_keeps_its_history() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = tiny(dir.path(), &TinyModelSpec::default());
     let plugin = llama_plugin(2, 512);

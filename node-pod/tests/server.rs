@@ -270,7 +270,9 @@ async fn at_the_deadline_a_stream_ends_with_an_error_event_and_a_plain_request_s
             .all(|c| c["choices"][0]["finish_reason"].is_null()),
         "a cut stream must not carry a finish_reason"
     );
-    assert!(chunks.len() > 3, "the stream returned the tokens it had");
+    // At least one token chunk before the error event and [DONE]; how many fit in the second
+    // depends on how busy the machine is.
+    assert!(chunks.len() >= 3, "the stream returned the tokens it had");
     assert!(
         chunks.len() < 2000,
         "the deadline cut the stream short ({} events)",
