@@ -534,6 +534,32 @@ impl Autoscaler {
         self.publish(t.owner, decision, scaled, now).await
     }
 
+    /// Apply `body` to the status of the `K` named `name` in `ns`, as the autoscaler.
+    async fn apply_autoscaling<K>(
+        &self,
+        ns: &str,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), kube::Error>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+    {
+        let api = Api::<K>::namespaced(self.client.clone(), ns);
+        write::apply_status_as(
+            &api,
+            name,
+            body,
+            AUTOSCALER_FIELD_MANAGER,
+            &self.metrics,
+            CONTROLLER,
+        )
+        .await
+        .map(drop)
+    }
+
     /// Write `status.autoscaling` when the mode, reason or count differs from the stored one.
     async fn publish(
         &self,
@@ -571,32 +597,8 @@ impl Autoscaler {
         let (ns, name) = (owner.namespace(), owner.name());
         let body = serde_json::json!({ "autoscaling": status });
         let written = match owner {
-            Owner::Model(_) => {
-                let api = Api::<Model>::namespaced(self.client.clone(), &ns);
-                write::apply_status_as(
-                    &api,
-                    &name,
-                    &body,
-                    AUTOSCALER_FIELD_MANAGER,
-                    &self.metrics,
-                    CONTROLLER,
-                )
-                .await
-                .map(drop)
-            }
-            Owner::Pool(_) => {
-                let api = Api::<ModelPool>::namespaced(self.client.clone(), &ns);
-                write::apply_status_as(
-                    &api,
-                    &name,
-                    &body,
-                    AUTOSCALER_FIELD_MANAGER,
-                    &self.metrics,
-                    CONTROLLER,
-                )
-                .await
-                .map(drop)
-            }
+            Owner::Model(_) => self.apply_autoscaling::<Model>(&ns, &name, &body).await,
+            Owner::Pool(_) => self.apply_autoscaling::<ModelPool>(&ns, &name, &body).await,
         };
         match written {
             Ok(()) => outcome.status_written = true,

@@ -328,7 +328,8 @@ pub async fn member_status(
     Ok(Action::requeue(RESYNC))
 }
 
-fn pod_name(pod: &str) -> String {
+/// The pod's name of a report's `namespace/name`.
+pub(crate) fn pod_name(pod: &str) -> String {
     pod.rsplit_once('/').map_or(pod, |(_, n)| n).to_string()
 }
 

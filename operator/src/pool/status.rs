@@ -46,11 +46,7 @@ pub fn endpoint(pool: &ModelPool) -> String {
 
 /// One pool pod as its report says.
 pub fn pod(report: &NodeReport, config_hash: &str) -> PoolPod {
-    let name = report
-        .pod
-        .rsplit_once('/')
-        .map_or(report.pod.as_str(), |(_, n)| n)
-        .to_string();
+    let name = super::pod_name(&report.pod);
     let Ok(s) = &report.status else {
         return PoolPod {
             name,
