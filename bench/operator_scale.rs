@@ -473,6 +473,7 @@ fn node_status(served: &str) -> NodeStatus {
             queue: QueueStatus::default(),
             devices: Vec::new(),
             replicas: Vec::new(),
+            crashes: None,
         }],
         ..NodeStatus::default()
     }

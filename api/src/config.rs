@@ -40,6 +40,56 @@ pub struct NodeConfig {
     pub cache_dir: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "SchedulerConfig::is_default")]
     pub scheduler: SchedulerConfig,
+    /// Where engine plugin code runs: in the node process or in a worker process per model.
+    #[serde(default, skip_serializing_if = "IsolationConfig::is_default")]
+    pub isolation: IsolationConfig,
+}
+
+/// Where a plugin's code runs (EnginePlugin `spec.isolation`, node config `isolation`).
+#[derive(
+    Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum Isolation {
+    /// In the node process: no extra copy or hop per step; a crash in the plugin takes the
+    /// whole node down.
+    #[default]
+    InProcess,
+    /// In a `gantry-node engine-worker` process per loaded model: a crash or hang ends only
+    /// that model's worker, which the node restarts (docs/engines.md, the failure model).
+    Process,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::InProcess => "inProcess",
+            Isolation::Process => "process",
+        }
+    }
+}
+
+/// The node's isolation settings: a default, and per plugin id the mode its EnginePlugin asks
+/// for (the operator writes one entry per plugin that sets `spec.isolation`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IsolationConfig {
+    /// The mode of a plugin not listed in `plugins`.
+    #[serde(default)]
+    pub default: Isolation,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub plugins: std::collections::BTreeMap<String, Isolation>,
+}
+
+impl IsolationConfig {
+    pub fn is_default(&self) -> bool {
+        *self == IsolationConfig::default()
+    }
+
+    /// The mode plugin `id` runs in.
+    pub fn for_plugin(&self, id: &str) -> Isolation {
+        self.plugins.get(id).copied().unwrap_or(self.default)
+    }
 }
 
 /// How a model is loaded relative to readiness.

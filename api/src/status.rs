@@ -172,6 +172,9 @@ pub struct PluginStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_info: Option<String>,
     pub loaded: bool,
+    /// Where its code runs: `inProcess`, or `process` (a worker process per loaded model).
+    #[serde(default = "in_process")]
+    pub isolation: String,
     /// Stable reason label when refused (`abi_mismatch`, `id_conflict`,
     /// `binary_not_found`, `sha256_mismatch`, `gpu_backend_mismatch`, ...).
     pub reason: Option<String>,
@@ -201,6 +204,39 @@ pub struct ModelStatus {
     /// in turn): where each runs and what it holds. Empty while the model is not loaded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaStatus>,
+    /// Its engine worker's crashes (`process` isolation): how many, the last one, and the
+    /// restart. Absent when it never crashed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crashes: Option<CrashStatus>,
+}
+
+fn in_process() -> String {
+    "inProcess".into()
+}
+
+/// The crashes of a model's engine worker process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CrashStatus {
+    /// Crashes since the node started (a signal, an abort, an OOM kill, a watchdog kill).
+    pub count: u64,
+    /// Crashes in a row without a quiet minute between them (the restart backoff's count).
+    pub consecutive: u64,
+    /// The plugin that crashed.
+    pub plugin: String,
+    /// `crashed` (a signal or exit), `hung` (the watchdog killed a step that overran).
+    pub reason: String,
+    /// The signal that ended the worker (`SIGSEGV`, `SIGABRT`, `SIGKILL`, ...), when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// Its exit code, when it exited instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    pub message: String,
+    /// Seconds since the last crash.
+    pub seconds_ago: u64,
+    /// Seconds until the next restart while one waits (exponential backoff); 0 when none waits.
+    pub restart_in_seconds: u64,
 }
 
 /// One engine instance (replica) of a loaded model.
@@ -215,6 +251,9 @@ pub struct ReplicaStatus {
     /// Weights, KV and buffers, as its engine reports them.
     pub bytes_used: u64,
     pub queue: QueueStatus,
+    /// The engine worker process serving it (`process` isolation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_pid: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -632,6 +632,7 @@ mod tests {
             queue: Default::default(),
             devices: Vec::new(),
             replicas: Vec::new(),
+            crashes: None,
         }
     }
 

@@ -36,6 +36,14 @@ pub enum Command {
     Engines(EnginesCommand),
     /// The GPUs this process sees, as the memory policy reads them (no GPU is a normal answer).
     Devices(DevicesArgs),
+    /// Run one model's engine plugin for a node in `process` isolation (started by the node,
+    /// not by hand).
+    #[command(hide = true)]
+    EngineWorker {
+        /// The Unix socket to serve the node on.
+        #[arg(long)]
+        socket: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -110,6 +118,11 @@ pub struct ServeArgs {
     /// Disable the temperature-0 response cache.
     #[arg(long, env = "GANTRY_NO_RESPONSE_CACHE")]
     pub no_response_cache: bool,
+    /// Where engine plugins run unless the config names the plugin: `inProcess`, or
+    /// `process` (a worker process per loaded model; overrides the config's
+    /// `isolation.default`).
+    #[arg(long, env = "GANTRY_ISOLATION", value_parser = ["inProcess", "process"])]
+    pub isolation: Option<String>,
     /// Where the model store downloads artifacts (overrides the config's `cacheDir`).
     #[arg(long, env = "GANTRY_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -136,6 +149,10 @@ impl ServeArgs {
             threads: self.threads,
             prefill_chunk_tokens: self.prefill_chunk_tokens,
             no_response_cache: self.no_response_cache,
+            isolation: self.isolation.as_deref().map(|i| match i {
+                "process" => gantry_api::config::Isolation::Process,
+                _ => gantry_api::config::Isolation::InProcess,
+            }),
         }
     }
 
@@ -304,6 +321,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(*args),
+        Command::EngineWorker { socket } => {
+            crate::engine_host::worker::serve::run(&socket)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Devices(args) => {
             let devices = crate::devices::NodeDevices::from_driver(args.vram_reserve);
             let snap = devices.snapshot();

@@ -24,6 +24,7 @@ pub struct Overrides {
     pub threads: Option<u32>,
     pub prefill_chunk_tokens: Option<u32>,
     pub no_response_cache: bool,
+    pub isolation: Option<gantry_api::config::Isolation>,
 }
 
 impl Overrides {
@@ -40,6 +41,9 @@ impl Overrides {
         }
         if self.no_response_cache {
             s.response_cache_ram_fraction = 0.0;
+        }
+        if let Some(i) = self.isolation {
+            config.isolation.default = i;
         }
     }
 }

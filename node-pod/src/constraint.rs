@@ -103,8 +103,12 @@ impl Compiler {
         let info = shared.info();
         let vocab = info.vocab_size;
         let mut words = Vec::with_capacity(vocab as usize);
-        for t in 0..vocab as i32 {
-            let plain = shared.detokenize(&[t], false).map_err(|e| e.to_string())?;
+        // Every token's piece at once: one round trip to a worker (`process` isolation).
+        let ids: Vec<i32> = (0..vocab as i32).collect();
+        let pieces = shared
+            .detokenize_each(&ids, false)
+            .map_err(|e| e.to_string())?;
+        for (t, plain) in ids.into_iter().zip(pieces) {
             if plain.is_empty() {
                 let special = shared.detokenize(&[t], true).map_err(|e| e.to_string())?;
                 if special.is_empty() {

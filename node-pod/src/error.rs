@@ -83,6 +83,17 @@ impl ApiError {
 
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
+        if let Some(what) = e
+            .message
+            .strip_prefix(crate::engine_host::worker::CRASH_MARKER)
+        {
+            // The model's worker process died under the request: the model restarts, so
+            // the request may be sent again shortly.
+            return Self {
+                code: Some("engine_crashed".into()),
+                ..ApiError::unavailable(what.to_string(), 2)
+            };
+        }
         let kind = match e.status {
             Status::Unsupported => "invalid_request_error",
             Status::Cancelled => "cancelled",
@@ -127,6 +138,16 @@ impl From<Unavailable> for ApiError {
                 60,
             ),
             Unavailable::LoadTask(e) => ApiError::internal(format!("load task: {e}")),
+            Unavailable::Restarting { id, wait, why } => Self {
+                code: Some("engine_restarting".into()),
+                ..ApiError::unavailable(
+                    format!(
+                        "model `{id}` is restarting after its engine worker crashed ({why}); it restarts in {} s",
+                        wait.as_secs_f64().ceil() as u64
+                    ),
+                    wait.as_secs_f64().ceil().max(1.0) as u64,
+                )
+            },
         }
     }
 }

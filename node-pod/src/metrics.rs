@@ -61,6 +61,12 @@ pub struct Metrics {
     pub finished: IntCounterVec,
     /// Config reloads (node/reload.rs) by result: `applied` or `refused`.
     pub config_reloads: IntCounterVec,
+    /// Engine worker crashes (`process` isolation), by model, plugin and reason
+    /// (`crashed`, `hung`).
+    pub engine_crashes: IntCounterVec,
+    /// Requests a worker crash interrupted before their first token, sent again to the
+    /// restarted model (`result`: `retried`, `failed`).
+    pub crash_retries: IntCounterVec,
     /// Connections at the edge (gantry-edge).
     pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
     /// The endpoint picker's series (vLLM names), one sample each for the whole node.
@@ -194,6 +200,18 @@ impl Metrics {
         for result in ["applied", "refused"] {
             config_reloads.with_label_values(&[result]);
         }
+        let engine_crashes = counter(
+            &r,
+            "gantry_engine_crashes_total",
+            "Engine worker processes that ended without the node asking, by model, plugin and reason (crashed: a signal or exit; hung: the watchdog killed a step that overran)",
+            &["model", "plugin", "reason"],
+        );
+        let crash_retries = counter(
+            &r,
+            "gantry_engine_crash_retries_total",
+            "Requests a worker crash interrupted before their first token, by result (retried: sent to the restarted model; failed: it did not come back in time)",
+            &["model", "result"],
+        );
         Self {
             requests_waiting: gauge(
                 &r,
@@ -376,6 +394,8 @@ impl Metrics {
                 &["model", "reason"],
             ),
             config_reloads,
+            engine_crashes,
+            crash_retries,
             edge: std::sync::Arc::new(
                 gantry_edge::EdgeMetrics::register(&r, "gantry").expect("edge metrics"),
             ),
@@ -387,7 +407,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 37] = [
+        let collectors: [&dyn Collector; 39] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -420,6 +440,8 @@ impl Metrics {
             &self.queue_seconds,
             &self.finished,
             &self.config_reloads,
+            &self.engine_crashes,
+            &self.crash_retries,
             &self.epp.waiting,
             &self.epp.running,
             &self.epp.kv_usage,

@@ -16,6 +16,7 @@
 //! snapshot of the map with [`Node::models`] and keep the models they found for as long as
 //! they need them; a reload swaps the map and retires what left it.
 
+mod crash;
 mod lifecycle;
 mod reload;
 mod status;
@@ -39,6 +40,7 @@ use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
 
+pub use crash::CrashRecord;
 pub use lifecycle::Unavailable;
 pub use reload::{ModelDiff, ReloadError, ReloadReport, node_wide_changes};
 
@@ -114,6 +116,8 @@ pub struct ServedModel {
     /// A reload removed or replaced it: it takes no new request, never loads again, and is
     /// unloaded once no request holds it (node/reload.rs).
     retired: AtomicBool,
+    /// Its engine workers' crashes and the restart they wait for (node/crash.rs).
+    pub crashes: Mutex<CrashRecord>,
 }
 
 impl ServedModel {
@@ -136,6 +140,7 @@ impl ServedModel {
             gates_readiness,
             started: AtomicBool::new(false),
             retired: AtomicBool::new(false),
+            crashes: Mutex::new(CrashRecord::default()),
         }
     }
 
@@ -202,6 +207,10 @@ pub struct Node {
     /// One reload at a time.
     reload_lock: Mutex<()>,
     pub registry: OnceLock<EngineRegistry>,
+    /// How plugins in `process` isolation get their workers, and the crash hook.
+    pub workers: crate::engine_host::WorkerSettings,
+    /// This node, for the threads a crash starts (set by `start`).
+    pub(crate) me: OnceLock<std::sync::Weak<Node>>,
     pub engine_config: EngineConfig,
     pub plugins_dir: PathBuf,
     pub metrics: Metrics,
@@ -249,6 +258,8 @@ impl Node {
             restart_required: RwLock::new(Vec::new()),
             reload_lock: Mutex::new(()),
             registry: OnceLock::new(),
+            workers: crate::engine_host::WorkerSettings::default(),
+            me: OnceLock::new(),
             engine_config,
             plugins_dir,
             metrics,
@@ -328,10 +339,22 @@ impl Node {
         self
     }
 
-    /// The engine registry, discovered on first use.
+    /// The engine registry, discovered on first use, each plugin in the isolation the config
+    /// gives it.
     fn registry(&self) -> &EngineRegistry {
-        self.registry
-            .get_or_init(|| EngineRegistry::discover(&self.plugins_dir, &self.engine_config))
+        self.registry.get_or_init(|| {
+            let host = crate::engine_host::HostSettings {
+                isolation: self.config.isolation.clone(),
+                workers: self.workers.clone(),
+            };
+            EngineRegistry::discover_with(&self.plugins_dir, &self.engine_config, &host)
+        })
+    }
+
+    /// Start workers with this executable (tests run the node inside a test binary).
+    pub fn with_worker_exe(mut self, exe: PathBuf) -> Self {
+        self.workers.exe = exe;
+        self
     }
 
     /// Discover plugins, start the downloads of remote models, then inspect
@@ -339,6 +362,7 @@ impl Node {
     /// and loaded when its artifacts are complete. Blocking: run it off the
     /// async runtime, from a task of the runtime the downloads run on.
     pub fn start(self: &Arc<Self>) {
+        self.watch_workers();
         self.registry();
         let models = self.models();
         // Downloads first: they run in the background while the local models load.

@@ -18,7 +18,13 @@
 //!    (incremental UTF-8, stop sequences, EOS, grammar end, `max_tokens`) and sends it.
 //!
 //! The step runs on this thread; a watchdog thread reads the step's start
-//! time and marks the engine hung when a step overruns (`/healthz` fails).
+//! time and marks the engine hung when a step overruns (`/healthz` fails) — or, for a
+//! model in its own worker process (`process` isolation), kills that worker.
+//!
+//! When the model's worker dies, every call fails with the crash: the requests that had
+//! not received a token go back to the node (node/crash.rs sends them to the restarted
+//! model, once), the others end with 503 `engine_crashed`, and the scheduler answers every
+//! later job the same way until the node drops it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -122,6 +128,19 @@ pub struct GenerateJob {
     pub constraint: Option<Box<Constraint>>,
     pub arrived: Instant,
     pub events: mpsc::UnboundedSender<GenEvent>,
+    /// A worker crash already interrupted it once (it is not retried twice).
+    pub retried: bool,
+}
+
+/// Where a scheduler sends the jobs its worker's crash interrupted before their first token.
+pub type Requeue = Arc<dyn Fn(Vec<GenerateJob>, crate::engine_host::worker::Crash) + Send + Sync>;
+
+/// What a scheduler reports to beyond its model: the node's hung flag (in-process engines)
+/// and where crash-interrupted jobs go (`process` isolation).
+#[derive(Clone)]
+pub struct Watch {
+    pub hung: Arc<AtomicBool>,
+    pub requeue: Option<Requeue>,
 }
 
 /// An embedding request.
@@ -200,6 +219,15 @@ impl SchedulerHandle {
             EngineError::internal("the model's scheduler has stopped")
         })
     }
+
+    /// Queue a job; the job back when the scheduler thread is gone.
+    pub fn submit_or_return(&self, job: Job) -> Result<(), Job> {
+        self.figures.waiting.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(job).map_err(|e| {
+            self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+            e.0
+        })
+    }
 }
 
 /// One engine instance of a model (a replica) and its scheduler.
@@ -234,6 +262,12 @@ impl Replicas {
     pub fn submit(&self, job: Job) -> Result<(), EngineError> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.replicas.len();
         self.replicas[i].scheduler.submit(job)
+    }
+
+    /// [`Replicas::submit`], with the job back when the scheduler is gone.
+    pub fn submit_or_return(&self, job: Job) -> Result<(), Job> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.replicas.len();
+        self.replicas[i].scheduler.submit_or_return(job)
     }
 
     /// Per-sequence context: the same on every replica (one config).
@@ -320,6 +354,9 @@ struct Scheduler {
     kv_capacity: u64,
     /// Every replica's figures (this one's among them), which the per-model gauges sum.
     model_figures: Arc<ModelFigures>,
+    requeue: Option<Requeue>,
+    /// The worker crash that ended this engine instance; every job after it fails at once.
+    crashed: Option<crate::engine_host::worker::Crash>,
 }
 
 /// Start the scheduler thread of one loaded replica of a model; `replica` is its index in
@@ -329,7 +366,7 @@ pub fn spawn(
     exec: ModelExec,
     metrics: Metrics,
     settings: SchedulerSettings,
-    hung: Arc<AtomicBool>,
+    watch: Watch,
     model_figures: Arc<ModelFigures>,
     replica: usize,
 ) -> std::io::Result<SchedulerHandle> {
@@ -348,6 +385,7 @@ pub fn spawn(
         context_length: info.context_length,
     };
     let epoch = Instant::now();
+    let worker = exec.worker();
     metrics
         .kv_cache_capacity_tokens
         .with_label_values(&[&model_id])
@@ -367,6 +405,8 @@ pub fn spawn(
         max_seqs: info.max_sequences.max(1) as usize,
         kv_capacity: info.kv_capacity_tokens,
         model_figures,
+        requeue: watch.requeue,
+        crashed: None,
     };
     let name = if replica == 0 {
         format!("sched-{model_id}")
@@ -381,21 +421,32 @@ pub fn spawn(
         figures,
         epoch,
         settings.step_timeout,
-        hung,
+        Overrun {
+            hung: watch.hung,
+            worker: worker.as_ref().map(Arc::downgrade),
+        },
         metrics,
     )?;
     Ok(handle)
 }
 
-/// Marks the engine hung when one step runs longer than `limit`. A hung
-/// plugin cannot be interrupted in-process; failing `/healthz` lets
-/// Kubernetes restart the pod, as the specification asks.
+/// What the watchdog does about a step that overran.
+struct Overrun {
+    /// In-process: mark the node hung.
+    hung: Arc<AtomicBool>,
+    /// In a worker: kill the worker (the crash path restarts the model).
+    worker: Option<std::sync::Weak<crate::engine_host::worker::Worker>>,
+}
+
+/// Acts when one step runs longer than `limit`. A hung in-process plugin cannot be
+/// interrupted; failing `/healthz` lets Kubernetes restart the pod, as the specification
+/// asks. A hung plugin in a worker is killed, and only its model restarts.
 fn spawn_watchdog(
     model_id: String,
     figures: Arc<Figures>,
     epoch: Instant,
     limit: Duration,
-    hung: Arc<AtomicBool>,
+    overrun: Overrun,
     metrics: Metrics,
 ) -> std::io::Result<()> {
     let weak = Arc::downgrade(&figures);
@@ -406,9 +457,16 @@ fn spawn_watchdog(
             let started = f.step_started_ms.load(Ordering::Relaxed);
             if started > 0 {
                 let now_ms = epoch.elapsed().as_millis() as u64 + 1;
-                if Duration::from_millis(now_ms.saturating_sub(started)) > limit && !hung.swap(true, Ordering::SeqCst) {
-                    metrics.engine_hung.set(1);
-                    tracing::error!(target: "gantry::alert", model = %model_id, limit_s = limit.as_secs_f64(), "engine step overran the watchdog; marking the engine hung");
+                if Duration::from_millis(now_ms.saturating_sub(started)) > limit {
+                    if let Some(w) = overrun.worker.as_ref().and_then(std::sync::Weak::upgrade) {
+                        tracing::error!(target: "gantry::alert", model = %model_id, limit_s = limit.as_secs_f64(), pid = w.pid(), "engine step overran the watchdog; killing its worker");
+                        w.kill_hung();
+                        return;
+                    }
+                    if overrun.worker.is_none() && !overrun.hung.swap(true, Ordering::SeqCst) {
+                        metrics.engine_hung.set(1);
+                        tracing::error!(target: "gantry::alert", model = %model_id, limit_s = limit.as_secs_f64(), "engine step overran the watchdog; marking the engine hung");
+                    }
                 }
             }
             drop(f);
@@ -459,12 +517,82 @@ impl Scheduler {
     }
 
     fn accept(&mut self, job: Job) {
+        if let Some(crash) = self.crashed.clone() {
+            // The worker is gone: nothing here can run this job.
+            self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+            match job {
+                Job::Generate(g) => self.hand_back(vec![g], &crash),
+                Job::Embed(e) => {
+                    let _ = e.reply.send(Err(crash.error()));
+                }
+            }
+            return;
+        }
         match job {
             Job::Generate(g) => self.waiting.push_back(g),
             Job::Embed(e) => {
                 // Embeddings run between steps, in arrival order with the rest.
                 self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
-                let _ = e.reply.send(self.exec.embed(&e.tokens));
+                let result = self.exec.embed(&e.tokens);
+                let _ = e.reply.send(result);
+                self.check_crash();
+            }
+        }
+    }
+
+    /// After a failed call: when the worker died, end or hand back every job.
+    fn check_crash(&mut self) -> bool {
+        if self.crashed.is_some() {
+            return true;
+        }
+        let Some(crash) = self.exec.crashed() else {
+            return false;
+        };
+        self.crashed = Some(crash.clone());
+        let mut back: Vec<GenerateJob> = Vec::new();
+        for r in std::mem::take(&mut self.running) {
+            if r.generated == 0 && r.first_token_at.is_none() {
+                back.push(r.job);
+            } else {
+                self.metrics.finished("error");
+                let _ = r.job.events.send(GenEvent::Error(crash.error()));
+            }
+        }
+        self.figures
+            .waiting
+            .fetch_sub(self.waiting.len() as u64, Ordering::Relaxed);
+        back.extend(self.waiting.drain(..));
+        self.hand_back(back, &crash);
+        self.publish();
+        true
+    }
+
+    /// Jobs the crash interrupted before their first token: to the node for one retry.
+    fn hand_back(&self, jobs: Vec<GenerateJob>, crash: &crate::engine_host::worker::Crash) {
+        let (retry, fail): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|j| !j.retried);
+        for j in fail {
+            self.metrics.finished("error");
+            let _ = j.events.send(GenEvent::Error(crash.error()));
+        }
+        if retry.is_empty() {
+            return;
+        }
+        match &self.requeue {
+            Some(requeue) => requeue(
+                retry
+                    .into_iter()
+                    .map(|mut j| {
+                        j.retried = true;
+                        j
+                    })
+                    .collect(),
+                crash.clone(),
+            ),
+            None => {
+                for j in retry {
+                    self.metrics.finished("error");
+                    let _ = j.events.send(GenEvent::Error(crash.error()));
+                }
             }
         }
     }
@@ -531,6 +659,7 @@ impl Scheduler {
             }
             let seq = match self.exec.seq_open() {
                 Ok(s) => s,
+                Err(_) if self.check_crash() => break,
                 Err(e) if matches!(e.status, Status::OomVram | Status::OomRam) => break,
                 Err(e) => {
                     if let Some(job) = self.waiting.pop_front() {
@@ -652,6 +781,7 @@ impl Scheduler {
 
         let results = match result {
             Ok(r) => r,
+            Err(_) if self.check_crash() => return,
             Err(e) => {
                 // The header's rule: on failure the host releases the affected sequences.
                 tracing::warn!(model = %self.model_id, error = %e, "engine step failed");

@@ -10,9 +10,11 @@
 
 pub mod cuda;
 pub mod plugin;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 
+use gantry_api::config::{Isolation, IsolationConfig};
 use gantry_api::selection::{Candidate, Selection, Wanted, select};
 use gantry_api::{EngineVerdict, RejectionKind};
 use gantry_engine_abi::{Backend, EngineConfig, Format};
@@ -20,6 +22,7 @@ use serde::Serialize;
 
 pub use gantry_formats::manifest::{ManifestError, PluginManifest};
 pub use plugin::{ModelExec, ModelShared, OpenError, Plugin};
+pub use worker::WorkerSettings;
 
 /// One discovered plugin directory and what became of it.
 #[derive(Debug)]
@@ -28,6 +31,8 @@ pub struct PluginRecord {
     /// `None` when the manifest itself could not be parsed.
     pub manifest: Option<PluginManifest>,
     pub state: PluginState,
+    /// Where its code runs (or would have run, when refused).
+    pub isolation: Isolation,
 }
 
 #[derive(Debug)]
@@ -78,6 +83,10 @@ impl PluginRecord {
             license: m.and_then(|m| m.license.clone()),
             manifest: self.manifest_path.display().to_string(),
             build_info: self.plugin().and_then(|p| p.info().build_info.clone()),
+            isolation: self
+                .plugin()
+                .map_or(self.isolation, Plugin::isolation)
+                .as_str(),
             status,
             reason,
         }
@@ -98,6 +107,8 @@ pub struct PluginSummary {
     pub manifest: String,
     /// How the loaded library uses the hardware (its CPU variant, for example); ABI 1.3.
     pub build_info: Option<String>,
+    /// `inProcess`, or `process` (a worker process per loaded model).
+    pub isolation: &'static str,
     pub status: &'static str,
     pub reason: Option<String>,
 }
@@ -108,6 +119,13 @@ pub struct EngineRegistry {
     pub plugins_dir: PathBuf,
     pub backend: Backend,
     pub records: Vec<PluginRecord>,
+}
+
+/// How a registry runs its plugins: which isolation each gets and how workers start.
+#[derive(Clone, Debug, Default)]
+pub struct HostSettings {
+    pub isolation: IsolationConfig,
+    pub workers: WorkerSettings,
 }
 
 /// `<plugins>/*/*/manifest.json`, sorted by path.
@@ -145,15 +163,26 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
 }
 
 impl EngineRegistry {
-    /// Scan `plugins_dir`, validate every manifest and load what passes.
+    /// Scan `plugins_dir`, validate every manifest and load what passes, every plugin in
+    /// this process.
     pub fn discover(plugins_dir: &Path, config: &EngineConfig) -> EngineRegistry {
+        Self::discover_with(plugins_dir, config, &HostSettings::default())
+    }
+
+    /// [`EngineRegistry::discover`], each plugin in the isolation `host` gives it.
+    pub fn discover_with(
+        plugins_dir: &Path,
+        config: &EngineConfig,
+        host: &HostSettings,
+    ) -> EngineRegistry {
         let mut records: Vec<PluginRecord> = Vec::new();
         for manifest_path in manifest_paths(plugins_dir) {
-            let record = Self::load_one(&manifest_path, config, &records);
+            let record = Self::load_one(&manifest_path, config, &records, host);
             match &record.state {
                 PluginState::Loaded(p) => tracing::info!(
                     plugin = %record.id(),
                     version = %p.info().engine_version,
+                    isolation = p.isolation().as_str(),
                     manifest = %manifest_path.display(),
                     "engine plugin loaded"
                 ),
@@ -181,10 +210,16 @@ impl EngineRegistry {
         manifest_path: &Path,
         config: &EngineConfig,
         earlier: &[PluginRecord],
+        host: &HostSettings,
     ) -> PluginRecord {
+        let isolation = |m: &Option<PluginManifest>| {
+            m.as_ref()
+                .map_or(host.isolation.default, |m| host.isolation.for_plugin(&m.id))
+        };
         let refuse =
             |manifest: Option<PluginManifest>, label: &'static str, reason: String| PluginRecord {
                 manifest_path: manifest_path.to_path_buf(),
+                isolation: isolation(&manifest),
                 manifest,
                 state: PluginState::Refused { label, reason },
             };
@@ -222,9 +257,16 @@ impl EngineRegistry {
                 }
             }
         }
-        match Plugin::open(&binary, &manifest.id, config) {
+        let opened = match host.isolation.for_plugin(&manifest.id) {
+            Isolation::InProcess => Plugin::open(&binary, &manifest.id, config),
+            Isolation::Process => {
+                Plugin::open_isolated(&binary, &manifest.id, config, &host.workers)
+            }
+        };
+        match opened {
             Ok(p) => PluginRecord {
                 manifest_path: manifest_path.to_path_buf(),
+                isolation: p.isolation(),
                 manifest: Some(manifest),
                 state: PluginState::Loaded(p),
             },

@@ -8,21 +8,22 @@
 //! [`ModelExec`] (`seq_*`/`step`/`embed`, owned by one scheduler, `&mut self`),
 //! both in `plugin/model.rs`.
 //!
-//! A plugin library is opened once and never closed, and a plugin is never
-//! replaced while the node runs: llama.cpp's threads and thread-local
-//! destructors outlive `destroy`, so unmapping the code would crash the
-//! node. Loading a new plugin version means restarting the pod; hot reload is
-//! future work.
+//! A plugin library opened in this process is never closed: llama.cpp's threads and
+//! thread-local destructors outlive `destroy`, so unmapping the code would crash the
+//! node. A plugin in `process` isolation is never opened here at all: its models run in
+//! worker processes (`worker.rs`), and the same safe handles forward to them.
 
 mod model;
 
-use model::ModelHandle;
+use model::{Exec, Handle, ModelHandle};
 pub use model::{ModelExec, ModelShared};
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::worker::{RemoteExec, RemoteModel, RemotePlugin, WorkerSettings};
+use gantry_api::config::Isolation;
 use gantry_engine_abi::ffi;
 use gantry_engine_abi::{
     Backend, EngineConfig, EngineError, EngineInfo, LogLevel, ModelDescriptor, Status,
@@ -56,6 +57,12 @@ pub enum OpenError {
     IdMismatch { manifest: String, reported: String },
     #[error("engine create failed: {0}")]
     Create(EngineError),
+    /// The probe worker of a plugin in `process` isolation refused or lost it.
+    #[error("{message}")]
+    InWorker {
+        label: &'static str,
+        message: String,
+    },
 }
 
 impl OpenError {
@@ -67,6 +74,7 @@ impl OpenError {
             OpenError::BadVtable(_) => "bad_vtable",
             OpenError::IdMismatch { .. } => "id_mismatch",
             OpenError::Create(_) => "create_failed",
+            OpenError::InWorker { label, .. } => label,
         }
     }
 }
@@ -198,17 +206,27 @@ impl Drop for PluginInner {
     }
 }
 
-/// A loaded engine plugin.
+/// A loaded engine plugin: opened in this process, or checked by a probe worker and run in
+/// worker processes (`process` isolation).
 #[derive(Clone)]
 pub struct Plugin {
-    inner: Arc<PluginInner>,
-    loader: Arc<std::sync::Mutex<()>>,
+    kind: Kind,
+}
+
+#[derive(Clone)]
+enum Kind {
+    Local {
+        inner: Arc<PluginInner>,
+        loader: Arc<std::sync::Mutex<()>>,
+    },
+    Remote(Arc<RemotePlugin>),
 }
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plugin")
-            .field("info", &self.inner.info)
+            .field("info", self.info())
+            .field("isolation", &self.isolation())
             .finish()
     }
 }
@@ -387,28 +405,83 @@ impl Plugin {
             return Err(OpenError::Create(read_err(status, &err)));
         }
         Ok(Plugin {
-            inner: Arc::new(PluginInner {
-                vt,
-                engine,
-                info,
-                _log_ctx: log_ctx,
-                _host_api: host_api,
-                _lib: std::mem::ManuallyDrop::new(lib),
-            }),
-            loader: Arc::new(std::sync::Mutex::new(())),
+            kind: Kind::Local {
+                inner: Arc::new(PluginInner {
+                    vt,
+                    engine,
+                    info,
+                    _log_ctx: log_ctx,
+                    _host_api: host_api,
+                    _lib: std::mem::ManuallyDrop::new(lib),
+                }),
+                loader: Arc::new(std::sync::Mutex::new(())),
+            },
+        })
+    }
+
+    /// The plugin at `path` in `process` isolation: a probe worker runs the checks of
+    /// [`Plugin::open`]; this process never maps the library.
+    pub fn open_isolated(
+        path: &Path,
+        expected_id: &str,
+        config: &EngineConfig,
+        settings: &WorkerSettings,
+    ) -> Result<Plugin, OpenError> {
+        let remote = RemotePlugin::probe(path, expected_id, config, settings)?;
+        if remote.info.engine_id != expected_id {
+            return Err(OpenError::IdMismatch {
+                manifest: expected_id.to_string(),
+                reported: remote.info.engine_id,
+            });
+        }
+        Ok(Plugin {
+            kind: Kind::Remote(Arc::new(remote)),
         })
     }
 
     pub fn info(&self) -> &EngineInfo {
-        &self.inner.info
+        match &self.kind {
+            Kind::Local { inner, .. } => &inner.info,
+            Kind::Remote(r) => &r.info,
+        }
     }
 
-    /// Load a model. Loads on one plugin are serialized, as the header requires.
+    /// Where the plugin's code runs.
+    pub fn isolation(&self) -> Isolation {
+        match &self.kind {
+            Kind::Local { .. } => Isolation::InProcess,
+            Kind::Remote(_) => Isolation::Process,
+        }
+    }
+
+    /// Load a model. Loads on one plugin are serialized, as the header requires; in
+    /// `process` isolation each load starts the model's own worker.
     pub fn load_model(
         &self,
         desc: &ModelDescriptor,
     ) -> Result<(Arc<ModelShared>, ModelExec), EngineError> {
-        let _serial = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+        let (inner, loader) = match &self.kind {
+            Kind::Local { inner, loader } => (inner, loader),
+            Kind::Remote(r) => {
+                let (worker, info) = r.load_model(desc)?;
+                let exec = RemoteExec::new(worker.clone())?;
+                let shared = Arc::new(ModelShared {
+                    handle: Handle::Remote {
+                        model: Arc::new(RemoteModel::new(worker)),
+                        plugin: Arc::new(r.info.clone()),
+                    },
+                    info,
+                });
+                return Ok((
+                    shared.clone(),
+                    ModelExec {
+                        exec: Exec::Remote(exec),
+                        shared,
+                    },
+                ));
+            }
+        };
+        let _serial = loader.lock().unwrap_or_else(|p| p.into_inner());
         let id = cstring(&desc.model_id);
         let dir = path_cstring(&desc.model_dir);
         let primary = path_cstring(&desc.primary_file);
@@ -434,21 +507,26 @@ impl Plugin {
         let mut handle: *mut ffi::gantry_model_t = std::ptr::null_mut();
         let mut err = new_err();
         // SAFETY: `raw`'s strings outlive the call; the engine is alive.
-        let status = unsafe {
-            (self.inner.vt.load_model)(self.inner.engine, &raw, &mut handle, err.as_mut())
-        };
+        let status =
+            unsafe { (inner.vt.load_model)(inner.engine, &raw, &mut handle, err.as_mut()) };
         if status != ffi::GANTRY_OK || handle.is_null() {
             return Err(read_err(status, &err));
         }
         let handle = Arc::new(ModelHandle {
-            plugin: self.inner.clone(),
+            plugin: inner.clone(),
             raw: handle,
         });
         let info = handle.read_info()?;
         let shared = Arc::new(ModelShared {
-            handle: handle.clone(),
+            handle: Handle::Local(handle.clone()),
             info,
         });
-        Ok((shared.clone(), ModelExec { handle, shared }))
+        Ok((
+            shared.clone(),
+            ModelExec {
+                exec: Exec::Local(handle),
+                shared,
+            },
+        ))
     }
 }

@@ -109,6 +109,7 @@ pub async fn respond(
                 constraint: p.constraint.take(),
                 arrived: now,
                 events: tx,
+                retried: false,
             };
             if let Err(e) = p.ready.scheduler.submit(Job::Generate(job)) {
                 let e = ApiError::from(e);

@@ -48,6 +48,12 @@ pub enum Unavailable {
     Unsupported { id: String, why: String },
     /// The blocking load task could not be joined.
     LoadTask(String),
+    /// Its engine worker crashed and the restart waits out its backoff (node/crash.rs).
+    Restarting {
+        id: String,
+        wait: std::time::Duration,
+        why: String,
+    },
 }
 
 impl Node {
@@ -72,6 +78,14 @@ impl Node {
                 Ok((m, r))
             }
             ModelState::Idle => {
+                let restart = m
+                    .crashes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .waiting_restart(Instant::now());
+                if let Some((wait, why)) = restart {
+                    return Err(Unavailable::Restarting { id, wait, why });
+                }
                 // This request loads the model.
                 self.touch(&m);
                 let (n, mm) = (self.clone(), m.clone());
@@ -305,6 +319,19 @@ impl Node {
             .map(|(s, _)| s.info().kv_capacity_tokens)
             .collect();
         let figures = ModelFigures::new(&capacities);
+        // Requests a worker crash interrupts before their first token go back to the node.
+        let requeue: Option<crate::scheduler::Requeue> = self.me.get().cloned().map(|node| {
+            let f: crate::scheduler::Requeue = Arc::new(move |jobs, crash| {
+                if let Some(n) = node.upgrade() {
+                    n.requeue(jobs, crash);
+                }
+            });
+            f
+        });
+        let watch = crate::scheduler::Watch {
+            hung: self.hung.clone(),
+            requeue,
+        };
         let mut replicas = Vec::with_capacity(loaded.len());
         for (i, (rep_shared, exec)) in loaded.into_iter().enumerate() {
             match crate::scheduler::spawn(
@@ -312,7 +339,7 @@ impl Node {
                 exec,
                 self.metrics.clone(),
                 settings.clone(),
-                self.hung.clone(),
+                watch.clone(),
                 figures.clone(),
                 i,
             ) {

@@ -84,10 +84,15 @@ pub fn node_wide_changes(old: &NodeConfig, new: &NodeConfig) -> Vec<String> {
         models: _,
         cache_dir,
         scheduler,
+        isolation,
     } = new;
     let mut out = Vec::new();
     if *cache_dir != old.cache_dir {
         out.push("cacheDir".to_string());
+    }
+    // Plugins are opened once, in the mode they start in.
+    if *isolation != old.isolation {
+        out.push("isolation".to_string());
     }
     // Every scheduler field by its YAML name; the struct always serializes all of them.
     let fields = |s| match serde_json::to_value(s) {

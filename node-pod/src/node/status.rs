@@ -60,6 +60,7 @@ impl Node {
                             gpu_backend: s.gpu_backend,
                             build_info: s.build_info,
                             loaded: r.plugin().is_some(),
+                            isolation: s.isolation.to_string(),
                             reason,
                             message,
                         }
@@ -124,6 +125,7 @@ impl Node {
                             index: i as u32,
                             devices: placement.get(i).cloned().unwrap_or_default(),
                             bytes_used: rep.shared.info().bytes_used,
+                            worker_pid: rep.shared.worker_pid(),
                             queue: QueueStatus {
                                 waiting: g.waiting.load(Ordering::Relaxed),
                                 running: g.running.load(Ordering::Relaxed),
@@ -187,6 +189,11 @@ impl Node {
                 Vec::new()
             },
             replicas,
+            crashes: m
+                .crashes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .status(std::time::Instant::now()),
         }
     }
 }

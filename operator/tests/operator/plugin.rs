@@ -47,6 +47,7 @@ fn plugin_status(loaded: bool, reason: Option<&str>, message: Option<&str>) -> P
         gpu_backend: Some("cpu".into()),
         build_info: None,
         loaded,
+        isolation: "inProcess".into(),
         reason: reason.map(Into::into),
         message: message.map(Into::into),
     }

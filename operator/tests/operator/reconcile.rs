@@ -174,6 +174,7 @@ pub(crate) fn node_report(
             queue: QueueStatus::default(),
             devices: Vec::new(),
             replicas: Vec::new(),
+            crashes: None,
         }],
         ..NodeStatus::default()
     };

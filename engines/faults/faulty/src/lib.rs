@@ -3,6 +3,11 @@
 //! The model's behaviour comes from its primary file's stem:
 //! - `panic*`: `step` panics (the SDK must turn it into INTERNAL);
 //! - `hang*`: `step` never returns (for the node's watchdog tests);
+//! - `abort*`: `step` aborts the process (SIGABRT);
+//! - `segv*`: `step` writes through a null pointer (SIGSEGV);
+//! - `oomkill*`: `step` ends the process with SIGKILL, which is what the kernel's OOM killer
+//!   sends (a real OOM kill would need the test machine's memory);
+//! - `slow*`: every `step` takes 25 ms (streams that last long enough to be cut);
 //! - `oom*`: `load_model` fails with OOM_VRAM;
 //! - anything else: a deterministic toy — tokens are bytes, and the next
 //!   token is the last one plus one (mod 256).
@@ -31,6 +36,10 @@ enum Mode {
     Normal,
     Panic,
     Hang,
+    Abort,
+    Segv,
+    OomKill,
+    Slow,
 }
 
 pub struct FaultyModel {
@@ -63,6 +72,14 @@ impl Engine for FaultyEngine {
             Mode::Panic
         } else if stem.starts_with("hang") {
             Mode::Hang
+        } else if stem.starts_with("abort") {
+            Mode::Abort
+        } else if stem.starts_with("segv") {
+            Mode::Segv
+        } else if stem.starts_with("oomkill") {
+            Mode::OomKill
+        } else if stem.starts_with("slow") {
+            Mode::Slow
         } else if stem.starts_with("oom") {
             return Err(EngineError::new(
                 Status::OomVram,
@@ -74,7 +91,11 @@ impl Engine for FaultyEngine {
         self.log.log(LogLevel::Info, &format!("loaded {stem}"));
         Ok(FaultyModel {
             mode,
-            max_sequences: self.config.max_batch_size.max(1),
+            max_sequences: if desc.max_sequences > 0 {
+                desc.max_sequences
+            } else {
+                self.config.max_batch_size.max(1)
+            },
             next: AtomicU64::new(1),
             seqs: Mutex::new(HashMap::new()),
         })
@@ -134,6 +155,10 @@ impl Model for FaultyModel {
             Mode::Hang => loop {
                 std::thread::park();
             },
+            Mode::Abort => std::process::abort(),
+            Mode::Segv => segfault(),
+            Mode::OomKill => sigkill(),
+            Mode::Slow => std::thread::sleep(std::time::Duration::from_millis(25)),
             Mode::Normal => {}
         }
         let mut seqs = self.seqs();
@@ -159,6 +184,23 @@ impl Model for FaultyModel {
             "faulty is not an embedding engine",
         ))
     }
+}
+
+/// The fault `segv*` models inject: a write through a null pointer.
+#[allow(unsafe_code)] // The one deliberate fault of this plugin; nothing else here is unsafe.
+fn segfault() -> ! {
+    // SAFETY: none, by design: this write is the segmentation fault the test asks for. It
+    // runs only for models named `segv*`, which only the fault tests load.
+    unsafe { std::ptr::null_mut::<u8>().write_volatile(1) };
+    unreachable!("a write through a null pointer returned")
+}
+
+/// The fault `oomkill*` models inject: SIGKILL, as the kernel's OOM killer sends it.
+#[allow(unsafe_code)] // A deliberate fault, like `segfault`.
+fn sigkill() -> ! {
+    // SAFETY: raise takes a signal number and touches no memory; SIGKILL ends the process.
+    unsafe { libc::raise(libc::SIGKILL) };
+    unreachable!("SIGKILL returned")
 }
 
 gantry_engine_abi::declare_engine!(FaultyEngine);

@@ -4,14 +4,31 @@
 //! [`ModelShared`] (`info`/`tokenize`/`detokenize`) may be called from any
 //! thread; [`ModelExec`] (`seq_*`/`step`/`embed`) is owned by one scheduler
 //! and takes `&mut self`. The plugin's `unload_model` runs when the last of
-//! the two is dropped.
+//! the two is dropped. For a plugin in `process` isolation both forward to the model's
+//! worker process (`worker/client.rs`), which is killed when the last of the two is dropped.
 
 use std::sync::Arc;
 
 use gantry_engine_abi::ffi;
-use gantry_engine_abi::{EngineError, ModelInfo, SampledToken, StepEntry};
+use gantry_engine_abi::{EngineError, EngineInfo, ModelInfo, SampledToken, StepEntry};
 
 use super::{PluginInner, fill_growing, new_err, opt_string, read_err};
+use crate::engine_host::worker::{Crash, RemoteExec, RemoteModel, Worker};
+
+/// Where a model's calls go: into the plugin in this process, or to its worker.
+pub(super) enum Handle {
+    Local(Arc<ModelHandle>),
+    Remote {
+        model: Arc<RemoteModel>,
+        plugin: Arc<EngineInfo>,
+    },
+}
+
+/// Where a model's exec calls go.
+pub(super) enum Exec {
+    Local(Arc<ModelHandle>),
+    Remote(RemoteExec),
+}
 
 /// The raw model handle; unloads when the last of shared/exec is dropped.
 pub(super) struct ModelHandle {
@@ -77,7 +94,7 @@ impl ModelHandle {
 
 /// Calls on a model that any thread may make at any time.
 pub struct ModelShared {
-    pub(super) handle: Arc<ModelHandle>,
+    pub(super) handle: Handle,
     pub(super) info: ModelInfo,
 }
 
@@ -94,13 +111,44 @@ impl ModelShared {
         &self.info
     }
 
+    fn plugin_info(&self) -> &EngineInfo {
+        match &self.handle {
+            Handle::Local(h) => &h.plugin.info,
+            Handle::Remote { plugin, .. } => plugin,
+        }
+    }
+
     pub fn plugin_id(&self) -> &str {
-        &self.handle.plugin.info.engine_id
+        &self.plugin_info().engine_id
     }
 
     /// Whether the plugin applies allowed-token masks (`GANTRY_CAP_TOKEN_MASK`, ABI 1.2).
     pub fn supports_token_mask(&self) -> bool {
-        self.handle.plugin.info.supports_token_mask()
+        self.plugin_info().supports_token_mask()
+    }
+
+    /// The worker process serving this model (`process` isolation).
+    pub fn worker_pid(&self) -> Option<u32> {
+        match &self.handle {
+            Handle::Local(_) => None,
+            Handle::Remote { model, .. } => Some(model.worker.pid()),
+        }
+    }
+
+    /// Each token's bytes on its own (a vocabulary): one call per token in-process, one
+    /// round trip for all of them to a worker.
+    pub fn detokenize_each(
+        &self,
+        tokens: &[i32],
+        render_special: bool,
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        match &self.handle {
+            Handle::Local(_) => tokens
+                .iter()
+                .map(|t| self.detokenize(&[*t], render_special))
+                .collect(),
+            Handle::Remote { model, .. } => model.detokenize_each(tokens, render_special),
+        }
     }
 
     pub fn tokenize(
@@ -109,12 +157,18 @@ impl ModelShared {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<i32>, EngineError> {
+        let h = match &self.handle {
+            Handle::Local(h) => h,
+            Handle::Remote { model, .. } => {
+                return model.tokenize(text, add_special, parse_special);
+            }
+        };
         // Most text is at most one token per byte, plus BOS.
         fill_growing("tokenize", text.len() + 8, |buf: &mut [i32], n, err| {
             // SAFETY: `text` and `buf` are valid for the lengths given.
             unsafe {
-                (self.handle.plugin.vt.tokenize)(
-                    self.handle.raw,
+                (h.plugin.vt.tokenize)(
+                    h.raw,
                     text.as_ptr().cast(),
                     text.len(),
                     add_special,
@@ -130,14 +184,18 @@ impl ModelShared {
 
     /// Raw bytes of `tokens`; may end inside a UTF-8 character.
     pub fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        let h = match &self.handle {
+            Handle::Local(h) => h,
+            Handle::Remote { model, .. } => return model.detokenize(tokens, render_special),
+        };
         fill_growing(
             "detokenize",
             tokens.len() * 16 + 16,
             |buf: &mut [u8], n, err| {
                 // SAFETY: `tokens` and `buf` are valid for the lengths given.
                 unsafe {
-                    (self.handle.plugin.vt.detokenize)(
-                        self.handle.raw,
+                    (h.plugin.vt.detokenize)(
+                        h.raw,
                         tokens.as_ptr(),
                         tokens.len(),
                         render_special,
@@ -154,7 +212,7 @@ impl ModelShared {
 
 /// Calls that only the model's scheduler makes (never concurrently).
 pub struct ModelExec {
-    pub(super) handle: Arc<ModelHandle>,
+    pub(super) exec: Exec,
     pub(super) shared: Arc<ModelShared>,
 }
 
@@ -171,12 +229,31 @@ impl ModelExec {
         &self.shared
     }
 
+    /// The worker crash that ended this model, if it runs in one that crashed.
+    pub fn crashed(&self) -> Option<Crash> {
+        match &self.exec {
+            Exec::Local(_) => None,
+            Exec::Remote(r) => r.worker().crash(),
+        }
+    }
+
+    /// Its worker, which the watchdog may kill (`process` isolation).
+    pub fn worker(&self) -> Option<Arc<Worker>> {
+        match &self.exec {
+            Exec::Local(_) => None,
+            Exec::Remote(r) => Some(r.worker().clone()),
+        }
+    }
+
     pub fn seq_open(&mut self) -> Result<u64, EngineError> {
+        let h = match &mut self.exec {
+            Exec::Local(h) => h,
+            Exec::Remote(r) => return r.seq_open(),
+        };
         let mut seq = 0u64;
         let mut err = new_err();
         // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
-        let status =
-            unsafe { (self.handle.plugin.vt.seq_open)(self.handle.raw, &mut seq, err.as_mut()) };
+        let status = unsafe { (h.plugin.vt.seq_open)(h.raw, &mut seq, err.as_mut()) };
         if status != ffi::GANTRY_OK {
             return Err(read_err(status, &err));
         }
@@ -184,8 +261,12 @@ impl ModelExec {
     }
 
     pub fn seq_release(&mut self, seq: u64) {
+        let h = match &mut self.exec {
+            Exec::Local(h) => h,
+            Exec::Remote(r) => return r.seq_release(seq),
+        };
         // SAFETY: live handle; unknown ids are a no-op by contract.
-        unsafe { (self.handle.plugin.vt.seq_release)(self.handle.raw, seq) };
+        unsafe { (h.plugin.vt.seq_release)(h.raw, seq) };
     }
 
     /// One forward pass; see the header's `step`.
@@ -193,6 +274,10 @@ impl ModelExec {
         &mut self,
         entries: &[StepEntry<'_>],
     ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let h = match &mut self.exec {
+            Exec::Local(h) => h,
+            Exec::Remote(r) => return r.step(entries),
+        };
         // The C views borrow from these vectors, which outlive the call.
         let biases: Vec<Vec<ffi::gantry_logit_bias_t>> = entries
             .iter()
@@ -253,8 +338,8 @@ impl ModelExec {
         // SAFETY: `raw`, `samplings`, `biases` and `results` are valid and
         // outlive the call; `&mut self` keeps exec calls exclusive.
         let status = unsafe {
-            (self.handle.plugin.vt.step)(
-                self.handle.raw,
+            (h.plugin.vt.step)(
+                h.raw,
                 raw.as_ptr(),
                 raw.len(),
                 results.as_mut_ptr(),
@@ -284,19 +369,27 @@ impl ModelExec {
     /// when the plugin does not report it (older than 1.4, or it does not know). Asked after
     /// the step that carried the first entry.
     pub fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
-        let f = self.handle.plugin.vt.seq_cached_tokens?;
+        let h = match &mut self.exec {
+            Exec::Local(h) => h,
+            Exec::Remote(r) => return r.seq_cached_tokens(seq),
+        };
+        let f = h.plugin.vt.seq_cached_tokens?;
         // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
-        let n = unsafe { f(self.handle.raw, seq) };
+        let n = unsafe { f(h.raw, seq) };
         u64::try_from(n).ok()
     }
 
     pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
         let dims = self.shared.info.embedding_dims as usize;
+        let h = match &mut self.exec {
+            Exec::Local(h) => h,
+            Exec::Remote(r) => return r.embed(tokens),
+        };
         fill_growing("embed", dims, |out: &mut [f32], n, err| {
             // SAFETY: buffers valid for the lengths given; exclusive via &mut self.
             unsafe {
-                (self.handle.plugin.vt.embed)(
-                    self.handle.raw,
+                (h.plugin.vt.embed)(
+                    h.raw,
                     tokens.as_ptr(),
                     tokens.len(),
                     out.as_mut_ptr(),

@@ -1,0 +1,99 @@
+//! Engine host, `process` isolation (between the scheduler and a plugin that runs in its own
+//! process): a plugin's models run in `gantry-node engine-worker` children, one per loaded
+//! model, so a crash, an abort or a hang in plugin code ends one worker instead of the node.
+//!
+//! - `wire.rs`: the frames on the Unix socket (control) and the step layout in the shared
+//!   mapping (per-step data); no JSON on either.
+//! - `client.rs`: the node's side: starting, calling, reaping and killing workers.
+//! - `serve.rs`: the worker's side, which runs the in-process call boundary (`plugin.rs`).
+//!
+//! [`RemotePlugin`] is what the registry holds for a plugin in `process` mode: at discovery a
+//! short-lived probe worker opens the library (so the node never maps it) and reports its
+//! info or its refusal; each `load_model` then starts the model's own worker.
+
+pub mod client;
+pub mod serve;
+pub mod wire;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gantry_engine_abi::{EngineConfig, EngineError, EngineInfo, ModelDescriptor};
+
+pub use client::{CRASH_MARKER, Crash, CrashHook, RemoteExec, RemoteModel, Worker, WorkerSettings};
+
+use super::plugin::OpenError;
+
+/// A plugin whose models run in worker processes.
+#[derive(Debug)]
+pub struct RemotePlugin {
+    pub id: String,
+    pub binary: PathBuf,
+    pub config: EngineConfig,
+    pub info: EngineInfo,
+    pub settings: WorkerSettings,
+}
+
+/// The refusal labels a worker may report, as the static labels the registry keeps.
+fn static_label(label: &str) -> &'static str {
+    const KNOWN: [&str; 6] = [
+        "dlopen_failed",
+        "no_entry_symbol",
+        "abi_mismatch",
+        "bad_vtable",
+        "id_mismatch",
+        "create_failed",
+    ];
+    KNOWN
+        .into_iter()
+        .find(|k| *k == label)
+        .unwrap_or("worker_failed")
+}
+
+impl RemotePlugin {
+    /// Check the library in a probe worker: the same checks as in-process, in a process
+    /// whose crash cannot take the node along.
+    pub fn probe(
+        binary: &Path,
+        id: &str,
+        config: &EngineConfig,
+        settings: &WorkerSettings,
+    ) -> Result<RemotePlugin, OpenError> {
+        let in_worker =
+            |label: &'static str, message: String| OpenError::InWorker { label, message };
+        let worker = Worker::spawn(settings, id, "(probe)")
+            .map_err(|e| in_worker("worker_failed", e.message))?;
+        let info = match worker.open(id, binary, config) {
+            Ok(Ok(info)) => info,
+            Ok(Err((label, message))) => return Err(in_worker(static_label(&label), message)),
+            Err(e) => return Err(in_worker("worker_crashed", e.message)),
+        };
+        drop(worker);
+        Ok(RemotePlugin {
+            id: id.to_string(),
+            binary: binary.to_path_buf(),
+            config: config.clone(),
+            info,
+            settings: settings.clone(),
+        })
+    }
+
+    /// Start a worker for one model, open the plugin in it and load the model.
+    pub fn load_model(
+        &self,
+        desc: &ModelDescriptor,
+    ) -> Result<(Arc<Worker>, gantry_engine_abi::ModelInfo), EngineError> {
+        let worker = Worker::spawn(&self.settings, &self.id, &desc.model_id)?;
+        match worker.open(&self.id, &self.binary, &self.config)? {
+            Ok(_) => {}
+            Err((label, message)) => {
+                return Err(EngineError::new(
+                    gantry_engine_abi::Status::LoadFailed,
+                    format!("the plugin no longer opens ({label}): {message}"),
+                ));
+            }
+        }
+        let info = worker.load(desc)?;
+        Ok((worker, info))
+    }
+}

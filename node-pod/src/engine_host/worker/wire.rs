@@ -1,0 +1,679 @@
+//! Engine host, worker wire format (between `worker/client.rs` in the node and
+//! `worker/serve.rs` in `gantry-node engine-worker`): frames on the Unix socket and the
+//! binary layout of the per-step data in shared memory.
+//!
+//! A frame is `u32 length` (little-endian) and that many bytes; a request's first byte is
+//! its [`Op`], a reply's first byte is `0` (OK) or an engine status code (the ABI's
+//! `gantry_status_t`, as a byte) followed by the error message. Values are little-endian
+//! and fixed-width; strings and arrays carry a `u32` count first. The codec is written by
+//! hand because the layout is the ABI's own structs, field by field, and a step is encoded
+//! in place into the shared mapping with no intermediate allocation: a general
+//! serialization crate would add a schema layer and a copy on the per-token path for
+//! nothing. No JSON crosses this boundary.
+
+use std::io::{Read, Write};
+
+use gantry_engine_abi::{
+    Backend, EngineConfig, EngineError, EngineInfo, Format, ModelDescriptor, ModelInfo,
+    SampledToken, Sampling, Status, StepEntry,
+};
+
+/// Largest frame either side accepts (a long prompt's tokenize, a vocabulary's pieces).
+pub const MAX_FRAME: usize = 256 << 20;
+
+/// What a request asks the worker to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    /// Open the plugin library and create its engine: manifest id, binary path, config.
+    Open = 1,
+    /// Load the worker's model (one per worker): a model descriptor.
+    Load = 2,
+    Tokenize = 3,
+    Detokenize = 4,
+    /// Each token's bytes on its own (a vocabulary in one round trip).
+    DetokenizeEach = 5,
+    SeqOpen = 6,
+    SeqRelease = 7,
+    /// The request is in this connection's shared mapping; so is the reply's payload.
+    Step = 8,
+    SeqCachedTokens = 9,
+    Embed = 10,
+    /// Map the shared-memory file at this path for this connection's steps.
+    MapShm = 11,
+}
+
+impl Op {
+    pub fn from_byte(b: u8) -> Option<Op> {
+        use Op::*;
+        [
+            Open,
+            Load,
+            Tokenize,
+            Detokenize,
+            DetokenizeEach,
+            SeqOpen,
+            SeqRelease,
+            Step,
+            SeqCachedTokens,
+            Embed,
+            MapShm,
+        ]
+        .into_iter()
+        .find(|o| *o as u8 == b)
+    }
+}
+
+/// The reply byte of a plugin that could not be opened: followed by its refusal label and
+/// message (an `OpenError`), not an engine status.
+pub const OPEN_REFUSED: u8 = 0xFE;
+
+/// Write one frame.
+pub fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    let len =
+        u32::try_from(body.len()).map_err(|_| std::io::Error::other("frame larger than 4 GiB"))?;
+    // One write for small frames: the header and body in one segment.
+    if body.len() <= 4096 {
+        let mut buf = Vec::with_capacity(4 + body.len());
+        buf.extend_from_slice(&len.to_le_bytes());
+        buf.extend_from_slice(body);
+        return w.write_all(&buf);
+    }
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(body)
+}
+
+/// Read one frame into `buf` (reused between calls).
+pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!(
+            "frame of {len} bytes is over the {MAX_FRAME}-byte limit"
+        )));
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    r.read_exact(buf)
+}
+
+/// Appends values to a buffer.
+#[derive(Default)]
+pub struct Writer {
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    pub fn op(op: Op) -> Writer {
+        Writer {
+            buf: vec![op as u8],
+        }
+    }
+    pub fn ok() -> Writer {
+        Writer { buf: vec![0] }
+    }
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    pub fn bool(&mut self, v: bool) -> &mut Self {
+        self.u8(u8::from(v))
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn len(&mut self, n: usize) -> &mut Self {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.len(b.len());
+        self.buf.extend_from_slice(b);
+        self
+    }
+    pub fn str(&mut self, s: &str) -> &mut Self {
+        self.bytes(s.as_bytes())
+    }
+    pub fn opt_str(&mut self, s: Option<&str>) -> &mut Self {
+        match s {
+            Some(s) => self.bool(true).str(s),
+            None => self.bool(false),
+        }
+    }
+    pub fn i32s(&mut self, v: &[i32]) -> &mut Self {
+        self.len(v.len());
+        for x in v {
+            self.i32(*x);
+        }
+        self
+    }
+    pub fn u32s(&mut self, v: &[u32]) -> &mut Self {
+        self.len(v.len());
+        for x in v {
+            self.u32(*x);
+        }
+        self
+    }
+    pub fn f32s(&mut self, v: &[f32]) -> &mut Self {
+        self.len(v.len());
+        for x in v {
+            self.f32(*x);
+        }
+        self
+    }
+}
+
+/// Reads values back; every read checks the length, so a short or garbled buffer is an
+/// error, never a panic.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+fn short() -> EngineError {
+    EngineError::internal("engine worker message ended early")
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Self { buf }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], EngineError> {
+        if self.buf.len() < n {
+            return Err(short());
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], EngineError> {
+        self.take(N)?.try_into().map_err(|_| short())
+    }
+    pub fn u8(&mut self) -> Result<u8, EngineError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn bool(&mut self) -> Result<bool, EngineError> {
+        Ok(self.u8()? != 0)
+    }
+    pub fn u32(&mut self) -> Result<u32, EngineError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub fn i32(&mut self) -> Result<i32, EngineError> {
+        Ok(i32::from_le_bytes(self.array()?))
+    }
+    pub fn u64(&mut self) -> Result<u64, EngineError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub fn i64(&mut self) -> Result<i64, EngineError> {
+        Ok(i64::from_le_bytes(self.array()?))
+    }
+    pub fn f32(&mut self) -> Result<f32, EngineError> {
+        Ok(f32::from_le_bytes(self.array()?))
+    }
+    /// A count, checked against what is left at `width` bytes per item.
+    fn count(&mut self, width: usize) -> Result<usize, EngineError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(width) > self.buf.len() {
+            return Err(short());
+        }
+        Ok(n)
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], EngineError> {
+        let n = self.count(1)?;
+        self.take(n)
+    }
+    pub fn string(&mut self) -> Result<String, EngineError> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+    pub fn opt_string(&mut self) -> Result<Option<String>, EngineError> {
+        if self.bool()? {
+            self.string().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+    pub fn i32s(&mut self) -> Result<Vec<i32>, EngineError> {
+        let n = self.count(4)?;
+        (0..n).map(|_| self.i32()).collect()
+    }
+    pub fn u32s(&mut self) -> Result<Vec<u32>, EngineError> {
+        let n = self.count(4)?;
+        (0..n).map(|_| self.u32()).collect()
+    }
+    pub fn f32s(&mut self) -> Result<Vec<f32>, EngineError> {
+        let n = self.count(4)?;
+        (0..n).map(|_| self.f32()).collect()
+    }
+    pub fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+}
+
+/// An error reply: the status byte and the message.
+pub fn error_reply(e: &EngineError) -> Vec<u8> {
+    let mut w = Writer::default();
+    // Status codes are small positive numbers; OK (0) never travels as an error.
+    let code = u8::try_from(e.status.as_raw()).unwrap_or(Status::Internal as u8);
+    w.u8(if code == 0 {
+        Status::Internal as u8
+    } else {
+        code
+    });
+    w.buf.extend_from_slice(e.message.as_bytes());
+    w.buf
+}
+
+/// Split a reply into its payload, or the error it carries.
+pub fn reply(body: &[u8]) -> Result<Reader<'_>, EngineError> {
+    match body.split_first() {
+        Some((0, rest)) => Ok(Reader::new(rest)),
+        Some((code, rest)) => Err(EngineError::new(
+            Status::from_raw(i32::from(*code)),
+            String::from_utf8_lossy(rest).into_owned(),
+        )),
+        None => Err(short()),
+    }
+}
+
+pub fn put_engine_config(w: &mut Writer, c: &EngineConfig) {
+    w.u32(c.backend.as_raw())
+        .i32s(&c.device_ids)
+        .u64(c.vram_limit_bytes)
+        .u32(c.n_threads)
+        .u32(c.max_batch_size)
+        .u32(c.context_length);
+}
+
+pub fn get_engine_config(r: &mut Reader<'_>) -> Result<EngineConfig, EngineError> {
+    let backend = Backend::from_raw(r.u32()?)
+        .ok_or_else(|| EngineError::internal("unknown backend in engine config"))?;
+    Ok(EngineConfig {
+        backend,
+        device_ids: r.i32s()?,
+        vram_limit_bytes: r.u64()?,
+        n_threads: r.u32()?,
+        max_batch_size: r.u32()?,
+        context_length: r.u32()?,
+    })
+}
+
+pub fn put_engine_info(w: &mut Writer, i: &EngineInfo) {
+    w.str(&i.engine_id)
+        .str(&i.engine_version)
+        .u32(i.backend.map_or(u32::MAX, Backend::as_raw))
+        .opt_str(i.description.as_deref())
+        .u32(i.capabilities)
+        .opt_str(i.build_info.as_deref());
+}
+
+pub fn get_engine_info(r: &mut Reader<'_>) -> Result<EngineInfo, EngineError> {
+    Ok(EngineInfo {
+        engine_id: r.string()?,
+        engine_version: r.string()?,
+        backend: Backend::from_raw(r.u32()?),
+        description: r.opt_string()?,
+        capabilities: r.u32()?,
+        build_info: r.opt_string()?,
+    })
+}
+
+fn path_str(p: &std::path::Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+pub fn put_descriptor(w: &mut Writer, d: &ModelDescriptor) {
+    w.str(&d.model_id)
+        .str(&path_str(&d.model_dir))
+        .str(&path_str(&d.primary_file))
+        .u32(d.format.as_raw())
+        .opt_str(d.quantization.as_deref())
+        .opt_str(d.mmproj.as_deref().map(path_str).as_deref())
+        .u32(d.context_length)
+        .u32(d.max_sequences)
+        .i32s(&d.device_ids);
+}
+
+pub fn get_descriptor(r: &mut Reader<'_>) -> Result<ModelDescriptor, EngineError> {
+    Ok(ModelDescriptor {
+        model_id: r.string()?,
+        model_dir: r.string()?.into(),
+        primary_file: r.string()?.into(),
+        format: Format::from_raw(r.u32()?)
+            .ok_or_else(|| EngineError::internal("unknown format in model descriptor"))?,
+        quantization: r.opt_string()?,
+        mmproj: r.opt_string()?.map(Into::into),
+        context_length: r.u32()?,
+        max_sequences: r.u32()?,
+        device_ids: r.i32s()?,
+    })
+}
+
+pub fn put_model_info(w: &mut Writer, i: &ModelInfo) {
+    w.str(&i.architecture)
+        .u32(i.vocab_size)
+        .u32(i.context_length)
+        .u32(i.trained_context_length)
+        .u64(i.kv_capacity_tokens)
+        .u32(i.max_sequences)
+        .i32(i.bos_token.unwrap_or(-1))
+        .i32(i.eos_token.unwrap_or(-1))
+        .i32s(&i.eog_tokens)
+        .opt_str(i.bos_text.as_deref())
+        .opt_str(i.eos_text.as_deref())
+        .opt_str(i.chat_template.as_deref())
+        .u64(i.bytes_used)
+        .u32(i.modalities)
+        .u32(i.embedding_dims)
+        .bool(i.add_bos);
+}
+
+pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
+    let tok = |t: i32| (t >= 0).then_some(t);
+    Ok(ModelInfo {
+        architecture: r.string()?,
+        vocab_size: r.u32()?,
+        context_length: r.u32()?,
+        trained_context_length: r.u32()?,
+        kv_capacity_tokens: r.u64()?,
+        max_sequences: r.u32()?,
+        bos_token: tok(r.i32()?),
+        eos_token: tok(r.i32()?),
+        eog_tokens: r.i32s()?,
+        bos_text: r.opt_string()?,
+        eos_text: r.opt_string()?,
+        chat_template: r.opt_string()?,
+        bytes_used: r.u64()?,
+        modalities: r.u32()?,
+        embedding_dims: r.u32()?,
+        add_bos: r.bool()?,
+    })
+}
+
+/// Bytes a step request of these entries takes, at most (to size the shared mapping).
+pub fn step_request_size(entries: &[StepEntry<'_>]) -> usize {
+    4 + entries
+        .iter()
+        .map(|e| {
+            8 + 1
+                + 4
+                + 4 * e.tokens.len()
+                + e.sample.map_or(0, |s| 64 + 8 * s.logit_bias.len())
+                + 4
+                + 4 * e.allowed.map_or(0, <[u32]>::len)
+        })
+        .sum::<usize>()
+}
+
+/// Bytes a step reply for `n` entries takes, at most.
+pub fn step_reply_size(n: usize) -> usize {
+    4 + n * (1 + 4 + 4 + 4 + 8 * gantry_engine_abi::ffi::GANTRY_MAX_TOP_LOGPROBS)
+}
+
+const F_SAMPLE: u8 = 1;
+const F_FRESH: u8 = 2;
+const F_ALLOWED: u8 = 4;
+
+/// Encode a step's entries (the host side).
+pub fn put_step(w: &mut Writer, entries: &[StepEntry<'_>]) {
+    w.len(entries.len());
+    for e in entries {
+        let mut flags = 0;
+        if e.sample.is_some() {
+            flags |= F_SAMPLE;
+        }
+        if e.fresh {
+            flags |= F_FRESH;
+        }
+        if e.allowed.is_some() {
+            flags |= F_ALLOWED;
+        }
+        w.u64(e.seq).u8(flags).i32s(e.tokens);
+        if let Some(s) = e.sample {
+            w.f32(s.temperature)
+                .f32(s.top_p)
+                .i32(s.top_k)
+                .f32(s.min_p)
+                .f32(s.repetition_penalty)
+                .f32(s.presence_penalty)
+                .f32(s.frequency_penalty)
+                .i32(s.penalty_last_n)
+                .u64(s.seed)
+                .u32(s.top_logprobs)
+                .bool(s.want_logprob)
+                .len(s.logit_bias.len());
+            for (t, b) in &s.logit_bias {
+                w.i32(*t).f32(*b);
+            }
+        }
+        if let Some(a) = e.allowed {
+            w.u32s(a);
+        }
+    }
+}
+
+/// A decoded step entry (the worker side), owning its arrays.
+pub struct OwnedEntry {
+    pub seq: u64,
+    pub tokens: Vec<i32>,
+    pub sample: Option<Sampling>,
+    pub fresh: bool,
+    pub allowed: Option<Vec<u32>>,
+}
+
+impl OwnedEntry {
+    pub fn view(&self) -> StepEntry<'_> {
+        StepEntry {
+            seq: self.seq,
+            tokens: &self.tokens,
+            sample: self.sample.as_ref(),
+            fresh: self.fresh,
+            allowed: self.allowed.as_deref(),
+        }
+    }
+}
+
+pub fn get_step(r: &mut Reader<'_>) -> Result<Vec<OwnedEntry>, EngineError> {
+    let n = r.count(13)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let seq = r.u64()?;
+        let flags = r.u8()?;
+        let tokens = r.i32s()?;
+        let sample = if flags & F_SAMPLE != 0 {
+            let mut s = Sampling {
+                temperature: r.f32()?,
+                top_p: r.f32()?,
+                top_k: r.i32()?,
+                min_p: r.f32()?,
+                repetition_penalty: r.f32()?,
+                presence_penalty: r.f32()?,
+                frequency_penalty: r.f32()?,
+                penalty_last_n: r.i32()?,
+                seed: r.u64()?,
+                logit_bias: Vec::new(),
+                top_logprobs: r.u32()?,
+                want_logprob: r.bool()?,
+            };
+            let nb = r.count(8)?;
+            s.logit_bias = (0..nb)
+                .map(|_| Ok((r.i32()?, r.f32()?)))
+                .collect::<Result<_, EngineError>>()?;
+            Some(s)
+        } else {
+            None
+        };
+        let allowed = if flags & F_ALLOWED != 0 {
+            Some(r.u32s()?)
+        } else {
+            None
+        };
+        out.push(OwnedEntry {
+            seq,
+            tokens,
+            sample,
+            fresh: flags & F_FRESH != 0,
+            allowed,
+        });
+    }
+    Ok(out)
+}
+
+pub fn put_step_results(w: &mut Writer, results: &[Option<SampledToken>]) {
+    w.len(results.len());
+    for r in results {
+        match r {
+            None => {
+                w.bool(false);
+            }
+            Some(t) => {
+                w.bool(true).i32(t.token).f32(t.logprob).len(t.top.len());
+                for (tok, lp) in &t.top {
+                    w.i32(*tok).f32(*lp);
+                }
+            }
+        }
+    }
+}
+
+pub fn get_step_results(r: &mut Reader<'_>) -> Result<Vec<Option<SampledToken>>, EngineError> {
+    let n = r.count(1)?;
+    (0..n)
+        .map(|_| {
+            if !r.bool()? {
+                return Ok(None);
+            }
+            let token = r.i32()?;
+            let logprob = r.f32()?;
+            let nt = r.count(8)?;
+            let top = (0..nt)
+                .map(|_| Ok((r.i32()?, r.f32()?)))
+                .collect::<Result<_, EngineError>>()?;
+            Ok(Some(SampledToken {
+                token,
+                logprob,
+                top,
+            }))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_survives_the_round_trip() {
+        let mut s = Sampling::greedy();
+        s.logit_bias = vec![(5, -1.5), (9, 2.0)];
+        s.top_logprobs = 3;
+        s.want_logprob = true;
+        let mask = [0b1010u32, 7];
+        let entries = [
+            StepEntry {
+                seq: 7,
+                tokens: &[1, 2, 3],
+                sample: None,
+                fresh: true,
+                allowed: None,
+            },
+            StepEntry {
+                seq: 9,
+                tokens: &[42],
+                sample: Some(&s),
+                fresh: false,
+                allowed: Some(&mask),
+            },
+        ];
+        let mut w = Writer::default();
+        put_step(&mut w, &entries);
+        assert!(w.buf.len() <= step_request_size(&entries));
+        let back = get_step(&mut Reader::new(&w.buf)).expect("decodes");
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].seq, 7);
+        assert_eq!(back[0].tokens, [1, 2, 3]);
+        assert!(back[0].fresh && back[0].sample.is_none() && back[0].allowed.is_none());
+        assert_eq!(back[1].sample.as_ref(), Some(&s));
+        assert_eq!(back[1].allowed.as_deref(), Some(&mask[..]));
+
+        let results = vec![
+            None,
+            Some(SampledToken {
+                token: 11,
+                logprob: -0.25,
+                top: vec![(11, -0.25), (12, -2.0)],
+            }),
+        ];
+        let mut w = Writer::default();
+        put_step_results(&mut w, &results);
+        assert!(w.buf.len() <= step_reply_size(2));
+        assert_eq!(
+            get_step_results(&mut Reader::new(&w.buf)).expect("decodes"),
+            results
+        );
+    }
+
+    #[test]
+    fn a_truncated_message_is_an_error_not_a_panic() {
+        let mut w = Writer::default();
+        w.i32s(&[1, 2, 3, 4]);
+        for cut in 0..w.buf.len() {
+            assert!(Reader::new(&w.buf[..cut]).i32s().is_err(), "cut at {cut}");
+        }
+        // A count far beyond what follows is refused before any allocation.
+        let mut w = Writer::default();
+        w.u32(u32::MAX);
+        assert!(get_step(&mut Reader::new(&w.buf)).is_err());
+    }
+
+    #[test]
+    fn infos_survive_the_round_trip() {
+        let info = ModelInfo {
+            architecture: "gemma3".into(),
+            vocab_size: 262_144,
+            bos_token: Some(2),
+            eos_token: None,
+            eog_tokens: vec![1, 106],
+            chat_template: Some("{{ messages }}".into()),
+            bytes_used: 1 << 30,
+            add_bos: true,
+            ..ModelInfo::default()
+        };
+        let mut w = Writer::default();
+        put_model_info(&mut w, &info);
+        assert_eq!(get_model_info(&mut Reader::new(&w.buf)).expect("ok"), info);
+
+        let desc = ModelDescriptor {
+            model_id: "m".into(),
+            model_dir: "/models".into(),
+            primary_file: "/models/m.gguf".into(),
+            format: Format::Gguf,
+            quantization: Some("Q4_K_M".into()),
+            mmproj: None,
+            context_length: 512,
+            max_sequences: 4,
+            device_ids: vec![0, 1],
+        };
+        let mut w = Writer::default();
+        put_descriptor(&mut w, &desc);
+        assert_eq!(get_descriptor(&mut Reader::new(&w.buf)).expect("ok"), desc);
+
+        let e = EngineError::new(Status::OomRam, "too big");
+        assert_eq!(reply(&error_reply(&e)).err(), Some(e));
+    }
+}
