@@ -180,6 +180,28 @@ pub struct PluginStatus {
     pub reason: Option<String>,
     /// Human-readable refusal message.
     pub message: Option<String>,
+    /// The last change of its library the node saw while running (hot reload): applied, or
+    /// refused with the old version still serving. Absent when it never changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<PluginUpdate>,
+}
+
+/// A plugin library that changed under a running node (`process` isolation reloads it by
+/// shadow load; an in-process plugin waits for a restart).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginUpdate {
+    /// The manifest version of the new library.
+    pub version: Option<String>,
+    /// `applied` (every model of the plugin switched to it), `refused` (it failed
+    /// validation, load or warm-up; the old version keeps serving), or `restartRequired`
+    /// (an in-process plugin cannot be replaced in a running node).
+    pub state: String,
+    pub message: String,
+    /// The models moved to the new version (for `applied`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    pub seconds_ago: u64,
 }
 
 /// One model assigned to this node.

@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// (0 = no polling; SIGHUP reloads either way).
     #[arg(long, env = "GANTRY_CONFIG_RELOAD_SECONDS", default_value_t = 5)]
     pub config_reload_seconds: u64,
+    /// Check the plugin tree every S seconds and put a changed plugin library in force:
+    /// by shadow load for a plugin in `process` isolation, at the next restart for an
+    /// in-process one (0 = never).
+    #[arg(long, env = "GANTRY_PLUGIN_RELOAD_SECONDS", default_value_t = 5)]
+    pub plugin_reload_seconds: u64,
     /// Serve one model file (`.gguf`) or directory; the format follows from the path.
     #[arg(long, env = "GANTRY_MODEL")]
     pub model: Option<PathBuf>,
@@ -310,6 +315,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         }
         node.spawn_device_refresh();
+        node.spawn_plugin_watch(
+            (args.plugin_reload_seconds > 0)
+                .then(|| std::time::Duration::from_secs(args.plugin_reload_seconds)),
+        );
         let starter = node.clone();
         tokio::task::spawn_blocking(move || starter.start());
         crate::http::serve(node, listener, args.edge.clone()).await?;

@@ -18,6 +18,7 @@
 
 mod crash;
 mod lifecycle;
+mod plugin_update;
 mod reload;
 mod status;
 
@@ -206,7 +207,11 @@ pub struct Node {
     restart_required: RwLock<Vec<String>>,
     /// One reload at a time.
     reload_lock: Mutex<()>,
-    pub registry: OnceLock<EngineRegistry>,
+    /// The plugins, discovered on first use; a plugin update (node/plugin_update.rs) swaps
+    /// the whole registry, as a config reload swaps the model map.
+    registry: RwLock<Option<Arc<EngineRegistry>>>,
+    /// The last library change of each plugin the node saw while running (`/v1/status`).
+    pub(crate) plugin_updates: Mutex<BTreeMap<String, (gantry_api::PluginUpdate, Instant)>>,
     /// How plugins in `process` isolation get their workers, and the crash hook.
     pub workers: crate::engine_host::WorkerSettings,
     /// This node, for the threads a crash starts (set by `start`).
@@ -257,7 +262,8 @@ impl Node {
             config_hash: RwLock::new(None),
             restart_required: RwLock::new(Vec::new()),
             reload_lock: Mutex::new(()),
-            registry: OnceLock::new(),
+            registry: RwLock::new(None),
+            plugin_updates: Mutex::new(BTreeMap::new()),
             workers: crate::engine_host::WorkerSettings::default(),
             me: OnceLock::new(),
             engine_config,
@@ -341,14 +347,40 @@ impl Node {
 
     /// The engine registry, discovered on first use, each plugin in the isolation the config
     /// gives it.
-    fn registry(&self) -> &EngineRegistry {
-        self.registry.get_or_init(|| {
-            let host = crate::engine_host::HostSettings {
-                isolation: self.config.isolation.clone(),
-                workers: self.workers.clone(),
-            };
-            EngineRegistry::discover_with(&self.plugins_dir, &self.engine_config, &host)
+    pub(crate) fn registry(&self) -> Arc<EngineRegistry> {
+        if let Some(r) = self.registry_now() {
+            return r;
+        }
+        let mut g = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert_with(|| {
+            Arc::new(EngineRegistry::discover_with(
+                &self.plugins_dir,
+                &self.engine_config,
+                &self.host_settings(),
+            ))
         })
+        .clone()
+    }
+
+    /// The registry once discovered; `None` before.
+    pub fn registry_now(&self) -> Option<Arc<EngineRegistry>> {
+        self.registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Put `reg` in force (a plugin update).
+    pub(crate) fn set_registry(&self, reg: Arc<EngineRegistry>) {
+        *self.registry.write().unwrap_or_else(|p| p.into_inner()) = Some(reg);
+    }
+
+    /// How this node runs plugins: the config's isolation and its worker settings.
+    pub(crate) fn host_settings(&self) -> crate::engine_host::HostSettings {
+        crate::engine_host::HostSettings {
+            isolation: self.config.isolation.clone(),
+            workers: self.workers.clone(),
+        }
     }
 
     /// Start workers with this executable (tests run the node inside a test binary).
@@ -392,7 +424,7 @@ impl Node {
         if m.is_retired() {
             return;
         }
-        self.inspect(self.registry(), m);
+        self.inspect(&self.registry(), m);
         if m.config.load == LoadPolicy::Eager && matches!(m.state(), ModelState::Idle) {
             self.load(m);
         }

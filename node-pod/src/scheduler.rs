@@ -220,12 +220,15 @@ impl SchedulerHandle {
         })
     }
 
-    /// Queue a job; the job back when the scheduler thread is gone.
-    pub fn submit_or_return(&self, job: Job) -> Result<(), Job> {
+    /// Queue a generation; the job back when the scheduler thread is gone.
+    pub fn submit_or_return(&self, job: GenerateJob) -> Result<(), Box<GenerateJob>> {
         self.figures.waiting.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(job).map_err(|e| {
+        self.tx.send(Job::Generate(job)).map_err(|e| {
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
-            e.0
+            match e.0 {
+                Job::Generate(j) => Box::new(j),
+                Job::Embed(_) => unreachable!("a generation was sent"),
+            }
         })
     }
 }
@@ -264,8 +267,8 @@ impl Replicas {
         self.replicas[i].scheduler.submit(job)
     }
 
-    /// [`Replicas::submit`], with the job back when the scheduler is gone.
-    pub fn submit_or_return(&self, job: Job) -> Result<(), Job> {
+    /// [`Replicas::submit`] for a generation, with the job back when the scheduler is gone.
+    pub fn submit_or_return(&self, job: GenerateJob) -> Result<(), Box<GenerateJob>> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.replicas.len();
         self.replicas[i].scheduler.submit_or_return(job)
     }

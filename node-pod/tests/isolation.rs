@@ -401,3 +401,139 @@ async fn unloading_a_model_in_a_worker_ends_its_process() {
         "{v}"
     );
 }
+
+/// Put `lib` in place as the faulty plugin's library (a copy renamed over the old file, as a
+/// new image's files appear) with a manifest of `version`.
+fn put_version(dir: &Path, lib: &Path, version: &str) {
+    let tmp = dir.join(".incoming.so");
+    std::fs::copy(lib, &tmp).expect("copy library");
+    std::fs::rename(&tmp, dir.join("libgantry_fault_faulty.so")).expect("rename library");
+    let mut m = faulty_manifest("faulty");
+    m["version"] = json!(version);
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_vec_pretty(&m).expect("json"),
+    )
+    .expect("manifest");
+}
+
+async fn plugin_status(node: &NodeProc) -> Value {
+    status(node).await["plugins"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn a_new_plugin_version_is_shadow_loaded_under_load_and_a_broken_one_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin_dir = dir.path().join("plugins/faulty/cpu");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
+    let config = json!({
+        "models": [{"id": "slow", "path": toy_gguf(dir.path(), "slow-model"), "format": "gguf", "maxBatchSize": 8}],
+        "scheduler": {"responseCacheRamFraction": 0.0},
+        "isolation": {"default": "process"}
+    });
+    let plugins = dir.path().join("plugins");
+    let node = spawn_node(&config, &plugins, dir, |c| {
+        c.args(["--plugin-reload-seconds", "1"]);
+    });
+    wait_ready(&node).await;
+    let first = worker_pid(&status(&node).await, "slow").expect("worker");
+    assert_eq!(plugin_status(&node).await["version"], "0.1.0");
+
+    // Four clients stream one-second answers back to back for 24 s (bounded), while the
+    // plugin is replaced by a new version and then by a broken one.
+    let stop_at = Instant::now() + Duration::from_secs(24);
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let base = node.base.clone();
+        clients.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while Instant::now() < stop_at {
+                let r = http()
+                    .post(format!("{base}/v1/completions"))
+                    .json(&json!({"model": "slow", "prompt": format!("c{c}"), "max_tokens": 40, "stream": true}))
+                    .send()
+                    .await
+                    .expect("post");
+                if r.status() != 200 {
+                    failed.push(format!("HTTP {}: {}", r.status(), r.text().await.unwrap_or_default()));
+                    continue;
+                }
+                let body = r.text().await.expect("body");
+                if body.contains("\"finish_reason\":\"length\"") && body.trim_end().ends_with("data: [DONE]") {
+                    ok += 1;
+                } else {
+                    failed.push(body);
+                }
+            }
+            (ok, failed)
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.2.0");
+    let t0 = Instant::now();
+    let applied = loop {
+        let p = plugin_status(&node).await;
+        if p["update"]["state"] == "applied" {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no update applied: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(applied["version"], "0.2.0", "{applied}");
+    assert_eq!(applied["update"]["models"], json!(["slow"]), "{applied}");
+    let second = worker_pid(&status(&node).await, "slow").expect("worker");
+    assert_ne!(second, first, "the model runs in a new worker");
+    // The old worker finishes the streams it had, then stops.
+    let t1 = Instant::now();
+    while process_alive(first) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "the old worker still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    put_version(&plugin_dir, &built_lib("gantry_fault_wrong_abi"), "0.3.0");
+    let t2 = Instant::now();
+    let refused = loop {
+        let p = plugin_status(&node).await;
+        if p["update"]["state"] == "refused" {
+            break p;
+        }
+        assert!(
+            t2.elapsed() < Duration::from_secs(15),
+            "the broken version was not refused: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let msg = refused["update"]["message"].as_str().expect("message");
+    assert!(msg.contains("ABI"), "the refusal says why: {msg}");
+    assert_eq!(refused["update"]["version"], "0.3.0", "{refused}");
+    assert_eq!(
+        refused["version"], "0.2.0",
+        "the old version keeps serving: {refused}"
+    );
+    assert_eq!(refused["loaded"], true, "{refused}");
+    assert_eq!(
+        worker_pid(&status(&node).await, "slow"),
+        Some(second),
+        "no switch for a refused version"
+    );
+
+    let mut total = 0;
+    for c in clients {
+        let (ok, failed) = c.await.expect("client");
+        assert!(
+            failed.is_empty(),
+            "failed requests during the updates: {failed:?}"
+        );
+        total += ok;
+    }
+    assert!(total >= 40, "the load ran throughout ({total} requests)");
+}

@@ -25,7 +25,7 @@ pub use plugin::{ModelExec, ModelShared, OpenError, Plugin};
 pub use worker::WorkerSettings;
 
 /// One discovered plugin directory and what became of it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct PluginRecord {
     pub manifest_path: PathBuf,
     /// `None` when the manifest itself could not be parsed.
@@ -33,9 +33,12 @@ pub struct PluginRecord {
     pub state: PluginState,
     /// Where its code runs (or would have run, when refused).
     pub isolation: Isolation,
+    /// The directory's contents when it was read ([`fingerprint`]): a change is a new
+    /// version of the plugin.
+    pub fingerprint: String,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum PluginState {
     Loaded(Plugin),
     Refused { label: &'static str, reason: String },
@@ -154,6 +157,54 @@ fn manifest_paths(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// What a plugin directory holds now: its manifest's bytes, and each file's name, size,
+/// modification time and inode (following links). A new library — a new image mounted by the
+/// operator, or a file replaced by hand — changes it; hashing the libraries themselves on
+/// every check would read tens of megabytes for nothing.
+pub fn fingerprint(manifest_path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = Sha256::new();
+    h.update(std::fs::read(manifest_path).unwrap_or_default());
+    let dir = manifest_path.parent().unwrap_or(Path::new("."));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    for f in files {
+        if let Ok(md) = std::fs::metadata(&f) {
+            h.update(f.to_string_lossy().as_bytes());
+            h.update(md.len().to_le_bytes());
+            h.update(md.mtime().to_le_bytes());
+            h.update(md.mtime_nsec().to_le_bytes());
+            h.update(md.ino().to_le_bytes());
+        }
+    }
+    hex::encode(h.finalize())
+}
+
+/// A plugin whose library changed on disk since the registry read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginChange {
+    pub id: String,
+    /// The new manifest's version, when it parses.
+    pub version: Option<String>,
+    pub kind: ChangeKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// A new version passed every check (in a probe worker) and is in the new registry; its
+    /// models still run the old one until they are shadow-loaded.
+    Loaded,
+    /// The new version was refused; the new registry keeps the old one.
+    Refused(String),
+    /// An in-process plugin changed: a running node cannot replace mapped code.
+    RestartRequired,
+    /// A plugin directory that was not there before.
+    Added,
+}
+
 fn sha256_file(path: &Path) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
     let mut f = std::fs::File::open(path)?;
@@ -216,12 +267,14 @@ impl EngineRegistry {
             m.as_ref()
                 .map_or(host.isolation.default, |m| host.isolation.for_plugin(&m.id))
         };
+        let print = fingerprint(manifest_path);
         let refuse =
             |manifest: Option<PluginManifest>, label: &'static str, reason: String| PluginRecord {
                 manifest_path: manifest_path.to_path_buf(),
                 isolation: isolation(&manifest),
                 manifest,
                 state: PluginState::Refused { label, reason },
+                fingerprint: print.clone(),
             };
         let manifest = match PluginManifest::read(manifest_path) {
             Ok(m) => m,
@@ -269,8 +322,115 @@ impl EngineRegistry {
                 isolation: p.isolation(),
                 manifest: Some(manifest),
                 state: PluginState::Loaded(p),
+                fingerprint: print.clone(),
             },
             Err(e) => refuse(Some(manifest), e.metric_label(), e.to_string()),
+        }
+    }
+
+    /// Whether any plugin directory differs from what this registry read.
+    pub fn changed_on_disk(&self) -> bool {
+        let now = manifest_paths(&self.plugins_dir);
+        now.len() != self.records.len()
+            || now.iter().any(|p| {
+                self.records
+                    .iter()
+                    .find(|r| &r.manifest_path == p)
+                    .is_none_or(|r| r.fingerprint != fingerprint(p))
+            })
+    }
+
+    /// A registry for the plugin tree as it is now. An unchanged plugin keeps its loaded
+    /// plugin. A changed plugin in `process` isolation is checked again in a probe worker: a
+    /// version that passes replaces it, one that fails leaves the old one in place. A changed
+    /// in-process plugin keeps its loaded library (mapped code cannot be replaced in a
+    /// running process). A new directory is loaded; a removed one is dropped.
+    pub fn refresh(
+        &self,
+        config: &EngineConfig,
+        host: &HostSettings,
+    ) -> (EngineRegistry, Vec<PluginChange>) {
+        let mut records: Vec<PluginRecord> = Vec::new();
+        let mut changes = Vec::new();
+        for path in manifest_paths(&self.plugins_dir) {
+            let old = self.records.iter().find(|r| r.manifest_path == path);
+            let print = fingerprint(&path);
+            let Some(old) = old else {
+                let rec = Self::load_one(&path, config, &records, host);
+                changes.push(PluginChange {
+                    id: rec.id(),
+                    version: rec.manifest.as_ref().map(|m| m.version.clone()),
+                    kind: ChangeKind::Added,
+                });
+                records.push(rec);
+                continue;
+            };
+            if old.fingerprint == print {
+                records.push(old.clone());
+                continue;
+            }
+            let version = PluginManifest::read(&path).ok().map(|m| m.version);
+            if old.plugin().is_some() && old.isolation == Isolation::InProcess {
+                changes.push(PluginChange {
+                    id: old.id(),
+                    version,
+                    kind: ChangeKind::RestartRequired,
+                });
+                // Seen: the change is reported once, not on every check.
+                records.push(PluginRecord {
+                    fingerprint: print,
+                    ..old.clone()
+                });
+                continue;
+            }
+            // Checked against the plugins before it, as at discovery (ids must not clash).
+            let earlier: Vec<PluginRecord> = records.clone();
+            let rec = Self::load_one(&path, config, &earlier, host);
+            match &rec.state {
+                PluginState::Loaded(_) => {
+                    changes.push(PluginChange {
+                        id: rec.id(),
+                        version,
+                        kind: ChangeKind::Loaded,
+                    });
+                    records.push(rec);
+                }
+                PluginState::Refused { reason, .. } => {
+                    changes.push(PluginChange {
+                        id: old.id(),
+                        version,
+                        kind: ChangeKind::Refused(reason.clone()),
+                    });
+                    if old.plugin().is_some() {
+                        records.push(PluginRecord {
+                            fingerprint: print,
+                            ..old.clone()
+                        });
+                    } else {
+                        records.push(rec);
+                    }
+                }
+            }
+        }
+        let reg = EngineRegistry {
+            plugins_dir: self.plugins_dir.clone(),
+            backend: self.backend,
+            records,
+        };
+        (reg, changes)
+    }
+
+    /// Put `old`'s record for plugin `id` back in place of this registry's (an update whose
+    /// models failed their shadow load).
+    pub fn keep_old(&mut self, id: &str, old: &EngineRegistry) {
+        if let (Some(i), Some(o)) = (
+            self.records.iter().position(|r| r.id() == id),
+            old.records.iter().find(|r| r.id() == id),
+        ) {
+            self.records[i] = PluginRecord {
+                fingerprint: self.records[i].fingerprint.clone(),
+                ..o.clone()
+            };
         }
     }
 

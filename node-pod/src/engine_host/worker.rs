@@ -28,10 +28,38 @@ use super::plugin::OpenError;
 #[derive(Debug)]
 pub struct RemotePlugin {
     pub id: String,
+    /// The node's private copy of the library the probe checked ([`pin`]).
     pub binary: PathBuf,
+    /// The directory the library came from, searched for the libraries it needs.
+    pub lib_dir: PathBuf,
     pub config: EngineConfig,
     pub info: EngineInfo,
     pub settings: WorkerSettings,
+}
+
+/// A private copy of `binary`, named by its content, that every worker of this version opens:
+/// the version a probe checked is the version the workers run, even after the file in the
+/// plugin directory is replaced by another (which a plugin update then checks on its own).
+fn pin(binary: &Path) -> Result<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    let bytes =
+        std::fs::read(binary).map_err(|e| format!("cannot read {}: {e}", binary.display()))?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    let dir = client::private_dir()
+        .map_err(|e| format!("cannot make the worker directory: {e}"))?
+        .join("lib");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    let name = binary
+        .file_name()
+        .map_or_else(|| "plugin.so".into(), |n| n.to_string_lossy().into_owned());
+    let pinned = dir.join(format!("{}-{name}", &digest[..16]));
+    if !pinned.is_file() {
+        let tmp = dir.join(format!(".{}-{name}.tmp", &digest[..16]));
+        std::fs::write(&tmp, &bytes)
+            .and_then(|()| std::fs::rename(&tmp, &pinned))
+            .map_err(|e| format!("cannot copy {}: {e}", binary.display()))?;
+    }
+    Ok(pinned)
 }
 
 /// The refusal labels a worker may report, as the static labels the registry keeps.
@@ -61,9 +89,11 @@ impl RemotePlugin {
     ) -> Result<RemotePlugin, OpenError> {
         let in_worker =
             |label: &'static str, message: String| OpenError::InWorker { label, message };
-        let worker = Worker::spawn(settings, id, "(probe)")
+        let lib_dir = binary.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let pinned = pin(binary).map_err(|e| in_worker("binary_unreadable", e))?;
+        let worker = Worker::spawn(settings, id, "(probe)", &lib_dir)
             .map_err(|e| in_worker("worker_failed", e.message))?;
-        let info = match worker.open(id, binary, config) {
+        let info = match worker.open(id, &pinned, config) {
             Ok(Ok(info)) => info,
             Ok(Err((label, message))) => return Err(in_worker(static_label(&label), message)),
             Err(e) => return Err(in_worker("worker_crashed", e.message)),
@@ -71,7 +101,8 @@ impl RemotePlugin {
         drop(worker);
         Ok(RemotePlugin {
             id: id.to_string(),
-            binary: binary.to_path_buf(),
+            binary: pinned,
+            lib_dir,
             config: config.clone(),
             info,
             settings: settings.clone(),
@@ -83,7 +114,7 @@ impl RemotePlugin {
         &self,
         desc: &ModelDescriptor,
     ) -> Result<(Arc<Worker>, gantry_engine_abi::ModelInfo), EngineError> {
-        let worker = Worker::spawn(&self.settings, &self.id, &desc.model_id)?;
+        let worker = Worker::spawn(&self.settings, &self.id, &desc.model_id, &self.lib_dir)?;
         match worker.open(&self.id, &self.binary, &self.config)? {
             Ok(_) => {}
             Err((label, message)) => {

@@ -18,7 +18,7 @@ use gantry_api::CrashStatus;
 use super::{ModelState, Node, ServedModel};
 use crate::engine_host::worker::Crash;
 use crate::memory::Note;
-use crate::scheduler::{GenEvent, GenerateJob, Job};
+use crate::scheduler::{GenEvent, GenerateJob};
 
 /// A crash this long after the previous one starts the backoff again.
 pub const QUIET: Duration = Duration::from_secs(60);
@@ -184,9 +184,7 @@ impl Node {
                                 .crash_retries
                                 .with_label_values(&[&crash.model, "retried"])
                                 .inc();
-                            if let Err(Job::Generate(j)) =
-                                r.scheduler.submit_or_return(Job::Generate(job))
-                            {
+                            if let Err(j) = r.scheduler.submit_or_return(job) {
                                 let _ = j.events.send(GenEvent::Error(crash.error()));
                             }
                         }

@@ -16,6 +16,7 @@ use gantry_api::{ArtifactState, ArtifactStatus, EngineVerdict};
 use gantry_engine_abi::{ModelDescriptor, Status};
 
 use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
+use crate::engine_host::Plugin;
 use crate::memory::{Pool, Refusal};
 use crate::scheduler::{ModelFigures, Replica, Replicas, SchedulerSettings};
 use crate::template::{ChatTemplate, TemplateSource};
@@ -165,7 +166,7 @@ impl Node {
         if m.is_retired() || !matches!(m.state(), ModelState::Idle) {
             return;
         }
-        let Some(reg) = self.registry.get() else {
+        let Some(reg) = self.registry_now() else {
             return;
         };
         let plugin_id = match m.verdict.read().ok().and_then(|v| v.clone()) {
@@ -196,76 +197,18 @@ impl Node {
             return;
         }
         m.set(ModelState::Loading);
-        let t0 = Instant::now();
-        // One engine instance per replica; a replica that fails takes the others down with it
-        // (dropping them unloads them), so a model is either fully loaded or not at all.
-        let mut loaded = Vec::with_capacity(placement.len());
-        for (i, devices) in placement.iter().enumerate() {
-            let which = if placement.len() > 1 {
-                format!(" (replica {i} of {})", placement.len())
-            } else {
-                String::new()
-            };
-            let desc = ModelDescriptor {
-                model_id: m.config.id.clone(),
-                model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
-                primary_file: primary.clone(),
-                format: m.format,
-                quantization: m
-                    .fetched
-                    .get()
-                    .and_then(|f| f.quantization.clone())
-                    .or_else(|| m.config.quantization.clone()),
-                mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
-                context_length: m.config.context_length.unwrap_or(0),
-                max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
-                device_ids: devices.iter().map(|d| *d as i32).collect(),
-            };
-            match plugin.load_model(&desc) {
-                Ok(x) => loaded.push(x),
-                Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
-                    // The engine refused and freed what it had (no partial loads).
-                    let pool = if e.status == Status::OomVram {
-                        Pool::Vram
-                    } else {
-                        Pool::Ram
-                    };
-                    let message = format!(
-                        "{}: the engine refused model `{}`{which}: {}",
-                        e.status, m.config.id, e.message
-                    );
-                    drop(loaded);
-                    let never_fits = false;
-                    self.refuse_load(
-                        m,
-                        Refusal {
-                            pool,
-                            message,
-                            never_fits,
-                        },
-                    );
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!(model = %m.config.id, error = %e, "model load failed{which}");
-                    drop(loaded);
-                    m.set(ModelState::Failed(format!("load failed{which}: {e}")));
-                    return;
-                }
+        let ready = match self.build_ready(m, &plugin_id, plugin, &primary, &placement) {
+            Ok(r) => r,
+            Err(BuildError::Refused(r)) => {
+                self.refuse_load(m, r);
+                return;
             }
-        }
-        let load_s = t0.elapsed().as_secs_f64();
-        self.metrics
-            .model_load_seconds
-            .with_label_values(&[&m.config.id])
-            .set(load_s);
-        let Some((shared, _)) = loaded.first() else {
-            m.set(ModelState::Failed("load failed: no replica".into()));
-            return;
+            Err(BuildError::Failed(why)) => {
+                m.set(ModelState::Failed(why));
+                return;
+            }
         };
-        let shared = shared.clone();
-        let info = shared.info().clone();
-        let reported: u64 = loaded.iter().map(|(s, _)| s.info().bytes_used).sum();
+        let reported = ready.scheduler.bytes_used();
         // What the load really took on its devices, checked against the engine's figure.
         let after = self.devices.refresh();
         self.metrics.set_devices(&after);
@@ -291,24 +234,90 @@ impl Node {
             .model_memory_bytes
             .with_label_values(&[&m.config.id])
             .set(reported.max(measured.unwrap_or(0)) as f64);
-        let model_dir = primary.parent().unwrap_or(Path::new("."));
-        let template = match choose_template(&m.config, &info, model_dir) {
-            Ok(t) => t,
-            Err(e) => {
-                m.set(ModelState::Failed(format!("chat template: {e}")));
-                return;
+        m.set(ModelState::Ready(ready));
+        m.memory.set_note(None);
+        self.after_load(m);
+    }
+
+    /// Load every replica of `m` with `plugin` and start their schedulers: a ready model, not
+    /// yet installed in `m` (a load installs it; a plugin update installs it only once its
+    /// warm-up passed). Blocking.
+    pub(crate) fn build_ready(
+        &self,
+        m: &ServedModel,
+        plugin_id: &str,
+        plugin: &Plugin,
+        primary: &Path,
+        placement: &[Vec<u32>],
+    ) -> Result<Arc<ReadyModel>, BuildError> {
+        let t0 = Instant::now();
+        // One engine instance per replica; a replica that fails takes the others down with it
+        // (dropping them unloads them), so a model is either fully loaded or not at all.
+        let mut loaded = Vec::with_capacity(placement.len());
+        for (i, devices) in placement.iter().enumerate() {
+            let which = if placement.len() > 1 {
+                format!(" (replica {i} of {})", placement.len())
+            } else {
+                String::new()
+            };
+            let desc = ModelDescriptor {
+                model_id: m.config.id.clone(),
+                model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                primary_file: primary.to_path_buf(),
+                format: m.format,
+                quantization: m
+                    .fetched
+                    .get()
+                    .and_then(|f| f.quantization.clone())
+                    .or_else(|| m.config.quantization.clone()),
+                mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
+                context_length: m.config.context_length.unwrap_or(0),
+                max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
+                device_ids: devices.iter().map(|d| *d as i32).collect(),
+            };
+            match plugin.load_model(&desc) {
+                Ok(x) => loaded.push(x),
+                Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
+                    // The engine refused and freed what it had (no partial loads).
+                    let pool = if e.status == Status::OomVram {
+                        Pool::Vram
+                    } else {
+                        Pool::Ram
+                    };
+                    let message = format!(
+                        "{}: the engine refused model `{}`{which}: {}",
+                        e.status, m.config.id, e.message
+                    );
+                    return Err(BuildError::Refused(Refusal {
+                        pool,
+                        message,
+                        never_fits: false,
+                    }));
+                }
+                Err(e) => {
+                    tracing::error!(model = %m.config.id, error = %e, "model load failed{which}");
+                    return Err(BuildError::Failed(format!("load failed{which}: {e}")));
+                }
             }
+        }
+        let load_s = t0.elapsed().as_secs_f64();
+        self.metrics
+            .model_load_seconds
+            .with_label_values(&[&m.config.id])
+            .set(load_s);
+        let Some((shared, _)) = loaded.first() else {
+            return Err(BuildError::Failed("load failed: no replica".into()));
         };
+        let shared = shared.clone();
+        let info = shared.info().clone();
+        let model_dir = primary.parent().unwrap_or(Path::new("."));
+        let template = choose_template(&m.config, &info, model_dir)
+            .map_err(|e| BuildError::Failed(format!("chat template: {e}")))?;
         if template.source() == TemplateSource::DefaultChatml {
             tracing::warn!(model = %m.config.id, "the model has no chat template; using the default ChatML template");
         }
-        let tokenizer = match Tokenizer::for_model(model_dir, shared.clone()) {
-            Ok(t) => t,
-            Err(e) => {
-                m.set(ModelState::Failed(format!("tokenizer: {e}")));
-                return;
-            }
-        };
+        let tokenizer = Tokenizer::for_model(model_dir, shared.clone())
+            .map_err(|e| BuildError::Failed(format!("tokenizer: {e}")))?;
         let sched = &self.config.scheduler;
         let settings = SchedulerSettings {
             prefill_chunk_tokens: sched.prefill_chunk_tokens as usize,
@@ -334,7 +343,7 @@ impl Node {
         };
         let mut replicas = Vec::with_capacity(loaded.len());
         for (i, (rep_shared, exec)) in loaded.into_iter().enumerate() {
-            match crate::scheduler::spawn(
+            let scheduler = crate::scheduler::spawn(
                 m.config.id.clone(),
                 exec,
                 self.metrics.clone(),
@@ -342,27 +351,16 @@ impl Node {
                 watch.clone(),
                 figures.clone(),
                 i,
-            ) {
-                Ok(scheduler) => replicas.push(Replica {
-                    scheduler,
-                    shared: rep_shared,
-                }),
-                Err(e) => {
-                    m.set(ModelState::Failed(format!(
-                        "cannot start the scheduler: {e}"
-                    )));
-                    return;
-                }
-            }
+            )
+            .map_err(|e| BuildError::Failed(format!("cannot start the scheduler: {e}")))?;
+            replicas.push(Replica {
+                scheduler,
+                shared: rep_shared,
+            });
         }
-        let scheduler = match Replicas::new(replicas, figures) {
-            Ok(r) => r,
-            Err(e) => {
-                m.set(ModelState::Failed(format!("load failed: {e}")));
-                return;
-            }
-        };
-        tracing::info!(model = %m.config.id, plugin = %plugin_id, load_s, replicas = scheduler.len(), ctx = info.context_length, kv = scheduler.figures.kv_capacity, template = template.source().as_str(), "model ready");
+        let scheduler = Replicas::new(replicas, figures)
+            .map_err(|e| BuildError::Failed(format!("load failed: {e}")))?;
+        tracing::info!(model = %m.config.id, plugin = %plugin_id, version = %plugin.info().engine_version, load_s, replicas = scheduler.len(), ctx = info.context_length, kv = scheduler.figures.kv_capacity, template = template.source().as_str(), "model ready");
         let vocabulary = Arc::new(crate::constraint::Vocabulary::new(shared.clone()));
         if shared.supports_token_mask() && info.supports_completion() {
             // Build the constrained-decoding vocabulary now, off the request path, so the
@@ -372,17 +370,23 @@ impl Node {
                 .name(format!("vocab-{}", m.config.id))
                 .spawn(move || v.compiler().map(drop));
         }
-        m.set(ModelState::Ready(Arc::new(ReadyModel {
+        Ok(Arc::new(ReadyModel {
             shared,
             scheduler,
             template,
             tokenizer,
-            plugin: plugin_id,
+            plugin: plugin_id.to_string(),
             vocabulary,
-        })));
-        m.memory.set_note(None);
-        self.after_load(m);
+        }))
     }
+}
+
+/// Why [`Node::build_ready`] gave no ready model.
+#[derive(Debug)]
+pub(crate) enum BuildError {
+    /// The engine refused it for memory (507 with the pool's code).
+    Refused(Refusal),
+    Failed(String),
 }
 
 /// Override > the model's own (GGUF or tokenizer_config.json) > ChatML.

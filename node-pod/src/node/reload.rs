@@ -252,11 +252,24 @@ impl Node {
     }
 
     /// Node-wide settings the running config file changed that wait for a restart.
+    /// Also each in-process plugin whose library changed on disk (`plugin <id>`).
     pub fn restart_required(&self) -> Vec<String> {
-        self.restart_required
+        let mut out = self
+            .restart_required
             .read()
             .map(|r| r.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let updates = self
+            .plugin_updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        out.extend(
+            updates
+                .iter()
+                .filter(|(_, (u, _))| u.state == "restartRequired")
+                .map(|(id, _)| format!("plugin {id}")),
+        );
+        out
     }
 
     /// The longest a drain waits for `m`'s requests: the longer of its default request

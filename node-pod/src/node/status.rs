@@ -19,7 +19,7 @@ impl Node {
     /// (their state is in `/v1/status`): a new model does not take readiness from a node
     /// that serves the others.
     pub fn is_ready(&self) -> bool {
-        if self.draining.load(Ordering::SeqCst) || self.registry.get().is_none() {
+        if self.draining.load(Ordering::SeqCst) || self.registry_now().is_none() {
             return false;
         }
         let models = self.models();
@@ -39,9 +39,14 @@ impl Node {
 
     /// The document served at `/v1/status`.
     pub fn status(&self) -> NodeStatus {
+        let updates = self
+            .plugin_updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let now = std::time::Instant::now();
         let plugins = self
-            .registry
-            .get()
+            .registry_now()
             .map(|reg| {
                 reg.records
                     .iter()
@@ -54,7 +59,7 @@ impl Node {
                             }
                         };
                         PluginStatus {
-                            id: s.id,
+                            id: s.id.clone(),
                             version: s.version,
                             abi_version: s.abi_version,
                             gpu_backend: s.gpu_backend,
@@ -63,6 +68,10 @@ impl Node {
                             isolation: s.isolation.to_string(),
                             reason,
                             message,
+                            update: updates.get(&s.id).map(|(u, at)| gantry_api::PluginUpdate {
+                                seconds_ago: now.duration_since(*at).as_secs(),
+                                ..u.clone()
+                            }),
                         }
                     })
                     .collect()

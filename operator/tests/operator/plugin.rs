@@ -50,6 +50,7 @@ fn plugin_status(loaded: bool, reason: Option<&str>, message: Option<&str>) -> P
         isolation: "inProcess".into(),
         reason: reason.map(Into::into),
         message: message.map(Into::into),
+        update: None,
     }
 }
 

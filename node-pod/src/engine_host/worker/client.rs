@@ -160,8 +160,8 @@ impl Life {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// A private directory for this node's worker sockets.
-fn socket_dir() -> std::io::Result<PathBuf> {
+/// A private directory for this node's worker sockets and pinned libraries.
+pub fn private_dir() -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = std::env::temp_dir().join(format!("gantry-workers-{}", std::process::id()));
     if !dir.is_dir() {
@@ -171,6 +171,16 @@ fn socket_dir() -> std::io::Result<PathBuf> {
             .create(&dir)?;
     }
     Ok(dir)
+}
+
+/// `lib_dir` first, then what the node had.
+fn library_path(lib_dir: &Path) -> std::ffi::OsString {
+    let mut v = lib_dir.as_os_str().to_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+        v.push(":");
+        v.push(old);
+    }
+    v
 }
 
 /// Where the step mappings live: tmpfs (`/dev/shm`) when the pod has it, else the temp dir.
@@ -211,18 +221,21 @@ fn io_error(what: &str, e: std::io::Error) -> EngineError {
 }
 
 impl Worker {
-    /// Start a worker and connect to it. `model` names what it will serve (for messages).
+    /// Start a worker and connect to it. `model` names what it will serve (for messages);
+    /// `lib_dir` (the plugin's own directory) is searched for the libraries it needs.
     pub fn spawn(
         settings: &WorkerSettings,
         plugin: &str,
         model: &str,
+        lib_dir: &Path,
     ) -> Result<Arc<Worker>, EngineError> {
-        let dir = socket_dir().map_err(|e| io_error("socket directory", e))?;
+        let dir = private_dir().map_err(|e| io_error("socket directory", e))?;
         let socket = dir.join(format!("w{}.sock", NEXT.fetch_add(1, Ordering::Relaxed)));
         let mut child = Command::new(&settings.exe)
             .arg("engine-worker")
             .arg("--socket")
             .arg(&socket)
+            .env("LD_LIBRARY_PATH", library_path(lib_dir))
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| io_error(&format!("cannot start {}", settings.exe.display()), e))?;
