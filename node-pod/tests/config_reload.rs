@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::node_metrics as metrics;
 use common::{NodeProc, http, profile_dir, spawn_node_with_config, stream, wait_ready};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
@@ -117,17 +118,6 @@ async fn get_json(node: &NodeProc, path: &str) -> Value {
         .json()
         .await
         .expect("json")
-}
-
-async fn metrics(node: &NodeProc) -> String {
-    http()
-        .get(format!("{}/metrics", node.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
 }
 
 /// The value of one series, `None` when it is not exported.

@@ -10,7 +10,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::node_status as status;
 use common::*;
+
+async fn post(node: &NodeProc, body: Value) -> (u16, Value) {
+    post_json(node, "/v1/completions", body).await
+}
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
@@ -35,28 +40,6 @@ fn toy_gguf(dir: &Path, stem: &str) -> PathBuf {
     };
     write_tiny_gguf(&p, &spec).expect("toy gguf");
     p
-}
-
-async fn post(node: &NodeProc, body: Value) -> (u16, Value) {
-    let r = http()
-        .post(format!("{}/v1/completions", node.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
-    let s = r.status().as_u16();
-    (s, r.json().await.unwrap_or(Value::Null))
-}
-
-async fn status(node: &NodeProc) -> Value {
-    http()
-        .get(format!("{}/v1/status", node.base))
-        .send()
-        .await
-        .expect("status")
-        .json()
-        .await
-        .expect("status json")
 }
 
 fn model<'a>(status: &'a Value, id: &str) -> &'a Value {
@@ -214,14 +197,7 @@ async fn every_fault_in_a_worker_ends_that_model_only_and_the_model_comes_back()
     );
     assert!(model(&s, "healthy")["crashes"].is_null(), "{s}");
 
-    let metrics = http()
-        .get(format!("{}/metrics", node.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = node_metrics(&node).await;
     for line in [
         r#"gantry_engine_crashes_total{model="segv",plugin="faulty",reason="crashed"} 2"#,
         r#"gantry_engine_crashes_total{model="hang",plugin="faulty",reason="hung"} 2"#,

@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use common::{node_metrics as metrics_text, node_status as status, post_json as post};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
@@ -35,28 +36,6 @@ fn node_with(spec: TinyModelSpec, extra_model: Value, scheduler: Value) -> NodeP
     }
     let config = json!({"models": [model], "scheduler": scheduler});
     start(config, &profile_dir().join("engines"), dir)
-}
-
-async fn post(node: &NodeProc, path: &str, body: Value) -> (u16, Value) {
-    let r = http()
-        .post(format!("{}{path}", node.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-async fn status(node: &NodeProc) -> Value {
-    http()
-        .get(format!("{}/v1/status", node.base))
-        .send()
-        .await
-        .expect("status")
-        .json()
-        .await
-        .expect("json")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -116,17 +95,6 @@ async fn open_stream(
                "max_tokens": max_tokens, "temperature": 0, "stream": true}),
     )
     .await
-}
-
-async fn metrics_text(node: &NodeProc) -> String {
-    http()
-        .get(format!("{}/metrics", node.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -295,3 +295,43 @@ pub fn step_new_sequence(exec: &mut ModelExec, tokens: &[i32], fresh: bool) -> (
         .expect("step");
     (seq, out[0].as_ref().expect("sampled").token)
 }
+
+/// POST `body` as JSON to `path`; the status and the JSON answer (null when not JSON).
+pub async fn post_json(
+    node: &NodeProc,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = http()
+        .post(format!("{}{path}", node.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// `GET /v1/status`.
+pub async fn node_status(node: &NodeProc) -> serde_json::Value {
+    http()
+        .get(format!("{}/v1/status", node.base))
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// `GET /metrics` as text.
+pub async fn node_metrics(node: &NodeProc) -> String {
+    http()
+        .get(format!("{}/metrics", node.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
