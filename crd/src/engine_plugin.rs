@@ -1,13 +1,14 @@
 //! Custom resources, `EnginePlugin` (cluster-scoped): the types the EnginePlugin reconcile reads
 //! and whose status it writes, and that the Model reconcile's engine selection chooses from.
 
+use gantry_api::config::Isolation;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::model::{ENGINE_ID_PATTERN, ModelFormat};
-use super::schema::conditions_schema;
+use super::schema::{conditions_schema, isolation_schema};
 
 /// Container image references: `registry/path[:tag][@sha256:digest]`.
 pub const IMAGE_PATTERN: &str = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$";
@@ -114,6 +115,15 @@ pub struct EnginePluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = LIBRARY_PATH_PATTERN), length(max = 1024))]
     pub library_path: Option<String>,
+    /// Where the node runs this plugin's code: `inProcess` (in the node process: no extra copy
+    /// or hop per step, but a crash in the plugin takes down the whole node pod and every model
+    /// on it) or `process` (each loaded model in its own `gantry-node engine-worker` process: a
+    /// crash or hang ends only that model's worker, which the node restarts with backoff, at
+    /// the cost of one extra process per loaded model). Absent: the node's default,
+    /// `inProcess`. Changing it restarts the node pods that mount the plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "isolation_schema")]
+    pub isolation: Option<Isolation>,
 }
 
 impl EnginePluginSpec {

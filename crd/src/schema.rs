@@ -1,6 +1,7 @@
 //! Custom resources, schema helpers: hand-written schema fragments where the derived ones would
 //! not validate at admission or would not merge well under server-side apply.
 
+use gantry_api::config::Isolation;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::{Schema, SchemaGenerator, json_schema};
 
@@ -19,6 +20,20 @@ pub fn quantity_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Every engine isolation mode, in the order the schema lists them.
+pub const ISOLATION_MODES: [Isolation; 2] = [Isolation::InProcess, Isolation::Process];
+
+/// An optional `Isolation` field: a plain string enum of [`ISOLATION_MODES`]. The derived
+/// schema of an optional enum carries the type's doc in place of the field's, which is what
+/// `kubectl explain` should show; the field is omitted when unset, never sent as `null`.
+pub fn isolation_schema(_: &mut SchemaGenerator) -> Schema {
+    let modes: Vec<&str> = ISOLATION_MODES.iter().map(|m| m.as_str()).collect();
+    json_schema!({
+        "type": "string",
+        "enum": modes,
+    })
+}
+
 /// `conditions`: a list map keyed by `type`, so server-side apply merges conditions by type
 /// rather than replacing the list wholesale.
 pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
@@ -29,4 +44,28 @@ pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
         serde_json::json!(["type"]),
     );
     schema
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_isolation_schema_lists_every_mode_as_serde_spells_it() {
+        for mode in ISOLATION_MODES {
+            // A new mode does not compile here until it is listed in ISOLATION_MODES.
+            match mode {
+                Isolation::InProcess | Isolation::Process => {}
+            }
+            assert_eq!(
+                serde_json::to_value(mode).expect("json"),
+                serde_json::json!(mode.as_str())
+            );
+        }
+        let schema = isolation_schema(&mut SchemaGenerator::default());
+        assert_eq!(
+            schema.get("enum"),
+            Some(&serde_json::json!(["inProcess", "process"]))
+        );
+    }
 }

@@ -91,15 +91,17 @@ impl BuildError {
     }
 }
 
-/// Build every owned object for `model`, mounting `plugins`: renders the node config, then
-/// [`assemble`]s. The reconcile has rendered it already (the observe step needs its hash) and
-/// calls [`assemble`] directly.
+/// Build every owned object for `model`, mounting `plugins`: renders the node config (its
+/// `isolation` covering `plugins`), then [`assemble`]s. The reconcile has rendered it already
+/// (the observe step needs its hash), for every plugin the pods may mount, and calls
+/// [`assemble`] directly; the two agree wherever no plugin sets `spec.isolation` or the
+/// architecture is still pending.
 pub fn build(
     model: &ValidModel,
     plugins: &[&EnginePlugin],
     settings: &Settings,
 ) -> Result<OwnedObjects, BuildError> {
-    let config = node_config::render(model)?;
+    let config = node_config::render(model, plugins)?;
     assemble(model, &config, plugins, settings)
 }
 

@@ -129,7 +129,10 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
         // A pool member gets no pods of its own: its pool's reconcile serves it.
         return crate::pool::member_status(model, &valid, pool, ctx).await;
     }
-    let config = node_config::render(&valid)?;
+    // The config names the isolation of every plugin the pods may mount, whatever the
+    // architecture: selection without it, so the hash is known before the reports are read.
+    let may_mount = resolve::resolve(&valid, None, &observed.plugins, ctx.settings.abi_major);
+    let config = node_config::render(&valid, &may_mount.mounted())?;
     let observation = observe::observe(
         &valid,
         &config.hash,

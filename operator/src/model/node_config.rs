@@ -3,13 +3,22 @@
 //!
 //! The hash goes on the pod template (`gantry.dev/config-hash`); the observe step uses it to
 //! tell node pods running the current config from pods still rolling out, and the build step
-//! puts the YAML into the ConfigMap. Nothing here depends on the engine, so it is known before
-//! engine selection, which needs the architecture those current pods report.
+//! puts the YAML into the ConfigMap. It must be known before engine selection, which needs the
+//! architecture those current pods report, so nothing here depends on the selected engine.
+//!
+//! The one engine fact in it is `isolation`: the mode (`spec.isolation`) of every EnginePlugin
+//! the pods may mount, keyed by engine id (the plugin manifest's `id`, which the node looks
+//! modes up by). "May mount" is selection without the architecture (pin, acceptance, backend,
+//! format), a superset of the plugin selection settles on, so the config does not change when
+//! the first report names the architecture, and changing a plugin's isolation changes the hash
+//! and rolls the pods (the node opens a plugin once, in the mode it started with).
 
+use gantry_api::config::IsolationConfig;
 use gantry_api::{ModelConfig, NodeConfig};
 use sha2::{Digest, Sha256};
 
 use crate::model::validate::ValidModel;
+use gantry_crd::EnginePlugin;
 use gantry_crd::names::NODE_CACHE_DIR;
 
 /// The node config of one Model as the node reads it.
@@ -38,21 +47,44 @@ impl RenderError {
     }
 }
 
-/// Render `model`'s node config and hash it.
-pub fn render(model: &ValidModel) -> Result<RenderedConfig, RenderError> {
-    let yaml = serde_yaml::to_string(&node_config(model)).map_err(RenderError::Yaml)?;
+/// Render `model`'s node config for pods that may mount `plugins` and hash it.
+pub fn render(
+    model: &ValidModel,
+    plugins: &[&EnginePlugin],
+) -> Result<RenderedConfig, RenderError> {
+    let yaml = serde_yaml::to_string(&node_config(model, plugins)).map_err(RenderError::Yaml)?;
     let hash = short_hash(yaml.as_bytes());
     Ok(RenderedConfig { yaml, hash })
 }
 
-/// The node's model config (YAML) for one Model: the node's own type, so the node reads
-/// exactly what is rendered here.
-pub fn node_config(model: &ValidModel) -> NodeConfig {
+/// The node's model config (YAML) for one Model whose pods may mount `plugins`: the node's own
+/// type, so the node reads exactly what is rendered here.
+pub fn node_config(model: &ValidModel, plugins: &[&EnginePlugin]) -> NodeConfig {
     NodeConfig {
         models: vec![model_config(model)],
         cache_dir: Some(NODE_CACHE_DIR.into()),
+        isolation: isolation(plugins),
         ..NodeConfig::default()
     }
+}
+
+/// The node's isolation settings for pods that may mount `plugins`: one entry per plugin that
+/// sets `spec.isolation`, by engine id; the default stays the node's (`inProcess`), so a config
+/// whose plugins set nothing has no `isolation` key at all.
+///
+/// Engine selection never mounts two plugins with one engine id for one backend, so an engine
+/// id names one plugin here; should two ever meet, the first in selection order wins.
+pub fn isolation(plugins: &[&EnginePlugin]) -> IsolationConfig {
+    let mut config = IsolationConfig::default();
+    for p in plugins {
+        if let Some(mode) = p.spec.isolation {
+            config
+                .plugins
+                .entry(p.spec.engine_id.clone())
+                .or_insert(mode);
+        }
+    }
+    config
 }
 
 /// One Model's entry in a node config (a dedicated Model's only one, or a pool member's).

@@ -1,7 +1,7 @@
 //! ModelPool reconcile, admit and render steps (pure, no client; after the read step, before
 //! build): the pool's pod template as a validated Model, which members the pool serves and
 //! which it refuses (and why), the engine plugins its pods mount, and the one node config that
-//! lists every admitted member.
+//! lists every admitted member (and the `spec.isolation` of every plugin those pods mount).
 //!
 //! The same function decides for the pool reconcile (what goes into the config) and for each
 //! member's reconcile (what its status says), so the two never disagree.
@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::context::Settings;
-use crate::model::node_config::{RenderError, RenderedConfig, model_config, short_hash};
+use crate::model::node_config::{RenderError, RenderedConfig, isolation, model_config, short_hash};
 use crate::model::resolve::{Resolution, resolve};
 use crate::model::validate::{self, Invalid, Owner, ValidModel, ValidSource, quantity_bytes};
 use crate::node_report::NodeReport;
@@ -331,9 +331,11 @@ pub fn render(pool: &ModelPool, admission: &Admission) -> Result<PoolConfig, Ren
         .map(|m| model_config(&m.valid))
         .collect();
     models.sort_by(|a, b| a.id.cmp(&b.id));
+    // The isolation of the plugins the pods mount is node-wide: it stays in the pod hash below.
     let mut node = NodeConfig {
         models,
         cache_dir: Some(NODE_CACHE_DIR.into()),
+        isolation: isolation(&admission.mounted()),
         ..NodeConfig::default()
     };
     node.scheduler.memory_watermark_percent = u64::try_from(watermark_percent(pool)).unwrap_or(90);

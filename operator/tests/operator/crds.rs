@@ -231,6 +231,8 @@ fn admission_refuses_bad_enums_patterns_and_ranges() {
         ("/spec/formats", json!([])),
         ("/spec/architectures", json!([])),
         ("/spec/mountStrategy", json!("Magic")),
+        ("/spec/isolation", json!("sandbox")),
+        ("/spec/isolation", json!("Process")),
     ] {
         let bad = with(plugin.clone(), pointer, value.clone());
         assert!(
@@ -250,6 +252,14 @@ fn admission_refuses_bad_enums_patterns_and_ranges() {
         Vec::<String>::new(),
         "digest pinning is allowed"
     );
+    for mode in ["inProcess", "process"] {
+        let isolated = with(digest_pinned.clone(), "/spec/isolation", json!(mode));
+        assert_eq!(
+            schema_errors(&crd, &isolated),
+            Vec::<String>::new(),
+            "isolation {mode} is allowed"
+        );
+    }
 }
 
 #[test]

@@ -787,6 +787,33 @@ async fn evictions_and_refused_loads_add_a_pod_to_a_pool_with_a_light_queue() {
 }
 
 #[test]
+fn a_pool_names_the_isolation_of_the_plugins_its_pods_mount_on_its_pod_hash() {
+    let (pool, members) = example();
+    let settings = Settings::default();
+    let render = |plugins: &[gantry_crd::EnginePlugin]| {
+        let template = admit::template(&pool, &settings).expect("template");
+        let a = admit::admit(&pool, &template, &members, &[], plugins, &settings);
+        admit::render(&pool, &a).expect("render")
+    };
+    let plain = render(&example_plugins());
+    let mut isolated = example_plugins();
+    isolated[0].spec.isolation = Some(gantry_api::config::Isolation::Process);
+    let rendered = render(&isolated);
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&rendered.config.yaml).expect("config");
+    assert_eq!(
+        config.isolation.plugins,
+        BTreeMap::from([(
+            "llama_cpp".to_string(),
+            gantry_api::config::Isolation::Process
+        )])
+    );
+    assert!(!plain.config.yaml.contains("isolation"));
+    // Node-wide, opened once per plugin: on the pod template's hash, so the pods roll.
+    assert_ne!(rendered.pod_hash, plain.pod_hash);
+}
+
+#[test]
 fn the_pools_watermark_reaches_its_pods_and_decides_what_fits() {
     let (mut pool, mut members) = example();
     members.push(member("mid", "mid-model", "1500Mi", 3));

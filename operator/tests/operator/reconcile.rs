@@ -11,7 +11,7 @@ use gantry_api::{
 };
 use gantry_crd::{EnginePlugin, Model, ModelStatus};
 use gantry_operator::context::{NodeNetworkPolicy, Settings};
-use gantry_operator::model::{self, build, resolve::resolve, validate::validate};
+use gantry_operator::model::{self, build, node_config, resolve::resolve, validate::validate};
 use http::Method;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::DeserializeGuard;
@@ -97,7 +97,9 @@ pub(crate) fn pods(server: &mut ApiServer, items: Vec<Value>) {
     server.seed(items);
 }
 
-/// The objects the build step makes for `m` (what a previous reconcile applied).
+/// The objects the build step makes for `m` (what a previous reconcile applied): the config
+/// rendered as the reconcile renders it (the isolation of every plugin the pods may mount),
+/// the pods mounting what selection with `arch` chooses.
 pub(crate) fn desired(
     m: &Model,
     plugins: &[EnginePlugin],
@@ -105,7 +107,9 @@ pub(crate) fn desired(
 ) -> build::OwnedObjects {
     let v = validate(m, &Settings::default()).expect("valid");
     let r = resolve(&v, arch, plugins, 1);
-    build::build(&v, &r.mounted(), &Settings::default()).expect("build")
+    let may_mount = resolve(&v, None, plugins, 1);
+    let config = node_config::render(&v, &may_mount.mounted()).expect("render");
+    build::assemble(&v, &config, &r.mounted(), &Settings::default()).expect("build")
 }
 
 pub(crate) fn ready_deployment(o: &build::OwnedObjects) -> Value {
