@@ -24,16 +24,21 @@ pub mod model {
     pub const ENGINE_RESOLVED: &str = "EngineResolved";
     /// The weights are downloaded on the node pods.
     pub const ARTIFACT_READY: &str = "ArtifactReady";
+    /// No node pod reports a recent crash of the model's engine (a worker process of a plugin
+    /// in `process` isolation, which the node restarts).
+    pub const ENGINE_HEALTHY: &str = "EngineHealthy";
     /// A rollout is under way.
     pub const PROGRESSING: &str = "Progressing";
-    /// Something needs a human: invalid spec, no engine, failed download or load, stuck rollout.
+    /// Something needs a human: invalid spec, no engine, failed download or load, a crashing
+    /// engine, stuck rollout.
     pub const DEGRADED: &str = "Degraded";
 
     /// All Model condition types, in the order status lists them.
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 6] = [
         READY,
         ENGINE_RESOLVED,
         ARTIFACT_READY,
+        ENGINE_HEALTHY,
         PROGRESSING,
         DEGRADED,
     ];
@@ -90,8 +95,16 @@ pub mod reason {
     pub const DOWNLOADING: &str = "Downloading";
     /// ArtifactReady=False / Degraded=True: a node pod reports the download failed.
     pub const DOWNLOAD_FAILED: &str = "DownloadFailed";
-    /// ArtifactReady=Unknown: no node pod has reported yet.
+    /// ArtifactReady=Unknown / EngineHealthy=Unknown: no node pod has reported yet.
     pub const AWAITING_REPORT: &str = "AwaitingReport";
+
+    // EngineHealthy
+    /// EngineHealthy=True: no node pod reports a crash of the model's engine worker in the last
+    /// minute, nor a restart waiting out its backoff.
+    pub const NO_RECENT_CRASH: &str = "NoRecentCrash";
+    /// EngineHealthy=False / Degraded=True: a node pod reports the model's engine worker crashed
+    /// or hung within the last minute, or its restart is waiting out the backoff.
+    pub const ENGINE_CRASHED: &str = "EngineCrashed";
 
     // Progressing
     /// Progressing=True: the Deployment is rolling out or scaling.

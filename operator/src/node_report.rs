@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use gantry_api::{NODE_STATUS_PATH, NodeStatus};
+use gantry_api::{CrashStatus, NODE_STATUS_PATH, NodeStatus};
 use k8s_openapi::api::core::v1::Pod;
 
 use gantry_api::node_token::{InstallToken, NODE_TOKEN_HEADER};
@@ -179,6 +179,16 @@ impl NodeReport {
             .ok()
             .and_then(|s: &NodeStatus| s.models.iter().find(|m| m.id == id))
     }
+}
+
+/// How long an engine worker's crash counts as recent: the node's quiet minute
+/// (node-pod/src/node/crash.rs `QUIET`), after which its restart backoff starts over.
+pub const CRASH_QUIET_SECONDS: u64 = 60;
+
+/// Whether a model's crash record is recent: the last crash less than
+/// [`CRASH_QUIET_SECONDS`] ago, or a restart still waiting out its backoff.
+pub fn crash_is_recent(c: &CrashStatus) -> bool {
+    c.restart_in_seconds > 0 || c.seconds_ago < CRASH_QUIET_SECONDS
 }
 
 /// Running pods with an IP; the others cannot answer yet.

@@ -4,11 +4,12 @@
 //!
 //! Cost model: a reconcile reads reports from here and asks a pod itself only when it has
 //! never been asked (it just started) or its IP changed. The poller asks each reachable node
-//! pod once per interval — 10 s while its Model is converging, 60 s once it is settled (Ready
-//! and not Progressing) — with each pod's due time spread by ±20 % from its uid, at most 64
-//! requests in flight and a 2 s timeout each. A pod whose answer differs in anything the
-//! status shows (queue figures and download speed are left out) triggers a reconcile of its
-//! Model and of the EnginePlugins it mounts; an unchanged answer triggers nothing.
+//! pod once per interval — 10 s while its Model is converging, 60 s once it is settled (Ready,
+//! not Progressing, no recent engine crash) — with each pod's due time spread by ±20 % from
+//! its uid, at most 64 requests in flight and a 2 s timeout each. A pod whose answer differs
+//! in anything the status shows (queue figures, download speed and the running seconds of a
+//! crash or a plugin update are left out) triggers a reconcile of its Model and of the
+//! EnginePlugins it mounts; an unchanged answer triggers nothing.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -55,15 +56,31 @@ pub struct Reports {
 }
 
 /// What of an answer the status is made of: everything but the queue figures and the
-/// download speed, which change with every request and are the autoscaler's to read.
+/// download speed, which change with every request and are the autoscaler's to read, and the
+/// seconds that count up on every poll: of a crash record only whether it is recent
+/// (`node_report::crash_is_recent`), of a plugin update not its age at all.
 pub fn fingerprint(status: &Result<NodeStatus, ReportError>) -> u64 {
     let mut h = DefaultHasher::new();
     match status {
         Ok(s) => {
             let mut s = s.clone();
+            for p in &mut s.plugins {
+                if let Some(u) = &mut p.update {
+                    u.seconds_ago = 0;
+                }
+            }
             for m in &mut s.models {
                 m.queue = Default::default();
                 m.artifact.bytes_per_second = 0.0;
+                if let Some(c) = &mut m.crashes {
+                    let recent = node_report::crash_is_recent(c);
+                    c.seconds_ago = if recent {
+                        0
+                    } else {
+                        node_report::CRASH_QUIET_SECONDS
+                    };
+                    c.restart_in_seconds = u64::from(c.restart_in_seconds > 0);
+                }
             }
             serde_json::to_string(&s).unwrap_or_default().hash(&mut h);
         }
@@ -179,11 +196,13 @@ pub fn stretch(key: &str) -> f64 {
     1.0 + (jitter(key) - 0.8) / 2.0
 }
 
-/// Settled: Ready and not Progressing.
+/// Settled: Ready, not Progressing, and no recent engine crash (whose end a 10 s poll sees
+/// sooner).
 fn settled(model: &Model) -> bool {
     model.status.as_ref().is_some_and(|s| {
         find(&s.conditions, cond::READY).is_some_and(|c| c.status == TRUE)
             && find(&s.conditions, cond::PROGRESSING).is_some_and(|c| c.status == FALSE)
+            && find(&s.conditions, cond::ENGINE_HEALTHY).is_none_or(|c| c.status != FALSE)
     })
 }
 

@@ -1,6 +1,7 @@
 //! Model reconcile, status step: folds the validation outcome, engine selection, the Deployment
-//! and the node pods' reports into `Model.status` (pure), then writes it only if it changed and
-//! records an Event for each notable condition transition.
+//! and the node pods' reports (engine verdicts, downloads, loads, engine worker crashes) into
+//! `Model.status` (pure), then writes it only if it changed and records an Event for each
+//! notable condition transition.
 //!
 //! Nothing in the status changes on its own: no timestamps besides
 //! `lastTransitionTime` (kept when the condition's status is unchanged), no
@@ -92,6 +93,7 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
         Decided::new(cond::READY, FALSE, reason::INVALID_SPEC, msg.clone()),
         keep(cond::ENGINE_RESOLVED),
         keep(cond::ARTIFACT_READY),
+        keep(cond::ENGINE_HEALTHY),
         keep(cond::PROGRESSING),
         Decided::new(cond::DEGRADED, TRUE, reason::INVALID_SPEC, msg),
     ];
@@ -110,7 +112,7 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
 }
 
 fn known_reason(r: &str) -> Option<&'static str> {
-    const ALL: [&str; 17] = [
+    const ALL: [&str; 19] = [
         reason::READY,
         reason::SCALED_TO_ZERO,
         reason::REPLICAS_NOT_READY,
@@ -124,6 +126,8 @@ fn known_reason(r: &str) -> Option<&'static str> {
         reason::DOWNLOADING,
         reason::DOWNLOAD_FAILED,
         reason::AWAITING_REPORT,
+        reason::NO_RECENT_CRASH,
+        reason::ENGINE_CRASHED,
         reason::ROLLING_OUT,
         reason::ROLLOUT_COMPLETE,
         reason::NOT_DEPLOYED,
@@ -192,13 +196,15 @@ fn fold_progress(deployment: Option<&Deployment>) -> (Decided, bool) {
 /// Fold a validated Model's facts into its status.
 ///
 /// `Degraded` takes the most actionable cause first (apply refused, no engine, download,
-/// load, stuck rollout); `Ready` is `False` whenever the engine is unresolved, even with
-/// pods running, because those pods cannot serve the model.
+/// load, a crashing engine, stuck rollout); `Ready` is `False` whenever the engine is
+/// unresolved, even with pods running, because those pods cannot serve the model. A crashing
+/// engine leaves `Ready` to the pods: the node restarts the worker and serves meanwhile.
 pub fn fold(f: &Facts<'_>) -> ModelStatus {
     let previous = f.model.status.clone().unwrap_or_default();
     let generation = f.model.metadata.generation;
     let (engine_cond, engine, candidates) = reports::fold_engine(f);
     let (artifact_cond, download) = reports::fold_artifact(f);
+    let health_cond = reports::fold_health(f);
     let (progress_cond, stuck) = fold_progress(f.deployment);
     let engine_failed = engine_cond.status == FALSE;
 
@@ -223,6 +229,13 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         )
     } else if let Some(msg) = load_failure {
         Decided::new(cond::DEGRADED, TRUE, reason::LOAD_FAILED, msg)
+    } else if health_cond.status == FALSE {
+        Decided::new(
+            cond::DEGRADED,
+            TRUE,
+            reason::ENGINE_CRASHED,
+            health_cond.message.clone(),
+        )
     } else if stuck {
         Decided::new(
             cond::DEGRADED,
@@ -263,7 +276,14 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         )
     };
 
-    let decided = [ready, engine_cond, artifact_cond, progress_cond, degraded];
+    let decided = [
+        ready,
+        engine_cond,
+        artifact_cond,
+        health_cond,
+        progress_cond,
+        degraded,
+    ];
     ModelStatus {
         observed_generation: generation,
         conditions: conditions::with_times(&decided, &previous.conditions, generation, f.now),

@@ -7,6 +7,7 @@ mod autoscale;
 mod build;
 mod caching;
 mod crds;
+mod isolation;
 mod leader;
 mod node_report;
 mod objects;

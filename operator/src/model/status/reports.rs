@@ -1,6 +1,6 @@
 //! Model reconcile, status step (pure part): what the node pods' reports say, folded into the
-//! `EngineResolved` and `ArtifactReady` conditions, the download progress and the load failure
-//! that `model::status::fold` weighs against the Deployment's state.
+//! `EngineResolved`, `ArtifactReady` and `EngineHealthy` conditions, the download progress and
+//! the load failure that `model::status::fold` weighs against the Deployment's state.
 //!
 //! Only reports of node pods running the current config reach here (`model::observe`).
 
@@ -9,7 +9,7 @@ use kube::ResourceExt;
 
 use super::Facts;
 use crate::model::resolve::Resolution;
-use crate::node_report::NodeReport;
+use crate::node_report::{self, NodeReport};
 use gantry_crd::conditions::{Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
 use gantry_crd::{CandidateRejection, DownloadStatus, ResolvedEngine};
 
@@ -242,4 +242,82 @@ pub(super) fn fold_load(f: &Facts<'_>) -> Option<String> {
             )
         })
     })
+}
+
+/// `EngineHealthy` from the reports' crash records (engine workers of plugins in `process`
+/// isolation; an in-process plugin's crash ends the node pod, which Kubernetes restarts).
+///
+/// `False` while some node pod's record is recent (`node_report::crash_is_recent`), naming the
+/// first such pod. The message holds only what changes with a crash or a restart (the node's
+/// words for the last crash, which name the plugin, the signal or exit code and the pid; the
+/// counts; whether a restart waits), never the running seconds, so a still world folds to the
+/// same status.
+pub(super) fn fold_health(f: &Facts<'_>) -> Decided {
+    let crashes: Vec<(&NodeReport, &gantry_api::CrashStatus)> = f
+        .reports
+        .iter()
+        .filter_map(|r| Some((*r, r.model(&f.valid.served_name)?.crashes.as_ref()?)))
+        .collect();
+    let recent: Vec<_> = crashes
+        .iter()
+        .filter(|(_, c)| node_report::crash_is_recent(c))
+        .collect();
+    if let Some((report, c)) = recent.first() {
+        let restart = if c.restart_in_seconds > 0 {
+            "its restart waits out the backoff"
+        } else {
+            "the node restarted it"
+        };
+        let others = match recent.len() - 1 {
+            0 => String::new(),
+            1 => " (and 1 more node pod)".to_string(),
+            n => format!(" (and {n} more node pods)"),
+        };
+        let msg = format!(
+            "node pod {}{others}: {} ({}); {} crash(es) since the node started, {} in a row; {restart}",
+            report.pod,
+            c.message,
+            signal_or_code(c),
+            c.count,
+            c.consecutive,
+        );
+        return Decided::new(cond::ENGINE_HEALTHY, FALSE, reason::ENGINE_CRASHED, msg);
+    }
+    if let Some((report, c)) = crashes.first() {
+        let msg = format!(
+            "no engine crash in the last minute; node pod {} counts {} since it started, the last: {} ({})",
+            report.pod,
+            c.count,
+            c.message,
+            signal_or_code(c),
+        );
+        return Decided::new(cond::ENGINE_HEALTHY, TRUE, reason::NO_RECENT_CRASH, msg);
+    }
+    if f.reports
+        .iter()
+        .any(|r| r.model(&f.valid.served_name).is_some())
+    {
+        return Decided::new(
+            cond::ENGINE_HEALTHY,
+            TRUE,
+            reason::NO_RECENT_CRASH,
+            "no node pod reports a crash of the model's engine",
+        );
+    }
+    let msg = if f.deployment.is_some() {
+        "waiting for a node pod to report"
+    } else {
+        "no node pod runs"
+    };
+    Decided::new(cond::ENGINE_HEALTHY, UNKNOWN, reason::AWAITING_REPORT, msg)
+}
+
+/// The crash's kind and cause in the node's terms: `crashed, SIGSEGV`, `hung, SIGKILL`,
+/// `crashed, exit code 3`.
+fn signal_or_code(c: &gantry_api::CrashStatus) -> String {
+    match (&c.signal, c.exit_code) {
+        (Some(signal), _) => format!("{}, {signal}", c.reason),
+        (None, Some(code)) => format!("{}, exit code {code}", c.reason),
+        (None, None) => c.reason.clone(),
+    }
 }
