@@ -316,6 +316,7 @@ async fn sigkill_during_eight_streams_retries_the_unstarted_and_ends_the_rest_cl
     }
     let new = wait_restarted(&node, "slow", Some(old), Duration::from_secs(10)).await;
     let back = killed_at.elapsed();
+    eprintln!("the model was back {back:?} after its worker was killed");
     assert!(
         back < Duration::from_secs(10),
         "the model was back in {back:?}"
@@ -397,6 +398,22 @@ async fn plugin_status(node: &NodeProc) -> Value {
     status(node).await["plugins"][0].clone()
 }
 
+/// Wait (at most 15 s) until the plugin's last update is in `state`; the plugin's status.
+async fn wait_update(node: &NodeProc, state: &str) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let p = plugin_status(node).await;
+        if p["update"]["state"] == state {
+            return p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no update {state}: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 6)]
 async fn a_new_plugin_version_is_shadow_loaded_under_load_and_a_broken_one_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -448,18 +465,7 @@ async fn a_new_plugin_version_is_shadow_loaded_under_load_and_a_broken_one_is_re
 
     tokio::time::sleep(Duration::from_secs(4)).await;
     put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.2.0");
-    let t0 = Instant::now();
-    let applied = loop {
-        let p = plugin_status(&node).await;
-        if p["update"]["state"] == "applied" {
-            break p;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "no update applied: {p}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let applied = wait_update(&node, "applied").await;
     assert_eq!(applied["version"], "0.2.0", "{applied}");
     assert_eq!(applied["update"]["models"], json!(["slow"]), "{applied}");
     let second = worker_pid(&status(&node).await, "slow").expect("worker");
@@ -476,18 +482,7 @@ async fn a_new_plugin_version_is_shadow_loaded_under_load_and_a_broken_one_is_re
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     put_version(&plugin_dir, &built_lib("gantry_fault_wrong_abi"), "0.3.0");
-    let t2 = Instant::now();
-    let refused = loop {
-        let p = plugin_status(&node).await;
-        if p["update"]["state"] == "refused" {
-            break p;
-        }
-        assert!(
-            t2.elapsed() < Duration::from_secs(15),
-            "the broken version was not refused: {p}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let refused = wait_update(&node, "refused").await;
     let msg = refused["update"]["message"].as_str().expect("message");
     assert!(msg.contains("ABI"), "the refusal says why: {msg}");
     assert_eq!(refused["update"]["version"], "0.3.0", "{refused}");
