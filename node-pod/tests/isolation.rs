@@ -282,6 +282,13 @@ async fn sigkill_during_eight_streams_retries_the_unstarted_and_ends_the_rest_cl
         .expect("kill");
     assert!(st.success());
 
+    let new = wait_restarted(&node, "slow", Some(old), Duration::from_secs(10)).await;
+    let back = killed_at.elapsed();
+    eprintln!("the model was back {back:?} after its worker was killed");
+    assert!(
+        back < Duration::from_secs(10),
+        "the model was back in {back:?}"
+    );
     let mut ended = std::collections::BTreeMap::new();
     while let Ok(Some((i, what, body))) =
         tokio::time::timeout(Duration::from_secs(60), rx.recv()).await
@@ -314,13 +321,6 @@ async fn sigkill_during_eight_streams_retries_the_unstarted_and_ends_the_rest_cl
             );
         }
     }
-    let new = wait_restarted(&node, "slow", Some(old), Duration::from_secs(10)).await;
-    let back = killed_at.elapsed();
-    eprintln!("the model was back {back:?} after its worker was killed");
-    assert!(
-        back < Duration::from_secs(10),
-        "the model was back in {back:?}"
-    );
     assert_ne!(new, old);
     let s = status(&node).await;
     let crashes = &model(&s, "slow")["crashes"];
