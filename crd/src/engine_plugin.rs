@@ -193,6 +193,65 @@ pub struct EnginePluginStatus {
     /// Load failures reported by node pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub load_errors: Vec<LoadError>,
+    /// What the node pods that loaded the plugin run: one row per version and isolation, with
+    /// a pod count, sorted by version; at most `MAX_VERSION_ROWS` rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub versions: Vec<PluginVersion>,
+    /// Pods left out of `versions` once it holds its maximum of rows.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub versions_omitted: i32,
+    /// Library changes a node pod saw while running and did not apply (`refused`, or
+    /// `restartRequired` for an in-process plugin), one per pod, sorted by pod; at most
+    /// `MAX_UPDATES`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub updates: Vec<PendingUpdate>,
+    /// Pods with such a change left out of `updates`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub updates_omitted: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// Most rows in `status.versions` (the schema's `maxItems` says the same).
+pub const MAX_VERSION_ROWS: usize = 10;
+/// Most entries in `status.updates` (the schema's `maxItems` says the same).
+pub const MAX_UPDATES: usize = 20;
+
+/// Node pods that run one version of the plugin in one isolation mode.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginVersion {
+    /// The manifest version in force, as the node reports it; absent when it reports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Where the node runs the plugin's code: `inProcess` or `process`.
+    pub isolation: String,
+    /// How many node pods run it.
+    pub pods: i32,
+    /// Up to three of those pods (`namespace/pod`), the first by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub example_pods: Vec<String>,
+}
+
+/// A changed plugin library a node pod saw and did not switch to.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingUpdate {
+    /// The node pod, `namespace/pod`.
+    pub pod: String,
+    /// The manifest version of the changed library; absent when the node could not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `refused` (it failed validation, load or warm-up; the old version keeps serving) or
+    /// `restartRequired` (an in-process plugin changes only when the pod restarts).
+    pub state: String,
+    /// The node's message.
+    pub message: String,
 }
 
 /// A node pod that failed to load the plugin.

@@ -15,8 +15,8 @@ pub mod pool;
 pub mod schema;
 
 pub use engine_plugin::{
-    EnginePlugin, EnginePluginSpec, EnginePluginStatus, GpuBackend, LoadError, Modality,
-    MountStrategy,
+    EnginePlugin, EnginePluginSpec, EnginePluginStatus, GpuBackend, LoadError, MAX_UPDATES,
+    MAX_VERSION_ROWS, Modality, MountStrategy, PendingUpdate, PluginVersion,
 };
 pub use model::{
     Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,

@@ -13,7 +13,16 @@ use crate::context::Context;
 use crate::node_report::NodeReport;
 use crate::write;
 use gantry_crd::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, plugin as cond, reason};
-use gantry_crd::{EnginePlugin, EnginePluginStatus, LoadError};
+use gantry_crd::{
+    EnginePlugin, EnginePluginStatus, LoadError, MAX_UPDATES, MAX_VERSION_ROWS, PendingUpdate,
+    PluginVersion,
+};
+use std::collections::BTreeMap;
+
+/// How many pods a `versions` row names.
+const EXAMPLE_PODS: usize = 3;
+/// The update state whose library is already in force, so it is not listed in `updates`.
+const UPDATE_APPLIED: &str = "applied";
 
 /// Why the status could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +58,57 @@ fn entry<'a>(plugin: &EnginePlugin, report: &'a NodeReport) -> Option<&'a Plugin
     })
 }
 
+/// Orders versions as numbers where they are `MAJOR.MINOR.PATCH` (0.10.0 after 0.9.0), by
+/// text otherwise, an absent version first.
+type VersionKey = (Option<[u64; 3]>, Option<String>, String);
+
+fn version_key(version: Option<&str>, isolation: &str) -> VersionKey {
+    let numeric = version.and_then(|v| {
+        let mut parts = v.split('.').map(|n| n.parse::<u64>().ok());
+        let key = [parts.next()??, parts.next()??, parts.next()??];
+        parts.next().is_none().then_some(key)
+    });
+    (numeric, version.map(str::to_string), isolation.to_string())
+}
+
+/// Pods per version and isolation of the loaded plugin, bounded: the `MAX_VERSION_ROWS` rows
+/// with the most pods (ties: the lower version), sorted by version, and the pods left out.
+#[derive(Default)]
+struct Versions(BTreeMap<VersionKey, PluginVersion>);
+
+impl Versions {
+    fn add(&mut self, pod: &str, p: &PluginStatus) {
+        let row = self
+            .0
+            .entry(version_key(p.version.as_deref(), &p.isolation))
+            .or_insert_with(|| PluginVersion {
+                version: p.version.clone(),
+                isolation: p.isolation.clone(),
+                pods: 0,
+                example_pods: Vec::new(),
+            });
+        row.pods = row.pods.saturating_add(1);
+        if row.example_pods.len() < EXAMPLE_PODS {
+            row.example_pods.push(pod.to_string());
+        }
+    }
+
+    fn finish(self) -> (Vec<PluginVersion>, i32) {
+        let mut rows: Vec<(VersionKey, PluginVersion)> = self.0.into_iter().collect();
+        if rows.len() <= MAX_VERSION_ROWS {
+            return (rows.into_iter().map(|(_, r)| r).collect(), 0);
+        }
+        // Stable: among equal counts, the BTreeMap's version order stands.
+        rows.sort_by_key(|(_, r)| std::cmp::Reverse(r.pods));
+        let omitted = rows[MAX_VERSION_ROWS..]
+            .iter()
+            .fold(0i32, |n, (_, r)| n.saturating_add(r.pods));
+        rows.truncate(MAX_VERSION_ROWS);
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        (rows.into_iter().map(|(_, r)| r).collect(), omitted)
+    }
+}
+
 /// Fold acceptance and the reports of the pods that mount `plugin` into its status.
 pub fn fold(
     plugin: &EnginePlugin,
@@ -79,14 +139,36 @@ pub fn fold(
     let mut loaded_by = Vec::new();
     let mut load_errors = Vec::new();
     let mut silent = 0;
+    let mut versions = Versions::default();
+    let mut updates = Vec::new();
+    let mut updates_omitted = 0i32;
     for report in reports {
         if report.status.is_err() {
             // An unreachable pod says nothing about the plugin either way.
             silent += 1;
             continue;
         }
-        match entry(plugin, report) {
-            Some(p) if p.loaded => loaded_by.push(report.pod.clone()),
+        let found = entry(plugin, report);
+        if let Some(u) = found.and_then(|p| p.update.as_ref())
+            && u.state != UPDATE_APPLIED
+        {
+            if updates.len() < MAX_UPDATES {
+                // Not its age (`secondsAgo`): a count that only goes up would rewrite the status.
+                updates.push(PendingUpdate {
+                    pod: report.pod.clone(),
+                    version: u.version.clone(),
+                    state: u.state.clone(),
+                    message: u.message.clone(),
+                });
+            } else {
+                updates_omitted = updates_omitted.saturating_add(1);
+            }
+        }
+        match found {
+            Some(p) if p.loaded => {
+                versions.add(&report.pod, p);
+                loaded_by.push(report.pod.clone());
+            }
             Some(p) => load_errors.push(LoadError {
                 pod: report.pod.clone(),
                 reason: p.reason.clone().unwrap_or_else(|| "refused".to_string()),
@@ -134,6 +216,7 @@ pub fn fold(
         };
         Decided::new(cond::LOADED, UNKNOWN, reason::NOT_MOUNTED, msg)
     };
+    let (versions, versions_omitted) = versions.finish();
     EnginePluginStatus {
         observed_generation: generation,
         conditions: conditions::with_times(
@@ -144,6 +227,10 @@ pub fn fold(
         ),
         loaded_by,
         load_errors,
+        versions,
+        versions_omitted,
+        updates,
+        updates_omitted,
     }
 }
 

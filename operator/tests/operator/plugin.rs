@@ -1,11 +1,11 @@
 //! EnginePlugin reconcile against a mock API server: Accepted from the spec and the node
-//! image's ABI, Loaded / loadedBy / loadErrors from the node pods' reports.
+//! image's ABI, Loaded / loadedBy / loadErrors / versions / updates from the node pods' reports.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_api::{NodeStatus, PluginStatus};
+use gantry_api::{NodeStatus, PluginStatus, PluginUpdate};
 use gantry_crd::{EnginePlugin, EnginePluginStatus};
 use gantry_operator::plugin;
 use http::Method;
@@ -274,4 +274,215 @@ async fn a_failing_status_write_backs_off() {
         plugin::error_policy(obj, &err, ctx),
         Action::requeue(Duration::from_secs(5))
     );
+}
+
+fn on_version(version: &str, isolation: &str) -> PluginStatus {
+    PluginStatus {
+        version: Some(version.into()),
+        isolation: isolation.into(),
+        ..plugin_status(true, None, None)
+    }
+}
+
+fn with_update(mut p: PluginStatus, version: &str, state: &str, message: &str) -> PluginStatus {
+    p.update = Some(PluginUpdate {
+        version: Some(version.into()),
+        state: state.into(),
+        message: message.into(),
+        models: Vec::new(),
+        seconds_ago: 12,
+    });
+    p
+}
+
+/// Three node pods (`default/node-0..2`, `10.0.0.1..3`) mounting the plugin, their reports.
+fn three_pods(statuses: [PluginStatus; 3]) -> (BTreeMap<String, NodeStatus>, Vec<Value>) {
+    let nodes = statuses
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (format!("10.0.0.{}", i + 1), node(vec![p])))
+        .collect();
+    let pods = (0..3)
+        .map(|i| {
+            pod(
+                "default",
+                &format!("node-{i}"),
+                &format!("10.0.0.{}", i + 1),
+                "llama-cpp-cpu",
+            )
+        })
+        .collect();
+    (nodes, pods)
+}
+
+#[tokio::test]
+async fn versions_count_the_node_pods_per_version_and_updates_list_the_ones_not_applied() {
+    let p = llama_cpu();
+    let refused = "plugin llama_cpp 0.3.0 refused: warm-up failed for model gemma (engine error: \
+                   out of memory); 0.1.0 keeps serving";
+    let world = || {
+        three_pods([
+            with_update(on_version("0.1.0", "process"), "0.3.0", "refused", refused),
+            on_version("0.2.0", "process"),
+            // An applied update is already the version in force: not listed again.
+            with_update(
+                on_version("0.1.0", "process"),
+                "0.1.0",
+                "applied",
+                "2 model(s) switched",
+            ),
+        ])
+    };
+    let (nodes, pods) = world();
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed(pods);
+    let server = server.run(vec![
+        status_patch(&p),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    run(p.clone(), ctx).await.expect("reconcile");
+    let status = status_body(&finish(server).await);
+    assert_eq!(
+        status["versions"],
+        json!([
+            {"version": "0.1.0", "isolation": "process", "pods": 2,
+             "examplePods": ["default/node-0", "default/node-2"]},
+            {"version": "0.2.0", "isolation": "process", "pods": 1,
+             "examplePods": ["default/node-1"]},
+        ])
+    );
+    assert_eq!(
+        status["updates"],
+        json!([{"pod": "default/node-0", "version": "0.3.0", "state": "refused",
+                "message": refused}])
+    );
+    assert!(status.get("versionsOmitted").is_none());
+    assert!(status.get("updatesOmitted").is_none());
+    // A refused update leaves the plugin loaded.
+    assert_eq!(condition(&status, "Loaded")["status"], "True");
+
+    // Stored back, the same world with only the updates' ages counting up writes nothing.
+    let mut stored = p;
+    stored.status = Some(serde_json::from_value::<EnginePluginStatus>(status).expect("status"));
+    let (mut nodes, pods) = world();
+    for n in nodes.values_mut() {
+        for u in n.plugins.iter_mut().filter_map(|p| p.update.as_mut()) {
+            u.seconds_ago += 300;
+        }
+    }
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed(pods);
+    let server = server.run(Vec::new());
+    run(stored, ctx.clone()).await.expect("steady state");
+    assert!(finish(server).await.is_empty(), "not a read, not a write");
+    assert_eq!(ctx.metrics.total_writes(), 0);
+}
+
+#[tokio::test]
+async fn an_in_process_plugin_waiting_for_a_restart_shows_in_updates() {
+    let p = llama_cpu();
+    let message = "llama_cpp 0.2.0 is in place; an inProcess plugin changes on the next restart";
+    let (nodes, pods) = three_pods([
+        on_version("0.1.0", "inProcess"),
+        on_version("0.1.0", "inProcess"),
+        with_update(
+            on_version("0.1.0", "inProcess"),
+            "0.2.0",
+            "restartRequired",
+            message,
+        ),
+    ]);
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed(pods);
+    let server = server.run(vec![
+        status_patch(&p),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    run(p, ctx).await.expect("reconcile");
+    let status = status_body(&finish(server).await);
+    assert_eq!(
+        status["versions"],
+        json!([{"version": "0.1.0", "isolation": "inProcess", "pods": 3,
+                "examplePods": ["default/node-0", "default/node-1", "default/node-2"]}])
+    );
+    assert_eq!(
+        status["updates"],
+        json!([{"pod": "default/node-2", "version": "0.2.0", "state": "restartRequired",
+                "message": message}])
+    );
+}
+
+#[tokio::test]
+async fn versions_and_updates_stay_bounded_for_many_node_pods() {
+    let p = llama_cpu();
+    // 30 pods on 12 versions (0.1.0 .. 0.12.0; pod i on 0.(i % 12 + 1).0), each with a
+    // refused update.
+    let mut nodes = BTreeMap::new();
+    let mut pods = Vec::new();
+    for i in 0..30 {
+        let ip = format!("10.0.1.{i}");
+        let status = with_update(
+            on_version(&format!("0.{}.0", i % 12 + 1), "process"),
+            "0.13.0",
+            "refused",
+            "sha256 mismatch",
+        );
+        nodes.insert(ip.clone(), node(vec![status]));
+        pods.push(pod(
+            "default",
+            &format!("node-{i:02}"),
+            &ip,
+            "llama-cpp-cpu",
+        ));
+    }
+    let (ctx, mut server) = context(fixture_plugins(), nodes);
+    server.seed(pods);
+    let server = server.run(vec![
+        status_patch(&p),
+        Step::event("default"),
+        Step::event("default"),
+    ]);
+    run(p, ctx).await.expect("reconcile");
+    let status = status_body(&finish(server).await);
+    // 0.1.0 .. 0.6.0 have 3 pods, 0.7.0 .. 0.12.0 have 2: the six with 3 and the four lowest
+    // with 2 stay, in numeric version order (0.10.0 after 0.9.0); 0.11.0 and 0.12.0 are left
+    // out with their 4 pods.
+    let rows: Vec<(&str, i64)> = status["versions"]
+        .as_array()
+        .expect("versions")
+        .iter()
+        .map(|r| {
+            (
+                r["version"].as_str().unwrap_or_default(),
+                r["pods"].as_i64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("0.1.0", 3),
+            ("0.2.0", 3),
+            ("0.3.0", 3),
+            ("0.4.0", 3),
+            ("0.5.0", 3),
+            ("0.6.0", 3),
+            ("0.7.0", 2),
+            ("0.8.0", 2),
+            ("0.9.0", 2),
+            ("0.10.0", 2),
+        ]
+    );
+    assert_eq!(
+        status["versions"][0]["examplePods"],
+        json!(["default/node-00", "default/node-12", "default/node-24"])
+    );
+    assert_eq!(status["versionsOmitted"], 4);
+    let updates = status["updates"].as_array().expect("updates");
+    assert_eq!(updates.len(), 20);
+    assert_eq!(updates[0]["pod"], "default/node-00");
+    assert_eq!(updates[19]["pod"], "default/node-19");
+    assert_eq!(status["updatesOmitted"], 10);
 }
