@@ -321,7 +321,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         let starter = node.clone();
         tokio::task::spawn_blocking(move || starter.start());
-        crate::http::serve(node, listener, args.edge.clone()).await?;
+        let served = crate::http::serve(node, listener, args.edge.clone()).await;
+        // The workers' sockets and pinned libraries (`process` isolation) go with the node.
+        crate::engine_host::worker::client::remove_private_dir();
+        served?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -377,6 +377,29 @@ async fn unloading_a_model_in_a_worker_ends_its_process() {
         (200, Some("c")),
         "{v}"
     );
+    // A node that stops takes its worker directory (sockets, pinned libraries) with it.
+    let pid = node.child.id();
+    let private = std::env::temp_dir().join(format!("gantry-workers-{pid}"));
+    assert!(
+        private.is_dir(),
+        "{} exists while the node runs",
+        private.display()
+    );
+    let mut node = node;
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let t0 = Instant::now();
+    while node.child.try_wait().expect("wait").is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "the node did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!private.exists(), "{} is left behind", private.display());
 }
 
 /// Put `lib` in place as the faulty plugin's library (a copy renamed over the old file, as a

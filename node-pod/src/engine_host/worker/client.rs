@@ -163,7 +163,7 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// A private directory for this node's worker sockets and pinned libraries.
 pub fn private_dir() -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!("gantry-workers-{}", std::process::id()));
+    let dir = private_dir_path();
     if !dir.is_dir() {
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -171,6 +171,16 @@ pub fn private_dir() -> std::io::Result<PathBuf> {
             .create(&dir)?;
     }
     Ok(dir)
+}
+
+/// Remove this node's private directory (at shutdown); nothing when it was never made.
+pub fn remove_private_dir() {
+    let _ = std::fs::remove_dir_all(private_dir_path());
+}
+
+/// `$TMPDIR/gantry-workers-<node pid>`.
+pub fn private_dir_path() -> PathBuf {
+    std::env::temp_dir().join(format!("gantry-workers-{}", std::process::id()))
 }
 
 /// `lib_dir` first, then what the node had.
