@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::node_status as status;
@@ -16,31 +16,7 @@ use common::*;
 async fn post(node: &NodeProc, body: Value) -> (u16, Value) {
     post_json(node, "/v1/completions", body).await
 }
-use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
-
-fn faulty_plugins(root: &Path) -> PathBuf {
-    let plugins = root.join("plugins");
-    install_plugin(
-        &plugins,
-        "faulty",
-        "cpu",
-        faulty_manifest("faulty"),
-        Some(&built_lib("gantry_fault_faulty")),
-    );
-    plugins
-}
-
-/// A toy GGUF whose stem picks the fault plugin's behaviour.
-fn toy_gguf(dir: &Path, stem: &str) -> PathBuf {
-    let p = dir.join(format!("{stem}.gguf"));
-    let spec = TinyModelSpec {
-        architecture_name_override: Some("toy".into()),
-        ..TinyModelSpec::default()
-    };
-    write_tiny_gguf(&p, &spec).expect("toy gguf");
-    p
-}
 
 fn model<'a>(status: &'a Value, id: &str) -> &'a Value {
     status["models"]

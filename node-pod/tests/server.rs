@@ -259,30 +259,6 @@ async fn at_the_deadline_a_stream_ends_with_an_error_event_and_a_plain_request_s
     );
 }
 
-fn faulty_plugins(root: &Path) -> PathBuf {
-    let plugins = root.join("plugins");
-    let mut m = faulty_manifest("faulty");
-    m["architectures"] = json!(["toy"]);
-    install_plugin(
-        &plugins,
-        "faulty",
-        "cpu",
-        m,
-        Some(&built_lib("gantry_fault_faulty")),
-    );
-    plugins
-}
-
-fn toy_gguf(dir: &Path, stem: &str) -> PathBuf {
-    let p = dir.join(format!("{stem}.gguf"));
-    let spec = TinyModelSpec {
-        architecture_name_override: Some("toy".into()),
-        ..TinyModelSpec::default()
-    };
-    write_tiny_gguf(&p, &spec).expect("toy gguf");
-    p
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_engine_step_fails_healthz_and_the_request_times_out() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -105,6 +105,24 @@ pub fn llama_plugin(max_batch_size: u32, context_length: u32) -> Plugin {
         .unwrap_or_else(|| panic!("llama_cpp refused: {:?}", rec.summary().reason))
 }
 
+/// `<root>/plugins` holding the `faulty` plugin; the plugin tree for a node serving toy models.
+pub fn faulty_plugins(root: &Path) -> PathBuf {
+    let plugins = root.join("plugins");
+    install_faulty(&plugins);
+    plugins
+}
+
+/// A toy GGUF (architecture `toy`) whose stem picks the fault plugin's behaviour.
+pub fn toy_gguf(dir: &Path, stem: &str) -> PathBuf {
+    let p = dir.join(format!("{stem}.gguf"));
+    let spec = TinyModelSpec {
+        architecture_name_override: Some("toy".into()),
+        ..TinyModelSpec::default()
+    };
+    write_tiny_gguf(&p, &spec).expect("toy gguf");
+    p
+}
+
 /// A running `gantry-node serve` process; killed on drop.
 pub struct NodeProc {
     pub child: std::process::Child,
