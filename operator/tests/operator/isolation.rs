@@ -251,16 +251,17 @@ fn event_reasons(recorded: &[Recorded]) -> Vec<String> {
         .collect()
 }
 
+/// The status patch of `m`, then `events` events in its namespace: a reconcile's writes.
+fn status_then_events(m: &Model, events: usize) -> Vec<Step> {
+    std::iter::once(status_patch(m))
+        .chain((0..events).map(|_| Step::event("default")))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_recent_engine_worker_crash_sets_engine_healthy_false_and_degraded_engine_crashed() {
     let m = example_model();
-    let steps = vec![
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
+    let steps = status_then_events(&m, 4);
     let recorded = reconcile_running(None, report_with(Some(crash(5, 2))), steps).await;
     let status = status_body(&recorded);
     let healthy = condition(&status, "EngineHealthy");
@@ -294,13 +295,7 @@ async fn a_recent_engine_worker_crash_sets_engine_healthy_false_and_degraded_eng
 #[tokio::test]
 async fn a_restarted_worker_still_counts_as_crashed_for_a_minute() {
     let m = example_model();
-    let steps = vec![
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
+    let steps = status_then_events(&m, 4);
     let recorded = reconcile_running(None, report_with(Some(crash(59, 0))), steps).await;
     let healthy = condition(&status_body(&recorded), "EngineHealthy").clone();
     assert_eq!(healthy["reason"], "EngineCrashed");
@@ -315,12 +310,7 @@ async fn a_restarted_worker_still_counts_as_crashed_for_a_minute() {
 #[tokio::test]
 async fn an_engine_crash_over_a_minute_ago_leaves_engine_healthy_true_and_not_degraded() {
     let m = example_model();
-    let steps = vec![
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
+    let steps = status_then_events(&m, 3);
     let recorded = reconcile_running(None, report_with(Some(crash(61, 0))), steps).await;
     let status = status_body(&recorded);
     let healthy = condition(&status, "EngineHealthy");
@@ -351,12 +341,7 @@ async fn engine_healthy_is_unknown_before_a_report_and_true_without_crashes() {
         (Some("Unknown"), Some("AwaitingReport"))
     );
 
-    let steps = vec![
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
+    let steps = status_then_events(&m, 3);
     let recorded = reconcile_running(None, report_with(None), steps).await;
     let healthy = condition(&status_body(&recorded), "EngineHealthy").clone();
     assert_eq!(
@@ -405,13 +390,7 @@ async fn a_crash_record_that_only_ages_neither_wakes_the_model_nor_rewrites_its_
 
     // And a reconcile of the aged record folds to the status already stored: no request.
     let m = example_model();
-    let steps = vec![
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
+    let steps = status_then_events(&m, 4);
     let recorded = reconcile_running(None, report_with(Some(crash(5, 2))), steps).await;
     let stored: ModelStatus =
         serde_json::from_value(status_body(&recorded)).expect("a Model status");
