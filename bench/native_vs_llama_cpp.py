@@ -128,6 +128,29 @@ def main():
               "model": "Gemma 3 270M, bf16 (dequantized from Q4_K_M)", "threads": args.threads,
               "max_tokens": args.max_tokens, "parallel": parallel, "ctx_per_seq": ctx, "runs": []}
     samples = {c: {"native": [], "llama_cpp": []} for c in levels}
+
+    def write_report(final):
+        # Written after every measurement, so a run stopped by a time limit keeps what it measured.
+        med = lambda rs, k: statistics.median(r[k] for r in rs)
+        report["runs"] = []
+        for conc in levels:
+            n, l = samples[conc]["native"], samples[conc]["llama_cpp"]
+            if not n or not l:
+                continue
+            row = {"concurrency": conc, "native": n, "llama_cpp": l,
+                   "native_aggregate_tps": med(n, "aggregate_tps"), "llama_cpp_aggregate_tps": med(l, "aggregate_tps"),
+                   "native_ttft_p50_ms": med(n, "ttft_p50_ms"), "llama_cpp_ttft_p50_ms": med(l, "ttft_p50_ms")}
+            row["ratio_aggregate_tps"] = row["native_aggregate_tps"] / row["llama_cpp_aggregate_tps"]
+            row["ratio_ttft_p50"] = row["native_ttft_p50_ms"] / row["llama_cpp_ttft_p50_ms"]
+            report["runs"].append(row)
+            if final:
+                print(f"c={conc}: native {row['native_aggregate_tps']:.1f} tok/s ttft {row['native_ttft_p50_ms']:.0f} ms | "
+                      f"llama.cpp {row['llama_cpp_aggregate_tps']:.1f} tok/s ttft {row['llama_cpp_ttft_p50_ms']:.0f} ms | "
+                      f"ratio tps {row['ratio_aggregate_tps']:.3f} ttft {row['ratio_ttft_p50']:.3f}", flush=True)
+        report["complete"] = final
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
     for rnd in range(args.rounds):
         for conc in levels:
             for name, model in (("native", args.st), ("llama_cpp", args.gguf)) if rnd % 2 == 0 else \
@@ -140,21 +163,10 @@ def main():
                     r["ready_s"] = srv.ready_s
                     samples[conc][name].append(r)
                     print(f"round {rnd} c={conc} {name}: {r['aggregate_tps']:.1f} tok/s, ttft p50 "
-                          f"{r['ttft_p50_ms']:.0f} ms, decode p50 {r['decode_tps_p50'] or 0:.1f} tok/s", flush=True)
-    med = lambda rs, k: statistics.median(r[k] for r in rs)
-    for conc in levels:
-        n, l = samples[conc]["native"], samples[conc]["llama_cpp"]
-        row = {"concurrency": conc, "native": n, "llama_cpp": l,
-               "native_aggregate_tps": med(n, "aggregate_tps"), "llama_cpp_aggregate_tps": med(l, "aggregate_tps"),
-               "native_ttft_p50_ms": med(n, "ttft_p50_ms"), "llama_cpp_ttft_p50_ms": med(l, "ttft_p50_ms")}
-        row["ratio_aggregate_tps"] = row["native_aggregate_tps"] / row["llama_cpp_aggregate_tps"]
-        row["ratio_ttft_p50"] = row["native_ttft_p50_ms"] / row["llama_cpp_ttft_p50_ms"]
-        report["runs"].append(row)
-        print(f"c={conc}: native {row['native_aggregate_tps']:.1f} tok/s ttft {row['native_ttft_p50_ms']:.0f} ms | "
-              f"llama.cpp {row['llama_cpp_aggregate_tps']:.1f} tok/s ttft {row['llama_cpp_ttft_p50_ms']:.0f} ms | "
-              f"ratio tps {row['ratio_aggregate_tps']:.3f} ttft {row['ratio_ttft_p50']:.3f}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+                          f"{r['ttft_p50_ms']:.0f} ms, decode p50 {r['decode_tps_p50'] or 0:.1f} tok/s, "
+                          f"ready in {srv.ready_s:.1f} s", flush=True)
+            write_report(False)
+    write_report(True)
     print(f"wrote {args.out}")
 
 
