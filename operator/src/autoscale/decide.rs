@@ -5,6 +5,12 @@
 //! where demand is the waiting plus running requests of the ready pods that reported.
 //! - Pools add memory pressure: evictions plus refused loads per minute per pod at or above
 //!   [`PRESSURE_PER_MINUTE`] want one pod more than now.
+//! - Real device memory: a pod with a GPU whose measured use (by anyone: the node, another
+//!   process) is at or above [`DEVICE_WATERMARK`] of its total cannot take more load, so it
+//!   does not count as capacity: `want` is at least the load-based count plus those pods. The
+//!   KV term above is the part of VRAM that moves with load (engines allocate their KV cache
+//!   at load, so a device's used bytes do not follow requests); this term is the part nobody
+//!   asked for.
 //! - Up at once: a `want` above the current count is applied in the same interval.
 //! - Down only after the stabilization window: each interval's `want`, averaged over the
 //!   last [`SMOOTHING_SAMPLES`], is remembered for the window; the count goes down to the
@@ -29,6 +35,11 @@ use crate::model::validate::ValidModel;
 /// to the pod with the most room, so one more pod splits the set.
 pub const PRESSURE_PER_MINUTE: f64 = 1.0;
 
+/// Share of a GPU's memory, used by anyone, at which a pod counts as full: the node's own
+/// watermark (90 %, docs/memory.md), read on the device itself rather than in the node's
+/// accounting.
+pub const DEVICE_WATERMARK: f64 = 0.90;
+
 /// Recommendations averaged for the scale-down side (30 s at the default 5 s interval).
 pub const SMOOTHING_SAMPLES: usize = 6;
 
@@ -36,7 +47,9 @@ pub const SMOOTHING_SAMPLES: usize = 6;
 pub mod reason {
     /// More replicas: the requests per pod exceed `targetQueueDepth`.
     pub const SCALED_UP_QUEUE_DEPTH: &str = "ScaledUpQueueDepth";
-    /// More replicas: the KV-cache (VRAM) use per pod exceeds `targetVramUtilization`.
+    /// More replicas: the KV-cache (VRAM) use per pod exceeds `targetVramUtilization`, or a
+    /// pod's GPU is at or above [`super::DEVICE_WATERMARK`] of its memory by the device's own
+    /// reading.
     pub const SCALED_UP_VRAM_PRESSURE: &str = "ScaledUpVramPressure";
     /// One more replica (a pool): its pods evicted models or refused loads at least
     /// [`super::PRESSURE_PER_MINUTE`] times a minute per pod.
@@ -117,6 +130,9 @@ pub struct PodLoad {
     pub running: u64,
     /// KV-cache cells in use, 0-1.
     pub kv_utilization: f64,
+    /// The highest used share (total minus free, whoever holds it) among the pod's GPUs, 0-1;
+    /// `None` for a pod without a GPU.
+    pub device_utilization: Option<f64>,
 }
 
 impl PodLoad {
@@ -131,7 +147,28 @@ impl PodLoad {
             waiting: q.waiting,
             running: q.running,
             kv_utilization,
+            device_utilization: None,
         }
+    }
+
+    /// With the devices the node reports (`/v1/status` `devices`, read from the driver).
+    pub fn with_devices(self, devices: &[gantry_api::DeviceStatus]) -> PodLoad {
+        let device_utilization = devices
+            .iter()
+            .filter(|d| d.total_bytes > 0)
+            .map(|d| d.total_bytes.saturating_sub(d.free_bytes) as f64 / d.total_bytes as f64)
+            .reduce(f64::max)
+            .map(|u| u.clamp(0.0, 1.0));
+        PodLoad {
+            device_utilization,
+            ..self
+        }
+    }
+
+    /// Whether a GPU of this pod is at or above [`DEVICE_WATERMARK`].
+    fn device_full(&self) -> bool {
+        self.device_utilization
+            .is_some_and(|u| u >= DEVICE_WATERMARK)
     }
 }
 
@@ -242,7 +279,15 @@ impl History {
             let pods = obs.loads.len().max(1) as f64;
             let pressured = obs.memory_pressure / pods >= PRESSURE_PER_MINUTE;
             let by_pressure = if pressured { current + 1 } else { 0 };
-            let want = by_queue.max(by_kv).max(by_pressure);
+            // Full pods take no more load: the load-based count, plus them.
+            let full = obs.loads.iter().filter(|l| l.device_full()).count();
+            let full = i32::try_from(full).unwrap_or(i32::MAX);
+            let by_device = if full > 0 {
+                by_queue.max(by_kv).max(1).saturating_add(full)
+            } else {
+                0
+            };
+            let want = by_queue.max(by_kv).max(by_pressure).max(by_device);
             let partial = obs.silent > 0;
             let figures = format!(
                 "{demand} requests ({waiting} waiting, {running} running) on {} reporting pods, target {} per pod -> {by_queue}; KV use {:.0}% summed, target {:.0}% per pod -> {by_kv}{}",
@@ -259,6 +304,19 @@ impl History {
                 format!(
                     "; memory pressure {:.1} evictions and refused loads per minute, target under {PRESSURE_PER_MINUTE} per pod -> {by_pressure}",
                     obs.memory_pressure
+                )
+            } else {
+                String::new()
+            } + &if full > 0 {
+                let highest = obs
+                    .loads
+                    .iter()
+                    .filter_map(|l| l.device_utilization)
+                    .fold(0.0, f64::max);
+                format!(
+                    "; {full} pods with a GPU at or above {:.0}% used (highest {:.0}%), counted as full -> {by_device}",
+                    DEVICE_WATERMARK * 100.0,
+                    highest * 100.0
                 )
             } else {
                 String::new()
@@ -322,8 +380,10 @@ impl History {
                     };
                     Decision {
                         desired,
-                        reason: if by_pressure > by_queue.max(by_kv) {
+                        reason: if by_pressure > by_queue.max(by_kv).max(by_device) {
                             reason::SCALED_UP_MEMORY_PRESSURE
+                        } else if by_device > by_queue.max(by_kv) {
+                            reason::SCALED_UP_VRAM_PRESSURE
                         } else if by_queue >= by_kv {
                             reason::SCALED_UP_QUEUE_DEPTH
                         } else {

@@ -643,7 +643,7 @@ async fn fetch_loads(
                 }
             };
             Some(PodAnswer {
-                load,
+                load: load.with_devices(&status.devices),
                 pressure_total: pressure_total(&status),
             })
         }

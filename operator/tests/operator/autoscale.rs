@@ -107,6 +107,7 @@ fn replay(policy: &Policy, start: i32, samples: &[Sample], silent: usize) -> Run
                     waiting: share(s.waiting),
                     running: share(s.running),
                     kv_utilization: s.kv,
+                    device_utilization: None,
                 }
             })
             .collect();
@@ -252,6 +253,79 @@ fn vram_pressure_alone_scales_up() {
 }
 
 #[test]
+fn a_pod_whose_gpu_is_full_by_its_own_reading_counts_as_no_capacity() {
+    let p = policy(1, 10);
+    let pod = |running: u64, device: Option<f64>| PodLoad {
+        waiting: 0,
+        running,
+        kv_utilization: 0.1,
+        device_utilization: device,
+    };
+    let obs = |current: i32, loads: Vec<PodLoad>| Observation {
+        now: at(0),
+        current,
+        ready: current,
+        loads,
+        silent: 0,
+        scale_up_requested_at: None,
+        memory_pressure: 0.0,
+    };
+    // One pod, one request (the queue wants 1), its GPU 95 % used by someone: one more pod.
+    let d = History::default().decide(&p, &obs(1, vec![pod(1, Some(0.95))]));
+    assert_eq!((d.desired, d.reason), (2, reason::SCALED_UP_VRAM_PRESSURE));
+    assert!(
+        d.message
+            .contains("1 pods with a GPU at or above 90% used (highest 95%), counted as full -> 2"),
+        "{}",
+        d.message
+    );
+    // With the second pod (its GPU at 40 %) the count is steady: no runaway while the first
+    // stays full, and no scale-down below the load plus the full pod.
+    let mut h = History::default();
+    for i in 0..100 {
+        let mut o = obs(2, vec![pod(1, Some(0.95)), pod(0, Some(0.4))]);
+        o.now = at(i * INTERVAL);
+        let d = h.decide(&p, &o);
+        assert_eq!(
+            (d.desired, d.reason),
+            (2, reason::STEADY),
+            "at {}s",
+            i * INTERVAL
+        );
+    }
+    // Below the watermark, and on CPU pods (no GPU), the device term says nothing.
+    for device in [Some(0.89), None] {
+        let d = History::default().decide(&p, &obs(1, vec![pod(1, device)]));
+        assert_eq!((d.desired, d.reason), (1, reason::STEADY), "{device:?}");
+        assert!(!d.message.contains("counted as full"), "{}", d.message);
+    }
+    // The highest of a pod's GPUs counts, read as total minus free.
+    let device = |total: u64, free: u64| gantry_api::DeviceStatus {
+        index: 0,
+        uuid: None,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        compute_capability: "9.0".into(),
+        total_bytes: total,
+        free_bytes: free,
+        utilization_percent: None,
+        process_used_bytes: None,
+        models: Vec::new(),
+    };
+    let load = PodLoad::from_queue(&QueueStatus::default()).with_devices(&[
+        device(100, 60),
+        device(100, 5),
+        device(0, 0),
+    ]);
+    assert_eq!(load.device_utilization, Some(0.95));
+    assert_eq!(
+        PodLoad::from_queue(&QueueStatus::default())
+            .with_devices(&[])
+            .device_utilization,
+        None
+    );
+}
+
+#[test]
 fn an_idle_model_scales_to_zero_with_min_0_and_not_with_min_1() {
     let samples = series(&[(60, load(0, 3)), (700, load(0, 0))]);
     let run = replay(&policy(0, 4), 1, &samples, 0);
@@ -328,6 +402,7 @@ fn a_model_at_zero_scales_up_when_the_gateway_asks_after_the_scale_to_zero() {
                     waiting: 0,
                     running: 0,
                     kv_utilization: 0.0,
+                    device_utilization: None,
                 }],
                 silent: 0,
                 scale_up_requested_at: Some(at(0)),
@@ -556,6 +631,62 @@ async fn a_busy_model_gets_exactly_one_scale_write_and_its_reason_in_status() {
     );
     assert_eq!(a["lastScaleTime"], "2023-11-14T22:13:20Z");
     assert_eq!(a["lastDecisionTime"], "2023-11-14T22:13:20Z");
+}
+
+#[tokio::test]
+async fn a_node_reporting_a_full_gpu_gets_one_more_replica() {
+    let m = scaling_model();
+    // One request (the queue wants 1 pod), but the pod's H100 has 4 GiB of 80 free.
+    let mut node = node_with_queue("gemma-3-270m", 0, 1);
+    node.backend = "cuda".into();
+    node.devices = vec![gantry_api::DeviceStatus {
+        index: 0,
+        uuid: Some("GPU-aee5320a-7ba3-62d6-92e5-283964ad4c54".into()),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        compute_capability: "9.0".into(),
+        total_bytes: 85_520_809_984,
+        free_bytes: 4_294_967_296,
+        utilization_percent: Some(3),
+        process_used_bytes: Some(2_006_974_464),
+        models: vec!["gemma-3-270m".into()],
+    }];
+    let nodes = BTreeMap::from([("10.0.0.5".to_string(), node)]);
+    let (ctx, server) = context(Vec::new(), BTreeMap::new());
+    let mut autoscaler = Autoscaler::new(
+        ctx.client.clone(),
+        std::sync::Arc::new(FixedNodeStatus(nodes)),
+        ctx.metrics.clone(),
+        Settings::default(),
+    );
+    let model_json = serde_json::to_value(&m).expect("json");
+    let server = server.run(vec![
+        Step::apply(deployment_path()).by("gantry-autoscaler"),
+        Step::apply_status(status_path(), model_json).by("gantry-autoscaler"),
+    ]);
+    let pods = [ready_pod(&m, "gemma-3-270m-a", "10.0.0.5")];
+    let outcomes = autoscaler
+        .tick(
+            std::slice::from_ref(&m),
+            &[live_deployment(&m, 1)],
+            &pods,
+            t0(),
+        )
+        .await;
+    let recorded = finish(server).await;
+    assert_eq!(outcomes[0].decision.desired, 2);
+    assert_eq!(
+        recorded[0].body,
+        Some(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "gemma-3-270m"}, "spec": {"replicas": 2}}))
+    );
+    let a = &recorded[1].body.clone().expect("status body")["status"]["autoscaling"];
+    assert_eq!(a["reason"], "ScaledUpVramPressure");
+    assert!(
+        a["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("(highest 95%), counted as full -> 2")),
+        "{a}"
+    );
 }
 
 #[tokio::test]
