@@ -473,7 +473,9 @@ impl Model for NativeModel {
         };
         drop(tables);
         let mut out = Vec::with_capacity(entries.len());
-        let mut row = 0;
+        // Each sampled row in place: the step owns the logits, nothing reads them afterwards.
+        let mut logits = logits;
+        let mut rows = logits.chunks_exact_mut(self.vocab);
         for (e, &k) in entries.iter().zip(&skip) {
             let s = ex.seqs.get_mut(&e.seq).expect("checked above");
             ex.pool.commit(&mut s.blocks, &e.tokens[k..]);
@@ -481,10 +483,11 @@ impl Model for NativeModel {
                 out.push(None);
                 continue;
             };
-            let mut l = logits[row * self.vocab..(row + 1) * self.vocab].to_vec();
-            row += 1;
+            let l = rows
+                .next()
+                .ok_or_else(|| EngineError::internal("the backend returned too few logits rows"))?;
             let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
-            out.push(Some(sampler.sample(&mut l, params, e.allowed)?));
+            out.push(Some(sampler.sample(l, params, e.allowed)?));
         }
         Ok(out)
     }

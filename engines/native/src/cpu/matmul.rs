@@ -298,8 +298,13 @@ mod bf16 {
         // SAFETY: (the whole body) every load reads inside row r of x (`(i+r)*k + kk .. + 32 <=
         // (i+r+1)*k`) or of w, whose bounds the caller asserted; the masked tail loads touch
         // only the `k - kk` remaining elements; stores go to y[(i+r)*n + n0 + c], inside y.
+        // Prefetch addresses may lie past w (the last tiles): they are formed with
+        // `wrapping_add` and a prefetch never faults or reads into the program.
         unsafe {
             while kk + 32 <= k {
+                for c in 0..N {
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add((n0 + c + 2 * N) * k + kk).cast());
+                }
                 let mut wv = [std::mem::zeroed::<__m512bh>(); N];
                 for (c, v) in wv.iter_mut().enumerate() {
                     *v = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_epi16(
@@ -375,7 +380,8 @@ mod bf16 {
         // SAFETY: (the whole body) every 8-wide load reads inside row r of x
         // (`(i+r)*k + kk + 8 <= (i+r+1)*k`) or of w, whose bounds the caller asserted; the
         // tail reads the remaining `k - kk` elements one by one; stores go to
-        // y[(i+r)*n + n0 + c], inside y.
+        // y[(i+r)*n + n0 + c], inside y. Prefetch addresses may lie past w: formed with
+        // `wrapping_add`, and a prefetch never faults.
         unsafe {
             // A macro, not a closure: the intrinsics stay inside this AVX2 function.
             macro_rules! widen {
@@ -386,6 +392,16 @@ mod bf16 {
                 };
             }
             while kk + 8 <= k {
+                // The same rows two tiles ahead, one cache line per row every 32 elements:
+                // a tile's rows are short (k x 2 bytes) and read side by side, too short for
+                // the hardware prefetcher to pick up on its own.
+                if kk % 32 == 0 {
+                    for c in 0..N {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            wp.wrapping_add((n0 + c + 2 * N) * k + kk).cast(),
+                        );
+                    }
+                }
                 let mut wv = [_mm256_setzero_ps(); N];
                 for (c, v) in wv.iter_mut().enumerate() {
                     *v = widen!(wp.add((n0 + c) * k + kk));
