@@ -474,6 +474,7 @@ fn node_status(served: &str) -> NodeStatus {
             devices: Vec::new(),
             replicas: Vec::new(),
             crashes: None,
+            engine_choice: None,
         }],
         ..NodeStatus::default()
     }

@@ -230,10 +230,54 @@ pub struct ModelStatus {
     /// restart. Absent when it never crashed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crashes: Option<CrashStatus>,
+    /// How the node chose between several engines that support the model (absent when one
+    /// engine supports it, or `engine` pins one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_choice: Option<EngineChoice>,
 }
 
 fn in_process() -> String {
     "inProcess".into()
+}
+
+/// The node's choice between engines that all support a model: each candidate's bounded
+/// benchmark and the rule that picked one (docs/engines.md, "Engine choice by measurement").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineChoice {
+    /// The plugin that serves the model.
+    pub chosen: String,
+    /// The rule, in words.
+    pub rule: String,
+    pub candidates: Vec<EngineBench>,
+}
+
+/// One candidate engine's benchmark for a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineBench {
+    pub plugin: String,
+    pub version: String,
+    /// `chosen`, `slower` (passed, lost on the rule), `rejected` (over the memory limit) or
+    /// `failed` (load or generation failed).
+    pub outcome: String,
+    /// Decode tokens per second of one greedy sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Time to the first token of the benchmark prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Peak memory of the load: the larger of the engine's report and what the process (or
+    /// the device) measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+    /// Why it was rejected or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The figures came from the node's cache (same model fingerprint, engine version and
+    /// device), not from a run at this load.
+    #[serde(default)]
+    pub cached: bool,
 }
 
 /// The crashes of a model's engine worker process.

@@ -83,6 +83,9 @@ pub mod reason {
     /// EngineResolved=Unknown: the architecture is not known yet; every fitting plugin is mounted
     /// and the first node report decides.
     pub const ARCHITECTURE_PENDING: &str = "ArchitecturePending";
+    /// EngineResolved=Unknown: several EnginePlugins serve the model and `spec.engine` pins
+    /// none; all are mounted and the node pods measure them at load (the best serves).
+    pub const ENGINE_CHOICE_PENDING: &str = "EngineChoicePending";
     /// EngineResolved=False: no EnginePlugin passes every rule; `status.candidates` lists why.
     pub const NO_MATCHING_ENGINE: &str = "NoMatchingEngine";
     /// EngineResolved=False: a node pod found no loaded plugin that serves the model.

@@ -455,6 +455,11 @@ pub struct ModelStatus {
     /// The engine serving this model, once resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<ResolvedEngine>,
+    /// How a node pod chose the engine when several serve the model (each candidate's
+    /// tokens/s, time to first token and peak memory, and the rule), from the first node pod
+    /// that reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_choice: Option<gantry_api::EngineChoice>,
     /// The model architecture: from the node pods' report, else from `spec.architecture`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,

@@ -633,6 +633,7 @@ mod tests {
             devices: Vec::new(),
             replicas: Vec::new(),
             crashes: None,
+            engine_choice: None,
         }
     }
 

@@ -17,6 +17,7 @@
 //! they need them; a reload swaps the map and retires what left it.
 
 mod crash;
+pub mod engine_choice;
 mod lifecycle;
 mod plugin_update;
 mod reload;
@@ -119,6 +120,8 @@ pub struct ServedModel {
     retired: AtomicBool,
     /// Its engine workers' crashes and the restart they wait for (node/crash.rs).
     pub crashes: Mutex<CrashRecord>,
+    /// How the engine was chosen among several that support the model (`/v1/status`).
+    pub engine_choice: RwLock<Option<gantry_api::EngineChoice>>,
 }
 
 impl ServedModel {
@@ -142,6 +145,7 @@ impl ServedModel {
             started: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             crashes: Mutex::new(CrashRecord::default()),
+            engine_choice: RwLock::new(None),
         }
     }
 

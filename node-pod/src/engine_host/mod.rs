@@ -493,6 +493,43 @@ impl EngineRegistry {
         }
     }
 
+    /// Every loaded plugin that passes the selection rules for a model of `format` and
+    /// `architecture` with no pin, in engine id order: the candidates of an engine choice by
+    /// measurement (node/engine_choice.rs) when there are several.
+    pub fn alternatives(&self, format: Format, architecture: &str) -> Vec<String> {
+        let none: Vec<String> = Vec::new();
+        let want = Wanted {
+            format: format.as_str(),
+            architecture: Some(architecture),
+            pin: None,
+            backend: self.backend.as_str(),
+            backend_note: "",
+            pin_scope: "installed on this node",
+        };
+        let mut ids: Vec<String> = self
+            .records
+            .iter()
+            .filter(|r| r.plugin().is_some())
+            .filter(|r| {
+                let id = r.id();
+                let m = r.manifest.as_ref();
+                let one = [Candidate {
+                    name: &id,
+                    engine_id: &id,
+                    refused: None,
+                    gpu_backend: m.map_or(self.backend.as_str(), |m| m.gpu_backend.as_str()),
+                    formats: m.map_or(&none, |m| &m.formats),
+                    architectures: m.map_or(&none, |m| &m.architectures),
+                }];
+                matches!(select(&one, &want), Selection::Chosen(0))
+            })
+            .map(PluginRecord::id)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
     /// The loaded plugin behind a `Supported` verdict.
     pub fn plugin(&self, id: &str) -> Option<&Plugin> {
         self.records

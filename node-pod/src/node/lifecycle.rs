@@ -192,6 +192,15 @@ impl Node {
                 return;
             }
         };
+        // Several engines support the model and none is pinned: measure them (or take the
+        // cached figures) and let the best serve it.
+        let (plugin_id, plugin) = match self.choose_engine(m, &reg, &primary, &placement) {
+            Some(id) => match reg.plugin(&id) {
+                Some(p) => (id, p),
+                None => (plugin_id, plugin),
+            },
+            None => (plugin_id, plugin),
+        };
         if let Err(r) = self.make_room(m, &primary) {
             self.refuse_load(m, r);
             return;
@@ -239,6 +248,123 @@ impl Node {
         self.after_load(m);
     }
 
+    /// When several loaded plugins support `m` and its config pins none, benchmark each
+    /// (node/engine_choice.rs; cached figures where the cache has them), record the choice
+    /// in `m` and its verdict, and return the winner. `None`: one candidate, a pin, or no
+    /// candidate passed (the verdict's plugin then loads as before and fails or serves on its
+    /// own). Runs under the memory lock, one candidate loaded at a time.
+    fn choose_engine(
+        &self,
+        m: &ServedModel,
+        reg: &crate::engine_host::EngineRegistry,
+        primary: &Path,
+        placement: &[Vec<u32>],
+    ) -> Option<String> {
+        use super::engine_choice as ec;
+        if m.config.engine.is_some() {
+            return None;
+        }
+        let arch = m.architecture.read().ok().and_then(|a| a.clone())?;
+        let ids = reg.alternatives(m.format, &arch);
+        if ids.len() < 2 {
+            return None;
+        }
+        let devices = placement.first().cloned().unwrap_or_default();
+        let snap = self.devices.refresh();
+        let cuda = self.engine_config.backend == gantry_engine_abi::Backend::Cuda;
+        let device = if cuda {
+            let names: Vec<String> = devices
+                .iter()
+                .filter_map(|d| snap.devices.iter().find(|x| x.index == *d))
+                .map(|d| d.name.clone())
+                .collect();
+            format!("cuda/{}", names.join("+"))
+        } else {
+            format!("cpu/{}t", self.engine_config.n_threads)
+        };
+        let limit = self
+            .limits_now()
+            .get(crate::memory::Pool::of(self.engine_config.backend));
+        let budget = if limit > 0 {
+            limit
+        } else if cuda {
+            snap.devices
+                .iter()
+                .filter(|d| devices.contains(&d.index))
+                .map(|d| d.total_bytes)
+                .sum()
+        } else {
+            ec::machine_ram_bytes().unwrap_or(0)
+        };
+        let used_on_devices = || {
+            let now = self.devices.refresh();
+            now.devices
+                .iter()
+                .filter(|d| devices.contains(&d.index))
+                .map(|d| d.total_bytes.saturating_sub(d.free_bytes))
+                .sum::<u64>()
+        };
+        let probe = ec::Probe {
+            budget_bytes: budget,
+            device: device.clone(),
+            device_used: if cuda { Some(&used_on_devices) } else { None },
+        };
+        let fingerprint = ec::fingerprint(primary).ok();
+        let cache = ec::ChoiceCache::new(self.choice_cache_dir());
+        let desc = descriptor(m, primary, &devices);
+        let mut results = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let plugin = reg.plugin(id)?;
+            let version = plugin.info().engine_version.clone();
+            let key = fingerprint
+                .as_deref()
+                .map(|f| ec::ChoiceCache::key(f, id, &version, &device));
+            if let Some(hit) = key.as_deref().and_then(|k| cache.get(k)) {
+                results.push(hit);
+                continue;
+            }
+            tracing::info!(model = %m.config.id, plugin = %id, "benchmarking a candidate engine");
+            let r = ec::bench(id, plugin, &desc, &probe);
+            if let Some(k) = &key {
+                cache.put(k, &r);
+            }
+            results.push(r);
+        }
+        let Some(winner) = ec::decide(&mut results) else {
+            tracing::error!(target: "gantry::alert", model = %m.config.id, "no candidate engine passed its benchmark: {}", results.iter().map(|r| format!("{}: {}", r.plugin, r.message.as_deref().unwrap_or(&r.outcome))).collect::<Vec<_>>().join("; "));
+            *m.engine_choice.write().unwrap_or_else(|p| p.into_inner()) =
+                Some(gantry_api::EngineChoice {
+                    chosen: String::new(),
+                    rule: ec::RULE.into(),
+                    candidates: results,
+                });
+            return None;
+        };
+        let chosen = results[winner].plugin.clone();
+        let version = results[winner].version.clone();
+        tracing::info!(model = %m.config.id, plugin = %chosen, "engine chosen by measurement: {}", results.iter().map(|r| format!("{} {} ({:.1} tok/s, TTFT {:.0} ms{})", r.plugin, r.outcome, r.tokens_per_second.unwrap_or(0.0), r.ttft_ms.unwrap_or(0.0), if r.cached { ", cached" } else { "" })).collect::<Vec<_>>().join(", "));
+        *m.engine_choice.write().unwrap_or_else(|p| p.into_inner()) =
+            Some(ec::status(results, winner));
+        *m.verdict.write().unwrap_or_else(|p| p.into_inner()) = Some(EngineVerdict::Supported {
+            plugin: chosen.clone(),
+            version,
+        });
+        Some(chosen)
+    }
+
+    /// Where the engine choice cache lives: the model cache directory (config `cacheDir`,
+    /// `--cache-dir`), else `~/.cache/gantry-node`.
+    fn choice_cache_dir(&self) -> Option<std::path::PathBuf> {
+        self.config
+            .cache_dir
+            .clone()
+            .or_else(|| self.store_setup.as_ref().and_then(|s| s.cache_dir.clone()))
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|h| std::path::PathBuf::from(h).join(".cache/gantry-node"))
+            })
+    }
+
     /// Load every replica of `m` with `plugin` and start their schedulers: a ready model, not
     /// yet installed in `m` (a load installs it; a plugin update installs it only once its
     /// warm-up passed). Blocking.
@@ -260,21 +386,7 @@ impl Node {
             } else {
                 String::new()
             };
-            let desc = ModelDescriptor {
-                model_id: m.config.id.clone(),
-                model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
-                primary_file: primary.to_path_buf(),
-                format: m.format,
-                quantization: m
-                    .fetched
-                    .get()
-                    .and_then(|f| f.quantization.clone())
-                    .or_else(|| m.config.quantization.clone()),
-                mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
-                context_length: m.config.context_length.unwrap_or(0),
-                max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
-                device_ids: devices.iter().map(|d| *d as i32).collect(),
-            };
+            let desc = descriptor(m, primary, devices);
             match plugin.load_model(&desc) {
                 Ok(x) => loaded.push(x),
                 Err(e) if matches!(e.status, Status::OomRam | Status::OomVram) => {
@@ -378,6 +490,25 @@ impl Node {
             plugin: plugin_id.to_string(),
             vocabulary,
         }))
+    }
+}
+
+/// What a plugin is asked to load for `m` on `devices`.
+fn descriptor(m: &ServedModel, primary: &Path, devices: &[u32]) -> ModelDescriptor {
+    ModelDescriptor {
+        model_id: m.config.id.clone(),
+        model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        primary_file: primary.to_path_buf(),
+        format: m.format,
+        quantization: m
+            .fetched
+            .get()
+            .and_then(|f| f.quantization.clone())
+            .or_else(|| m.config.quantization.clone()),
+        mmproj: m.fetched.get().and_then(|f| f.mmproj.clone()),
+        context_length: m.config.context_length.unwrap_or(0),
+        max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
+        device_ids: devices.iter().map(|d| *d as i32).collect(),
     }
 }
 

@@ -203,6 +203,7 @@ impl Node {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .status(std::time::Instant::now()),
+            engine_choice: m.engine_choice.read().ok().and_then(|c| c.clone()),
         }
     }
 }

@@ -10,6 +10,10 @@
 //! The one difference: the operator may not know the architecture yet (see
 //! docs/operator.md, "Engine selection"). Then every candidate that passes the
 //! other rules is mounted, and the first node report decides.
+//!
+//! With the architecture known and no pin, when several plugins pass every rule they are all
+//! mounted too (`Measured`): the node pods benchmark them at load and the best serves
+//! (docs/engines.md, "Engine choice by measurement"); the node's verdict names the winner.
 
 use gantry_api::selection::{Candidate, Selection, Wanted, select};
 use kube::ResourceExt;
@@ -25,6 +29,8 @@ pub enum Resolution {
     Resolved(Box<EnginePlugin>),
     /// The architecture is not known yet; these plugins pass every other rule (engine-id order).
     Pending(Vec<EnginePlugin>),
+    /// Several plugins pass every rule and none is pinned: the node pods measure them.
+    Measured(Vec<EnginePlugin>),
     /// No plugin can serve the model; every candidate with its reason.
     Unresolved(Vec<CandidateRejection>),
 }
@@ -34,7 +40,7 @@ impl Resolution {
     pub fn mounted(&self) -> Vec<&EnginePlugin> {
         match self {
             Resolution::Resolved(p) => vec![p],
-            Resolution::Pending(ps) => ps.iter().collect(),
+            Resolution::Pending(ps) | Resolution::Measured(ps) => ps.iter().collect(),
             Resolution::Unresolved(_) => Vec::new(),
         }
     }
@@ -82,6 +88,36 @@ pub fn resolve(
         pin_scope: "provided by any EnginePlugin",
     };
     match select(&candidates, &want) {
+        Selection::Chosen(i) if want.pin.is_none() => {
+            // Every candidate that passes on its own: more than one is a choice to measure.
+            // (one per engine id: the first in selection order, as the node keeps one too).
+            let mut passing: Vec<usize> = Vec::new();
+            for j in 0..candidates.len() {
+                let ok = matches!(
+                    select(std::slice::from_ref(&candidates[j]), &want),
+                    Selection::Chosen(0)
+                );
+                let fresh = !passing
+                    .iter()
+                    .any(|&k| candidates[k].engine_id == candidates[j].engine_id);
+                if ok && fresh {
+                    passing.push(j);
+                }
+            }
+            // The chosen one first when its id repeats (selection order also sorts by name).
+            if let Some(k) = passing
+                .iter()
+                .position(|&k| candidates[k].engine_id == candidates[i].engine_id)
+            {
+                passing[k] = i;
+            }
+            passing.sort_by(|&a, &b| candidates[a].engine_id.cmp(candidates[b].engine_id));
+            if passing.len() > 1 {
+                Resolution::Measured(passing.into_iter().map(|j| plugins[j].clone()).collect())
+            } else {
+                Resolution::Resolved(Box::new(plugins[i].clone()))
+            }
+        }
         Selection::Chosen(i) => Resolution::Resolved(Box::new(plugins[i].clone())),
         Selection::Pending(ids) => {
             Resolution::Pending(ids.into_iter().map(|i| plugins[i].clone()).collect())

@@ -112,7 +112,7 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
 }
 
 fn known_reason(r: &str) -> Option<&'static str> {
-    const ALL: [&str; 19] = [
+    const ALL: [&str; 20] = [
         reason::READY,
         reason::SCALED_TO_ZERO,
         reason::REPLICAS_NOT_READY,
@@ -120,6 +120,7 @@ fn known_reason(r: &str) -> Option<&'static str> {
         reason::ENGINE_UNRESOLVED,
         reason::RESOLVED,
         reason::ARCHITECTURE_PENDING,
+        reason::ENGINE_CHOICE_PENDING,
         reason::NO_MATCHING_ENGINE,
         reason::REJECTED_BY_NODE,
         reason::DOWNLOADED,
@@ -288,6 +289,11 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         observed_generation: generation,
         conditions: conditions::with_times(&decided, &previous.conditions, generation, f.now),
         engine,
+        // The first reporting pod's measurement, when several engines serve the model.
+        engine_choice: f
+            .reports
+            .iter()
+            .find_map(|r| r.model(&f.valid.served_name)?.engine_choice.clone()),
         architecture: f.architecture.map(str::to_string),
         observed_source: Some(f.valid.source.key()),
         replicas: Some(replicas),

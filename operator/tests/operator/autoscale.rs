@@ -544,6 +544,7 @@ fn node_with_queue(served: &str, waiting: u64, running: u64) -> NodeStatus {
             devices: Vec::new(),
             replicas: Vec::new(),
             crashes: None,
+            engine_choice: None,
         }],
         ..NodeStatus::default()
     }

@@ -593,3 +593,125 @@ fn hpa_mode_emits_an_hpa_on_the_node_metrics_and_builtin_mode_none() {
         "3f1c2b4a-0000-4000-8000-000000000006"
     );
 }
+
+#[test]
+fn several_engines_for_a_known_architecture_are_all_mounted_and_the_nodes_measurement_decides() {
+    use gantry_api::{EngineBench, EngineChoice, EngineVerdict, NodeStatus};
+    use gantry_crd::conditions::reason;
+    use gantry_operator::model::status::{Facts, fold};
+    use gantry_operator::node_report::NodeReport;
+
+    // A second engine (another id) that also reads llama GGUFs on CPU.
+    let mut plugins = fixture_plugins();
+    let mut other = plugins[0].clone();
+    other.metadata.name = Some("native-gguf".into());
+    other.spec.engine_id = "native_gguf".into();
+    other.spec.image = "registry.example.com/engines/native-gguf:0.2.0".into();
+    other.spec.version = "0.2.0".into();
+    plugins.push(other);
+    let model = fixture_model("s3");
+    let v = validate(&model, &Settings::default()).expect("valid");
+    let r = resolve(&v, Some("llama"), &plugins, 1);
+    let names: Vec<String> = r
+        .mounted()
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert!(matches!(r, Resolution::Measured(_)), "{r:?}");
+    assert_eq!(names, ["llama-cpp-cpu", "native-gguf"]);
+    // Both images are in the pod.
+    let objects = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
+    let spec = serde_json::to_string(&objects.deployment).expect("json");
+    assert!(spec.contains("engine-llama-cpp-cpu:0.1.0") && spec.contains("native-gguf:0.2.0"));
+
+    // A pin is never measured.
+    let mut pinned = model.clone();
+    pinned.spec.engine = Some("native_gguf".into());
+    let pv = validate(&pinned, &Settings::default()).expect("valid");
+    match resolve(&pv, Some("llama"), &plugins, 1) {
+        Resolution::Resolved(p) => assert_eq!(p.spec.engine_id, "native_gguf"),
+        other => panic!("a pin resolves to one plugin: {other:?}"),
+    }
+
+    // Until a node pod reports, EngineResolved says the choice is pending and why.
+    let fold_with = |reports: &[&NodeReport]| {
+        fold(&Facts {
+            model: &model,
+            valid: &v,
+            architecture: Some("llama"),
+            resolution: &r,
+            deployment: None,
+            reports,
+            apply_error: None,
+            now: crate::support::t0(),
+        })
+    };
+    let s = fold_with(&[]);
+    let engine = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "EngineResolved")
+        .expect("EngineResolved");
+    assert_eq!(
+        (engine.status.as_str(), engine.reason.as_str()),
+        ("Unknown", reason::ENGINE_CHOICE_PENDING)
+    );
+    assert!(
+        engine.message.contains("llama-cpp-cpu, native-gguf"),
+        "{}",
+        engine.message
+    );
+    assert!(s.engine.is_none() && s.engine_choice.is_none());
+
+    // The node pod measured both and chose: its verdict and figures are the Model's.
+    let bench = |plugin: &str, outcome: &str, tps: f64| EngineBench {
+        plugin: plugin.into(),
+        version: "0.1.0".into(),
+        outcome: outcome.into(),
+        tokens_per_second: Some(tps),
+        ttft_ms: Some(40.0),
+        peak_bytes: Some(900 << 20),
+        message: None,
+        cached: false,
+    };
+    let choice = EngineChoice {
+        chosen: "native_gguf".into(),
+        rule: "highest decode tokens/s".into(),
+        candidates: vec![
+            bench("llama_cpp", "slower", 21.0),
+            bench("native_gguf", "chosen", 30.0),
+        ],
+    };
+    let served = v.served_name.clone();
+    let report = NodeReport {
+        pod: "ml/llama-s3-abc".into(),
+        config_hash: None,
+        plugins: names.clone(),
+        status: Ok(NodeStatus {
+            models: vec![gantry_api::ModelStatus {
+                id: served,
+                format: "gguf".into(),
+                architecture: Some("llama".into()),
+                verdict: Some(EngineVerdict::Supported {
+                    plugin: "native_gguf".into(),
+                    version: "0.2.0".into(),
+                }),
+                artifact: Default::default(),
+                load: Default::default(),
+                queue: Default::default(),
+                devices: Vec::new(),
+                replicas: Vec::new(),
+                crashes: None,
+                engine_choice: Some(choice.clone()),
+            }],
+            ..NodeStatus::default()
+        }),
+    };
+    let s = fold_with(&[&report]);
+    let engine = s.engine.expect("engine");
+    assert_eq!(
+        (engine.id.as_str(), engine.plugin.as_deref()),
+        ("native_gguf", Some("native-gguf"))
+    );
+    assert_eq!(s.engine_choice, Some(choice));
+}

@@ -179,6 +179,7 @@ pub(crate) fn node_report(
             devices: Vec::new(),
             replicas: Vec::new(),
             crashes: None,
+            engine_choice: None,
         }],
         ..NodeStatus::default()
     };

@@ -111,6 +111,23 @@ pub(super) fn fold_engine(
             None,
             Vec::new(),
         ),
+        Resolution::Measured(ps) => (
+            Decided::new(
+                cond::ENGINE_RESOLVED,
+                UNKNOWN,
+                reason::ENGINE_CHOICE_PENDING,
+                format!(
+                    "several EnginePlugins serve architecture {}: {}; all are mounted and the node pods measure them at load, the best serves (set spec.engine to pin one)",
+                    f.architecture.unwrap_or("unknown"),
+                    ps.iter()
+                        .map(ResourceExt::name_any)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            None,
+            Vec::new(),
+        ),
         Resolution::Unresolved(rejections) => {
             let msg = format!(
                 "no EnginePlugin serves format {}, architecture {}, backend {}{}: {}",
