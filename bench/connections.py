@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 # Shared with the gateway benchmark (run as a script, this folder is on the path).
-from gateway_overhead import free_port, wait_http
+from common import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"

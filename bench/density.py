@@ -35,28 +35,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from common import free_port, wait_http
 
 PROMPT = "Name three rivers in Europe and one fact about each."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(port: int, path: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", path)
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"127.0.0.1:{port}{path} did not answer 200 within {timeout} s")
 
 
 def first_token_ms(port: int, model: str, max_tokens: int = 8) -> float:
@@ -121,7 +102,7 @@ def run_gantry(args, files, log) -> dict:
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             # Ready once every model is inspected (lazy ones wait for their first request).
-            wait_http(port, "/readyz")
+            wait_http(f"http://127.0.0.1:{port}/readyz", 120)
             rss_start = rss_bytes(p.pid)
             cold, rss_each, used_each = [], [], []
             for i in range(args.models):
@@ -163,7 +144,7 @@ def run_peer(args, files, log) -> dict:
             t0 = time.perf_counter()
             p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(p)
-            wait_http(port, "/health")
+            wait_http(f"http://127.0.0.1:{port}/health", 120)
             ready_ms = (time.perf_counter() - t0) * 1000
             cold.append(ready_ms + first_token_ms(port, "m"))
             rss.append(rss_bytes(p.pid))

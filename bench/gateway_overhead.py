@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from common import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
@@ -38,25 +39,6 @@ DURATION = ROUNDS * SLICE
 BODY = json.dumps(
     {"model": "tiny", "prompt": "The gateway benchmark", "max_tokens": 1, "temperature": 0}
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"{url} did not answer 200 within {timeout} s")
 
 
 def post(url: str) -> dict:
@@ -162,8 +144,8 @@ def main() -> None:
         procs.append(subprocess.Popen(
             drop + [nginx, "-p", str(tmp), "-e", str(tmp / "error.log"),
                     "-c", str(nginx_conf(tmp, nginx_port, node_port)), "-g", "daemon off;"]))
-        wait_http(f"http://127.0.0.1:{node_port}/readyz")
-        wait_http(f"http://127.0.0.1:{gw_port}/readyz")
+        wait_http(f"http://127.0.0.1:{node_port}/readyz", 30)
+        wait_http(f"http://127.0.0.1:{gw_port}/readyz", 30)
         # The gateway probes its replica about once a second before routing to it.
         deadline = time.monotonic() + 10
         while True:
@@ -176,7 +158,7 @@ def main() -> None:
                 time.sleep(0.2)
         # Fill the node's response cache, and check nginx answers the same thing.
         first = post(f"http://127.0.0.1:{node_port}/v1/completions")
-        wait_http(f"http://127.0.0.1:{nginx_port}/healthz")
+        wait_http(f"http://127.0.0.1:{nginx_port}/healthz", 30)
         if post(f"http://127.0.0.1:{nginx_port}/v1/completions")["choices"] != first["choices"]:
             raise SystemExit("nginx answered differently from the node")
         targets = {

@@ -27,6 +27,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from common import free_port, wait_http
 
 PROMPT = (
     "Read these notes and summarise them in three sentences. The city council met on Tuesday "
@@ -35,28 +36,6 @@ PROMPT = (
     "cost of the library and about parking near the market square. The engineer said the "
     "bridge can stay open if traffic is limited to one lane."
 )
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(port, path, timeout=180):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", path)
-            r = c.getresponse()
-            r.read()
-            if r.status == 200:
-                return time.time() - t0
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError(f"port {port}{path} not ready in {timeout}s")
 
 
 def one_request(port, model, tag, cache_prompt, max_tokens):
@@ -163,7 +142,7 @@ class Server:
         self.log = open(f"/tmp/bench-{self.name}.log", "w")
         t0 = time.time()
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_http(self.port, self.health)
+        wait_http(f"http://127.0.0.1:{self.port}{self.health}")
         self.ready_s = time.time() - t0
         return self
 

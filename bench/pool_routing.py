@@ -49,6 +49,7 @@ import time
 import urllib.request
 from collections import deque
 from pathlib import Path
+from common import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
@@ -88,27 +89,6 @@ def few_shot(i):
         {"role": "assistant", "content": f"{p} keeps deleted files for 30 days; see the help-centre page on "
                                          f"backups."},
     ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, proc, log, timeout=180):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: the process exited early:\n{Path(log).read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return r.read().decode()
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer 200 in {timeout} s:\n{Path(log).read_text()[-3000:]}")
 
 
 def scrape(port):
@@ -238,7 +218,7 @@ def run_mode(mode, args, work):
                 stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True))
             ports.append(port)
         for n, port in enumerate(ports):
-            wait_http(f"http://127.0.0.1:{port}/readyz", procs[n], work / f"{mode}-node{n}.log")
+            wait_http(f"http://127.0.0.1:{port}/readyz", 180, procs[n], work / f"{mode}-node{n}.log")
         endpoints = work / "endpoints.json"
         endpoints.write_text(json.dumps({"models": {MODEL: [f"http://127.0.0.1:{p}" for p in ports]}}))
         gw_port = free_port()
@@ -248,7 +228,7 @@ def run_mode(mode, args, work):
              "--gateway-addr", f"127.0.0.1:{gw_port}", "--probe-interval-ms", "200", "--routing", mode],
             stdout=open(gw_log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True))
         deadline = time.time() + 60
-        while MODEL not in wait_http(f"http://127.0.0.1:{gw_port}/v1/models", procs[-1], gw_log):
+        while MODEL not in wait_http(f"http://127.0.0.1:{gw_port}/v1/models", 180, procs[-1], gw_log)[1]:
             if time.time() > deadline:
                 raise SystemExit(f"the gateway did not route {MODEL} in 60 s:\n{gw_log.read_text()[-3000:]}")
             time.sleep(0.2)

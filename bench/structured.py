@@ -43,6 +43,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from common import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
@@ -96,12 +97,6 @@ BATCH = "gantry_constraint_batch_seconds"
 
 def fmt(v, spec):
     return format(v, spec) if v is not None else "-"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(port, proc, log, timeout=180):
