@@ -6,13 +6,20 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# Each phase's time, so a CI log says where a cold run spends its budget.
+t0=$SECONDS
+phase() { echo "test.sh: $1 took $((SECONDS - t0)) s (total $SECONDS s)"; t0=$SECONDS; }
 eval "$(scripts/setup.sh)"
+phase setup
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # The build scripts/serve.sh uses too; plugins are cdylibs that tests load at run time.
 scripts/build.sh
+phase build
 cargo test --release --workspace
+phase "cargo test"
 # The untrusted-input parsers under libFuzzer, 20 s per target (fails on a crash or hang).
 scripts/fuzz.sh
+phase fuzz
 # The cluster test is #[ignore]d (listed as ignored above, never as passed); it
 # runs only when a cluster is named. Say so either way.
 if [ -z "${GANTRY_E2E_KUBECONFIG:-}" ]; then
@@ -22,3 +29,4 @@ else
   echo "operator end-to-end test ran against $GANTRY_E2E_KUBECONFIG"
 fi
 "$GANTRY_VENV/bin/python" -m pytest -q tests/python
+phase pytest

@@ -249,6 +249,7 @@ pub struct EngineChoice {
     pub chosen: String,
     /// The rule, in words.
     pub rule: String,
+    /// Every candidate's benchmark, in engine id order.
     pub candidates: Vec<EngineBench>,
 }
 
@@ -256,7 +257,9 @@ pub struct EngineChoice {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineBench {
+    /// The engine (plugin manifest `id`).
     pub plugin: String,
+    /// The engine's version.
     pub version: String,
     /// `chosen`, `slower` (passed, lost on the rule), `rejected` (over the memory limit) or
     /// `failed` (load or generation failed).

@@ -561,6 +561,30 @@ fn status_path() -> String {
     )
 }
 
+/// An autoscaler reading `nodes`, against a mock API server that expects one scale write of
+/// `m`'s Deployment and one status write, both by the autoscaler's field manager.
+fn scaling_once(
+    m: &Model,
+    nodes: BTreeMap<String, NodeStatus>,
+) -> (
+    Autoscaler,
+    tokio::task::JoinHandle<Vec<crate::support::Recorded>>,
+) {
+    let (ctx, server) = context(Vec::new(), BTreeMap::new());
+    let autoscaler = Autoscaler::new(
+        ctx.client.clone(),
+        std::sync::Arc::new(FixedNodeStatus(nodes)),
+        ctx.metrics.clone(),
+        Settings::default(),
+    );
+    let model_json = serde_json::to_value(m).expect("json");
+    let server = server.run(vec![
+        Step::apply(deployment_path()).by("gantry-autoscaler"),
+        Step::apply_status(status_path(), model_json).by("gantry-autoscaler"),
+    ]);
+    (autoscaler, server)
+}
+
 #[tokio::test]
 async fn a_busy_model_gets_exactly_one_scale_write_and_its_reason_in_status() {
     let m = scaling_model();
@@ -574,18 +598,7 @@ async fn a_busy_model_gets_exactly_one_scale_write_and_its_reason_in_status() {
             node_with_queue("gemma-3-270m", 2, 4),
         ),
     ]);
-    let (ctx, server) = context(Vec::new(), BTreeMap::new());
-    let mut autoscaler = Autoscaler::new(
-        ctx.client.clone(),
-        std::sync::Arc::new(FixedNodeStatus(nodes)),
-        ctx.metrics.clone(),
-        Settings::default(),
-    );
-    let model_json = serde_json::to_value(&m).expect("json");
-    let server = server.run(vec![
-        Step::apply(deployment_path()).by("gantry-autoscaler"),
-        Step::apply_status(status_path(), model_json).by("gantry-autoscaler"),
-    ]);
+    let (mut autoscaler, server) = scaling_once(&m, nodes);
     let pods = [
         ready_pod(&m, "gemma-3-270m-a", "10.0.0.5"),
         ready_pod(&m, "gemma-3-270m-b", "10.0.0.6"),
@@ -652,18 +665,7 @@ async fn a_node_reporting_a_full_gpu_gets_one_more_replica() {
         models: vec!["gemma-3-270m".into()],
     }];
     let nodes = BTreeMap::from([("10.0.0.5".to_string(), node)]);
-    let (ctx, server) = context(Vec::new(), BTreeMap::new());
-    let mut autoscaler = Autoscaler::new(
-        ctx.client.clone(),
-        std::sync::Arc::new(FixedNodeStatus(nodes)),
-        ctx.metrics.clone(),
-        Settings::default(),
-    );
-    let model_json = serde_json::to_value(&m).expect("json");
-    let server = server.run(vec![
-        Step::apply(deployment_path()).by("gantry-autoscaler"),
-        Step::apply_status(status_path(), model_json).by("gantry-autoscaler"),
-    ]);
+    let (mut autoscaler, server) = scaling_once(&m, nodes);
     let pods = [ready_pod(&m, "gemma-3-270m-a", "10.0.0.5")];
     let outcomes = autoscaler
         .tick(

@@ -95,39 +95,34 @@ pub(super) fn fold_engine(
             }),
             Vec::new(),
         ),
-        Resolution::Pending(ps) => (
-            Decided::new(
-                cond::ENGINE_RESOLVED,
-                UNKNOWN,
-                reason::ARCHITECTURE_PENDING,
-                format!(
-                    "the architecture is not known yet; mounted candidates {}; the first node report decides (set spec.architecture to decide before pods start)",
-                    ps.iter()
-                        .map(ResourceExt::name_any)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
-            None,
-            Vec::new(),
-        ),
-        Resolution::Measured(ps) => (
-            Decided::new(
-                cond::ENGINE_RESOLVED,
-                UNKNOWN,
-                reason::ENGINE_CHOICE_PENDING,
-                format!(
-                    "several EnginePlugins serve architecture {}: {}; all are mounted and the node pods measure them at load, the best serves (set spec.engine to pin one)",
-                    f.architecture.unwrap_or("unknown"),
-                    ps.iter()
-                        .map(ResourceExt::name_any)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
-            None,
-            Vec::new(),
-        ),
+        Resolution::Pending(ps) | Resolution::Measured(ps) => {
+            let names = ps
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let (why, msg) = if matches!(f.resolution, Resolution::Pending(_)) {
+                (
+                    reason::ARCHITECTURE_PENDING,
+                    format!(
+                        "the architecture is not known yet; mounted candidates {names}; the first node report decides (set spec.architecture to decide before pods start)"
+                    ),
+                )
+            } else {
+                (
+                    reason::ENGINE_CHOICE_PENDING,
+                    format!(
+                        "several EnginePlugins serve architecture {}: {names}; all are mounted and the node pods measure them at load, the best serves (set spec.engine to pin one)",
+                        f.architecture.unwrap_or("unknown")
+                    ),
+                )
+            };
+            (
+                Decided::new(cond::ENGINE_RESOLVED, UNKNOWN, why, msg),
+                None,
+                Vec::new(),
+            )
+        }
         Resolution::Unresolved(rejections) => {
             let msg = format!(
                 "no EnginePlugin serves format {}, architecture {}, backend {}{}: {}",
