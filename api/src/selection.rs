@@ -62,65 +62,86 @@ pub enum Selection {
     Rejected(Vec<Rejection>),
 }
 
-/// Choose among `candidates` for `want`, by the rules in this module's header.
-pub fn select(candidates: &[Candidate<'_>], want: &Wanted<'_>) -> Selection {
+/// Candidate indices in selection order: engine id, then name.
+fn in_order(candidates: &[Candidate<'_>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..candidates.len()).collect();
     order.sort_by(|&a, &b| {
         let (a, b) = (&candidates[a], &candidates[b]);
         (a.engine_id, a.name).cmp(&(b.engine_id, b.name))
     });
+    order
+}
+
+/// The rules of this module's header for one candidate: `Ok` when it can serve `want`
+/// (whatever the architecture, while `want` does not know it), else the rejection.
+fn check(c: &Candidate<'_>, want: &Wanted<'_>) -> Result<(), (RejectionKind, String)> {
+    if let Some(pin) = want.pin
+        && pin != c.engine_id
+    {
+        return Err((
+            RejectionKind::Pin,
+            format!("model is pinned to engine {pin}"),
+        ));
+    }
+    if let Some(refused) = &c.refused {
+        return Err(refused.clone());
+    }
+    if c.gpu_backend != want.backend {
+        return Err((
+            RejectionKind::Backend,
+            format!(
+                "plugin is built for {}, the model runs on {}{}",
+                c.gpu_backend, want.backend, want.backend_note
+            ),
+        ));
+    }
+    if !c.formats.iter().any(|f| f == want.format) {
+        return Err((
+            RejectionKind::Format,
+            format!(
+                "format {} not supported (plugin formats: {})",
+                want.format,
+                c.formats.join(", ")
+            ),
+        ));
+    }
+    match want.architecture {
+        Some(arch) if !c.architectures.iter().any(|a| a == arch) => Err((
+            RejectionKind::Architecture,
+            format!("architecture {arch} is not in the plugin's list"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Every candidate that passes every rule for `want`, in selection order, one per engine id
+/// (the first in that order): the engines to measure against each other when there are
+/// several (the node's engine choice by measurement). [`select`] chooses the first of them.
+pub fn passing(candidates: &[Candidate<'_>], want: &Wanted<'_>) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for i in in_order(candidates) {
+        let c = &candidates[i];
+        if check(c, want).is_ok() && !out.iter().any(|&j| candidates[j].engine_id == c.engine_id) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+/// Choose among `candidates` for `want`, by the rules in this module's header.
+pub fn select(candidates: &[Candidate<'_>], want: &Wanted<'_>) -> Selection {
     let mut rejections = Vec::new();
     let mut passing = Vec::new();
-    for i in order {
+    for i in in_order(candidates) {
         let c = &candidates[i];
-        let mut reject = |kind, reason: String| {
-            rejections.push(Rejection {
+        match check(c, want) {
+            Err((kind, reason)) => rejections.push(Rejection {
                 plugin: c.name.to_string(),
                 kind,
                 reason,
-            })
-        };
-        if let Some(pin) = want.pin
-            && pin != c.engine_id
-        {
-            reject(
-                RejectionKind::Pin,
-                format!("model is pinned to engine {pin}"),
-            );
-            continue;
-        }
-        if let Some((kind, reason)) = &c.refused {
-            reject(*kind, reason.clone());
-            continue;
-        }
-        if c.gpu_backend != want.backend {
-            reject(
-                RejectionKind::Backend,
-                format!(
-                    "plugin is built for {}, the model runs on {}{}",
-                    c.gpu_backend, want.backend, want.backend_note
-                ),
-            );
-            continue;
-        }
-        if !c.formats.iter().any(|f| f == want.format) {
-            reject(
-                RejectionKind::Format,
-                format!(
-                    "format {} not supported (plugin formats: {})",
-                    want.format,
-                    c.formats.join(", ")
-                ),
-            );
-            continue;
-        }
-        match want.architecture {
-            Some(arch) if !c.architectures.iter().any(|a| a == arch) => reject(
-                RejectionKind::Architecture,
-                format!("architecture {arch} is not in the plugin's list"),
-            ),
-            Some(_) => return Selection::Chosen(i),
-            None => passing.push(i),
+            }),
+            Ok(()) if want.architecture.is_some() => return Selection::Chosen(i),
+            Ok(()) => passing.push(i),
         }
     }
     if !passing.is_empty() {
@@ -177,5 +198,34 @@ mod tests {
             r[2].reason,
             "pinned engine vllm is not installed on this node"
         );
+    }
+
+    #[test]
+    fn passing_lists_every_fitting_engine_once_in_selection_order() {
+        let (gguf, arch, other) = (strings(&["gguf"]), strings(&["llama"]), strings(&["mamba"]));
+        let cand = |name, engine_id, architectures| Candidate {
+            name,
+            engine_id,
+            refused: None,
+            gpu_backend: "cpu",
+            formats: &gguf,
+            architectures,
+        };
+        let candidates = [
+            cand("zeta", "zeta", &arch),
+            cand("alpha-b", "alpha", &arch),
+            cand("mamba", "mamba", &other),
+            cand("alpha-a", "alpha", &arch),
+        ];
+        let want = Wanted {
+            format: "gguf",
+            architecture: Some("llama"),
+            pin: None,
+            backend: "cpu",
+            backend_note: "",
+            pin_scope: "installed on this node",
+        };
+        assert_eq!(passing(&candidates, &want), vec![3, 0]);
+        assert_eq!(select(&candidates, &want), Selection::Chosen(3));
     }
 }

@@ -258,7 +258,6 @@ fn engines_bench(model: &Path, threads: u32, args: &EngineArgs) -> anyhow::Resul
         dir.display(),
         format.as_str()
     );
-    let device = format!("{}/{threads}t", args.backend.as_str());
     let probe = ec::Probe {
         // On a CUDA node the device check is the node's (it reads the devices); here the
         // machine's RAM bounds a CPU candidate and a GPU candidate is not bounded.
@@ -267,8 +266,7 @@ fn engines_bench(model: &Path, threads: u32, args: &EngineArgs) -> anyhow::Resul
         } else {
             0
         },
-        device,
-        device_used: None,
+        devices: None,
     };
     let desc = ModelDescriptor {
         model_id: "bench".into(),

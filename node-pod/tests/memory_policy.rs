@@ -11,9 +11,7 @@ use std::path::{Path, PathBuf};
 
 use std::time::{Duration, Instant};
 
-use common::{
-    NodeProc, built_lib, faulty_manifest, http, install_plugin, profile_dir, spawn_node, wait_ready,
-};
+use common::{NodeProc, http, install_faulty, profile_dir, spawn_node, wait_ready};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
@@ -249,15 +247,7 @@ async fn queue(node: &NodeProc, id: &str) -> (u64, u64) {
 async fn a_busy_model_is_never_unloaded_and_an_engine_oom_is_reported_as_such() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plugins = dir.path().join("plugins");
-    let mut manifest = faulty_manifest("faulty");
-    manifest["architectures"] = json!(["toy"]);
-    install_plugin(
-        &plugins,
-        "faulty",
-        "cpu",
-        manifest,
-        Some(&built_lib("gantry_fault_faulty")),
-    );
+    install_faulty(&plugins);
     // The faulty plugin's behaviour follows the file name: `hang*` never finishes a step,
     // `oom*` is refused by the engine with OOM_VRAM.
     let mut models = Vec::new();

@@ -739,15 +739,7 @@ fn two_engines(root: &Path) -> PathBuf {
         plugins.join("llama_cpp"),
     )
     .expect("link the llama.cpp plugin");
-    let mut manifest = faulty_manifest("faulty");
-    manifest["architectures"] = json!(["toy", "llama"]);
-    install_plugin(
-        &plugins,
-        "faulty",
-        "cpu",
-        manifest,
-        Some(&built_lib("gantry_fault_faulty")),
-    );
+    install_faulty_for(&plugins, &["toy", "llama"]);
     plugins
 }
 

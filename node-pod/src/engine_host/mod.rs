@@ -15,7 +15,7 @@ pub mod worker;
 use std::path::{Path, PathBuf};
 
 use gantry_api::config::{Isolation, IsolationConfig};
-use gantry_api::selection::{Candidate, Selection, Wanted, select};
+use gantry_api::selection::{Candidate, Selection, Wanted, passing, select};
 use gantry_api::{EngineVerdict, RejectionKind};
 use gantry_engine_abi::{Backend, EngineConfig, Format};
 use serde::Serialize;
@@ -441,10 +441,16 @@ impl EngineRegistry {
             .or_else(|| self.records.iter().find(|r| r.id() == id))
     }
 
-    /// Which plugin serves a model of `format` and `architecture`, honouring an engine pin, by
-    /// the rules the operator applies too ([`gantry_api::selection`]): a plugin this node
-    /// refused is a candidate with its refusal, so the verdict lists it with the reason.
-    pub fn resolve(&self, format: Format, architecture: &str, pin: Option<&str>) -> EngineVerdict {
+    /// Run `f` over this node's plugins as selection candidates and what a model of `format`
+    /// and `architecture` (pinned to `pin`) wants, with the plugin ids by candidate index: a
+    /// plugin this node refused is a candidate with its refusal.
+    fn with_candidates<R>(
+        &self,
+        format: Format,
+        architecture: &str,
+        pin: Option<&str>,
+        f: impl FnOnce(&[Candidate<'_>], &Wanted<'_>, &[String]) -> R,
+    ) -> R {
         let ids: Vec<String> = self.records.iter().map(PluginRecord::id).collect();
         let none: Vec<String> = Vec::new();
         let candidates: Vec<Candidate<'_>> = self
@@ -477,57 +483,42 @@ impl EngineRegistry {
             backend_note: "",
             pin_scope: "installed on this node",
         };
-        match select(&candidates, &want) {
-            Selection::Chosen(i) => EngineVerdict::Supported {
-                plugin: ids[i].clone(),
-                version: self.records[i]
-                    .plugin()
-                    .map(|p| p.info().engine_version.clone())
-                    .unwrap_or_default(),
-            },
-            Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
-            // Unreachable with a known architecture; treated as "nothing chosen".
-            Selection::Pending(_) => EngineVerdict::Unsupported {
-                rejections: Vec::new(),
-            },
-        }
+        f(&candidates, &want, &ids)
+    }
+
+    /// Which plugin serves a model of `format` and `architecture`, honouring an engine pin, by
+    /// the rules the operator applies too ([`gantry_api::selection`]): a plugin this node
+    /// refused is a candidate with its refusal, so the verdict lists it with the reason.
+    pub fn resolve(&self, format: Format, architecture: &str, pin: Option<&str>) -> EngineVerdict {
+        self.with_candidates(format, architecture, pin, |candidates, want, ids| {
+            match select(candidates, want) {
+                Selection::Chosen(i) => EngineVerdict::Supported {
+                    plugin: ids[i].clone(),
+                    version: self.records[i]
+                        .plugin()
+                        .map(|p| p.info().engine_version.clone())
+                        .unwrap_or_default(),
+                },
+                Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
+                // Unreachable with a known architecture; treated as "nothing chosen".
+                Selection::Pending(_) => EngineVerdict::Unsupported {
+                    rejections: Vec::new(),
+                },
+            }
+        })
     }
 
     /// Every loaded plugin that passes the selection rules for a model of `format` and
-    /// `architecture` with no pin, in engine id order: the candidates of an engine choice by
-    /// measurement (node/engine_choice.rs) when there are several.
+    /// `architecture` with no pin, in engine id order ([`gantry_api::selection::passing`]):
+    /// the candidates of an engine choice by measurement (node/engine_choice.rs) when there
+    /// are several.
     pub fn alternatives(&self, format: Format, architecture: &str) -> Vec<String> {
-        let none: Vec<String> = Vec::new();
-        let want = Wanted {
-            format: format.as_str(),
-            architecture: Some(architecture),
-            pin: None,
-            backend: self.backend.as_str(),
-            backend_note: "",
-            pin_scope: "installed on this node",
-        };
-        let mut ids: Vec<String> = self
-            .records
-            .iter()
-            .filter(|r| r.plugin().is_some())
-            .filter(|r| {
-                let id = r.id();
-                let m = r.manifest.as_ref();
-                let one = [Candidate {
-                    name: &id,
-                    engine_id: &id,
-                    refused: None,
-                    gpu_backend: m.map_or(self.backend.as_str(), |m| m.gpu_backend.as_str()),
-                    formats: m.map_or(&none, |m| &m.formats),
-                    architectures: m.map_or(&none, |m| &m.architectures),
-                }];
-                matches!(select(&one, &want), Selection::Chosen(0))
-            })
-            .map(PluginRecord::id)
-            .collect();
-        ids.sort();
-        ids.dedup();
-        ids
+        self.with_candidates(format, architecture, None, |candidates, want, ids| {
+            passing(candidates, want)
+                .into_iter()
+                .map(|i| ids[i].clone())
+                .collect()
+        })
     }
 
     /// The loaded plugin behind a `Supported` verdict.

@@ -31,6 +31,7 @@ use gantry_api::{EngineBench, EngineChoice};
 use gantry_engine_abi::{ModelDescriptor, Sampling, StepEntry};
 use sha2::{Digest, Sha256};
 
+use crate::devices::{DeviceSnapshot, measured_use};
 use crate::engine_host::Plugin;
 
 /// The benchmark prompt (about 60 tokens for common tokenizers).
@@ -46,14 +47,13 @@ pub const TIE_BAND: f64 = 0.05;
 /// The rule, as `/v1/status` states it.
 pub const RULE: &str = "highest decode tokens/s; within 5 % of the best: lowest TTFT, then lowest peak memory, then engine id; failed candidates and those above 90 % of the memory budget are out";
 
-/// Where the candidate runs, for the memory measurement and the cache key.
+/// Where the candidate runs, for the memory measurement.
 pub struct Probe<'a> {
     /// The node's budget for the pool the model lives in (its limit, else the machine's).
     pub budget_bytes: u64,
-    /// Device key: backend plus threads or GPU names.
-    pub device: String,
-    /// Bytes in use on the model's devices now (CUDA nodes); `None` on a CPU node.
-    pub device_used: Option<&'a dyn Fn() -> u64>,
+    /// On a CUDA node: a fresh reading of the devices and the model's device ids, for the
+    /// device's own measure of the load (`devices::measured_use`); `None` on a CPU node.
+    pub devices: Option<(&'a dyn Fn() -> DeviceSnapshot, &'a [u32])>,
 }
 
 /// Benchmark one candidate. Never panics; a failure is a `failed` result with the reason.
@@ -75,7 +75,7 @@ pub fn bench(
         cached: false,
     };
     let rss_before = rss_bytes(None).unwrap_or(0);
-    let dev_before = probe.device_used.map(|f| f());
+    let dev_before = probe.devices.map(|(read, _)| read());
     let desc = ModelDescriptor {
         max_sequences: 1,
         ..desc.clone()
@@ -130,19 +130,14 @@ pub fn bench(
     let measured = run();
     // What the load held at its largest: after the run every weight has been read.
     let reported = shared.info().bytes_used;
-    let rss = match shared.worker_pid() {
-        Some(pid) => rss_bytes(Some(pid)),
-        None => rss_bytes(None).map(|now| now.saturating_sub(rss_before)),
+    let measured_bytes = match (probe.devices, &dev_before) {
+        (Some((read, on)), Some(before)) => measured_use(before, &read(), on),
+        _ => match shared.worker_pid() {
+            Some(pid) => rss_bytes(Some(pid)),
+            None => rss_bytes(None).map(|now| now.saturating_sub(rss_before)),
+        },
     };
-    let device = match (probe.device_used, dev_before) {
-        (Some(f), Some(before)) => Some(f().saturating_sub(before)),
-        _ => None,
-    };
-    let peak = reported.max(if probe.device_used.is_some() {
-        device.unwrap_or(0)
-    } else {
-        rss.unwrap_or(0)
-    });
+    let peak = reported.max(measured_bytes.unwrap_or(0));
     drop(exec);
     drop(shared);
     result.peak_bytes = Some(peak);

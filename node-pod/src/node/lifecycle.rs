@@ -182,7 +182,7 @@ impl Node {
         // Plan, unload and load as one step: no other load counts the same free bytes.
         let _room = self.memory.lock.lock().unwrap_or_else(|p| p.into_inner());
         // Real device figures for the budget, the placement and the measurement after.
-        let before = self.devices.refresh();
+        let mut before = self.devices.refresh();
         self.metrics.set_devices(&before);
         let placement = match self.placement_for(m, &before) {
             Ok(p) => p,
@@ -194,13 +194,10 @@ impl Node {
         };
         // Several engines support the model and none is pinned: measure them (or take the
         // cached figures) and let the best serve it.
-        let (plugin_id, plugin) = match self.choose_engine(m, &reg, &primary, &placement) {
-            Some(id) => match reg.plugin(&id) {
-                Some(p) => (id, p),
-                None => (plugin_id, plugin),
-            },
-            None => (plugin_id, plugin),
-        };
+        let (plugin_id, plugin) = self
+            .choose_engine(m, &reg, &primary, &placement, &mut before)
+            .and_then(|id| reg.plugin(&id).map(|p| (id, p)))
+            .unwrap_or((plugin_id, plugin));
         if let Err(r) = self.make_room(m, &primary) {
             self.refuse_load(m, r);
             return;
@@ -252,13 +249,16 @@ impl Node {
     /// (node/engine_choice.rs; cached figures where the cache has them), record the choice
     /// in `m` and its verdict, and return the winner. `None`: one candidate, a pin, or no
     /// candidate passed (the verdict's plugin then loads as before and fails or serves on its
-    /// own). Runs under the memory lock, one candidate loaded at a time.
+    /// own). Runs under the memory lock, one candidate loaded at a time. `devices` is the
+    /// load's reading from before; after a benchmark it is read again, so the load's own
+    /// measurement starts from where the candidates left the devices.
     fn choose_engine(
         &self,
         m: &ServedModel,
         reg: &crate::engine_host::EngineRegistry,
         primary: &Path,
         placement: &[Vec<u32>],
+        devices: &mut crate::devices::DeviceSnapshot,
     ) -> Option<String> {
         use super::engine_choice as ec;
         if m.config.engine.is_some() {
@@ -269,15 +269,11 @@ impl Node {
         if ids.len() < 2 {
             return None;
         }
-        let devices = placement.first().cloned().unwrap_or_default();
-        let snap = self.devices.refresh();
+        let on = placement.first().cloned().unwrap_or_default();
         let cuda = self.engine_config.backend == gantry_engine_abi::Backend::Cuda;
+        let mine = || devices.devices.iter().filter(|d| on.contains(&d.index));
         let device = if cuda {
-            let names: Vec<String> = devices
-                .iter()
-                .filter_map(|d| snap.devices.iter().find(|x| x.index == *d))
-                .map(|d| d.name.clone())
-                .collect();
+            let names: Vec<String> = mine().map(|d| d.name.clone()).collect();
             format!("cuda/{}", names.join("+"))
         } else {
             format!("cpu/{}t", self.engine_config.n_threads)
@@ -288,31 +284,26 @@ impl Node {
         let budget = if limit > 0 {
             limit
         } else if cuda {
-            snap.devices
-                .iter()
-                .filter(|d| devices.contains(&d.index))
-                .map(|d| d.total_bytes)
-                .sum()
+            mine().map(|d| d.total_bytes).sum()
         } else {
             ec::machine_ram_bytes().unwrap_or(0)
         };
-        let used_on_devices = || {
-            let now = self.devices.refresh();
-            now.devices
-                .iter()
-                .filter(|d| devices.contains(&d.index))
-                .map(|d| d.total_bytes.saturating_sub(d.free_bytes))
-                .sum::<u64>()
-        };
+        let read = || self.devices.refresh();
         let probe = ec::Probe {
             budget_bytes: budget,
-            device: device.clone(),
-            device_used: if cuda { Some(&used_on_devices) } else { None },
+            devices: cuda.then_some((
+                &read as &dyn Fn() -> crate::devices::DeviceSnapshot,
+                &on[..],
+            )),
         };
         let fingerprint = ec::fingerprint(primary).ok();
-        let cache = ec::ChoiceCache::new(self.choice_cache_dir());
-        let desc = descriptor(m, primary, &devices);
+        let cache = ec::ChoiceCache::new(crate::store::cache_dir(
+            self.store_setup.as_ref(),
+            &self.config,
+        ));
+        let desc = descriptor(m, primary, &on);
         let mut results = Vec::with_capacity(ids.len());
+        let mut measured = false;
         for id in &ids {
             let plugin = reg.plugin(id)?;
             let version = plugin.info().engine_version.clone();
@@ -325,10 +316,14 @@ impl Node {
             }
             tracing::info!(model = %m.config.id, plugin = %id, "benchmarking a candidate engine");
             let r = ec::bench(id, plugin, &desc, &probe);
+            measured = true;
             if let Some(k) = &key {
                 cache.put(k, &r);
             }
             results.push(r);
+        }
+        if measured {
+            *devices = self.devices.refresh();
         }
         let Some(winner) = ec::decide(&mut results) else {
             tracing::error!(target: "gantry::alert", model = %m.config.id, "no candidate engine passed its benchmark: {}", results.iter().map(|r| format!("{}: {}", r.plugin, r.message.as_deref().unwrap_or(&r.outcome))).collect::<Vec<_>>().join("; "));
@@ -350,19 +345,6 @@ impl Node {
             version,
         });
         Some(chosen)
-    }
-
-    /// Where the engine choice cache lives: the model cache directory (config `cacheDir`,
-    /// `--cache-dir`), else `~/.cache/gantry-node`.
-    fn choice_cache_dir(&self) -> Option<std::path::PathBuf> {
-        self.config
-            .cache_dir
-            .clone()
-            .or_else(|| self.store_setup.as_ref().and_then(|s| s.cache_dir.clone()))
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .map(|h| std::path::PathBuf::from(h).join(".cache/gantry-node"))
-            })
     }
 
     /// Load every replica of `m` with `plugin` and start their schedulers: a ready model, not

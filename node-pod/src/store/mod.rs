@@ -274,22 +274,24 @@ impl StoreSetup {
         if let Some(r) = &self.s3_region {
             settings.s3_region = Some(r.clone());
         }
-        let cache_dir = self
-            .cache_dir
-            .clone()
-            .or_else(|| config.cache_dir.clone())
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gantry-node"))
-            })
-            .ok_or_else(|| {
-                StoreError::Setup(
-                    "no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR"
-                        .into(),
-                )
-            })?;
+        let cache_dir = cache_dir(Some(self), config).ok_or_else(|| {
+            StoreError::Setup(
+                "no cache directory: set `cacheDir` in the config, --cache-dir or GANTRY_CACHE_DIR"
+                    .into(),
+            )
+        })?;
         tracing::info!(cache_dir = %cache_dir.display(), ?settings, "model store");
         ModelStore::new(cache_dir, settings)
     }
+}
+
+/// The node's cache directory: `--cache-dir` (`setup`), else the config's `cacheDir`, else
+/// `~/.cache/gantry-node`. The model store and the engine choice cache live there.
+pub fn cache_dir(setup: Option<&StoreSetup>, config: &gantry_api::NodeConfig) -> Option<PathBuf> {
+    setup
+        .and_then(|s| s.cache_dir.clone())
+        .or_else(|| config.cache_dir.clone())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gantry-node")))
 }
 
 /// Gets models' artifacts into the cache directory.

@@ -69,11 +69,18 @@ pub fn faulty_manifest(id: &str) -> serde_json::Value {
 
 /// The `faulty` plugin under `<root>/faulty/cpu/`, as most host tests need it.
 pub fn install_faulty(root: &Path) -> PathBuf {
+    install_faulty_for(root, &["toy"])
+}
+
+/// The `faulty` plugin under `<root>/faulty/cpu/`, its manifest declaring `architectures`.
+pub fn install_faulty_for(root: &Path, architectures: &[&str]) -> PathBuf {
+    let mut manifest = faulty_manifest("faulty");
+    manifest["architectures"] = serde_json::json!(architectures);
     install_plugin(
         root,
         "faulty",
         "cpu",
-        faulty_manifest("faulty"),
+        manifest,
         Some(&built_lib("gantry_fault_faulty")),
     )
 }

@@ -15,7 +15,7 @@
 //! mounted too (`Measured`): the node pods benchmark them at load and the best serves
 //! (docs/engines.md, "Engine choice by measurement"); the node's verdict names the winner.
 
-use gantry_api::selection::{Candidate, Selection, Wanted, select};
+use gantry_api::selection::{Candidate, Selection, Wanted, passing, select};
 use kube::ResourceExt;
 
 use crate::acceptance::accept;
@@ -87,37 +87,14 @@ pub fn resolve(
         backend_note: &note,
         pin_scope: "provided by any EnginePlugin",
     };
-    match select(&candidates, &want) {
-        Selection::Chosen(i) if want.pin.is_none() => {
-            // Every candidate that passes on its own: more than one is a choice to measure.
-            // (one per engine id: the first in selection order, as the node keeps one too).
-            let mut passing: Vec<usize> = Vec::new();
-            for j in 0..candidates.len() {
-                let ok = matches!(
-                    select(std::slice::from_ref(&candidates[j]), &want),
-                    Selection::Chosen(0)
-                );
-                let fresh = !passing
-                    .iter()
-                    .any(|&k| candidates[k].engine_id == candidates[j].engine_id);
-                if ok && fresh {
-                    passing.push(j);
-                }
-            }
-            // The chosen one first when its id repeats (selection order also sorts by name).
-            if let Some(k) = passing
-                .iter()
-                .position(|&k| candidates[k].engine_id == candidates[i].engine_id)
-            {
-                passing[k] = i;
-            }
-            passing.sort_by(|&a, &b| candidates[a].engine_id.cmp(candidates[b].engine_id));
-            if passing.len() > 1 {
-                Resolution::Measured(passing.into_iter().map(|j| plugins[j].clone()).collect())
-            } else {
-                Resolution::Resolved(Box::new(plugins[i].clone()))
-            }
+    // Several engines fit a known architecture and none is pinned: the node pods measure them.
+    if want.pin.is_none() && want.architecture.is_some() {
+        let fitting = passing(&candidates, &want);
+        if fitting.len() > 1 {
+            return Resolution::Measured(fitting.into_iter().map(|j| plugins[j].clone()).collect());
         }
+    }
+    match select(&candidates, &want) {
         Selection::Chosen(i) => Resolution::Resolved(Box::new(plugins[i].clone())),
         Selection::Pending(ids) => {
             Resolution::Pending(ids.into_iter().map(|i| plugins[i].clone()).collect())
