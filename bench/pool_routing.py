@@ -14,7 +14,8 @@ start with cold caches.
 Workload: 16 chat conversations. Each starts with the same long system prompt (about 600
 tokens) and its own few-shot header (two example exchanges), then grows turn by turn: a turn
 sends the whole conversation so far plus a new user message, and its answer (greedy,
-`max_tokens` 16) is appended before the next turn. 4 turns each, 64 requests. 4 clients take
+`max_tokens` 48) is appended before the next turn. 8 turns each, 128 requests (`--turns 4
+--max-tokens 16` is the shorter workload of earlier runs). 4 clients take
 turns from a round-robin queue of conversations, so one conversation's turns are interleaved
 with the others' as users with think time would be. Requests stream.
 
@@ -30,7 +31,7 @@ Usage: bench/pool_routing.py [--model gemma.gguf] [--out bench/results/pool-rout
            [--quick]
 
 Needs `cargo build --release --workspace`. Loopback only. Bounded: 64 requests per run and at
-most --max-seconds per run (no turn starts later); about 4 minutes in all on 2 CPU cores.
+most --max-seconds per run (no turn starts later); about 10 minutes in all on 2 CPU cores.
 --quick is a smoke run (6 conversations, 2 turns).
 """
 import argparse
@@ -225,7 +226,8 @@ def run_mode(mode, args, work):
         gw_log = work / f"{mode}-gateway.log"
         procs.append(subprocess.Popen(
             [args.operator, "run", "--components", "gateway", "--endpoints-file", str(endpoints),
-             "--gateway-addr", f"127.0.0.1:{gw_port}", "--probe-interval-ms", "200", "--routing", mode],
+             "--gateway-addr", f"127.0.0.1:{gw_port}", "--probe-interval-ms", "200", "--routing", mode,
+             "--load-slack", str(args.load_slack)],
             stdout=open(gw_log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True))
         deadline = time.time() + 60
         while MODEL not in wait_http(f"http://127.0.0.1:{gw_port}/v1/models", 180, procs[-1], gw_log)[1]:
@@ -271,12 +273,13 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench/results/pool-routing.json"))
     ap.add_argument("--threads", type=int, default=1, help="engine threads per node (three nodes share the CPUs)")
     ap.add_argument("--conversations", type=int, default=16)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--load-slack", type=int, default=3, help="the gateway's --load-slack (0: plain CHWBL)")
     ap.add_argument("--prefill-chunk-tokens", type=int, default=1536,
                     help="the nodes' prefillChunkTokens (a prompt must fit one chunk to be matched whole)")
-    ap.add_argument("--max-seconds", type=float, default=240, help="no turn starts later than this into a run")
+    ap.add_argument("--max-seconds", type=float, default=600, help="no turn starts later than this into a run")
     ap.add_argument("--quick", action="store_true", help="smoke run: 6 conversations, 2 turns")
     args = ap.parse_args()
     if args.quick:
@@ -293,6 +296,7 @@ def main():
         "threads_per_node": args.threads,
         "node_config": {"contextLength": 2048, "maxBatchSize": 8, "responseCacheRamFraction": 0.0,
                         "prefillChunkTokens": args.prefill_chunk_tokens, "stallTimeoutSeconds": 120},
+        "gateway": {"load_factor": 1.25, "load_slack": args.load_slack, "prefix_chars": 256},
         "workload": {"conversations": args.conversations, "turns": args.turns, "concurrency": args.concurrency,
                      "max_tokens": args.max_tokens, "system_prompt_chars": len(SYSTEM), "temperature": 0,
                      "stream": True},

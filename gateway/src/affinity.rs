@@ -15,13 +15,15 @@
 //! 3. Requests without a key (embeddings, empty prompts) and `--routing least-load` go to the
 //!    least-loaded replica.
 //!
-//! A key picks its replica by consistent hashing with bounded load (CHWBL): each replica has
-//! [`RING_POINTS`] points on a hash ring; the key goes to the first replica clockwise from its
-//! hash whose load (outstanding + waiting requests) stays at or below
-//! `ceil(load_factor × (total load + 1) / replicas)`. The bound is above the mean, so some
-//! replica always fits (at worst the least loaded). Adding or removing a replica moves only the keys of its own
-//! ring segments. Hashes are the first 8 bytes of SHA-256, so every gateway replica (they run
-//! active-active) routes a key to the same node.
+//! A key's replica ([`crate::routes::RouteTable::pick_keyed`]): the one it last went to
+//! ([`crate::placement`]) while that one stays within the load [`Bound`]; otherwise the first
+//! replica clockwise from the key's hash on a ring ([`RING_POINTS`] points per replica) that is
+//! within the bound and holds no more than its share of the model's live keys. The bound is
+//! consistent hashing with bounded load (CHWBL) with an absolute slack: a replica is over it
+//! when its load (outstanding + waiting requests) reaches `ceil(load_factor × (total load + 1)
+//! / replicas)` *and* exceeds the least-loaded replica's by `--load-slack` or more. Adding or
+//! removing a replica moves only the keys it held. Hashes are the first 8 bytes of SHA-256, so
+//! every gateway replica (they run active-active) places a new key alike.
 
 use axum::http::{HeaderMap, HeaderName};
 use serde::Deserialize;
@@ -37,6 +39,9 @@ pub const DEFAULT_SESSION_HEADER: &str = "x-gantry-session";
 pub const DEFAULT_PREFIX_CHARS: usize = 256;
 /// Default bound on a replica's load, as a multiple of the mean (KubeAI's CHWBL default).
 pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+/// Default slack: a replica past the bound keeps a key while its load is less than this many
+/// requests above the least-loaded candidate's.
+pub const DEFAULT_LOAD_SLACK: u64 = 3;
 
 /// How requests with a key are routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -60,9 +65,34 @@ pub struct RoutingArgs {
     /// A keyed request goes to a replica whose load stays within this multiple of the mean.
     #[arg(long, env = "GANTRY_GATEWAY_LOAD_FACTOR", default_value_t = DEFAULT_LOAD_FACTOR)]
     pub load_factor: f64,
+    /// A replica past the load bound still takes a key while its load is less than this many
+    /// requests above the least-loaded replica's (0: the bound alone).
+    #[arg(long, env = "GANTRY_GATEWAY_LOAD_SLACK", default_value_t = DEFAULT_LOAD_SLACK)]
+    pub load_slack: u64,
+    /// Seconds a key's placement (the replica it last went to) outlives its last request.
+    #[arg(long, env = "GANTRY_GATEWAY_PLACEMENT_TTL_SECONDS", default_value_t = crate::placement::DEFAULT_PLACEMENT_TTL.as_secs())]
+    pub placement_ttl_seconds: u64,
     /// Requests carrying this header stick to one replica per header value.
     #[arg(long, env = "GANTRY_GATEWAY_SESSION_HEADER", default_value = DEFAULT_SESSION_HEADER)]
     pub session_header: String,
+}
+
+/// The load bound of a keyed pick: a candidate replica is *over* it when its load (outstanding
+/// and waiting requests) is at least `ceil(load_factor × (total + 1) / candidates)`
+/// ([`load_cap`]) and at least `slack` above the least-loaded candidate's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bound {
+    /// At least 1.0.
+    pub load_factor: f64,
+    pub slack: u64,
+}
+
+impl Bound {
+    /// Whether a replica with `load` is over the bound, given the candidates' `total` and
+    /// `min` loads and their `count`.
+    pub fn over(&self, load: u64, total: u64, min: u64, count: usize) -> bool {
+        load >= load_cap(total, count, self.load_factor) && load >= min.saturating_add(self.slack)
+    }
 }
 
 /// The routing settings of a running gateway.
@@ -70,8 +100,8 @@ pub struct RoutingArgs {
 pub struct Affinity {
     pub mode: RoutingMode,
     pub prefix_chars: usize,
-    /// At least 1.0.
-    pub load_factor: f64,
+    pub bound: Bound,
+    pub placement_ttl: std::time::Duration,
     pub session_header: Option<HeaderName>,
 }
 
@@ -80,7 +110,11 @@ impl Default for Affinity {
         Affinity {
             mode: RoutingMode::Prefix,
             prefix_chars: DEFAULT_PREFIX_CHARS,
-            load_factor: DEFAULT_LOAD_FACTOR,
+            bound: Bound {
+                load_factor: DEFAULT_LOAD_FACTOR,
+                slack: DEFAULT_LOAD_SLACK,
+            },
+            placement_ttl: crate::placement::DEFAULT_PLACEMENT_TTL,
             session_header: Some(HeaderName::from_static(DEFAULT_SESSION_HEADER)),
         }
     }
@@ -97,6 +131,9 @@ impl RoutingArgs {
         if self.prefix_chars == 0 {
             return Err("--prefix-chars must be at least 1".into());
         }
+        if self.placement_ttl_seconds == 0 {
+            return Err("--placement-ttl-seconds must be at least 1".into());
+        }
         let session_header = if self.session_header.is_empty() {
             None
         } else {
@@ -108,7 +145,11 @@ impl RoutingArgs {
         Ok(Affinity {
             mode: self.routing,
             prefix_chars: self.prefix_chars,
-            load_factor: self.load_factor,
+            bound: Bound {
+                load_factor: self.load_factor,
+                slack: self.load_slack,
+            },
+            placement_ttl: std::time::Duration::from_secs(self.placement_ttl_seconds),
             session_header,
         })
     }

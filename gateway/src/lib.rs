@@ -2,8 +2,8 @@
 //! one endpoint for every Model, in front of the node pods.
 //!
 //! Request path: [`proxy`] (auth from [`auth`], body, `model`, routing key from [`affinity`])
-//! → [`routes`] (the key's replica within a load bound, else the least loaded; held while none
-//! is ready, asking [`scale`] for one) → upstream node → response
+//! → [`routes`] (the key's last replica from [`placement`] or its place on the ring, within a
+//! load bound, else the least loaded; held while none is ready, asking [`scale`] for one) → upstream node → response
 //! relayed unbuffered. Discovery feeds [`routes`]: [`kube_source`] (Models + EndpointSlices
 //! reflectors) in a cluster, [`static_source`] (a YAML file) elsewhere; [`probe`] polls every
 //! replica's `/v1/status` for readiness and queue depth. The gateway keeps no state worth
@@ -18,6 +18,7 @@ pub mod auth;
 pub mod error;
 pub mod kube_source;
 pub mod metrics;
+pub mod placement;
 pub mod probe;
 pub mod proxy;
 pub mod routes;
@@ -252,6 +253,9 @@ async fn readyz(State(s): State<Arc<GatewayState>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<Arc<GatewayState>>) -> impl IntoResponse {
+    s.metrics
+        .placements
+        .set(i64::try_from(s.table.placements()).unwrap_or(i64::MAX));
     match s.metrics.encode() {
         Ok(text) => (
             StatusCode::OK,
@@ -329,16 +333,19 @@ pub async fn serve(
         None => None,
     };
 
+    let ttl = config.settings.affinity.placement_ttl;
     let (table, scaler): (Arc<RouteTable>, Arc<dyn Scaler>) = match &config.discovery {
         Discovery::File(path) => {
             let table = Arc::new(
-                RouteTable::new(false).with_default_node_token(
-                    config
-                        .settings
-                        .node_token
-                        .as_ref()
-                        .map(InstallToken::as_node_token),
-                ),
+                RouteTable::new(false)
+                    .with_placement_ttl(ttl)
+                    .with_default_node_token(
+                        config
+                            .settings
+                            .node_token
+                            .as_ref()
+                            .map(InstallToken::as_node_token),
+                    ),
             );
             let text = static_source::load(path, &table).await?;
             tasks.spawn(static_source::watch(
@@ -354,7 +361,7 @@ pub async fn serve(
             (table, scaler)
         }
         Discovery::Kube { client, namespace } => {
-            let table = Arc::new(RouteTable::new(true));
+            let table = Arc::new(RouteTable::new(true).with_placement_ttl(ttl));
             tasks.spawn(kube_source::run(
                 client.clone(),
                 namespace.clone(),

@@ -10,8 +10,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct GatewayMetrics {
@@ -30,6 +30,8 @@ pub struct GatewayMetrics {
     pub retries: IntCounterVec,
     /// Requests routed, by model and rule (`session`, `prefix`, `least_load`).
     pub routed: IntCounterVec,
+    /// Routing-key placements remembered now (set at each scrape).
+    pub placements: IntGauge,
     /// Connections at the edge (gantry-edge).
     pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
 }
@@ -93,10 +95,15 @@ impl GatewayMetrics {
         let routed = IntCounterVec::new(
             Opts::new(
                 "gantry_gateway_routed_total",
-                "Requests placed on a replica, by model and rule (cold: no replica had the model loaded, the one with the most memory room; session, prefix: the key's replica or the next on the ring within the load bound; least_load: no key).",
+                "Requests placed on a replica, by model and rule (cold: no replica had the model loaded, the one with the most memory room; session, prefix: the replica the key last went to, or its place on the ring, within the load bound; least_load: no key, or no replica within the bound).",
             ),
             &["model", "rule"],
         )?;
+        let placements = IntGauge::new(
+            "gantry_gateway_placements",
+            "Routing keys (sessions, prompt prefixes) whose replica this gateway remembers; each is forgotten --placement-ttl-seconds after its last request.",
+        )?;
+        registry.register(Box::new(placements.clone()))?;
         registry.register(Box::new(routed.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(overhead.clone()))?;
@@ -118,14 +125,16 @@ impl GatewayMetrics {
             upstream_errors,
             retries,
             routed,
+            placements,
         })
     }
 
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 7] = [
+        let collectors: [&dyn Collector; 8] = [
             &self.routed,
+            &self.placements,
             &self.requests,
             &self.overhead,
             &self.hold,

@@ -210,7 +210,7 @@ fn pick(
     let (lease, rule) =
         state
             .table
-            .pick_keyed(route, exclude, key, state.settings.affinity.load_factor)?;
+            .pick_keyed(route, exclude, key, state.settings.affinity.bound)?;
     state
         .metrics
         .routed

@@ -17,7 +17,8 @@ use axum::http::HeaderValue;
 use gantry_api::LoadState;
 use gantry_api::node_token::ModelToken;
 
-use crate::affinity::{KeyKind, Ring, RouteKey, load_cap};
+use crate::affinity::{Bound, KeyKind, Ring, RouteKey};
+use crate::placement::{Placements, model_hash};
 use tokio::sync::watch;
 
 /// Which Deployment to scale up for a model (kube source); `None` for static endpoints.
@@ -231,6 +232,8 @@ pub struct RouteTable {
     synced: AtomicBool,
     /// Node token for models whose spec names none (static endpoints: the install token).
     default_node_token: Option<ModelToken>,
+    /// Where each routing key went last; kept across snapshots.
+    placements: Mutex<Placements>,
 }
 
 /// A token as a sensitive header value; a token that is not a valid header value is dropped
@@ -250,7 +253,19 @@ impl RouteTable {
             changed: watch::Sender::new(0),
             rotor: AtomicUsize::new(0),
             synced: AtomicBool::new(false),
+            placements: Mutex::new(Placements::new(crate::placement::DEFAULT_PLACEMENT_TTL)),
         }
+    }
+
+    /// Forget a key's placement `ttl` after its last request (`--placement-ttl-seconds`).
+    pub fn with_placement_ttl(mut self, ttl: Duration) -> Self {
+        self.placements = Mutex::new(Placements::new(ttl));
+        self
+    }
+
+    /// Placements held now (live or not yet swept), for the gauge.
+    pub fn placements(&self) -> usize {
+        self.placements.lock().map(|p| p.len()).unwrap_or(0)
     }
 
     /// Send `token` to the nodes of every model whose spec names no token of its own.
@@ -403,24 +418,33 @@ impl RouteTable {
 
     /// The least-loaded usable replica of `route` not in `exclude` (see [`Self::pick_keyed`]).
     pub fn pick(&self, route: &ModelRoute, exclude: &[String]) -> Result<Lease, NoReplica> {
-        self.pick_keyed(route, exclude, None, 1.0)
+        let bound = Bound {
+            load_factor: 1.0,
+            slack: 0,
+        };
+        self.pick_keyed(route, exclude, None, bound)
             .map(|(lease, _)| lease)
     }
 
-    /// A replica of `route` not in `exclude`, and the rule that chose it:
-    /// - with a key: the first usable replica clockwise from the key on the ring whose load
-    ///   stays within the bound ([`load_cap`] with `load_factor` >= 1). The bound is above the
-    ///   mean load, so the least-loaded replica always fits and a keyed pick always lands on
-    ///   the ring;
-    /// - otherwise: the least loaded (this gateway's outstanding requests + the node's reported
-    ///   waiting requests), among the replicas that report the model loaded when any does;
-    ///   ties rotate.
+    /// A replica of `route` not in `exclude`, and the rule that chose it. The candidates are
+    /// the usable replicas that report the model loaded when any does, else all usable ones.
+    /// - With a key:
+    ///   1. the replica the key last went to (its placement), unless it is no longer a
+    ///      candidate or is over the `bound` ([`Bound::over`]);
+    ///   2. else the first candidate clockwise from the key on the ring that is within the
+    ///      bound and holds fewer than `ceil((placed keys + 1) / candidates)` of the model's
+    ///      other live keys, so new conversations spread evenly;
+    ///   3. else the least loaded.
+    ///
+    ///   The key's placement then moves to the replica picked: it now holds the prompt.
+    /// - Otherwise: the least loaded (this gateway's outstanding requests + the node's
+    ///   reported waiting requests); ties rotate.
     pub fn pick_keyed(
         &self,
         route: &ModelRoute,
         exclude: &[String],
         key: Option<RouteKey>,
-        load_factor: f64,
+        bound: Bound,
     ) -> Result<(Lease, Rule), NoReplica> {
         if route.spec.failed {
             return Err(NoReplica::Failed);
@@ -465,39 +489,70 @@ impl RouteTable {
         }
         // The candidates: the replicas that have the model loaded when any has, else all.
         let candidate = |i: usize| if any_warm { warm[i] } else { usable[i] };
-        if let Some(key) = key {
-            let (total, count) = (0..n)
+        let least_loaded = || {
+            (0..n)
+                .map(|i| (start + i) % n)
                 .filter(|&i| candidate(i))
-                .fold((0u64, 0usize), |(t, c), i| {
-                    (t + route.replicas[i].load(), c + 1)
-                });
-            let cap = load_cap(total, count, load_factor);
-            if let Some(i) = route
-                .ring
-                .walk(key.hash, n)
-                .into_iter()
-                .find(|&i| candidate(i) && route.replicas[i].load() < cap)
-            {
-                let rule = match key.kind {
-                    KeyKind::Session => Rule::Session,
-                    KeyKind::Prefix => Rule::Prefix,
+                .min_by_key(|&i| route.replicas[i].load())
+                .ok_or(NoReplica::NoneReady)
+        };
+        if let Some(key) = key {
+            let loads: Vec<u64> = route.replicas.iter().map(|r| r.load()).collect();
+            let cands: Vec<usize> = (0..n).filter(|&i| candidate(i)).collect();
+            let total: u64 = cands.iter().map(|&i| loads[i]).sum();
+            let min = cands.iter().map(|&i| loads[i]).min().unwrap_or(0);
+            let within = |i: usize| !bound.over(loads[i], total, min, cands.len());
+            let model = model_hash(id);
+            let mut placements = self.placements.lock().unwrap_or_else(|e| e.into_inner());
+            let placed = placements
+                .get(model, key.hash, now)
+                .and_then(|url| (0..n).find(|&i| *route.replicas[i].url == *url));
+            let kept = placed.filter(|&i| candidate(i) && within(i));
+            let (i, rule) = match kept.or_else(|| {
+                // This key's own placement does not count against its new replica.
+                let keys = |i: usize| {
+                    placements
+                        .count(model, &route.replicas[i].url)
+                        .saturating_sub(usize::from(placed == Some(i)))
                 };
-                return Ok((lease(&route.replicas[i]), rule));
-            }
+                let placed_keys: usize = cands.iter().map(|&i| keys(i)).sum();
+                let key_cap = (placed_keys + 1).div_ceil(cands.len().max(1));
+                route
+                    .ring
+                    .walk(key.hash, n)
+                    .into_iter()
+                    .find(|&i| candidate(i) && within(i) && keys(i) < key_cap)
+            }) {
+                Some(i) => (
+                    i,
+                    match key.kind {
+                        KeyKind::Session => Rule::Session,
+                        KeyKind::Prefix => Rule::Prefix,
+                    },
+                ),
+                None => (least_loaded()?, Rule::LeastLoad),
+            };
+            placements.place(model, key.hash, &route.replicas[i].url, now);
+            return Ok((lease(&route.replicas[i]), rule));
         }
-        let best = (0..n)
-            .map(|i| (start + i) % n)
-            .filter(|&i| candidate(i))
-            .map(|i| &route.replicas[i])
-            .min_by_key(|r| r.load())
-            .ok_or(NoReplica::NoneReady)?;
-        Ok((lease(best), Rule::LeastLoad))
+        let i = least_loaded()?;
+        Ok((lease(&route.replicas[i]), Rule::LeastLoad))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plain bound (no slack), as CHWBL defines it.
+    const CHWBL: Bound = Bound {
+        load_factor: 1.25,
+        slack: 0,
+    };
+    const EXACT: Bound = Bound {
+        load_factor: 1.0,
+        slack: 0,
+    };
 
     fn spec(id: &str, urls: &[&str]) -> ModelSpec {
         ModelSpec {
@@ -549,13 +604,13 @@ mod tests {
         t.replace(vec![spec("m", &["http://a", "http://b", "http://c"])]);
         let route = t.get("m").expect("route");
         let key = prefix_key("conversation 1");
-        let (first, rule) = t.pick_keyed(&route, &[], Some(key), 1.25).expect("pick");
+        let (first, rule) = t.pick_keyed(&route, &[], Some(key), CHWBL).expect("pick");
         assert_eq!(rule, Rule::Prefix);
         let home = first.replica.url.clone();
         drop(first);
         // Sequential requests of one conversation: always home.
         for _ in 0..5 {
-            let (l, rule) = t.pick_keyed(&route, &[], Some(key), 1.25).expect("pick");
+            let (l, rule) = t.pick_keyed(&route, &[], Some(key), CHWBL).expect("pick");
             assert_eq!(
                 (l.replica.url.as_str(), rule),
                 (home.as_str(), Rule::Prefix)
@@ -566,7 +621,7 @@ mod tests {
         let mut held = Vec::new();
         let mut homes = 0;
         for _ in 0..6 {
-            let (l, _) = t.pick_keyed(&route, &[], Some(key), 1.25).expect("pick");
+            let (l, _) = t.pick_keyed(&route, &[], Some(key), CHWBL).expect("pick");
             homes += usize::from(l.replica.url == home);
             held.push(l);
         }
@@ -574,8 +629,91 @@ mod tests {
         assert!(homes >= 2, "home took {homes} of 6");
         assert!(homes < 6, "the bound never spilled: {loads:?}");
         // No replica above 1.25x the mean (rounded up), the point of the bound.
-        let cap = load_cap(6 - 1, 3, 1.25);
+        let cap = crate::affinity::load_cap(6 - 1, 3, 1.25);
         assert!(loads.iter().all(|&l| l <= cap), "{loads:?} past {cap}");
+    }
+
+    /// The gateway's default bound: CHWBL's factor with a slack of 3 requests.
+    const SLACK3: Bound = Bound {
+        load_factor: 1.25,
+        slack: 3,
+    };
+
+    #[test]
+    fn a_conversation_stays_on_its_replica_until_that_one_is_far_busier_then_moves_for_good() {
+        let t = RouteTable::new(true);
+        t.replace(vec![spec("m", &["http://a", "http://b", "http://c"])]);
+        let route = t.get("m").expect("route");
+        let key = prefix_key("conversation 7");
+        let (first, _) = t.pick_keyed(&route, &[], Some(key), SLACK3).expect("pick");
+        let home = first.replica.url.clone();
+        // Two more of its requests at once: home is past CHWBL's cap (2 of 3 in flight) but
+        // only 2 above the others, so it keeps them.
+        let (second, _) = t.pick_keyed(&route, &[], Some(key), SLACK3).expect("pick");
+        let (third, rule) = t.pick_keyed(&route, &[], Some(key), SLACK3).expect("pick");
+        assert_eq!(
+            (
+                second.replica.url.as_str(),
+                third.replica.url.as_str(),
+                rule
+            ),
+            (home.as_str(), home.as_str(), Rule::Prefix)
+        );
+        // A fourth finds home 3 above an idle replica: it goes elsewhere...
+        let (fourth, rule) = t.pick_keyed(&route, &[], Some(key), SLACK3).expect("pick");
+        assert_ne!(fourth.replica.url, home);
+        assert_eq!(rule, Rule::Prefix);
+        let moved = fourth.replica.url.clone();
+        drop((first, second, third, fourth));
+        // ...and the conversation stays there once home is idle again: that replica now holds
+        // its newest prompt.
+        for _ in 0..3 {
+            let (l, _) = t.pick_keyed(&route, &[], Some(key), SLACK3).expect("pick");
+            assert_eq!(l.replica.url, moved);
+        }
+    }
+
+    #[test]
+    fn new_conversations_spread_evenly_and_keep_their_replicas_across_snapshots() {
+        let t = RouteTable::new(true);
+        let urls = ["http://a", "http://b", "http://c"];
+        t.replace(vec![spec("m", &urls)]);
+        let route = t.get("m").expect("route");
+        let keys: Vec<RouteKey> = (0..16)
+            .map(|i| prefix_key(&format!("conversation {i}")))
+            .collect();
+        let mut home = HashMap::new();
+        for k in &keys {
+            let (l, rule) = t.pick_keyed(&route, &[], Some(*k), SLACK3).expect("pick");
+            assert_eq!(rule, Rule::Prefix);
+            home.insert(k.hash, l.replica.url.clone());
+        }
+        let per: Vec<usize> = urls
+            .iter()
+            .map(|u| home.values().filter(|h| h == u).count())
+            .collect();
+        // 16 keys on 3 replicas: 6/5/5 in some order, however the ring falls.
+        assert_eq!(per.iter().max().copied(), Some(6), "{per:?}");
+        assert_eq!(per.iter().min().copied(), Some(5), "{per:?}");
+        assert_eq!(t.placements(), 16);
+        // A new snapshot with the same replicas keeps every placement.
+        t.replace(vec![spec("m", &urls)]);
+        let route = t.get("m").expect("route");
+        for k in &keys {
+            let (l, _) = t.pick_keyed(&route, &[], Some(*k), SLACK3).expect("pick");
+            assert_eq!(l.replica.url, home[&k.hash]);
+        }
+        // A replica gone: its keys move, the others stay.
+        t.replace(vec![spec("m", &urls[..2])]);
+        let route = t.get("m").expect("route");
+        for k in &keys {
+            let (l, _) = t.pick_keyed(&route, &[], Some(*k), SLACK3).expect("pick");
+            if home[&k.hash] == "http://c" {
+                assert_ne!(l.replica.url, "http://c");
+            } else {
+                assert_eq!(l.replica.url, home[&k.hash]);
+            }
+        }
     }
 
     #[test]
@@ -591,13 +729,13 @@ mod tests {
             hash: 7,
             kind: KeyKind::Session,
         };
-        let (l1, rule) = t.pick_keyed(&route, &[], Some(key), 1.0).expect("pick");
+        let (l1, rule) = t.pick_keyed(&route, &[], Some(key), EXACT).expect("pick");
         assert_eq!(rule, Rule::Session);
         let home = l1.replica.url.clone();
         drop(l1);
-        let (l2, _) = t.pick_keyed(&route, &[], Some(key), 1.0).expect("pick");
+        let (l2, _) = t.pick_keyed(&route, &[], Some(key), EXACT).expect("pick");
         assert_eq!(l2.replica.url, home);
-        let (_l, rule) = t.pick_keyed(&route, &[], None, 1.0).expect("pick");
+        let (_l, rule) = t.pick_keyed(&route, &[], None, EXACT).expect("pick");
         assert_eq!(rule, Rule::LeastLoad);
     }
 
@@ -610,7 +748,7 @@ mod tests {
         // b is warm but busier; a would load the model first.
         t.probed(b, true, 3, vec![listed("m", LoadState::Loaded)], 0);
         for _ in 0..3 {
-            let (l, rule) = t.pick_keyed(&route, &[], None, 1.25).expect("pick");
+            let (l, rule) = t.pick_keyed(&route, &[], None, CHWBL).expect("pick");
             assert_eq!(
                 (l.replica.url.as_str(), rule),
                 ("http://b", Rule::LeastLoad)
@@ -668,7 +806,7 @@ mod tests {
             );
         }
         for key in [None, Some(prefix_key("You are terse."))] {
-            let (l, rule) = t.pick_keyed(&route, &[], key, 1.25).expect("pick");
+            let (l, rule) = t.pick_keyed(&route, &[], key, CHWBL).expect("pick");
             assert_eq!((l.replica.url.as_str(), rule), ("http://b", Rule::Cold));
         }
         // Equal room: the least loaded.
@@ -679,7 +817,7 @@ mod tests {
             vec![listed("m", LoadState::Unloaded)],
             5 * GIB,
         );
-        let (l, rule) = t.pick_keyed(&route, &[], None, 1.25).expect("pick");
+        let (l, rule) = t.pick_keyed(&route, &[], None, CHWBL).expect("pick");
         assert_eq!((l.replica.url.as_str(), rule), ("http://c", Rule::Cold));
         // Once one has it loaded, the model stays there, prefix keys included.
         t.probed(
@@ -691,7 +829,7 @@ mod tests {
         );
         for text in ["one system prompt", "another", "a third"] {
             let (l, rule) = t
-                .pick_keyed(&route, &[], Some(prefix_key(text)), 1.25)
+                .pick_keyed(&route, &[], Some(prefix_key(text)), CHWBL)
                 .expect("pick");
             assert_eq!(
                 (l.replica.url.as_str(), rule),
@@ -709,7 +847,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..64 {
             let (l, rule) = t
-                .pick_keyed(&route, &[], Some(prefix_key(&format!("prompt {i}"))), 1.25)
+                .pick_keyed(&route, &[], Some(prefix_key(&format!("prompt {i}"))), CHWBL)
                 .expect("pick");
             assert_eq!(rule, Rule::Prefix);
             seen.insert(l.replica.url.clone());

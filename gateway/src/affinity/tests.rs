@@ -166,6 +166,8 @@ fn invalid_routing_flags_are_refused_by_name() {
         routing: RoutingMode::Prefix,
         prefix_chars,
         load_factor,
+        load_slack: DEFAULT_LOAD_SLACK,
+        placement_ttl_seconds: 600,
         session_header: header.into(),
     };
     assert!(
@@ -196,4 +198,31 @@ fn invalid_routing_flags_are_refused_by_name() {
         args(1.25, 10, "").affinity().expect("valid").session_header,
         None
     );
+    let mut no_ttl = args(1.25, 10, "x");
+    no_ttl.placement_ttl_seconds = 0;
+    assert!(
+        no_ttl
+            .affinity()
+            .expect_err("refused")
+            .contains("--placement-ttl-seconds")
+    );
+}
+
+#[test]
+fn a_replica_is_over_the_bound_only_past_both_the_cap_and_the_slack() {
+    let b = Bound {
+        load_factor: 1.25,
+        slack: 3,
+    };
+    // 4 in flight on 3 replicas (cap 2): 2 on one replica is past the cap but only 2 above
+    // the least loaded, so it keeps its keys; 3 is over.
+    assert!(!b.over(2, 3, 0, 3));
+    assert!(b.over(3, 3, 0, 3));
+    // Deep queues everywhere: the cap decides (30 on 3, cap 13; min 9 + 3 = 12).
+    assert!(!b.over(12, 30, 9, 3));
+    assert!(b.over(13, 30, 9, 3));
+    // Slack 0 is the plain bound.
+    let plain = Bound { slack: 0, ..b };
+    assert!(plain.over(2, 3, 2, 3));
+    assert!(!plain.over(1, 3, 0, 3));
 }
