@@ -111,8 +111,8 @@ fi
 
 # --- 3. CMake configuration, mirroring llama-cpp-sys-2's build.rs ----------------------------
 # build.rs: profile = RelWithDebInfo when cargo's DEBUG is "true", else Release. Gantry's
-# [profile.release] has debug = "line-tables-only", so cargo sets DEBUG=true and the crate's
-# llama.cpp is built RelWithDebInfo (-O2 -g). Follow whatever the workspace says.
+# [profile.release] has debug = false, so the crate's llama.cpp is built Release (-O3).
+# Follow whatever the workspace says.
 release_debug="$(awk '/^\[profile\.release\]/ { f=1; next } /^\[/ { f=0 } f && /^debug *=/ { sub(/^debug *= */, ""); gsub(/"/, ""); print; exit }' "$repo/Cargo.toml")"
 case "${release_debug:-}" in
   ""|false|0|none) default_build_type=Release ;;

@@ -182,6 +182,8 @@ pub enum CommandError {
     RbacJson(#[from] serde_json::Error),
     #[error(transparent)]
     Run(#[from] ComponentError),
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
 }
 
 /// Why `run` could not start a component, or why one ended with an error.
@@ -220,6 +222,20 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+/// Run the parsed command on a new multi-threaded Tokio runtime, blocking until it ends.
+///
+/// The runtime lives here rather than in `main` so that the operator's async call tree is
+/// compiled once, in this library: release builds do not share generic instances between
+/// crates, and a binary that awaited [`dispatch`] itself compiled the whole tree again
+/// (over two minutes of CPU per build).
+pub fn run_blocking(cli: Cli) -> Result<ExitCode, CommandError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CommandError::Runtime)?;
+    runtime.block_on(dispatch(cli))
 }
 
 /// Run the parsed command.
@@ -379,68 +395,3 @@ async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
 /// How long the remaining components may take to finish after the first one ends; below
 /// Kubernetes' default 30 s termination grace period.
 const COMPONENT_DRAIN: std::time::Duration = std::time::Duration::from_secs(25);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn the_command_line_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn components_default_to_both_and_parse_a_list() {
-        let parse = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
-            Command::Run(run) => run.components,
-            Command::Crdgen { .. } | Command::Rbac { .. } => panic!("not run"),
-        };
-        assert_eq!(
-            parse(&["gantry-operator", "run"]),
-            [Component::Controller, Component::Gateway]
-        );
-        assert_eq!(
-            parse(&["gantry-operator", "run", "--components", "gateway"]),
-            [Component::Gateway]
-        );
-        assert!(
-            Cli::try_parse_from(["gantry-operator", "run", "--components", "gateway,router"])
-                .is_err()
-        );
-    }
-
-    #[test]
-    fn network_policy_flags_become_the_per_model_policy_settings() {
-        let run = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
-            Command::Run(run) => run,
-            Command::Crdgen { .. } | Command::Rbac { .. } => panic!("not run"),
-        };
-        assert_eq!(run(&["gantry-operator", "run"]).node_network_policy(), None);
-        let r = run(&[
-            "gantry-operator",
-            "run",
-            "--node-network-policy",
-            "--lease-namespace",
-            "ops",
-            "--network-policy-peer-labels",
-            "app.kubernetes.io/name=gantry,app.kubernetes.io/instance=prod",
-            "--network-policy-metrics-namespace",
-            "monitoring",
-        ]);
-        let p = r.node_network_policy().expect("on");
-        assert_eq!(p.peer_namespace, "ops");
-        assert_eq!(
-            p.peer_labels
-                .get("app.kubernetes.io/instance")
-                .map(String::as_str),
-            Some("prod")
-        );
-        assert_eq!(p.metrics_namespace.as_deref(), Some("monitoring"));
-        assert!(p.download_cidrs.is_empty());
-        assert!(
-            Cli::try_parse_from(["gantry-operator", "run", "--node-token", "short"]).is_err(),
-            "a weak install token is refused at start"
-        );
-    }
-}

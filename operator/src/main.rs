@@ -5,13 +5,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use gantry_operator::cli::{Cli, dispatch, error_chain, init_logging};
+use gantry_operator::cli::{Cli, error_chain, init_logging, run_blocking};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    match dispatch(cli).await {
+    match run_blocking(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("gantry-operator: {}", error_chain(&e));

@@ -1,7 +1,8 @@
 //! Workspace rules that the compiler does not enforce by itself:
 //! `unsafe` only in the ABI crate, engine crates and the engine host; a
 //! `// SAFETY:` note on every `unsafe` block and impl; a `//!` header on every module; no
-//! `anyhow` in the operator, gateway and CRD libraries.
+//! `anyhow` in the operator, gateway and CRD libraries; no unit tests in the operator library,
+//! whose test target is off.
 
 use std::path::{Path, PathBuf};
 
@@ -147,6 +148,30 @@ fn anyhow_stays_out_of_the_operator_gateway_and_crd_libraries() {
     assert!(
         offenders.is_empty(),
         "anyhow in library modules (use a thiserror enum):\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn the_operator_library_has_no_unit_tests_since_its_test_target_is_off() {
+    let manifest = std::fs::read_to_string(workspace_root().join("operator/Cargo.toml"))
+        .expect("operator manifest");
+    assert!(
+        manifest.contains("\ntest = false\n"),
+        "operator/Cargo.toml no longer turns the library's test target off: drop this rule"
+    );
+    let offenders: Vec<String> = sources()
+        .into_iter()
+        .filter(|(rel, src)| {
+            rel.starts_with("operator/src/")
+                && code_lines(src).any(|(_, l)| l.contains("cfg(test)"))
+        })
+        .map(|(rel, _)| rel)
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "unit tests in operator/src would never run (the library's test target is off; put them \
+         in operator/tests/operator/):\n{}",
         offenders.join("\n")
     );
 }

@@ -85,7 +85,18 @@ fn key(ns: Option<String>, name: &str) -> String {
 }
 
 /// Entry point for the controller: unwraps the deserialization guard, times and counts.
-pub async fn reconcile(
+///
+/// Boxed, so the reconcile's async call tree is compiled once, in this crate, however many
+/// callers (the controller, the tests) await it: release builds share no generic instances
+/// between crates.
+pub fn reconcile(
+    obj: Arc<DeserializeGuard<Model>>,
+    ctx: Arc<Context>,
+) -> futures::future::BoxFuture<'static, Result<Action, Error>> {
+    Box::pin(reconcile_guarded(obj, ctx))
+}
+
+async fn reconcile_guarded(
     obj: Arc<DeserializeGuard<Model>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {

@@ -6,7 +6,9 @@
 mod autoscale;
 mod build;
 mod caching;
+mod cli;
 mod crds;
+mod grammar;
 mod isolation;
 mod leader;
 mod node_report;
@@ -14,6 +16,8 @@ mod objects;
 mod plugin;
 mod pool;
 mod rbac;
+mod rbac_table;
 mod reconcile;
+mod structural_schema;
 mod support;
 mod validate;
