@@ -36,11 +36,13 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
 
 def _strip_k8s_extensions(schema):
     """jsonschema does not know `x-kubernetes-*` keys; they are dropped (CEL rules are checked
-    by the operator's Rust tests). `int-or-string` is widened to what it means."""
+    by the operator's Rust tests). `int-or-string` is widened to what it means, keeping the
+    node's other keywords (a quantity's `pattern` still applies to its string form)."""
     if isinstance(schema, dict):
+        out = {k: _strip_k8s_extensions(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
         if schema.get("x-kubernetes-int-or-string"):
-            return {"anyOf": [{"type": "integer"}, {"type": "string"}]}
-        return {k: _strip_k8s_extensions(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
+            out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+        return out
     if isinstance(schema, list):
         return [_strip_k8s_extensions(v) for v in schema]
     return schema
