@@ -167,6 +167,18 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
+    /// A Llama GGUF model on a CPU node, no pin.
+    fn llama_gguf_on_cpu() -> Wanted<'static> {
+        Wanted {
+            format: "gguf",
+            architecture: Some("llama"),
+            pin: None,
+            backend: "cpu",
+            backend_note: "",
+            pin_scope: "installed on this node",
+        }
+    }
+
     #[test]
     fn the_first_candidate_in_engine_id_order_wins_and_a_pin_is_never_overridden() {
         let (gguf, arch) = (strings(&["gguf"]), strings(&["llama"]));
@@ -179,14 +191,7 @@ mod tests {
             architectures: &arch,
         };
         let candidates = [cand("zeta", "zeta"), cand("alpha", "alpha")];
-        let mut want = Wanted {
-            format: "gguf",
-            architecture: Some("llama"),
-            pin: None,
-            backend: "cpu",
-            backend_note: "",
-            pin_scope: "installed on this node",
-        };
+        let mut want = llama_gguf_on_cpu();
         assert_eq!(select(&candidates, &want), Selection::Chosen(1));
         want.pin = Some("vllm");
         let Selection::Rejected(r) = select(&candidates, &want) else {
@@ -217,14 +222,7 @@ mod tests {
             cand("mamba", "mamba", &other),
             cand("alpha-a", "alpha", &arch),
         ];
-        let want = Wanted {
-            format: "gguf",
-            architecture: Some("llama"),
-            pin: None,
-            backend: "cpu",
-            backend_note: "",
-            pin_scope: "installed on this node",
-        };
+        let want = llama_gguf_on_cpu();
         assert_eq!(passing(&candidates, &want), vec![3, 0]);
         assert_eq!(select(&candidates, &want), Selection::Chosen(3));
     }

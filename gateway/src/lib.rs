@@ -3,8 +3,8 @@
 //!
 //! Request path: [`proxy`] (auth from [`auth`], body, `model`, routing key from [`affinity`])
 //! → [`routes`] (the key's last replica from [`placement`] or its place on the ring, within a
-//! load bound, else the least loaded; held while none is ready, asking [`scale`] for one) → upstream node → response
-//! relayed unbuffered. Discovery feeds [`routes`]: [`kube_source`] (Models + EndpointSlices
+//! load bound, else the least loaded; held while none is ready, asking [`scale`] for one)
+//! → upstream node → response relayed unbuffered. Discovery feeds [`routes`]: [`kube_source`] (Models + EndpointSlices
 //! reflectors) in a cluster, [`static_source`] (a YAML file) elsewhere; [`probe`] polls every
 //! replica's `/v1/status` for readiness and queue depth. The gateway keeps no state worth
 //! electing a leader for: replicas run active-active. docs/gateway.md describes it for users.

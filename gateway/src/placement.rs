@@ -27,7 +27,6 @@ pub const DEFAULT_PLACEMENT_TTL: Duration = Duration::from_secs(600);
 
 #[derive(Debug)]
 struct Entry {
-    model: u64,
     url: Arc<str>,
     last: Instant,
 }
@@ -35,21 +34,18 @@ struct Entry {
 /// The placements of every model's keys.
 #[derive(Debug)]
 pub struct Placements {
-    /// By (model, key) hash.
-    entries: HashMap<u64, Entry>,
+    /// By (model hash, key hash).
+    entries: HashMap<(u64, u64), Entry>,
     /// Live keys per model, per replica URL.
     counts: HashMap<u64, HashMap<Arc<str>, usize>>,
     ttl: Duration,
     last_sweep: Instant,
 }
 
-/// A model id's hash, the first half of a placement's identity.
+/// A model id's hash, the first half of a placement's identity (computed once per route,
+/// when a discovery snapshot builds it).
 pub fn model_hash(id: &str) -> u64 {
     hash64(&[b"model\0", id.as_bytes()])
-}
-
-fn slot(model: u64, key: u64) -> u64 {
-    hash64(&[&model.to_be_bytes(), &key.to_be_bytes()])
 }
 
 impl Placements {
@@ -64,7 +60,7 @@ impl Placements {
 
     /// The replica `key` of `model` was last sent to, if that was within the TTL.
     pub fn get(&mut self, model: u64, key: u64, now: Instant) -> Option<Arc<str>> {
-        let s = slot(model, key);
+        let s = (model, key);
         let live = match self.entries.get(&s) {
             None => return None,
             Some(e) => now.saturating_duration_since(e.last) < self.ttl,
@@ -88,7 +84,7 @@ impl Placements {
 
     /// Record that `key` of `model` went to `url` now.
     pub fn place(&mut self, model: u64, key: u64, url: &str, now: Instant) {
-        let s = slot(model, key);
+        let s = (model, key);
         if let Some(e) = self.entries.get_mut(&s)
             && &*e.url == url
         {
@@ -103,14 +99,7 @@ impl Placements {
             .or_default()
             .entry(Arc::clone(&url))
             .or_insert(0) += 1;
-        self.entries.insert(
-            s,
-            Entry {
-                model,
-                url,
-                last: now,
-            },
-        );
+        self.entries.insert(s, Entry { url, last: now });
         if self.entries.len() > MAX_PLACEMENTS
             || now.saturating_duration_since(self.last_sweep) >= self.ttl / 8
         {
@@ -127,11 +116,12 @@ impl Placements {
         self.entries.is_empty()
     }
 
-    fn remove(&mut self, s: u64) {
+    fn remove(&mut self, s: (u64, u64)) {
         let Some(e) = self.entries.remove(&s) else {
             return;
         };
-        if let Some(per_url) = self.counts.get_mut(&e.model) {
+        let model = s.0;
+        if let Some(per_url) = self.counts.get_mut(&model) {
             if let Some(c) = per_url.get_mut(&e.url) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
@@ -139,7 +129,7 @@ impl Placements {
                 }
             }
             if per_url.is_empty() {
-                self.counts.remove(&e.model);
+                self.counts.remove(&model);
             }
         }
     }
@@ -148,7 +138,7 @@ impl Placements {
     fn sweep(&mut self, now: Instant) {
         self.last_sweep = now;
         let ttl = self.ttl;
-        let mut stale: Vec<u64> = self
+        let mut stale: Vec<(u64, u64)> = self
             .entries
             .iter()
             .filter(|(_, e)| now.saturating_duration_since(e.last) >= ttl)
@@ -156,7 +146,7 @@ impl Placements {
             .collect();
         let over = (self.entries.len() - stale.len()).saturating_sub(MAX_PLACEMENTS);
         if over > 0 {
-            let mut live: Vec<(Instant, u64)> = self
+            let mut live: Vec<(Instant, (u64, u64))> = self
                 .entries
                 .iter()
                 .filter(|(_, e)| now.saturating_duration_since(e.last) < ttl)

@@ -198,6 +198,8 @@ pub struct ModelRoute {
     pub replicas: Vec<Arc<Replica>>,
     /// The replicas' points on the hash ring (indices into `replicas`).
     pub ring: Ring,
+    /// The model id's hash, under which its keys' placements are kept.
+    pub model_hash: u64,
 }
 
 impl ModelRoute {
@@ -339,6 +341,7 @@ impl RouteTable {
             next.insert(
                 spec.id.clone(),
                 Arc::new(ModelRoute {
+                    model_hash: model_hash(&spec.id),
                     spec,
                     replicas,
                     ring,
@@ -502,7 +505,7 @@ impl RouteTable {
             let total: u64 = cands.iter().map(|&i| loads[i]).sum();
             let min = cands.iter().map(|&i| loads[i]).min().unwrap_or(0);
             let within = |i: usize| !bound.over(loads[i], total, min, cands.len());
-            let model = model_hash(id);
+            let model = route.model_hash;
             let mut placements = self.placements.lock().unwrap_or_else(|e| e.into_inner());
             let placed = placements
                 .get(model, key.hash, now)

@@ -9,9 +9,8 @@ import copy
 
 import jsonschema
 import pytest
-import yaml
 
-from k8s import ROOT, crd_schemas, validate_custom
+from k8s import ROOT, crd_schemas, docs, validate_custom
 
 SCHEMAS = crd_schemas()
 EXAMPLES = ROOT / "docs/examples"
@@ -27,12 +26,8 @@ def errors(obj):
     return []
 
 
-def docs(path):
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
 def example(name):
-    return docs(EXAMPLES / name)[0]
+    return docs((EXAMPLES / name).read_text())[0]
 
 
 def set_at(obj, pointer, value):
@@ -49,12 +44,12 @@ def set_at(obj, pointer, value):
 def test_the_examples_and_fixtures_pass_admission():
     assert errors(example("model-gemma-3-270m.yaml")) == []
     assert errors(example("engineplugin-llama-cpp-cpu.yaml")) == []
-    pool_docs = docs(EXAMPLES / "modelpool-small.yaml")
+    pool_docs = docs((EXAMPLES / "modelpool-small.yaml").read_text())
     assert [d["kind"] for d in pool_docs].count("Model") == 3
     for d in pool_docs:
         assert errors(d) == [], d["metadata"]["name"]
     for case in ["cpu", "gpu", "pvc-cache", "image-volume", "pinned"]:
-        assert errors(docs(FIXTURES / f"{case}.yaml")[0]) == [], case
+        assert errors(docs((FIXTURES / f"{case}.yaml").read_text())[0]) == [], case
 
 
 @pytest.mark.parametrize("pointer,value", [
