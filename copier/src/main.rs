@@ -1,17 +1,35 @@
-//! Plugin image helper (before the node pod starts, in the InitContainer mount strategy):
-//! `/copy SRC DEST` copies the plugin directory `SRC` of a scratch-based plugin image into the
-//! node pod's engines volume at `DEST`.
+//! Plugin image helper, the first step of plugin delivery: it puts a plugin's files where the
+//! node's engine host discovers them (`/opt/gantry/engines/{engineId}/{gpuBackend}` in the node
+//! pod's engines volume), before the node starts and again whenever the operator delivers a new
+//! version in place.
+//!
+//! - `/copy SRC DEST` copies the plugin directory `SRC` of a scratch-based plugin image into
+//!   `DEST` and exits.
+//! - `/copy --serve SRC DEST` does the same, then stays until SIGTERM: the node pod runs it as a
+//!   native sidecar (an init container with `restartPolicy: Always`). When the operator patches
+//!   the sidecar's image to a new plugin version, the kubelet restarts it with the new image and
+//!   it copies the new version over the old one; the node's plugin check then shadow-loads it.
+//! - `/copy --ready DEST` exits 0 when `DEST` holds a complete copy: the sidecar's startup
+//!   probe, so the node container starts only after the first copy.
 //!
 //! Each file is written to a temporary name in its destination directory, synced, and renamed
 //! into place, so the node never sees a half-written library or manifest even if the copy is
-//! interrupted and the InitContainer restarts. Symlinks are refused (a plugin image holds plain
-//! files). std only, hand-written on purpose: the image has no shell and no libc, and a
-//! dependency would grow a binary whose whole job is a directory walk.
+//! interrupted and the container restarts. A copy in progress is marked by
+//! [`IN_PROGRESS`] in `DEST`, created before the first file and removed after the last: the
+//! node leaves a marked directory alone until the copy is complete, so it never checks a new
+//! library against an old manifest. Files of an older version that the new one no longer has
+//! are removed. Symlinks are refused (a plugin image holds plain files). Hand-written on
+//! purpose: the image has no shell and no libc, and a dependency would grow a binary whose
+//! whole job is a directory walk.
 
 use std::fs;
 use std::io;
 use std::path::Path;
 use std::process::ExitCode;
+
+/// Marks a copy in progress in the destination directory. The node's engine host
+/// (node-pod/src/engine_host/mod.rs) reads the same name.
+const IN_PROGRESS: &str = ".gantry-copy-in-progress";
 
 /// Copy the tree `src` into `dest` (created if missing). Returns how many files were copied.
 fn copy_tree(src: &Path, dest: &Path) -> io::Result<u64> {
@@ -51,28 +69,104 @@ fn copy_file(from: &Path, to: &Path) -> io::Result<()> {
     fs::rename(&tmp, to)
 }
 
+/// Remove what `dest` holds and `src` does not (an older version's files), except the
+/// in-progress marker at the top. Returns how many entries were removed. A library still
+/// mapped by a running worker stays readable to it: unlinking never touches an open file.
+fn prune(src: &Path, dest: &Path, top: bool) -> io::Result<u64> {
+    let mut removed = 0;
+    for entry in fs::read_dir(dest)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if top && name == IN_PROGRESS {
+            continue;
+        }
+        let there = src.join(&name);
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            if there.is_dir() {
+                removed += prune(&there, &entry.path(), false)?;
+            } else {
+                fs::remove_dir_all(entry.path())?;
+                removed += 1;
+            }
+        } else if !there.is_file() {
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Copy `src` over `dest` as one delivery: mark, copy, prune, unmark. On failure the marker
+/// stays, so the node keeps the version it runs until a later copy completes.
+fn deliver(src: &Path, dest: &Path) -> io::Result<(u64, u64)> {
+    fs::create_dir_all(dest)?;
+    let marker = dest.join(IN_PROGRESS);
+    fs::write(&marker, b"")?;
+    let copied = copy_tree(src, dest)?;
+    if copied == 0 {
+        // Nothing to deliver: pruning now would empty the plugin directory.
+        return Err(io::Error::other(format!(
+            "{} holds no files",
+            src.display()
+        )));
+    }
+    let removed = prune(src, dest, true)?;
+    fs::remove_file(&marker)?;
+    Ok((copied, removed))
+}
+
+/// Whether `dest` holds a complete copy: a manifest, and no copy in progress.
+fn ready(dest: &Path) -> bool {
+    dest.join("manifest.json").is_file() && !dest.join(IN_PROGRESS).exists()
+}
+
+/// Block until SIGTERM or SIGINT. As a container's PID 1 the process would otherwise ignore
+/// both, and the pod's termination would wait out its whole grace period.
+fn wait_for_termination() -> io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let _ = signals.forever().next();
+    Ok(())
+}
+
+const USAGE: &str =
+    "usage: copy SRC_DIR DEST_DIR          copy the plugin directory SRC_DIR into DEST_DIR
+       copy --serve SRC_DIR DEST_DIR  copy, then stay until SIGTERM (a native sidecar)
+       copy --ready DEST_DIR          exit 0 when DEST_DIR holds a complete copy";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [src, dest] = args.as_slice() else {
-        eprintln!(
-            "usage: copy SRC_DIR DEST_DIR   (copies the plugin directory SRC_DIR into DEST_DIR)"
-        );
-        return ExitCode::from(2);
-    };
-    match copy_tree(Path::new(src), Path::new(dest)) {
-        Ok(0) => {
-            eprintln!("copy: {src} holds no files");
-            ExitCode::FAILURE
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (serve, src, dest) = match args.as_slice() {
+        ["--ready", dest] => {
+            return if ready(Path::new(dest)) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
         }
-        Ok(n) => {
-            eprintln!("copy: {n} files from {src} to {dest}");
-            ExitCode::SUCCESS
+        ["--serve", src, dest] => (true, *src, *dest),
+        [src, dest] if !src.starts_with("--") => (false, *src, *dest),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match deliver(Path::new(src), Path::new(dest)) {
+        Ok((n, removed)) => {
+            eprintln!("copy: {n} files from {src} to {dest}, {removed} old entries removed");
         }
         Err(e) => {
             eprintln!("copy: {src} -> {dest}: {e}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
     }
+    if serve && let Err(e) = wait_for_termination() {
+        eprintln!("copy: cannot wait for SIGTERM: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 #[cfg(test)]
@@ -111,6 +205,61 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_delivery_replaces_the_old_version_and_removes_its_leftovers() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (v1, v2, dest) = (
+            dir.path().join("v1"),
+            dir.path().join("v2"),
+            dir.path().join("d"),
+        );
+        for (src, lib) in [(&v1, "libengine-0.1.so"), (&v2, "libengine-0.2.so")] {
+            fs::create_dir_all(src.join("kernels"))?;
+            fs::write(src.join("manifest.json"), lib)?;
+            fs::write(src.join(lib), lib)?;
+        }
+        fs::write(v1.join("kernels/old.ptx"), b"old")?;
+        fs::create_dir_all(v1.join("extra"))?;
+        fs::write(v1.join("extra/x"), b"x")?;
+        fs::write(v2.join("kernels/new.ptx"), b"new")?;
+
+        assert_eq!(deliver(&v1, &dest)?, (4, 0));
+        assert!(ready(&dest));
+        assert_eq!(deliver(&v2, &dest)?, (3, 3));
+        let mut left: Vec<String> = Vec::new();
+        for e in fs::read_dir(&dest)? {
+            left.push(e?.file_name().to_string_lossy().into_owned());
+        }
+        left.sort();
+        assert_eq!(left, ["kernels", "libengine-0.2.so", "manifest.json"]);
+        assert_eq!(fs::read(dest.join("kernels/new.ptx"))?, b"new");
+        assert!(!dest.join("kernels/old.ptx").exists());
+        assert_eq!(fs::read(dest.join("manifest.json"))?, b"libengine-0.2.so");
+        assert!(ready(&dest), "the marker is gone after a complete copy");
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_delivery_leaves_the_marker_and_the_old_files() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (good, empty, dest) = (
+            dir.path().join("good"),
+            dir.path().join("empty"),
+            dir.path().join("d"),
+        );
+        fs::create_dir_all(&good)?;
+        fs::create_dir_all(&empty)?;
+        fs::write(good.join("manifest.json"), b"{}")?;
+        deliver(&good, &dest)?;
+        let err = deliver(&empty, &dest).expect_err("an empty source");
+        assert!(err.to_string().contains("holds no files"), "{err}");
+        // The node must not take this directory for a complete copy, and nothing was pruned.
+        assert!(!ready(&dest));
+        assert_eq!(fs::read(dest.join("manifest.json"))?, b"{}");
+        assert!(!ready(&dir.path().join("absent")));
         Ok(())
     }
 
