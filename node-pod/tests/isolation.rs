@@ -507,3 +507,43 @@ async fn a_new_plugin_version_is_shadow_loaded_under_load_and_a_broken_one_is_re
     }
     assert!(total >= 40, "the load ran throughout ({total} requests)");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plugin_directory_marked_as_being_copied_is_left_alone_until_the_copy_completes() {
+    // The marker the plugin image's `/copy` helper puts in a directory while it delivers.
+    assert_eq!(
+        gantry_node::engine_host::COPY_IN_PROGRESS,
+        ".gantry-copy-in-progress"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin_dir = dir.path().join("plugins/faulty/cpu");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
+    let config = json!({
+        "models": [{"id": "slow", "path": toy_gguf(dir.path(), "slow-model"), "format": "gguf"}],
+        "isolation": {"default": "process"}
+    });
+    let plugins = dir.path().join("plugins");
+    let node = spawn_node(&config, &plugins, dir, |c| {
+        c.args(["--plugin-reload-seconds", "1"]);
+    });
+    wait_ready(&node).await;
+    let first = worker_pid(&status(&node).await, "slow").expect("worker");
+
+    // A new version's files arrive while the marker is there: three checks later the node
+    // still runs the old version and has not looked at the new one.
+    let marker = plugin_dir.join(".gantry-copy-in-progress");
+    std::fs::write(&marker, b"").expect("marker");
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.2.0");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let during = plugin_status(&node).await;
+    assert_eq!(during["version"], "0.1.0", "{during}");
+    assert!(during["update"].is_null(), "no update yet: {during}");
+    assert_eq!(worker_pid(&status(&node).await, "slow"), Some(first));
+
+    // The copy completes: the next check shadow-loads the new version.
+    std::fs::remove_file(&marker).expect("unmark");
+    let applied = wait_update(&node, "applied").await;
+    assert_eq!(applied["version"], "0.2.0", "{applied}");
+    assert_ne!(worker_pid(&status(&node).await, "slow"), Some(first));
+}

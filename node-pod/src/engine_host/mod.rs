@@ -157,6 +157,19 @@ fn manifest_paths(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Marks a plugin directory whose copy is in progress: the plugin image's `/copy` helper
+/// (copier/src/main.rs) creates it before the first file of a delivery and removes it after the
+/// last. A marked directory is left alone (an old version keeps serving, a new directory is not
+/// discovered yet), so a new library is never checked against the old manifest.
+pub const COPY_IN_PROGRESS: &str = ".gantry-copy-in-progress";
+
+/// Whether the plugin directory of `manifest_path` is being copied ([`COPY_IN_PROGRESS`]).
+fn copy_in_progress(manifest_path: &Path) -> bool {
+    manifest_path
+        .parent()
+        .is_some_and(|d| d.join(COPY_IN_PROGRESS).exists())
+}
+
 /// What a plugin directory holds now: its manifest's bytes, and each file's name, size,
 /// modification time and inode (following links). A new library — a new image mounted by the
 /// operator, or a file replaced by hand — changes it; hashing the libraries themselves on
@@ -328,15 +341,19 @@ impl EngineRegistry {
         }
     }
 
-    /// Whether any plugin directory differs from what this registry read.
+    /// Whether any plugin directory differs from what this registry read. A directory being
+    /// copied counts as it was until its copy is complete.
     pub fn changed_on_disk(&self) -> bool {
         let now = manifest_paths(&self.plugins_dir);
-        now.len() != self.records.len()
+        let removed = self.records.iter().any(|r| !now.contains(&r.manifest_path));
+        removed
             || now.iter().any(|p| {
-                self.records
-                    .iter()
-                    .find(|r| &r.manifest_path == p)
-                    .is_none_or(|r| r.fingerprint != fingerprint(p))
+                !copy_in_progress(p)
+                    && self
+                        .records
+                        .iter()
+                        .find(|r| &r.manifest_path == p)
+                        .is_none_or(|r| r.fingerprint != fingerprint(p))
             })
     }
 
@@ -354,6 +371,11 @@ impl EngineRegistry {
         let mut changes = Vec::new();
         for path in manifest_paths(&self.plugins_dir) {
             let old = self.records.iter().find(|r| r.manifest_path == path);
+            if copy_in_progress(&path) {
+                // Looked at once the copy is complete; the version read before serves meanwhile.
+                records.extend(old.cloned());
+                continue;
+            }
             let print = fingerprint(&path);
             let Some(old) = old else {
                 let rec = Self::load_one(&path, config, &records, host);
