@@ -1,26 +1,18 @@
 //! Plugin image helper, the first step of plugin delivery: it puts a plugin's files where the
 //! node's engine host discovers them (`/opt/gantry/engines/{engineId}/{gpuBackend}` in the node
-//! pod's engines volume), before the node starts and again whenever the operator delivers a new
-//! version in place.
-//!
-//! - `/copy SRC DEST` copies the plugin directory `SRC` of a scratch-based plugin image into
-//!   `DEST` and exits.
-//! - `/copy --serve SRC DEST` does the same, then stays until SIGTERM: the node pod runs it as a
-//!   native sidecar (an init container with `restartPolicy: Always`). When the operator patches
-//!   the sidecar's image to a new plugin version, the kubelet restarts it with the new image and
-//!   it copies the new version over the old one; the node's plugin check then shadow-loads it.
-//! - `/copy --ready DEST` exits 0 when `DEST` holds a complete copy: the sidecar's startup
-//!   probe, so the node container starts only after the first copy.
+//! pod's engines volume). `/copy SRC DEST` copies the plugin directory `SRC` of a scratch-based
+//! plugin image into `DEST`. It runs as the node pod's init container before the node starts,
+//! and again as an ephemeral container of the running pod when the operator delivers a new
+//! version in place (the node then shadow-loads it).
 //!
 //! Each file is written to a temporary name in its destination directory, synced, and renamed
 //! into place, so the node never sees a half-written library or manifest even if the copy is
-//! interrupted and the container restarts. A copy in progress is marked by
-//! [`IN_PROGRESS`] in `DEST`, created before the first file and removed after the last: the
-//! node leaves a marked directory alone until the copy is complete, so it never checks a new
-//! library against an old manifest. Files of an older version that the new one no longer has
-//! are removed. Symlinks are refused (a plugin image holds plain files). Hand-written on
-//! purpose: the image has no shell and no libc, and a dependency would grow a binary whose
-//! whole job is a directory walk.
+//! interrupted. A copy in progress is marked by [`IN_PROGRESS`] in `DEST`, created before the
+//! first file and removed after the last: the node leaves a marked directory alone until the
+//! copy is complete, so it never checks a new library against an old manifest. Files of an
+//! older version that the new one no longer has are removed. Symlinks are refused (a plugin
+//! image holds plain files). std only, hand-written on purpose: the image has no shell and no
+//! libc, and a dependency would grow a binary whose whole job is a directory walk.
 
 use std::fs;
 use std::io;
@@ -116,57 +108,24 @@ fn deliver(src: &Path, dest: &Path) -> io::Result<(u64, u64)> {
     Ok((copied, removed))
 }
 
-/// Whether `dest` holds a complete copy: a manifest, and no copy in progress.
-fn ready(dest: &Path) -> bool {
-    dest.join("manifest.json").is_file() && !dest.join(IN_PROGRESS).exists()
-}
-
-/// Block until SIGTERM or SIGINT. As a container's PID 1 the process would otherwise ignore
-/// both, and the pod's termination would wait out its whole grace period.
-fn wait_for_termination() -> io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-    let _ = signals.forever().next();
-    Ok(())
-}
-
-const USAGE: &str =
-    "usage: copy SRC_DIR DEST_DIR          copy the plugin directory SRC_DIR into DEST_DIR
-       copy --serve SRC_DIR DEST_DIR  copy, then stay until SIGTERM (a native sidecar)
-       copy --ready DEST_DIR          exit 0 when DEST_DIR holds a complete copy";
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (serve, src, dest) = match args.as_slice() {
-        ["--ready", dest] => {
-            return if ready(Path::new(dest)) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            };
-        }
-        ["--serve", src, dest] => (true, *src, *dest),
-        [src, dest] if !src.starts_with("--") => (false, *src, *dest),
-        _ => {
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+    let [src, dest] = args.as_slice() else {
+        eprintln!(
+            "usage: copy SRC_DIR DEST_DIR   (copies the plugin directory SRC_DIR into DEST_DIR)"
+        );
+        return ExitCode::from(2);
     };
     match deliver(Path::new(src), Path::new(dest)) {
         Ok((n, removed)) => {
             eprintln!("copy: {n} files from {src} to {dest}, {removed} old entries removed");
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("copy: {src} -> {dest}: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
     }
-    if serve && let Err(e) = wait_for_termination() {
-        eprintln!("copy: cannot wait for SIGTERM: {e}");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
 }
 
 #[cfg(test)]
@@ -227,7 +186,7 @@ mod tests {
         fs::write(v2.join("kernels/new.ptx"), b"new")?;
 
         assert_eq!(deliver(&v1, &dest)?, (4, 0));
-        assert!(ready(&dest));
+        assert!(!dest.join(IN_PROGRESS).exists());
         assert_eq!(deliver(&v2, &dest)?, (3, 3));
         let mut left: Vec<String> = Vec::new();
         for e in fs::read_dir(&dest)? {
@@ -238,7 +197,10 @@ mod tests {
         assert_eq!(fs::read(dest.join("kernels/new.ptx"))?, b"new");
         assert!(!dest.join("kernels/old.ptx").exists());
         assert_eq!(fs::read(dest.join("manifest.json"))?, b"libengine-0.2.so");
-        assert!(ready(&dest), "the marker is gone after a complete copy");
+        assert!(
+            !dest.join(IN_PROGRESS).exists(),
+            "the marker is gone after a complete copy"
+        );
         Ok(())
     }
 
@@ -257,10 +219,15 @@ mod tests {
         let err = deliver(&empty, &dest).expect_err("an empty source");
         assert!(err.to_string().contains("holds no files"), "{err}");
         // The node must not take this directory for a complete copy, and nothing was pruned.
-        assert!(!ready(&dest));
+        assert!(dest.join(IN_PROGRESS).exists());
         assert_eq!(fs::read(dest.join("manifest.json"))?, b"{}");
-        assert!(!ready(&dir.path().join("absent")));
         Ok(())
+    }
+
+    #[test]
+    fn the_marker_is_the_one_the_node_reads() {
+        // node-pod/src/engine_host/mod.rs `COPY_IN_PROGRESS`; the node's test pins the same text.
+        assert_eq!(IN_PROGRESS, ".gantry-copy-in-progress");
     }
 
     #[test]
