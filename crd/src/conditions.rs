@@ -118,6 +118,12 @@ pub mod reason {
     pub const NOT_DEPLOYED: &str = "NotDeployed";
     /// Progressing=False / Degraded=True: the Deployment exceeded its progress deadline.
     pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+    /// Progressing=True: a new EnginePlugin version is being delivered to the running node
+    /// pods in place (no rollout).
+    pub const PLUGIN_UPDATING: &str = "PluginUpdating";
+    /// Progressing=False / Degraded=True: an in-place plugin delivery stopped: a node pod
+    /// refused the new version, its copy failed, or the apiserver refused the copy container.
+    pub const PLUGIN_UPDATE_HALTED: &str = "PluginUpdateHalted";
 
     // Degraded
     /// Degraded=False: nothing needs attention.

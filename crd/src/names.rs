@@ -39,6 +39,11 @@ pub const ANNOTATION_PLUGINS: &str = "gantry.dev/engine-plugins";
 /// Short hash of the Model's node token, on the pod template, so that a new token (the install
 /// token was rotated) rolls the pods onto it. Never the token itself.
 pub const ANNOTATION_NODE_TOKEN_HASH: &str = "gantry.dev/node-token-hash";
+/// On a node Deployment (not its template): the images of the plugins its template mounts that
+/// take new versions in place (`{"<init container>": "<image>"}`, JSON). When an EnginePlugin's
+/// image is all that changed, the build step keeps these in the template (no rollout) and the
+/// deliver step brings the new image to the running pods as an ephemeral container.
+pub const ANNOTATION_PLUGIN_IMAGES: &str = "gantry.dev/plugin-images";
 /// Set by the gateway on a Model's node Deployment (RFC 3339 UTC time) when a request arrives for
 /// a Model with no ready pod: the autoscaler reads it as "scale up from zero now".
 pub const ANNOTATION_SCALE_UP_REQUESTED: &str = "gantry.dev/scale-up-requested-at";

@@ -13,7 +13,9 @@
 //!   and only when the reconcile may have to write it (see `model::read`).
 //! - Deployments: spec and pod template dropped (only `spec.replicas` is read), status kept,
 //!   managed fields reduced to the managers that own `spec.replicas` (the hand-over check).
-//! - Node pods: no spec, status cut to phase, pod IP and the Ready condition.
+//! - Node pods: of the spec only the names and images of init and ephemeral containers (the
+//!   plugin versions an in-place delivery compares), status cut to phase, pod IP, the Ready
+//!   condition and the ephemeral containers' states.
 //!
 //! Every watch is label-selected (`app.kubernetes.io/managed-by=gantry-operator`, node pods
 //! also `app.kubernetes.io/name=gantry-node`), so objects of other controllers never reach a
@@ -32,7 +34,8 @@ use futures::{SinkExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, Pod, PodCondition, PodStatus, Service,
+    ConfigMap, Container, ContainerStatus, EphemeralContainer, PersistentVolumeClaim, Pod,
+    PodCondition, PodSpec, PodStatus, Service,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -298,10 +301,46 @@ pub fn trim_deployment(d: &mut Deployment) {
 pub fn trim_pod(p: &mut Pod) {
     trim_meta(&mut p.metadata);
     p.metadata.owner_references = None;
-    p.spec = None;
+    p.spec = p.spec.take().and_then(|s| {
+        let init: Vec<Container> = s
+            .init_containers
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                image: c.image,
+                ..Container::default()
+            })
+            .collect();
+        let ephemeral: Vec<EphemeralContainer> = s
+            .ephemeral_containers
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| EphemeralContainer {
+                name: c.name,
+                image: c.image,
+                ..EphemeralContainer::default()
+            })
+            .collect();
+        (!init.is_empty() || !ephemeral.is_empty()).then(|| PodSpec {
+            init_containers: (!init.is_empty()).then_some(init),
+            ephemeral_containers: (!ephemeral.is_empty()).then_some(ephemeral),
+            ..PodSpec::default()
+        })
+    });
     p.status = p.status.take().map(|s| PodStatus {
         phase: s.phase,
         pod_ip: s.pod_ip,
+        ephemeral_container_statuses: s.ephemeral_container_statuses.map(|cs| {
+            cs.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    image: c.image,
+                    state: c.state,
+                    ..ContainerStatus::default()
+                })
+                .collect()
+        }),
         conditions: s.conditions.map(|cs| {
             cs.into_iter()
                 .filter(|c| c.type_ == "Ready")

@@ -119,6 +119,16 @@ pub struct RunArgs {
     /// Namespace of the Prometheus that scrapes node pods (with `--node-network-policy`).
     #[arg(long, env = "GANTRY_NETWORK_POLICY_METRICS_NAMESPACE")]
     pub network_policy_metrics_namespace: Option<String>,
+    /// How a new EnginePlugin version reaches running node pods: `in-place` (a plugin in
+    /// `process` isolation is copied into the running pods and shadow-loaded, no pod restarts)
+    /// or `rollout` (a new pod template for every version).
+    #[arg(
+        long,
+        env = "GANTRY_PLUGIN_DELIVERY",
+        value_enum,
+        default_value = "in-place"
+    )]
+    pub plugin_delivery: crate::context::PluginDelivery,
     /// CIDRs node pods may download models from on TCP 443, comma-separated (default: any).
     #[arg(long, env = "GANTRY_NODE_DOWNLOAD_CIDRS", value_delimiter = ',')]
     pub node_download_cidrs: Vec<String>,
@@ -345,6 +355,7 @@ async fn run_components(args: RunArgs) -> Result<(), ComponentError> {
             node_image: args.node_image,
             default_gpu_resource: args.gpu_resource,
             node_token: args.node_token,
+            plugin_delivery: args.plugin_delivery,
             ..Settings::default()
         };
         let lease = (!args.no_leader_election).then(|| {

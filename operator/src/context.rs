@@ -37,6 +37,21 @@ pub struct Settings {
     pub node_token: Option<InstallToken>,
     /// Set: every Model gets a NetworkPolicy that admits only these peers to its node pods.
     pub network_policy: Option<NodeNetworkPolicy>,
+    /// How a new version of a `process`-isolated EnginePlugin reaches running node pods.
+    pub plugin_delivery: PluginDelivery,
+}
+
+/// How a new EnginePlugin version reaches running node pods (`--plugin-delivery`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PluginDelivery {
+    /// A plugin in `process` isolation mounted by an init container gets its new version in
+    /// the running pods: an ephemeral container copies it in and the node shadow-loads it, one
+    /// pod first, then a quarter of the pods at a time. Other plugins roll the pods.
+    #[default]
+    InPlace,
+    /// Every new version is a new pod template, which the Deployment rolls out (for clusters
+    /// whose policy forbids ephemeral containers).
+    Rollout,
 }
 
 /// Who may reach a Model's node pods, and where they may connect to (the per-Model
@@ -62,6 +77,7 @@ impl Default for Settings {
             abi_major: gantry_engine_abi::ffi::GANTRY_ABI_MAJOR,
             node_token: None,
             network_policy: None,
+            plugin_delivery: PluginDelivery::InPlace,
         }
     }
 }

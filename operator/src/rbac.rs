@@ -238,6 +238,16 @@ pub const RULES: &[Rule] = &[
     rule(
         Controller,
         Cluster,
+        "",
+        "pods/ephemeralcontainers",
+        Any,
+        &["patch"],
+        "Model deliver step: a plugin copy container added to a running node pod (in-place \
+         plugin update; off with --plugin-delivery rollout)",
+    ),
+    rule(
+        Controller,
+        Cluster,
         "events.k8s.io",
         "events",
         Any,

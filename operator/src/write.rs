@@ -2,7 +2,10 @@
 //!
 //! Every write is a server-side apply under [`FIELD_MANAGER`] (objects and
 //! status alike), under [`AUTOSCALER_FIELD_MANAGER`] (a Deployment's replicas and
-//! `Model.status.autoscaling`, nothing else) or a delete, and every write is counted in
+//! `Model.status.autoscaling`, nothing else), a delete, or the one write to an object the
+//! operator does not own: an ephemeral container added to a node pod (an in-place plugin
+//! delivery, a strategic-merge patch of the pod's `ephemeralcontainers` subresource), and
+//! every write is counted in
 //! `gantry_operator_writes_total`, so "zero writes at steady state" is
 //! observable in production as well as asserted in tests.
 
@@ -132,6 +135,27 @@ where
     let params = PatchParams::apply(manager).force();
     let out = api.patch_status(name, &params, &Patch::Apply(&body)).await;
     metrics.wrote(controller, &K::kind(&()), "apply_status");
+    out
+}
+
+/// Add `container` to node pod `name`'s ephemeral containers (strategic merge by name: the
+/// pod's other ephemeral containers stay as they are).
+pub async fn add_ephemeral_container(
+    api: &Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    container: &k8s_openapi::api::core::v1::EphemeralContainer,
+    metrics: &Metrics,
+    controller: &str,
+) -> Result<k8s_openapi::api::core::v1::Pod, kube::Error> {
+    let body = serde_json::json!({"spec": {"ephemeralContainers": [container]}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let out = api
+        .patch_ephemeral_containers(name, &params, &Patch::Strategic(&body))
+        .await;
+    metrics.wrote(controller, "Pod", "add_ephemeral_container");
     out
 }
 

@@ -36,14 +36,14 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::context::{NodeNetworkPolicy, Settings};
+use crate::context::{NodeNetworkPolicy, PluginDelivery, Settings};
 use crate::model::node_config::{self, RenderError, RenderedConfig, short_hash};
 use crate::model::validate::ValidModel;
 use gantry_api::node_token::{ModelToken, NODE_TOKEN_SECRET_KEY};
 use gantry_crd::names::*;
 use gantry_crd::{AutoscalingMode, CacheType, EnginePlugin};
 
-mod pod;
+pub mod pod;
 
 /// Every object a served Model owns.
 #[derive(Clone, Debug, PartialEq)]
@@ -267,6 +267,82 @@ fn metadata(model: &ValidModel, name: String) -> ObjectMeta {
     }
 }
 
+/// `gantry.dev/plugin-images` as written: compact JSON, keys sorted.
+fn plugin_images_text<K: AsRef<str> + Ord, V: AsRef<str>>(images: &BTreeMap<K, V>) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = images
+        .iter()
+        .map(|(k, v)| (k.as_ref().to_string(), v.as_ref().into()))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+/// The `gantry.dev/plugin-images` of a Deployment (empty when absent or unreadable).
+pub fn plugin_images(deployment: &Deployment) -> BTreeMap<String, String> {
+    deployment
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_PLUGIN_IMAGES))
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
+}
+
+/// Keep the live template's images of in-place plugins when they are all that changed.
+///
+/// When `desired` differs from `live` only in the images of plugins that take new versions in
+/// place (`gantry.dev/plugin-images`), applying it would roll every pod to load a plugin the
+/// running pods can shadow-load. Then `desired`'s Deployment becomes the live one exactly (the
+/// template keeps the old images, so nothing is written and nothing rolls) and this returns
+/// `true`: the deliver step brings the new images to the pods. Any other change (config,
+/// node image, another plugin set) rolls as usual, with the new images in the new template.
+pub fn hold_plugin_images(
+    desired: &mut OwnedObjects,
+    live: Option<&Deployment>,
+) -> Result<bool, BuildError> {
+    let Some(live) = live else {
+        return Ok(false);
+    };
+    let live_hash = crate::cache::applied_hash(&live.metadata);
+    if live_hash.is_none() || live_hash == crate::cache::applied_hash(&desired.deployment.metadata)
+    {
+        return Ok(false);
+    }
+    let held = plugin_images(live);
+    let mut images = plugin_images(&desired.deployment);
+    let mut variant = desired.deployment.clone();
+    let mut changed = false;
+    let containers = variant
+        .spec
+        .template
+        .spec
+        .as_mut()
+        .and_then(|s| s.init_containers.as_mut());
+    for c in containers.into_iter().flatten() {
+        if let (Some(now), Some(old)) = (images.get_mut(&c.name), held.get(&c.name))
+            && now != old
+        {
+            c.image = Some(old.clone());
+            *now = old.clone();
+            changed = true;
+        }
+    }
+    if !changed {
+        return Ok(false);
+    }
+    let annotations = variant.annotations_mut();
+    annotations.remove(ANNOTATION_APPLIED_HASH);
+    annotations.insert(
+        ANNOTATION_PLUGIN_IMAGES.to_string(),
+        plugin_images_text(&images),
+    );
+    let variant = stamp(variant, "Deployment")?;
+    if crate::cache::applied_hash(&variant.metadata) != live_hash {
+        return Ok(false);
+    }
+    desired.deployment = variant;
+    Ok(true)
+}
+
 /// Set `gantry.dev/applied-hash` to the sha256 of the object as built (without the annotation).
 // The hash covers the whole object as built, so any change in any field (labels included)
 // re-applies it, and nothing outside the build step can change it.
@@ -481,8 +557,22 @@ fn deployment(
         max_unavailable: Some(IntOrString::Int(model.rollout.max_unavailable)),
     };
 
+    let mut meta = metadata(model, owned_name(&model.name));
+    // Which template images may stay behind while a new version is delivered in place.
+    let in_place = pod::in_place_slots(plugins);
+    if settings.plugin_delivery == PluginDelivery::InPlace && !in_place.is_empty() {
+        let images: BTreeMap<&str, &str> = in_place
+            .iter()
+            .map(|(slot, p)| (slot.as_str(), p.spec.image.as_str()))
+            .collect();
+        meta.annotations = Some(BTreeMap::from([(
+            ANNOTATION_PLUGIN_IMAGES.to_string(),
+            plugin_images_text(&images),
+        )]));
+    }
+
     Deployment {
-        metadata: metadata(model, owned_name(&model.name)),
+        metadata: meta,
         spec: DeploymentSpec {
             // Left out: the apply step sets it once at creation and hands it to the autoscaler
             // (or the HPA), so a re-apply never resets the count.

@@ -1,6 +1,6 @@
 //! Model reconcile: the pipeline driver. It calls each step once, in this order — read →
 //! validate → render → observe → resolve → build (validate to build are pure) → apply →
-//! status — then decides when to look again, and the error policy decides, per error kind,
+//! deliver → status — then decides when to look again, and the error policy decides, per error kind,
 //! when to try again after a failure.
 //!
 //! Guarantees: the user's `spec` is never written; owned objects carry an
@@ -12,6 +12,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod deliver;
 pub mod node_config;
 pub mod observe;
 pub mod read;
@@ -56,6 +57,8 @@ pub enum Error {
     #[error(transparent)]
     Apply(#[from] apply::ApplyError),
     #[error(transparent)]
+    Deliver(#[from] deliver::DeliverError),
+    #[error(transparent)]
     Status(#[from] status::StatusError),
 }
 
@@ -65,6 +68,7 @@ impl Error {
             Error::Render(e) => e.metric_label(),
             Error::Build(e) => e.metric_label(),
             Error::Apply(e) => e.metric_label(),
+            Error::Deliver(e) => e.metric_label(),
             Error::Status(e) => e.metric_label(),
         }
     }
@@ -75,6 +79,7 @@ impl Error {
             // readable.
             Error::Render(_) | Error::Build(_) => Retry::Permanent,
             Error::Apply(e) => e.retry(),
+            Error::Deliver(e) => e.retry(),
             Error::Status(e) => e.retry(),
         }
     }
@@ -161,7 +166,10 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     let desired = if mounted.is_empty() {
         None
     } else {
-        Some(build::assemble(&valid, &config, &mounted, &ctx.settings)?)
+        let mut objects = build::assemble(&valid, &config, &mounted, &ctx.settings)?;
+        // A new image of a plugin the pods take in place does not roll them.
+        build::hold_plugin_images(&mut objects, observed.deployment.as_ref())?;
+        Some(objects)
     };
 
     let (applied, apply_error) = match apply::apply(&valid, desired.as_ref(), &observed, ctx).await
@@ -181,6 +189,16 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     if !applied.writes.is_empty() {
         tracing::info!(model = %model.name_any(), writes = ?applied.writes, "applied");
     }
+    let (deliveries, deliver_error) = match &desired {
+        Some(d) if apply_error.is_none() => {
+            match deliver_plugins(&valid, d, &mounted, &observed, ctx).await {
+                Ok(progress) => (progress, None),
+                Err(e) if e.retry() == Retry::Permanent => (Vec::new(), Some(e)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        _ => (Vec::new(), None),
+    };
 
     // Pods being removed (no engine) no longer speak for the Model.
     let reports: &[&crate::node_report::NodeReport] = if desired.is_some() {
@@ -196,6 +214,8 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
         deployment: applied.deployment.as_ref(),
         reports,
         apply_error: apply_error.as_ref(),
+        deliveries: &deliveries,
+        deliver_error: deliver_error.as_ref(),
         now: ctx.now(),
     };
     let folded = status::fold(&facts);
@@ -204,12 +224,58 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     if let Some(e) = apply_error {
         return Err(e.into());
     }
+    if let Some(e) = deliver_error {
+        return Err(e.into());
+    }
     Ok(if no_pods {
         // No pods: only a Model or EnginePlugin change can alter the outcome.
         Action::await_change()
     } else {
         Action::requeue(resync(&valid.uid))
     })
+}
+
+/// The deliver step for the plugins `desired`'s pods take in place (none with
+/// `--plugin-delivery rollout`).
+pub(crate) async fn deliver_plugins(
+    valid: &validate::ValidModel,
+    desired: &build::OwnedObjects,
+    mounted: &[&gantry_crd::EnginePlugin],
+    observed: &read::Observed,
+    ctx: &Context,
+) -> Result<Vec<deliver::Progress>, deliver::DeliverError> {
+    if ctx.settings.plugin_delivery != crate::context::PluginDelivery::InPlace {
+        return Ok(Vec::new());
+    }
+    let slots: Vec<deliver::Slot<'_>> = build::pod::in_place_slots(mounted)
+        .into_iter()
+        .map(|(container, plugin)| deliver::Slot { container, plugin })
+        .collect();
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let annotations = desired
+        .deployment
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let get = |k: &str| annotations.get(k).map(String::as_str).unwrap_or_default();
+    let pods = ctx.caches.node_pods(&valid.namespace, &valid.name);
+    deliver::deliver(
+        &valid.namespace,
+        &slots,
+        (
+            get(gantry_crd::names::ANNOTATION_CONFIG_HASH),
+            get(gantry_crd::names::ANNOTATION_PLUGINS),
+        ),
+        &pods,
+        &observed.reports,
+        ctx,
+    )
+    .await
 }
 
 /// Per error kind: refusals wait long (a change or an admin must fix them), transient errors

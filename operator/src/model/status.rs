@@ -16,6 +16,7 @@ use kube::{Resource, ResourceExt};
 
 use super::CONTROLLER;
 use super::apply::ApplyError;
+use super::deliver::{DeliverError, Progress};
 use super::resolve::Resolution;
 use super::validate::{self, Invalid, ValidModel};
 use crate::context::Context;
@@ -63,7 +64,48 @@ pub struct Facts<'a> {
     pub reports: &'a [&'a NodeReport],
     /// A refusal by the apiserver that retrying will not fix.
     pub apply_error: Option<&'a ApplyError>,
+    /// The in-place plugin deliveries (deliver step), one per plugin.
+    pub deliveries: &'a [Progress],
+    /// The apiserver refused a delivery's copy container.
+    pub deliver_error: Option<&'a DeliverError>,
     pub now: Timestamp,
+}
+
+/// The in-place plugin delivery that needs saying: a halt (Degraded), else one in progress
+/// (Progressing).
+fn fold_delivery(f: &Facts<'_>) -> Option<Decided> {
+    if let Some(e) = f.deliver_error {
+        return Some(Decided::new(
+            cond::DEGRADED,
+            TRUE,
+            reason::PLUGIN_UPDATE_HALTED,
+            e.to_string(),
+        ));
+    }
+    if let Some(p) = f.deliveries.iter().find(|p| p.halted.is_some()) {
+        let (pod, why) = p.halted.clone().unwrap_or_default();
+        return Some(Decided::new(
+            cond::DEGRADED,
+            TRUE,
+            reason::PLUGIN_UPDATE_HALTED,
+            format!(
+                "EnginePlugin {} {}: node pod {pod}: {why}; the delivery is halted and {} of {} \
+                 node pods run it, the others keep the version they run",
+                p.plugin, p.version, p.done, p.pods
+            ),
+        ));
+    }
+    f.deliveries.iter().find(|p| p.delivering()).map(|p| {
+        Decided::new(
+            cond::PROGRESSING,
+            TRUE,
+            reason::PLUGIN_UPDATING,
+            format!(
+                "EnginePlugin {} {} delivered in place: {} of {} node pods run it",
+                p.plugin, p.version, p.done, p.pods
+            ),
+        )
+    })
 }
 
 /// Status for a Model whose spec failed validation. Observations unrelated to the spec
@@ -112,7 +154,7 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
 }
 
 fn known_reason(r: &str) -> Option<&'static str> {
-    const ALL: [&str; 20] = [
+    const ALL: [&str; 22] = [
         reason::READY,
         reason::SCALED_TO_ZERO,
         reason::REPLICAS_NOT_READY,
@@ -133,6 +175,8 @@ fn known_reason(r: &str) -> Option<&'static str> {
         reason::ROLLOUT_COMPLETE,
         reason::NOT_DEPLOYED,
         reason::PROGRESS_DEADLINE_EXCEEDED,
+        reason::PLUGIN_UPDATING,
+        reason::PLUGIN_UPDATE_HALTED,
     ];
     ALL.into_iter().find(|k| *k == r)
 }
@@ -206,7 +250,23 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
     let (engine_cond, engine, candidates) = reports::fold_engine(f);
     let (artifact_cond, download) = reports::fold_artifact(f);
     let health_cond = reports::fold_health(f);
-    let (progress_cond, stuck) = fold_progress(f.deployment);
+    let (mut progress_cond, stuck) = fold_progress(f.deployment);
+    let delivery = fold_delivery(f);
+    // A rollout says more than an in-place delivery; a halt ends the progress.
+    if progress_cond.reason == reason::ROLLOUT_COMPLETE
+        && let Some(d) = &delivery
+    {
+        progress_cond = if d.type_ == cond::PROGRESSING {
+            d.clone()
+        } else {
+            Decided::new(
+                cond::PROGRESSING,
+                FALSE,
+                reason::PLUGIN_UPDATE_HALTED,
+                d.message.clone(),
+            )
+        };
+    }
     let engine_failed = engine_cond.status == FALSE;
 
     let replicas = replica_counts(f.deployment);
@@ -244,6 +304,8 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
             reason::PROGRESS_DEADLINE_EXCEEDED,
             progress_cond.message.clone(),
         )
+    } else if let Some(halt) = delivery.filter(|d| d.type_ == cond::DEGRADED) {
+        halt
     } else {
         Decided::new(cond::DEGRADED, FALSE, reason::AS_EXPECTED, "")
     };

@@ -116,12 +116,10 @@ pub async fn plan(
             yaml: config.config.yaml.clone(),
             hash: config.pod_hash.clone(),
         };
-        Some(build::assemble(
-            &template,
-            &pod_config,
-            &mounted,
-            &ctx.settings,
-        )?)
+        let mut objects = build::assemble(&template, &pod_config, &mounted, &ctx.settings)?;
+        // As for a Model: a new image of a plugin the pods take in place does not roll them.
+        build::hold_plugin_images(&mut objects, observed.deployment.as_ref())?;
+        Some(objects)
     };
     Ok(Plan {
         template,
@@ -180,6 +178,17 @@ pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, m
     status::publish(pool, folded, ctx).await?;
     if let Some(e) = apply_error {
         return Err(e.into());
+    }
+    if let Some(desired) = plan.desired.as_ref() {
+        let mounted = plan.admission.mounted();
+        let progress =
+            model::deliver_plugins(&plan.template, desired, &mounted, &plan.observed, ctx).await?;
+        // The pool's status has no delivery condition yet: the halt is logged, and the
+        // EnginePlugin's `status.updates` lists the pod that refused.
+        for p in progress.iter().filter(|p| p.halted.is_some()) {
+            let (pod, why) = p.halted.clone().unwrap_or_default();
+            tracing::warn!(pool = %pool.name_any(), plugin = %p.plugin, version = %p.version, pod = %pod, "in-place plugin delivery halted: {why}");
+        }
     }
     Ok(if plan.desired.is_some() {
         Action::requeue(RESYNC)
@@ -315,6 +324,8 @@ pub async fn member_status(
         deployment: plan.observed.deployment.as_ref(),
         reports: &listing,
         apply_error: None,
+        deliveries: &[],
+        deliver_error: None,
         now: ctx.now(),
     };
     let mut folded = model_status::fold(&facts);

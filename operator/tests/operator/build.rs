@@ -643,6 +643,8 @@ fn several_engines_for_a_known_architecture_are_all_mounted_and_the_nodes_measur
             deployment: None,
             reports,
             apply_error: None,
+            deliveries: &[],
+            deliver_error: None,
             now: crate::support::t0(),
         })
     };

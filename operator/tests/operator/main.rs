@@ -8,6 +8,7 @@ mod build;
 mod caching;
 mod cli;
 mod crds;
+mod deliver;
 mod grammar;
 mod isolation;
 mod leader;

@@ -285,6 +285,8 @@ pub struct Recorded {
     pub method: Method,
     pub path: String,
     pub query: String,
+    /// The request's `Content-Type` (which kind of PATCH it is).
+    pub content_type: String,
     pub body: Option<Value>,
 }
 
@@ -353,10 +355,13 @@ impl ApiServer {
                 let method = request.method().clone();
                 let path = request.uri().path().to_string();
                 let query = request.uri().query().unwrap_or_default().to_string();
-                let is_apply = request
+                let content_type = request
                     .headers()
                     .get(http::header::CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes() == b"application/apply-patch+yaml");
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let is_apply = content_type == "application/apply-patch+yaml";
                 // Every request the code makes must be granted by the RBAC table (and so by
                 // the chart, which a chart test holds equal to the table).
                 assert_granted(self.component, &method, &path, &query, is_apply);
@@ -383,9 +388,12 @@ impl ApiServer {
                         "step {i}: {path}?{query} is not under field manager {}",
                         step.manager
                     );
-                    assert!(
+                    // A server-side apply takes over conflicting fields; any other patch (an
+                    // ephemeral container added to a pod) has no such option.
+                    assert_eq!(
                         query.contains("force=true"),
-                        "step {i}: {path}?{query} is not a forced apply"
+                        is_apply,
+                        "step {i}: {path}?{query} ({content_type}): only an apply is forced"
                     );
                 }
                 let reply = match &step.reply {
@@ -416,6 +424,7 @@ impl ApiServer {
                     method,
                     path,
                     query,
+                    content_type,
                     body,
                 });
             }

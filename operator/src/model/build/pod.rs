@@ -19,9 +19,43 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::context::Settings;
 use crate::model::validate::ValidModel;
+use gantry_api::config::Isolation;
 use gantry_api::node_token::{NODE_TOKEN_ENV, NODE_TOKEN_SECRET_KEY};
 use gantry_crd::names::*;
 use gantry_crd::{CacheType, EnginePlugin, MountStrategy};
+
+/// The pod volume that holds the plugins (an emptyDir at `NODE_PLUGINS_DIR`).
+pub const ENGINES: &str = "engines";
+
+/// The plugin init containers of a pod mounting `plugins` whose plugin takes new versions in
+/// the running pod, by container name: mounted by an init container (a new version can be
+/// copied in the same way) and run in `process` isolation (the node shadow-loads a changed
+/// library; in-process code cannot be replaced in a running node).
+pub fn in_place_slots<'a>(plugins: &[&'a EnginePlugin]) -> Vec<(String, &'a EnginePlugin)> {
+    plugins
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| {
+            p.spec.mount_strategy == MountStrategy::InitContainer
+                && p.spec.isolation == Some(Isolation::Process)
+        })
+        .map(|(i, p)| (plugin_slot_name(i, p), *p))
+        .collect()
+}
+
+/// The plugin image's copy command: `/copy <libraryPath> <plugin directory on the node>`.
+pub fn copy_command(plugin: &EnginePlugin) -> Vec<String> {
+    vec![
+        PLUGIN_COPIER.to_string(),
+        plugin.spec.library_path(),
+        plugin_target(plugin),
+    ]
+}
+
+/// The engines volume, writable, where a plugin copy (init or ephemeral container) mounts it.
+pub fn engines_mount() -> VolumeMount {
+    mount(ENGINES, NODE_PLUGINS_DIR, false)
+}
 
 /// The pod spec of `model`'s node pods, mounting `plugins`; with `node_token`, the node reads
 /// its token from the Model's node-token Secret.
@@ -32,7 +66,6 @@ pub fn pod_spec(
     settings: &Settings,
 ) -> PodSpec {
     const CONFIG: &str = "config";
-    const ENGINES: &str = "engines";
     const CACHE: &str = "cache";
     const TMP: &str = "tmp";
     const SOURCE: &str = "model-source";
@@ -100,12 +133,8 @@ pub fn pod_spec(
                 name: slot,
                 image: Some(plugin.spec.image.clone()),
                 image_pull_policy: Some("IfNotPresent".to_string()),
-                command: Some(vec![
-                    PLUGIN_COPIER.to_string(),
-                    plugin.spec.library_path(),
-                    target,
-                ]),
-                volume_mounts: Some(vec![mount(ENGINES, NODE_PLUGINS_DIR, false)]),
+                command: Some(copy_command(plugin)),
+                volume_mounts: Some(vec![engines_mount()]),
                 resources: Some(ResourceRequirements {
                     requests: Some(BTreeMap::from([
                         ("cpu".to_string(), Quantity("10m".to_string())),
@@ -261,7 +290,7 @@ pub fn pod_spec(
 }
 
 /// Restricted Pod Security Standard, container level.
-fn restricted_container_security() -> SecurityContext {
+pub fn restricted_container_security() -> SecurityContext {
     SecurityContext {
         run_as_non_root: Some(true),
         allow_privilege_escalation: Some(false),

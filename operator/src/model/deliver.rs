@@ -1,0 +1,362 @@
+//! Model reconcile, deliver step (after apply, before status): brings a new version of an
+//! EnginePlugin to the running node pods without restarting them.
+//!
+//! It applies to plugins mounted by an init container and run in `process` isolation
+//! (`build::pod::in_place_slots`): the node shadow-loads a changed library in new workers and
+//! switches with no failed request (docs/engines.md, "Plugin updates without downtime"). When
+//! such a plugin's image is all that changed, the build step keeps the old image in the pod
+//! template (`build::hold_plugin_images`: no rollout), and this step adds an ephemeral
+//! container to each pod that runs the new image's `/copy` into the pod's engines volume. An
+//! ephemeral container leaves the pod's readiness alone (a restarted sidecar would take the
+//! pod out of its Service while the new image is pulled) and needs no change to the template.
+//!
+//! Pacing, per plugin: one pod first; once a pod runs the new version, up to a quarter of the
+//! pods at a time (at least one), counting those still on their way. Pods that are not
+//! running yet (a scale-up from the template's older image) get it at once after the first
+//! success. A pod whose node refused the new version, or whose copy failed (the image cannot
+//! be pulled, `/copy` exited non-zero), halts the delivery: the other pods keep the version
+//! they run, and the Model says why (`Degraded`, `PluginUpdateHalted`) until the EnginePlugin
+//! changes again. The pure [`plan`] decides; [`deliver`] writes what it decided.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ContainerState, EphemeralContainer, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+
+use super::CONTROLLER;
+use super::build::pod::{copy_command, engines_mount, restricted_container_security};
+use crate::context::Context;
+use crate::node_report::NodeReport;
+use crate::write::{self, Retry, classify};
+use gantry_crd::EnginePlugin;
+use gantry_crd::names::{ANNOTATION_CONFIG_HASH, ANNOTATION_PLUGINS};
+
+/// One plugin delivered in place: its init container's name in the pods, and the plugin.
+#[derive(Clone, Debug)]
+pub struct Slot<'a> {
+    pub container: String,
+    pub plugin: &'a EnginePlugin,
+}
+
+/// Where one pod stands with one plugin's new version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// Its node runs the new version.
+    Done,
+    /// The new image is in the pod (copying, or the node is shadow-loading it).
+    InFlight,
+    /// The copy failed or the node refused the version: the reason.
+    Failed(String),
+    /// Still on an older image; `running` says whether its node already serves.
+    Stale { running: bool, ordinal: usize },
+}
+
+/// A pod the plan delivers to, and the ephemeral container's name there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub pod: String,
+    pub container: String,
+}
+
+/// What the deliver step found and did for one plugin, for the Model's status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The EnginePlugin's name and version.
+    pub plugin: String,
+    pub version: String,
+    /// Pods of the current template that mount it.
+    pub pods: usize,
+    /// Pods whose node runs `version`.
+    pub done: usize,
+    /// The first pod that failed, and why: the delivery is halted.
+    pub halted: Option<(String, String)>,
+}
+
+impl Progress {
+    /// Whether pods are still to receive the version (and nothing halted it).
+    pub fn delivering(&self) -> bool {
+        self.halted.is_none() && self.done < self.pods
+    }
+}
+
+/// Waiting reasons of a container whose image cannot be run: the copy will not happen.
+const STUCK: [&str; 5] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// The ephemeral containers of `pod` that delivered `slot`, in order: `{slot}-u{n}`.
+fn deliveries<'p>(pod: &'p Pod, slot: &str) -> Vec<(usize, &'p EphemeralContainer)> {
+    let prefix = format!("{}-u", slot_prefix(slot));
+    let mut out: Vec<(usize, &EphemeralContainer)> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+        .filter_map(|c| {
+            let n = c.name.strip_prefix(&prefix)?.parse::<usize>().ok()?;
+            Some((n, c))
+        })
+        .collect();
+    out.sort_by_key(|(n, _)| *n);
+    out
+}
+
+/// The slot name cut so that `-u{n}` still fits a container name (≤ 63).
+fn slot_prefix(slot: &str) -> &str {
+    let end = slot.len().min(56);
+    slot[..end].trim_end_matches('-')
+}
+
+/// The image `pod` last received for `slot` (its latest delivery, else its init container),
+/// and the state of that delivery's container (`None`: the init container, or no status yet).
+fn current<'p>(pod: &'p Pod, slot: &str) -> Option<(&'p str, Option<&'p ContainerState>)> {
+    if let Some((_, c)) = deliveries(pod, slot).last() {
+        let state = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.ephemeral_container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|s| s.name == c.name))
+            .and_then(|s| s.state.as_ref());
+        return Some((c.image.as_deref()?, state));
+    }
+    let init = pod
+        .spec
+        .as_ref()?
+        .init_containers
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == slot)?;
+    Some((init.image.as_deref()?, None))
+}
+
+/// Why a delivery container will not copy, if it will not.
+fn copy_failed(state: Option<&ContainerState>) -> Option<String> {
+    let state = state?;
+    if let Some(w) = &state.waiting
+        && let Some(reason) = w.reason.as_deref().filter(|r| STUCK.contains(r))
+    {
+        return Some(format!(
+            "the copy container cannot start: {reason}{}",
+            w.message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        ));
+    }
+    let t = state.terminated.as_ref()?;
+    (t.exit_code != 0).then(|| {
+        format!(
+            "the copy exited with code {}{}",
+            t.exit_code,
+            t.message
+                .as_deref()
+                .map(|m| format!(": {}", m.trim()))
+                .unwrap_or_default()
+        )
+    })
+}
+
+/// Where `pod` stands with `plugin` at `image`, given its node's report.
+pub fn pod_state(
+    pod: &Pod,
+    slot: &str,
+    plugin: &EnginePlugin,
+    report: Option<&NodeReport>,
+    just_sent: bool,
+) -> Option<PodState> {
+    let (image, state) = current(pod, slot)?;
+    let entry = report.and_then(|r| r.status.as_ref().ok()).and_then(|s| {
+        s.plugins.iter().find(|p| {
+            p.id == plugin.spec.engine_id
+                && p.gpu_backend
+                    .as_deref()
+                    .is_none_or(|b| b == plugin.spec.gpu_backend.as_str())
+        })
+    });
+    let version = plugin.spec.version.as_str();
+    if image != plugin.spec.image && !just_sent {
+        let running = entry.is_some_and(|p| p.loaded);
+        return Some(PodState::Stale {
+            running,
+            ordinal: deliveries(pod, slot).last().map_or(0, |(n, _)| *n),
+        });
+    }
+    if entry.is_some_and(|p| p.loaded && p.version.as_deref() == Some(version)) {
+        return Some(PodState::Done);
+    }
+    if let Some(u) = entry.and_then(|p| p.update.as_ref())
+        && u.version.as_deref() == Some(version)
+        && (u.state == "refused" || u.state == "restartRequired")
+    {
+        return Some(PodState::Failed(format!(
+            "its node {}: {}",
+            u.state, u.message
+        )));
+    }
+    if let Some(why) = copy_failed(state) {
+        return Some(PodState::Failed(why));
+    }
+    Some(PodState::InFlight)
+}
+
+/// Decide one plugin's delivery: the pods to send the new image to now, and the progress.
+/// `states` are the pods of the current template that mount the plugin, sorted by name.
+pub fn plan(slot: &Slot<'_>, states: &[(String, PodState)]) -> (Vec<Delivery>, Progress) {
+    let mut progress = Progress {
+        plugin: slot.plugin.name_any(),
+        version: slot.plugin.spec.version.clone(),
+        pods: states.len(),
+        ..Progress::default()
+    };
+    let mut in_flight = 0;
+    for (pod, s) in states {
+        match s {
+            PodState::Done => progress.done += 1,
+            PodState::InFlight => in_flight += 1,
+            PodState::Failed(why) if progress.halted.is_none() => {
+                progress.halted = Some((pod.clone(), why.clone()));
+            }
+            PodState::Failed(_) | PodState::Stale { .. } => {}
+        }
+    }
+    if progress.halted.is_some() {
+        return (Vec::new(), progress);
+    }
+    // One pod proves the version; then a quarter of the pods at a time.
+    let budget = if progress.done == 0 {
+        1
+    } else {
+        states.len().div_ceil(4).max(1)
+    };
+    let mut room = budget.saturating_sub(in_flight);
+    let mut sends = Vec::new();
+    for (pod, s) in states {
+        let PodState::Stale { running, ordinal } = s else {
+            continue;
+        };
+        // A pod that serves nothing yet costs nothing to update once the version is proven.
+        let free = !running && progress.done > 0;
+        if !free && room == 0 {
+            continue;
+        }
+        if !free {
+            room -= 1;
+        }
+        sends.push(Delivery {
+            pod: pod.clone(),
+            container: format!("{}-u{}", slot_prefix(&slot.container), ordinal + 1),
+        });
+    }
+    (sends, progress)
+}
+
+/// The ephemeral container that copies `plugin` into a running pod.
+pub fn copy_container(name: &str, plugin: &EnginePlugin) -> EphemeralContainer {
+    EphemeralContainer {
+        name: name.to_string(),
+        image: Some(plugin.spec.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(copy_command(plugin)),
+        volume_mounts: Some(vec![engines_mount()]),
+        security_context: Some(restricted_container_security()),
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+        ..EphemeralContainer::default()
+    }
+}
+
+/// Why a delivery could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliverError {
+    #[error(
+        "cannot add the plugin copy container {container} to node pod {pod}: {source}; \
+         the pods keep the version they run (clusters that forbid ephemeral containers run the \
+         operator with --plugin-delivery rollout)"
+    )]
+    Api {
+        pod: String,
+        container: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl DeliverError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            DeliverError::Api { source, .. } => match classify(source) {
+                Retry::Permanent => "deliver_refused",
+                Retry::Transient => "deliver_transient",
+            },
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            DeliverError::Api { source, .. } => classify(source),
+        }
+    }
+}
+
+/// The recent-write key of a delivery to `pod` (the watch event of the patched pod may not
+/// be in the cache when the next reconcile runs).
+fn recent_kind(slot: &str) -> String {
+    format!("Pod/deliver/{slot}")
+}
+
+/// Run the delivery of every slot over `pods` (the Model's node pods, sorted by name), for
+/// pods of the template annotated `template` (config hash, plugin names).
+pub async fn deliver<'a>(
+    namespace: &str,
+    slots: &[Slot<'a>],
+    template: (&str, &str),
+    pods: &[Arc<Pod>],
+    reports: &[NodeReport],
+    ctx: &Context,
+) -> Result<Vec<Progress>, DeliverError> {
+    let current_template = |p: &Pod| {
+        let a = p.annotations();
+        a.get(ANNOTATION_CONFIG_HASH).map(String::as_str) == Some(template.0)
+            && a.get(ANNOTATION_PLUGINS).map(String::as_str) == Some(template.1)
+    };
+    let by_pod: BTreeMap<&str, &NodeReport> = reports.iter().map(|r| (r.pod.as_str(), r)).collect();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut out = Vec::new();
+    for slot in slots {
+        let kind = recent_kind(&slot.container);
+        let states: Vec<(String, PodState)> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && current_template(p))
+            .filter_map(|p| {
+                let name = p.name_any();
+                let sent =
+                    ctx.caches
+                        .recent
+                        .holds(&kind, namespace, &name, &slot.plugin.spec.image);
+                let report = by_pod.get(format!("{namespace}/{name}").as_str()).copied();
+                pod_state(p, &slot.container, slot.plugin, report, sent).map(|s| (name, s))
+            })
+            .collect();
+        let (sends, progress) = plan(slot, &states);
+        for send in sends {
+            let container = copy_container(&send.container, slot.plugin);
+            write::add_ephemeral_container(&api, &send.pod, &container, &ctx.metrics, CONTROLLER)
+                .await
+                .map_err(|source| DeliverError::Api {
+                    pod: format!("{namespace}/{}", send.pod),
+                    container: send.container.clone(),
+                    source,
+                })?;
+            ctx.caches
+                .recent
+                .wrote(&kind, namespace, &send.pod, &slot.plugin.spec.image);
+            tracing::info!(pod = %send.pod, plugin = %progress.plugin, version = %progress.version, container = %send.container, "plugin delivered in place");
+        }
+        out.push(progress);
+    }
+    Ok(out)
+}

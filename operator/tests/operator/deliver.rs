@@ -1,0 +1,671 @@
+//! In-place plugin delivery (Model reconcile, build and deliver steps), against a mock API
+//! server: a new image of a `process`-isolated plugin keeps the pod template as it is (no
+//! rollout) and reaches the running pods as an ephemeral copy container, one pod first, then
+//! a quarter at a time; a refusal halts it and says so in the Model's conditions.
+
+use std::collections::BTreeMap;
+
+use gantry_api::config::Isolation;
+use gantry_api::{NodeStatus, PluginStatus, PluginUpdate};
+use gantry_crd::{EnginePlugin, Model};
+use gantry_operator::context::{PluginDelivery, Settings};
+use gantry_operator::model::build::{self, OwnedObjects};
+use gantry_operator::model::deliver::{Delivery, PodState, Slot, plan};
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::reconcile::{
+    desired, example_model, example_plugins, node_report, ns_name, pods, reads, ready_deployment,
+    run, status_body, status_patch, supported,
+};
+use crate::support::{
+    Recorded, Reply, Step, condition, context_with, finish, path, status_body as api_status,
+};
+
+const SLOT: &str = "plugin-0-llama-cpp-cpu";
+const IMAGE_V1: &str = "ghcr.io/gantry-dev/engine-llama-cpp-cpu:0.1.0";
+const IMAGE_V2: &str = "ghcr.io/gantry-dev/engine-llama-cpp-cpu:0.2.0";
+const POD_IPS: [&str; 2] = ["10.0.0.5", "10.0.0.6"];
+
+/// The example plugin in `process` isolation at `version` (image tag = version).
+fn plugins_at(version: &str) -> Vec<EnginePlugin> {
+    let mut plugins = example_plugins();
+    for p in &mut plugins {
+        p.spec.isolation = Some(Isolation::Process);
+        p.spec.version = version.to_string();
+        p.spec.image = format!("ghcr.io/gantry-dev/engine-llama-cpp-cpu:{version}");
+    }
+    plugins
+}
+
+fn built(m: &Model, plugins: &[EnginePlugin]) -> OwnedObjects {
+    desired(m, plugins, Some("gemma3"))
+}
+
+/// A running node pod of `o`'s template, named `gemma-3-270m-7c9d-{suffix}`, whose plugin init
+/// container ran `init_image` and which has the ephemeral containers `ephemeral`
+/// (name, image, state).
+fn node_pod(
+    o: &OwnedObjects,
+    suffix: &str,
+    ip: &str,
+    init_image: &str,
+    ephemeral: &[(&str, &str, Value)],
+) -> Value {
+    let template = o
+        .deployment
+        .spec
+        .template
+        .metadata
+        .clone()
+        .unwrap_or_default();
+    let eph: Vec<Value> = ephemeral
+        .iter()
+        .map(|(name, image, _)| json!({"name": name, "image": image}))
+        .collect();
+    let states: Vec<Value> = ephemeral
+        .iter()
+        .map(|(name, image, state)| json!({"name": name, "image": image, "imageID": "", "ready": false, "restartCount": 0, "state": state}))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": format!("gemma-3-270m-7c9d-{suffix}"), "namespace": "default",
+                        "uid": format!("uid-{suffix}"), "labels": template.labels,
+                        "annotations": template.annotations},
+           "spec": {"initContainers": [{"name": SLOT, "image": init_image}],
+                    "containers": [{"name": "node", "image": "ghcr.io/gantry-dev/gantry-node:0.1.0"}],
+                    "ephemeralContainers": eph},
+           "status": {"phase": "Running", "podIP": ip,
+                      "conditions": [{"type": "Ready", "status": "True"}],
+                      "ephemeralContainerStatuses": states}})
+}
+
+/// The node report of a pod running plugin `version`, with its last `update`.
+fn report(version: &str, update: Option<(&str, &str, &str)>) -> NodeStatus {
+    let mut status = node_report("gemma-3-270m", "gemma3", supported())
+        .into_values()
+        .next()
+        .expect("report");
+    status.plugins = vec![PluginStatus {
+        id: "llama_cpp".into(),
+        version: Some(version.into()),
+        abi_version: Some("1".into()),
+        gpu_backend: Some("cpu".into()),
+        build_info: None,
+        loaded: true,
+        isolation: "process".into(),
+        reason: None,
+        message: None,
+        update: update.map(|(v, state, message)| PluginUpdate {
+            version: Some(v.into()),
+            state: state.into(),
+            message: message.into(),
+            models: Vec::new(),
+            seconds_ago: 3,
+        }),
+    }];
+    status
+}
+
+fn ephemeral_patch(pod: &str, reply: Value) -> Step {
+    Step {
+        manager: "gantry-operator",
+        method: Method::PATCH,
+        path: format!("/api/v1/namespaces/default/pods/{pod}/ephemeralcontainers"),
+        status: StatusCode::OK,
+        reply: Reply::Json(reply),
+    }
+}
+
+fn writes_to(recorded: &[Recorded], what: &str) -> usize {
+    recorded
+        .iter()
+        .filter(|r| r.method != Method::GET && r.path.contains(what))
+        .count()
+}
+
+// --- the build step: which image changes roll and which do not ---
+
+#[test]
+fn a_new_image_of_a_process_plugin_keeps_the_live_template_so_nothing_rolls() {
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    let mut next = built(&m, &plugins_at("0.2.0"));
+    assert_ne!(
+        live.deployment, next.deployment,
+        "the image is in the template"
+    );
+    let annotations = next
+        .deployment
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        annotations["gantry.dev/plugin-images"],
+        format!("{{\"{SLOT}\":\"{IMAGE_V2}\"}}")
+    );
+
+    let held = build::hold_plugin_images(&mut next, Some(&live.deployment)).expect("hold");
+    assert!(held);
+    // Exactly what runs: same hash, same template, so the apply step writes nothing.
+    assert_eq!(next.deployment, live.deployment);
+    let init = &next
+        .deployment
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .expect("pod")
+        .init_containers;
+    assert_eq!(
+        init.as_ref().expect("init")[0].image.as_deref(),
+        Some(IMAGE_V1)
+    );
+}
+
+/// The objects for `m` with `plugins` under operator `settings`.
+fn build_with(m: &Model, plugins: &[EnginePlugin], settings: &Settings) -> OwnedObjects {
+    let v = gantry_operator::model::validate::validate(m, settings).expect("valid");
+    let refs: Vec<&EnginePlugin> = plugins.iter().collect();
+    build::build(&v, &refs, settings).expect("build")
+}
+
+#[test]
+fn any_other_change_rolls_the_pods_with_the_new_image_in_the_new_template() {
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    // A new node image (an operator upgrade) and a new plugin version at once: one rollout.
+    let settings = Settings {
+        node_image: "ghcr.io/gantry-dev/gantry-node:0.2.0".into(),
+        ..Settings::default()
+    };
+    let mut next = build_with(&m, &plugins_at("0.2.0"), &settings);
+    let before = next.clone();
+    assert!(!build::hold_plugin_images(&mut next, Some(&live.deployment)).expect("hold"));
+    assert_eq!(next, before);
+    let init = &next
+        .deployment
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .expect("pod")
+        .init_containers;
+    assert_eq!(
+        init.as_ref().expect("init")[0].image.as_deref(),
+        Some(IMAGE_V2)
+    );
+}
+
+#[test]
+fn an_in_process_plugin_or_rollout_delivery_rolls_for_a_new_image() {
+    let m = example_model();
+    // In-process: the node cannot replace its code, so the new image goes into the template.
+    let mut v1 = example_plugins();
+    let mut v2 = example_plugins();
+    v2[0].spec.image = IMAGE_V2.into();
+    v2[0].spec.version = "0.2.0".into();
+    v1[0].spec.isolation = Some(Isolation::InProcess);
+    v2[0].spec.isolation = Some(Isolation::InProcess);
+    let live = built(&m, &v1);
+    let mut next = built(&m, &v2);
+    assert!(!build::hold_plugin_images(&mut next, Some(&live.deployment)).expect("hold"));
+    let annotations = next
+        .deployment
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key("gantry.dev/plugin-images"),
+        "no plugin-images annotation for in-process plugins: {annotations:?}"
+    );
+
+    // `--plugin-delivery rollout`: the same for a process plugin.
+    let settings = Settings {
+        plugin_delivery: PluginDelivery::Rollout,
+        ..Settings::default()
+    };
+    let live = build_with(&m, &plugins_at("0.1.0"), &settings);
+    let mut next = build_with(&m, &plugins_at("0.2.0"), &settings);
+    assert!(!build::hold_plugin_images(&mut next, Some(&live.deployment)).expect("hold"));
+}
+
+// --- the plan: pacing and halting ---
+
+fn slot_of(plugins: &[EnginePlugin]) -> Slot<'_> {
+    Slot {
+        container: SLOT.into(),
+        plugin: &plugins[0],
+    }
+}
+
+fn stale(running: bool) -> PodState {
+    PodState::Stale {
+        running,
+        ordinal: 0,
+    }
+}
+
+fn named(states: Vec<PodState>) -> Vec<(String, PodState)> {
+    states
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (format!("p{i}"), s))
+        .collect()
+}
+
+fn pods_sent(sends: &[Delivery]) -> Vec<&str> {
+    sends.iter().map(|s| s.pod.as_str()).collect()
+}
+
+#[test]
+fn one_pod_goes_first_and_the_rest_wait_for_it() {
+    let plugins = plugins_at("0.2.0");
+    let slot = slot_of(&plugins);
+    let (sends, progress) = plan(&slot, &named(vec![stale(true), stale(true), stale(true)]));
+    assert_eq!(pods_sent(&sends), ["p0"]);
+    assert_eq!(sends[0].container, format!("{SLOT}-u1"));
+    assert_eq!((progress.done, progress.pods), (0, 3));
+    assert!(progress.delivering());
+    // While it is on its way, nobody else goes.
+    let (sends, _) = plan(
+        &slot,
+        &named(vec![PodState::InFlight, stale(true), stale(true)]),
+    );
+    assert!(sends.is_empty());
+}
+
+#[test]
+fn after_the_first_success_a_quarter_goes_at_a_time_and_new_pods_at_once() {
+    let plugins = plugins_at("0.2.0");
+    let slot = slot_of(&plugins);
+    // 8 pods: a quarter is 2; one is in flight, so one more goes, plus the pod not serving yet.
+    let mut states = vec![PodState::Done, PodState::InFlight];
+    states.extend((0..5).map(|_| stale(true)));
+    states.push(PodState::Stale {
+        running: false,
+        ordinal: 2,
+    });
+    let (sends, progress) = plan(&slot, &named(states));
+    assert_eq!(pods_sent(&sends), ["p2", "p7"]);
+    assert_eq!(
+        sends[1].container,
+        format!("{SLOT}-u3"),
+        "numbered after its last delivery"
+    );
+    assert_eq!((progress.done, progress.pods), (1, 8));
+
+    let (sends, progress) = plan(&slot, &named(vec![PodState::Done, PodState::Done]));
+    assert!(sends.is_empty());
+    assert!(!progress.delivering());
+}
+
+#[test]
+fn a_failed_pod_halts_the_delivery() {
+    let plugins = plugins_at("0.2.0");
+    let slot = slot_of(&plugins);
+    let states = named(vec![
+        PodState::Failed("its node refused: bad ABI".into()),
+        stale(true),
+        stale(false),
+    ]);
+    let (sends, progress) = plan(&slot, &states);
+    assert!(sends.is_empty());
+    assert_eq!(
+        progress.halted,
+        Some(("p0".to_string(), "its node refused: bad ABI".to_string()))
+    );
+    assert!(!progress.delivering());
+}
+
+// --- the reconcile: the requests it makes ---
+
+/// One reconcile of the example Model whose live objects were built with plugin 0.1.0, with
+/// plugin `plugins` now, the node `pods` and their `reports` (by pod IP); the requests after
+/// the cache reads are `steps`.
+async fn reconcile_live(
+    plugins: Vec<EnginePlugin>,
+    pod_list: Vec<Value>,
+    reports: Vec<NodeStatus>,
+    steps: Vec<Step>,
+    settings: Settings,
+) -> (
+    Vec<Recorded>,
+    Result<kube::runtime::controller::Action, gantry_operator::model::Error>,
+) {
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    let nodes: BTreeMap<String, NodeStatus> = POD_IPS
+        .iter()
+        .map(|ip| ip.to_string())
+        .zip(reports)
+        .collect();
+    let (ctx, mut server) = context_with(settings, plugins, nodes);
+    reads(
+        &mut server,
+        Some(serde_json::to_value(&live.config_map).expect("json")),
+        Some(ready_deployment(&live)),
+        Some(serde_json::to_value(&live.service).expect("json")),
+        None,
+    );
+    pods(&mut server, pod_list);
+    let server = server.run(steps);
+    let result = run(m, ctx).await;
+    (finish(server).await, result)
+}
+
+fn two_pods_at_v1() -> Vec<Value> {
+    let live = built(&example_model(), &plugins_at("0.1.0"));
+    vec![
+        node_pod(&live, "aaaaa", POD_IPS[0], IMAGE_V1, &[]),
+        node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]),
+    ]
+}
+
+#[tokio::test]
+async fn a_new_plugin_version_is_copied_into_the_first_pod_without_touching_the_deployment() {
+    let m = example_model();
+    let (ns, _) = ns_name(&m);
+    let steps = vec![
+        ephemeral_patch("gemma-3-270m-7c9d-aaaaa", two_pods_at_v1()[0].clone()),
+        status_patch(&m),
+        Step::event(&ns),
+        Step::event(&ns),
+        Step::event(&ns),
+    ];
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        two_pods_at_v1(),
+        vec![report("0.1.0", None), report("0.1.0", None)],
+        steps,
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(writes_to(&recorded, "/deployments/"), 0, "no rollout");
+    assert_eq!(writes_to(&recorded, "/configmaps/"), 0);
+    let patch = &recorded[0];
+    assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+    assert!(
+        patch.query.contains("fieldManager=gantry-operator"),
+        "{}",
+        patch.query
+    );
+    let container = &patch.body.as_ref().expect("body")["spec"]["ephemeralContainers"][0];
+    assert_eq!(
+        container,
+        &json!({
+            "name": format!("{SLOT}-u1"),
+            "image": IMAGE_V2,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["/copy", "/engines/llama_cpp/cpu", "/opt/gantry/engines/llama_cpp/cpu"],
+            "volumeMounts": [{"name": "engines", "mountPath": "/opt/gantry/engines", "readOnly": false}],
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]},
+                "privileged": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": true,
+                "seccompProfile": {"type": "RuntimeDefault"}
+            },
+            "terminationMessagePolicy": "FallbackToLogsOnError"
+        })
+    );
+    let status = status_body(&recorded);
+    let progressing = condition(&status, "Progressing");
+    assert_eq!(
+        (
+            progressing["status"].as_str(),
+            progressing["reason"].as_str()
+        ),
+        (Some("True"), Some("PluginUpdating"))
+    );
+    assert_eq!(
+        progressing["message"],
+        "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 0 of 2 node pods run it"
+    );
+    assert_eq!(condition(&status, "Degraded")["status"], "False");
+}
+
+#[tokio::test]
+async fn once_the_first_pod_runs_it_the_next_goes_and_then_nothing_more_is_written() {
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    let running = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    let first = node_pod(
+        &live,
+        "aaaaa",
+        POD_IPS[0],
+        IMAGE_V1,
+        &[(&format!("{SLOT}-u1"), IMAGE_V2, running.clone())],
+    );
+    let second = node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]);
+    let steps = vec![
+        ephemeral_patch("gemma-3-270m-7c9d-bbbbb", second.clone()),
+        status_patch(&m),
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ];
+    let applied = (
+        "0.2.0",
+        "applied",
+        "1 model(s) switched to the new version with no downtime",
+    );
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        vec![first.clone(), second],
+        vec![report("0.2.0", Some(applied)), report("0.1.0", None)],
+        steps,
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 1);
+    assert_eq!(
+        condition(&status_body(&recorded), "Progressing")["message"],
+        "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 1 of 2 node pods run it"
+    );
+
+    // Both run it: the rollout condition is back, and the reconcile writes nothing but status.
+    let done = node_pod(
+        &live,
+        "bbbbb",
+        POD_IPS[1],
+        IMAGE_V1,
+        &[(&format!("{SLOT}-u1"), IMAGE_V2, running)],
+    );
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        vec![first, done],
+        vec![
+            report("0.2.0", Some(applied)),
+            report("0.2.0", Some(applied)),
+        ],
+        vec![
+            status_patch(&m),
+            Step::event("default"),
+            Step::event("default"),
+            Step::event("default"),
+        ],
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 0);
+    let progressing = condition(&status_body(&recorded), "Progressing").clone();
+    assert_eq!(progressing["reason"], "RolloutComplete", "{progressing}");
+}
+
+#[tokio::test]
+async fn a_version_the_node_refuses_halts_the_delivery_and_degrades_the_model() {
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    let done = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    let first = node_pod(
+        &live,
+        "aaaaa",
+        POD_IPS[0],
+        IMAGE_V1,
+        &[(&format!("{SLOT}-u1"), IMAGE_V2, done)],
+    );
+    let second = node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]);
+    let refused = (
+        "0.2.0",
+        "refused",
+        "the new version was refused: model `gemma-3-270m`: the warm-up failed",
+    );
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        vec![first, second],
+        vec![report("0.1.0", Some(refused)), report("0.1.0", None)],
+        vec![
+            status_patch(&m),
+            Step::event("default"),
+            Step::event("default"),
+            Step::event("default"),
+            Step::event("default"),
+        ],
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(
+        writes_to(&recorded, "/ephemeralcontainers"),
+        0,
+        "the second pod keeps 0.1.0"
+    );
+    let status = status_body(&recorded);
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("PluginUpdateHalted"))
+    );
+    assert_eq!(
+        degraded["message"],
+        "EnginePlugin llama-cpp-cpu 0.2.0: node pod gemma-3-270m-7c9d-aaaaa: its node refused: \
+         the new version was refused: model `gemma-3-270m`: the warm-up failed; the delivery is \
+         halted and 0 of 2 node pods run it, the others keep the version they run"
+    );
+    let progressing = condition(&status, "Progressing");
+    assert_eq!(
+        (
+            progressing["status"].as_str(),
+            progressing["reason"].as_str()
+        ),
+        (Some("False"), Some("PluginUpdateHalted"))
+    );
+    // Serving is not affected: the old version runs everywhere.
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_halts_the_delivery() {
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    let waiting =
+        json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}});
+    let first = node_pod(
+        &live,
+        "aaaaa",
+        POD_IPS[0],
+        IMAGE_V1,
+        &[(&format!("{SLOT}-u1"), IMAGE_V2, waiting)],
+    );
+    let second = node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]);
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        vec![first, second],
+        vec![report("0.1.0", None), report("0.1.0", None)],
+        vec![
+            status_patch(&m),
+            Step::event("default"),
+            Step::event("default"),
+            Step::event("default"),
+            Step::event("default"),
+        ],
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    let degraded = condition(&status_body(&recorded), "Degraded").clone();
+    assert_eq!(degraded["reason"], "PluginUpdateHalted");
+    assert!(
+        degraded["message"].as_str().is_some_and(|s| s
+            .contains("the copy container cannot start: ImagePullBackOff: Back-off pulling image")),
+        "{degraded}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_copy_container_is_reported_and_retried_late() {
+    let m = example_model();
+    let mut refused = Step::fail(
+        Method::PATCH,
+        "/api/v1/namespaces/default/pods/gemma-3-270m-7c9d-aaaaa/ephemeralcontainers",
+        403,
+    );
+    refused.reply = Reply::Json(api_status(
+        403,
+        "Forbidden",
+        "ephemeral containers are not allowed",
+    ));
+    let steps = vec![
+        refused,
+        status_patch(&m),
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+    ];
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        two_pods_at_v1(),
+        vec![report("0.1.0", None), report("0.1.0", None)],
+        steps,
+        Settings::default(),
+    )
+    .await;
+    let err = result.expect_err("a refused delivery fails the reconcile");
+    assert_eq!(err.metric_label(), "deliver_refused");
+    let degraded = condition(&status_body(&recorded), "Degraded").clone();
+    assert_eq!(degraded["reason"], "PluginUpdateHalted");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("--plugin-delivery rollout")),
+        "{degraded}"
+    );
+}
+
+#[tokio::test]
+async fn with_rollout_delivery_a_new_version_rolls_the_deployment() {
+    let m = example_model();
+    let (ns, name) = ns_name(&m);
+    let settings = Settings {
+        plugin_delivery: PluginDelivery::Rollout,
+        ..Settings::default()
+    };
+    let steps = vec![
+        Step::apply(path("apps/v1", &ns, "deployments", &name)),
+        status_patch(&m),
+        Step::event(&ns),
+        Step::event(&ns),
+    ];
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        two_pods_at_v1(),
+        vec![report("0.1.0", None), report("0.1.0", None)],
+        steps,
+        settings,
+    )
+    .await;
+    result.expect("reconcile");
+    let deploy = recorded[0].body.clone().expect("deployment");
+    assert_eq!(
+        deploy["spec"]["template"]["spec"]["initContainers"][0]["image"],
+        IMAGE_V2
+    );
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 0);
+}
