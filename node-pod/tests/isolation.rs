@@ -3,7 +3,10 @@
 //! as the OOM killer sends it, a hang, a panic) ends one worker, the request gets the right
 //! error, `/v1/status` and the metrics say what happened, the model comes back, and the
 //! node keeps serving its other models; a worker killed during eight streams retries the
-//! streams that had not started and ends the others with a clear error.
+//! streams that had not started and ends the others with a clear error. Plugin updates: a new
+//! version delivered by the plugin image's own copy code (as the operator's in-place delivery
+//! runs it) is shadow-loaded under load with no failed request, a broken one is refused, and a
+//! directory whose copy is in progress is left alone until it completes.
 
 mod common;
 
@@ -378,19 +381,22 @@ async fn unloading_a_model_in_a_worker_ends_its_process() {
     assert!(!private.exists(), "{} is left behind", private.display());
 }
 
-/// Put `lib` in place as the faulty plugin's library (a copy renamed over the old file, as a
-/// new image's files appear) with a manifest of `version`.
+/// Deliver `lib` as the faulty plugin's library with a manifest of `version` into the plugin
+/// directory `dir`, as the operator's in-place delivery does: the plugin image's own copy code
+/// (`gantry_copy::deliver`, the `/copy` of an ephemeral container) copies a plugin directory
+/// laid out as in an image over the live one.
 fn put_version(dir: &Path, lib: &Path, version: &str) {
-    let tmp = dir.join(".incoming.so");
-    std::fs::copy(lib, &tmp).expect("copy library");
-    std::fs::rename(&tmp, dir.join("libgantry_fault_faulty.so")).expect("rename library");
+    let image = tempfile::tempdir().expect("image dir");
+    std::fs::copy(lib, image.path().join("libgantry_fault_faulty.so")).expect("copy library");
     let mut m = faulty_manifest("faulty");
     m["version"] = json!(version);
     std::fs::write(
-        dir.join("manifest.json"),
+        image.path().join("manifest.json"),
         serde_json::to_vec_pretty(&m).expect("json"),
     )
     .expect("manifest");
+    let (copied, _) = gantry_copy::deliver(image.path(), dir).expect("deliver");
+    assert_eq!(copied, 2);
 }
 
 async fn plugin_status(node: &NodeProc) -> Value {
@@ -513,7 +519,7 @@ async fn a_plugin_directory_marked_as_being_copied_is_left_alone_until_the_copy_
     // The marker the plugin image's `/copy` helper puts in a directory while it delivers.
     assert_eq!(
         gantry_node::engine_host::COPY_IN_PROGRESS,
-        ".gantry-copy-in-progress"
+        gantry_copy::IN_PROGRESS
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let plugin_dir = dir.path().join("plugins/faulty/cpu");
@@ -532,9 +538,26 @@ async fn a_plugin_directory_marked_as_being_copied_is_left_alone_until_the_copy_
 
     // A new version's files arrive while the marker is there: three checks later the node
     // still runs the old version and has not looked at the new one.
-    let marker = plugin_dir.join(".gantry-copy-in-progress");
+    // A copy stopped half-way: the marker, the new library, and the new manifest.
+    let marker = plugin_dir.join(gantry_copy::IN_PROGRESS);
     std::fs::write(&marker, b"").expect("marker");
-    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.2.0");
+    std::fs::copy(
+        built_lib("gantry_fault_faulty"),
+        plugin_dir.join("libgantry_fault_faulty.so.new"),
+    )
+    .expect("library");
+    std::fs::rename(
+        plugin_dir.join("libgantry_fault_faulty.so.new"),
+        plugin_dir.join("libgantry_fault_faulty.so"),
+    )
+    .expect("rename");
+    let mut manifest = faulty_manifest("faulty");
+    manifest["version"] = json!("0.2.0");
+    std::fs::write(
+        plugin_dir.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).expect("json"),
+    )
+    .expect("manifest");
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let during = plugin_status(&node).await;
     assert_eq!(during["version"], "0.1.0", "{during}");
