@@ -570,3 +570,62 @@ async fn a_plugin_directory_marked_as_being_copied_is_left_alone_until_the_copy_
     assert_eq!(applied["version"], "0.2.0", "{applied}");
     assert_ne!(worker_pid(&status(&node).await, "slow"), Some(first));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_version_with_no_room_for_a_second_copy_is_refused_and_the_old_one_serves() {
+    let config_in = |dir: &Path| {
+        json!({
+            "models": [{"id": "slow", "path": toy_gguf(dir, "slow-model"), "format": "gguf"}],
+            "isolation": {"default": "process"}
+        })
+    };
+    // What the model holds, measured on a node without a limit.
+    let held = {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plugin_dir = dir.path().join("plugins/faulty/cpu");
+        std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+        put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
+        let (config, plugins) = (config_in(dir.path()), dir.path().join("plugins"));
+        let node = spawn_node(&config, &plugins, dir, |_| {});
+        wait_ready(&node).await;
+        status(&node).await["memory"]["usedBytes"]
+            .as_u64()
+            .expect("usedBytes")
+    };
+    assert!(held > 0);
+
+    // A RAM limit with room for one and a half copies: the update cannot load beside the
+    // running version, so it is refused before anything loads.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin_dir = dir.path().join("plugins/faulty/cpu");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
+    let (config, plugins) = (config_in(dir.path()), dir.path().join("plugins"));
+    let limit = held * 3 / 2;
+    let node = spawn_node(&config, &plugins, dir, |c| {
+        c.args([
+            "--plugin-reload-seconds",
+            "1",
+            "--ram-limit",
+            &limit.to_string(),
+        ]);
+    });
+    wait_ready(&node).await;
+    let first = worker_pid(&status(&node).await, "slow").expect("worker");
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.2.0");
+    let refused = wait_update(&node, "refused").await;
+    let msg = refused["update"]["message"].as_str().expect("message");
+    assert!(
+        msg.contains("no room for a second copy while both versions run")
+            && msg.contains("OOM_RAM"),
+        "{msg}"
+    );
+    assert_eq!(refused["version"], "0.1.0", "{refused}");
+    assert_eq!(worker_pid(&status(&node).await, "slow"), Some(first));
+    let (code, body) = post(
+        &node,
+        json!({"model": "slow", "prompt": "still here", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+}

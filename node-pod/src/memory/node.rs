@@ -253,6 +253,54 @@ impl Node {
         }
     }
 
+    /// Before a plugin update shadow-loads `targets` (each model with the instance it runs):
+    /// room for a second copy of each beside everything resident, while both versions run.
+    /// Idle lazy models other than the targets are unloaded, least recently used first, where
+    /// that makes room; otherwise the update is refused with the budget's words, rather than
+    /// risk the kernel's OOM killer picking a serving worker.
+    pub(crate) fn make_room_for_shadow(
+        &self,
+        plugin: &str,
+        targets: &[(Arc<ServedModel>, Arc<ReadyModel>)],
+    ) -> Result<(), String> {
+        let mut need = Bytes::default();
+        for (m, r) in targets {
+            let held = self.held(m, r);
+            need.ram = need.ram.saturating_add(held.ram);
+            need.vram = need.vram.saturating_add(held.vram);
+        }
+        let residents: Vec<Resident> = self
+            .residents()
+            .into_iter()
+            .map(|r| {
+                let target = targets.iter().any(|(m, _)| m.config.id == r.id);
+                Resident {
+                    evictable: r.evictable && !target,
+                    ..r
+                }
+            })
+            .collect();
+        let what = format!("the new version of plugin `{plugin}`");
+        let unloads =
+            super::plan_load(&self.limits_now(), &what, need, &residents).map_err(|r| {
+                format!(
+                    "no room for a second copy while both versions run: {}",
+                    r.message
+                )
+            })?;
+        let why = format!("before {what} loads beside the old one");
+        for u in &unloads {
+            if !self.unload_for_memory(u, &why) {
+                return Err(format!(
+                    "no room for a second copy while both versions run: model `{}` was to make room and became busy",
+                    u.id
+                ));
+            }
+        }
+        self.update_memory_gauges();
+        Ok(())
+    }
+
     /// A loaded `load: lazy` model other than `except` is serving a request.
     fn lazy_model_busy(&self, except: &str) -> bool {
         self.models().values().any(|m| {

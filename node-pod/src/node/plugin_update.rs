@@ -115,7 +115,8 @@ impl Node {
     }
 
     /// Load every ready model of plugin `id` again on `plugin`, warm each up, then switch
-    /// them all; on any failure none is switched (the new instances are dropped, which stops
+    /// them all. First, room for the second copies under the memory budget (or a refusal);
+    /// on any failure none is switched (the new instances are dropped, which stops
     /// their workers). The ids of the models switched.
     fn shadow_all(&self, id: &str, plugin: &Plugin) -> Result<Vec<String>, String> {
         let targets: Vec<(Arc<ServedModel>, Arc<ReadyModel>)> = self
@@ -124,6 +125,7 @@ impl Node {
             .filter(|m| !m.is_retired())
             .filter_map(|m| m.ready().filter(|r| r.plugin == id).map(|r| (m.clone(), r)))
             .collect();
+        self.make_room_for_shadow(id, &targets)?;
         let mut staged = Vec::with_capacity(targets.len());
         for (m, old) in targets {
             let fresh = self
