@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ContainerState, EphemeralContainer, Pod};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -161,15 +162,45 @@ fn copy_failed(state: Option<&ContainerState>) -> Option<String> {
     })
 }
 
-/// Where `pod` stands with `plugin` at `image`, given its node's report.
+/// Whether a refusal the node reported `seconds_ago` (as of `now`) answers the copy whose
+/// container is in `state`: a copy still running has not been answered yet, and one that
+/// finished after the refusal (2 s of clock slack) is a later delivery of the same version (a
+/// fixed image under the same version). A pod that got the version from its init container
+/// (`from_init`) has had no other.
+fn answers_this_copy(
+    from_init: bool,
+    state: Option<&ContainerState>,
+    seconds_ago: u64,
+    now: Timestamp,
+) -> bool {
+    if from_init {
+        return true;
+    }
+    let Some(done) = state.and_then(|s| s.terminated.as_ref()) else {
+        return false;
+    };
+    let Some(finished) = done.finished_at.as_ref().map(|t| t.0) else {
+        return true;
+    };
+    let ago = SignedDuration::from_secs(i64::try_from(seconds_ago).unwrap_or(i64::MAX));
+    let refused_at = now.checked_sub(ago).unwrap_or(now);
+    refused_at
+        >= finished
+            .checked_sub(SignedDuration::from_secs(2))
+            .unwrap_or(finished)
+}
+
+/// Where `pod` stands with `plugin` at `image`, given its node's report as of `now`.
 pub fn pod_state(
     pod: &Pod,
     slot: &str,
     plugin: &EnginePlugin,
     report: Option<&NodeReport>,
     just_sent: bool,
+    now: Timestamp,
 ) -> Option<PodState> {
     let (image, state) = current(pod, slot)?;
+    let from_init = deliveries(pod, slot).is_empty();
     let entry = report.and_then(|r| r.status.as_ref().ok()).and_then(|s| {
         s.plugins.iter().find(|p| {
             p.id == plugin.spec.engine_id
@@ -192,6 +223,7 @@ pub fn pod_state(
     if let Some(u) = entry.and_then(|p| p.update.as_ref())
         && u.version.as_deref() == Some(version)
         && (u.state == "refused" || u.state == "restartRequired")
+        && answers_this_copy(from_init, state, u.seconds_ago, now)
     {
         return Some(PodState::Failed(format!(
             "its node {}: {}",
@@ -338,7 +370,8 @@ pub async fn deliver<'a>(
                         .recent
                         .holds(&kind, namespace, &name, &slot.plugin.spec.image);
                 let report = by_pod.get(format!("{namespace}/{name}").as_str()).copied();
-                pod_state(p, &slot.container, slot.plugin, report, sent).map(|s| (name, s))
+                pod_state(p, &slot.container, slot.plugin, report, sent, ctx.now())
+                    .map(|s| (name, s))
             })
             .collect();
         let (sends, progress) = plan(slot, &states);

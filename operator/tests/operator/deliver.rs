@@ -669,3 +669,56 @@ async fn with_rollout_delivery_a_new_version_rolls_the_deployment() {
     );
     assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 0);
 }
+
+// --- which refusal answers which copy ---
+
+#[test]
+fn only_a_refusal_after_the_copy_finished_halts_a_delivery() {
+    use gantry_operator::model::deliver::pod_state;
+    use gantry_operator::node_report::NodeReport;
+    let m = example_model();
+    let live = built(&m, &plugins_at("0.1.0"));
+    let plugins = plugins_at("0.2.0");
+    let t0 = crate::support::t0();
+    let at = |secs: i64| {
+        t0.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+            .expect("time")
+            .to_string()
+    };
+    let u1 = format!("{SLOT}-u1");
+    let state_of = |pod_state_json: Value, refused_secs_ago: u64| {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(node_pod(
+            &live,
+            "aaaaa",
+            POD_IPS[0],
+            IMAGE_V1,
+            &[(&u1, IMAGE_V2, pod_state_json)],
+        ))
+        .expect("pod");
+        let mut status = report("0.1.0", Some(("0.2.0", "refused", "warm-up failed")));
+        if let Some(u) = status.plugins[0].update.as_mut() {
+            u.seconds_ago = refused_secs_ago;
+        }
+        let report = NodeReport {
+            pod: "default/gemma-3-270m-7c9d-aaaaa".into(),
+            config_hash: None,
+            plugins: vec!["llama-cpp-cpu".into()],
+            status: Ok(status),
+        };
+        pod_state(&pod, SLOT, &plugins[0], Some(&report), false, t0).expect("a state")
+    };
+    let finished = |secs_ago: i64| json!({"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": at(secs_ago)}});
+    // Still copying: an older refusal of this version (a fixed image, same version) is not its
+    // answer.
+    assert_eq!(
+        state_of(json!({"running": {"startedAt": at(1)}}), 30),
+        PodState::InFlight
+    );
+    // Copied 10 s ago; the refusal is 60 s old: an earlier delivery's.
+    assert_eq!(state_of(finished(10), 60), PodState::InFlight);
+    // Refused 5 s ago, after this copy: the answer.
+    assert_eq!(
+        state_of(finished(10), 5),
+        PodState::Failed("its node refused: warm-up failed".into())
+    );
+}
