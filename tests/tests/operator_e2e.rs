@@ -8,7 +8,11 @@
 //! it fails.
 //! Optional: `GANTRY_E2E_EXTERNAL_OPERATOR=1` when the cluster already runs the operator (the
 //! test then does not start one), `GANTRY_E2E_WAIT_READY=1` to also wait for `Ready=True`
-//! (needs the node and plugin images pullable by the cluster).
+//! (needs the node and plugin images pullable by the cluster). With it,
+//! `GANTRY_E2E_PLUGIN_NEXT=<image>@<version>` (a second build of the llama.cpp CPU plugin image
+//! whose manifest says `<version>`) also delivers that version in place: the plugin runs in
+//! `process` isolation, the test changes the EnginePlugin's image and waits until every node
+//! pod runs the new version, with the same pods and no new Deployment generation.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -136,9 +140,122 @@ async fn end_to_end(kubeconfig: PathBuf) -> anyhow::Result<()> {
     outcome
 }
 
+/// Change `plugin`'s image to `next` (`<image>@<version>`) and wait until every node pod of
+/// Model `name` runs that version, delivered in place: same pods, same Deployment generation,
+/// a copy container in each pod, `Progressing` back to `RolloutComplete`.
+async fn deliver_in_place(
+    client: &Client,
+    ns: &str,
+    apply: &PatchParams,
+    plugin: &EnginePlugin,
+    name: &str,
+    next: &str,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    let (image, version) = next
+        .rsplit_once('@')
+        .context("GANTRY_E2E_PLUGIN_NEXT is <image>@<version>")?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("gantry.dev/model={name}");
+    let pod_names = |list: Vec<Pod>| {
+        let mut names: Vec<String> = list.iter().map(ResourceExt::name_any).collect();
+        names.sort();
+        names
+    };
+    let before_pods = pod_names(
+        pods.list(&kube::api::ListParams::default().labels(&selector))
+            .await?
+            .items,
+    );
+    let before_generation = deployments.get(name).await?.metadata.generation;
+
+    let mut updated = plugin.clone();
+    updated.spec.image = image.to_string();
+    updated.spec.version = version.to_string();
+    Api::<EnginePlugin>::all(client.clone())
+        .patch(&plugin.name_any(), apply, &Patch::Apply(&updated))
+        .await
+        .context("changing the EnginePlugin's image")?;
+
+    let models: Api<Model> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "every node pod to run the new version",
+        Duration::from_secs(600),
+        || async {
+            let m = models.get(name).await?;
+            let status = m.status.clone().unwrap_or_default();
+            let halted = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Degraded" && c.reason == "PluginUpdateHalted");
+            if let Some(c) = halted {
+                bail!("the delivery halted: {}", c.message);
+            }
+            let list = pods
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items;
+            let copied = list.iter().all(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.ephemeral_containers.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.image.as_deref() == Some(image)))
+            });
+            let done = copied
+                && status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Progressing" && c.reason == "RolloutComplete");
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
+    let plugins: Api<EnginePlugin> = Api::all(client.clone());
+    wait_for(
+        "the EnginePlugin's status to count the pods on the new version",
+        Duration::from_secs(60),
+        || async {
+            let status = plugins
+                .get(&plugin.name_any())
+                .await?
+                .status
+                .unwrap_or_default();
+            let all_new = !status.versions.is_empty()
+                && status
+                    .versions
+                    .iter()
+                    .all(|v| v.version.as_deref() == Some(version));
+            Ok(all_new.then_some(()))
+        },
+    )
+    .await?;
+    let after_pods = pod_names(
+        pods.list(&kube::api::ListParams::default().labels(&selector))
+            .await?
+            .items,
+    );
+    anyhow::ensure!(
+        after_pods == before_pods,
+        "pods changed: {before_pods:?} -> {after_pods:?}"
+    );
+    let after_generation = deployments.get(name).await?.metadata.generation;
+    anyhow::ensure!(
+        after_generation == before_generation,
+        "the Deployment changed: generation {before_generation:?} -> {after_generation:?}"
+    );
+    eprintln!(
+        "operator_e2e: {version} delivered in place to {} pod(s)",
+        after_pods.len()
+    );
+    Ok(())
+}
+
 async fn exercise(client: &Client, ns: &str, apply: &PatchParams) -> anyhow::Result<()> {
-    // 3. The examples: the llama.cpp CPU plugin and the Gemma 3 270M Model.
-    let plugin: EnginePlugin = example("engineplugin-llama-cpp-cpu.yaml")?;
+    // 3. The examples: the llama.cpp CPU plugin (in `process` isolation, so that a new
+    // version is delivered in place) and the Gemma 3 270M Model.
+    let mut plugin: EnginePlugin = example("engineplugin-llama-cpp-cpu.yaml")?;
+    plugin.spec.isolation = Some(gantry_api::config::Isolation::Process);
     Api::<EnginePlugin>::all(client.clone())
         .patch(&plugin.name_any(), apply, &Patch::Apply(&plugin))
         .await
@@ -201,6 +318,9 @@ async fn exercise(client: &Client, ns: &str, apply: &PatchParams) -> anyhow::Res
             Ok(condition_is(&m, "Ready", "True").then_some(()))
         })
         .await?;
+        if let Ok(next) = std::env::var("GANTRY_E2E_PLUGIN_NEXT") {
+            deliver_in_place(client, ns, apply, &plugin, &name, &next).await?;
+        }
     }
 
     // 5. Deleting the Model removes everything it owned (ownerReferences, no finalizer).
