@@ -399,6 +399,29 @@ fn put_version(dir: &Path, lib: &Path, version: &str) {
     assert_eq!(copied, 2);
 }
 
+/// A plugin tree holding the faulty plugin at 0.1.0, and the config of a node serving model
+/// `slow` from it in `process` isolation (`model` adds fields to the model's entry, `top`
+/// top-level keys). The tree is `<dir>/plugins`; the plugin's directory is returned.
+fn faulty_plugin_at_0_1(
+    model: Value,
+    top: Value,
+) -> (tempfile::TempDir, std::path::PathBuf, Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin_dir = dir.path().join("plugins/faulty/cpu");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
+    let mut entry =
+        json!({"id": "slow", "path": toy_gguf(dir.path(), "slow-model"), "format": "gguf"});
+    for (k, v) in model.as_object().into_iter().flatten() {
+        entry[k] = v.clone();
+    }
+    let mut config = json!({"models": [entry], "isolation": {"default": "process"}});
+    for (k, v) in top.as_object().into_iter().flatten() {
+        config[k] = v.clone();
+    }
+    (dir, plugin_dir, config)
+}
+
 async fn plugin_status(node: &NodeProc) -> Value {
     status(node).await["plugins"][0].clone()
 }
@@ -421,15 +444,10 @@ async fn wait_update(node: &NodeProc, state: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 6)]
 async fn a_new_plugin_version_is_shadow_loaded_under_load_and_a_broken_one_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plugin_dir = dir.path().join("plugins/faulty/cpu");
-    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
-    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
-    let config = json!({
-        "models": [{"id": "slow", "path": toy_gguf(dir.path(), "slow-model"), "format": "gguf", "maxBatchSize": 8}],
-        "scheduler": {"responseCacheRamFraction": 0.0},
-        "isolation": {"default": "process"}
-    });
+    let (dir, plugin_dir, config) = faulty_plugin_at_0_1(
+        json!({"maxBatchSize": 8}),
+        json!({"scheduler": {"responseCacheRamFraction": 0.0}}),
+    );
     let plugins = dir.path().join("plugins");
     let node = spawn_node(&config, &plugins, dir, |c| {
         c.args(["--plugin-reload-seconds", "1"]);
@@ -521,14 +539,7 @@ async fn a_plugin_directory_marked_as_being_copied_is_left_alone_until_the_copy_
         gantry_node::engine_host::COPY_IN_PROGRESS,
         gantry_copy::IN_PROGRESS
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plugin_dir = dir.path().join("plugins/faulty/cpu");
-    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
-    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
-    let config = json!({
-        "models": [{"id": "slow", "path": toy_gguf(dir.path(), "slow-model"), "format": "gguf"}],
-        "isolation": {"default": "process"}
-    });
+    let (dir, plugin_dir, config) = faulty_plugin_at_0_1(json!({}), json!({}));
     let plugins = dir.path().join("plugins");
     let node = spawn_node(&config, &plugins, dir, |c| {
         c.args(["--plugin-reload-seconds", "1"]);
@@ -573,19 +584,10 @@ async fn a_plugin_directory_marked_as_being_copied_is_left_alone_until_the_copy_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_version_with_no_room_for_a_second_copy_is_refused_and_the_old_one_serves() {
-    let config_in = |dir: &Path| {
-        json!({
-            "models": [{"id": "slow", "path": toy_gguf(dir, "slow-model"), "format": "gguf"}],
-            "isolation": {"default": "process"}
-        })
-    };
     // What the model holds, measured on a node without a limit.
     let held = {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let plugin_dir = dir.path().join("plugins/faulty/cpu");
-        std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
-        put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
-        let (config, plugins) = (config_in(dir.path()), dir.path().join("plugins"));
+        let (dir, _, config) = faulty_plugin_at_0_1(json!({}), json!({}));
+        let plugins = dir.path().join("plugins");
         let node = spawn_node(&config, &plugins, dir, |_| {});
         wait_ready(&node).await;
         status(&node).await["memory"]["usedBytes"]
@@ -596,11 +598,8 @@ async fn a_new_version_with_no_room_for_a_second_copy_is_refused_and_the_old_one
 
     // A RAM limit with room for one and a half copies: the update cannot load beside the
     // running version, so it is refused before anything loads.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plugin_dir = dir.path().join("plugins/faulty/cpu");
-    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
-    put_version(&plugin_dir, &built_lib("gantry_fault_faulty"), "0.1.0");
-    let (config, plugins) = (config_in(dir.path()), dir.path().join("plugins"));
+    let (dir, plugin_dir, config) = faulty_plugin_at_0_1(json!({}), json!({}));
+    let plugins = dir.path().join("plugins");
     let limit = held * 3 / 2;
     let node = spawn_node(&config, &plugins, dir, |c| {
         c.args([

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use gantry_api::config::Isolation;
-use gantry_api::{NodeStatus, PluginStatus, PluginUpdate};
+use gantry_api::{NodeStatus, PluginUpdate};
 use gantry_crd::{EnginePlugin, Model};
 use gantry_operator::context::{PluginDelivery, Settings};
 use gantry_operator::model::build::{self, OwnedObjects};
@@ -15,8 +15,8 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::reconcile::{
-    desired, example_model, example_plugins, node_report, ns_name, pods, reads, ready_deployment,
-    run, status_body, status_patch, supported,
+    desired, example_model, example_plugins, llama_cpp_entry, node_report, ns_name, pods, reads,
+    ready_deployment, run, status_body, status_then_events, supported,
 };
 use crate::support::{
     Recorded, Reply, Step, condition, context_with, finish, path, status_body as api_status,
@@ -85,24 +85,16 @@ fn report(version: &str, update: Option<(&str, &str, &str)>) -> NodeStatus {
         .into_values()
         .next()
         .expect("report");
-    status.plugins = vec![PluginStatus {
-        id: "llama_cpp".into(),
-        version: Some(version.into()),
-        abi_version: Some("1".into()),
-        gpu_backend: Some("cpu".into()),
-        build_info: None,
-        loaded: true,
-        isolation: "process".into(),
-        reason: None,
-        message: None,
-        update: update.map(|(v, state, message)| PluginUpdate {
+    status.plugins = vec![llama_cpp_entry(
+        version,
+        update.map(|(v, state, message)| PluginUpdate {
             version: Some(v.into()),
             state: state.into(),
             message: message.into(),
             models: Vec::new(),
             seconds_ago: 3,
         }),
-    }];
+    )];
     status
 }
 
@@ -149,18 +141,20 @@ fn a_new_image_of_a_process_plugin_keeps_the_live_template_so_nothing_rolls() {
     assert!(held);
     // Exactly what runs: same hash, same template, so the apply step writes nothing.
     assert_eq!(next.deployment, live.deployment);
-    let init = &next
-        .deployment
+    assert_eq!(template_plugin_image(&next), Some(IMAGE_V1));
+}
+
+/// The image of the plugin init container in `o`'s pod template.
+fn template_plugin_image(o: &OwnedObjects) -> Option<&str> {
+    o.deployment
         .spec
         .template
         .spec
-        .as_ref()
-        .expect("pod")
-        .init_containers;
-    assert_eq!(
-        init.as_ref().expect("init")[0].image.as_deref(),
-        Some(IMAGE_V1)
-    );
+        .as_ref()?
+        .init_containers
+        .as_ref()?[0]
+        .image
+        .as_deref()
 }
 
 /// The objects for `m` with `plugins` under operator `settings`.
@@ -183,18 +177,7 @@ fn any_other_change_rolls_the_pods_with_the_new_image_in_the_new_template() {
     let before = next.clone();
     assert!(!build::hold_plugin_images(&mut next, Some(&live.deployment)).expect("hold"));
     assert_eq!(next, before);
-    let init = &next
-        .deployment
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .expect("pod")
-        .init_containers;
-    assert_eq!(
-        init.as_ref().expect("init")[0].image.as_deref(),
-        Some(IMAGE_V2)
-    );
+    assert_eq!(template_plugin_image(&next), Some(IMAGE_V2));
 }
 
 #[test]
@@ -355,25 +338,86 @@ async fn reconcile_live(
     (finish(server).await, result)
 }
 
-fn two_pods_at_v1() -> Vec<Value> {
+/// The example Model's pods `aaaaa` and `bbbbb` as of plugin 0.1.0's template, each with the
+/// copy containers of 0.2.0 listed for it (`Some(state)`: one, `-u1`, in that state).
+fn two_pods(copies: [Option<Value>; 2]) -> Vec<Value> {
     let live = built(&example_model(), &plugins_at("0.1.0"));
-    vec![
-        node_pod(&live, "aaaaa", POD_IPS[0], IMAGE_V1, &[]),
-        node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]),
-    ]
+    let u1 = format!("{SLOT}-u1");
+    ["aaaaa", "bbbbb"]
+        .into_iter()
+        .zip(POD_IPS)
+        .zip(copies)
+        .map(|((suffix, ip), copy)| {
+            let ephemeral: Vec<(&str, &str, Value)> = copy
+                .into_iter()
+                .map(|state| (u1.as_str(), IMAGE_V2, state))
+                .collect();
+            node_pod(&live, suffix, ip, IMAGE_V1, &ephemeral)
+        })
+        .collect()
+}
+
+fn two_pods_at_v1() -> Vec<Value> {
+    two_pods([None, None])
+}
+
+/// A copy container that finished its copy.
+fn copied() -> Value {
+    json!({"terminated": {"exitCode": 0, "reason": "Completed"}})
+}
+
+/// A node's report of an update of 0.2.0 in `state`.
+fn update(
+    state: &'static str,
+    message: &'static str,
+) -> Option<(&'static str, &'static str, &'static str)> {
+    Some(("0.2.0", state, message))
+}
+
+/// One reconcile that must write no delivery (status and `events` Events only): the status.
+async fn reconcile_writing_no_copy(
+    pod_list: Vec<Value>,
+    reports: Vec<NodeStatus>,
+    events: usize,
+) -> Value {
+    let m = example_model();
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        pod_list,
+        reports,
+        status_then_events(&m, events),
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 0);
+    status_body(&recorded)
+}
+
+/// The Degraded condition of a halted delivery, whose message contains `why`.
+fn assert_halted(status: &Value, why: &str) {
+    let degraded = condition(status, "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("PluginUpdateHalted")),
+        "{degraded}"
+    );
+    assert!(
+        degraded["message"]
+            .as_str()
+            .is_some_and(|s| s.contains(why)),
+        "{degraded}"
+    );
 }
 
 #[tokio::test]
 async fn a_new_plugin_version_is_copied_into_the_first_pod_without_touching_the_deployment() {
     let m = example_model();
-    let (ns, _) = ns_name(&m);
-    let steps = vec![
-        ephemeral_patch("gemma-3-270m-7c9d-aaaaa", two_pods_at_v1()[0].clone()),
-        status_patch(&m),
-        Step::event(&ns),
-        Step::event(&ns),
-        Step::event(&ns),
-    ];
+    let mut steps = vec![ephemeral_patch(
+        "gemma-3-270m-7c9d-aaaaa",
+        two_pods_at_v1()[0].clone(),
+    )];
+    steps.extend(status_then_events(&m, 3));
     let (recorded, result) = reconcile_live(
         plugins_at("0.2.0"),
         two_pods_at_v1(),
@@ -431,32 +475,20 @@ async fn a_new_plugin_version_is_copied_into_the_first_pod_without_touching_the_
 #[tokio::test]
 async fn once_the_first_pod_runs_it_the_next_goes_and_then_nothing_more_is_written() {
     let m = example_model();
-    let live = built(&m, &plugins_at("0.1.0"));
-    let running = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
-    let first = node_pod(
-        &live,
-        "aaaaa",
-        POD_IPS[0],
-        IMAGE_V1,
-        &[(&format!("{SLOT}-u1"), IMAGE_V2, running.clone())],
-    );
-    let second = node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]);
-    let steps = vec![
-        ephemeral_patch("gemma-3-270m-7c9d-bbbbb", second.clone()),
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
-    let applied = (
-        "0.2.0",
+    let applied = update(
         "applied",
         "1 model(s) switched to the new version with no downtime",
     );
+    let pods_now = two_pods([Some(copied()), None]);
+    let mut steps = vec![ephemeral_patch(
+        "gemma-3-270m-7c9d-bbbbb",
+        pods_now[1].clone(),
+    )];
+    steps.extend(status_then_events(&m, 3));
     let (recorded, result) = reconcile_live(
         plugins_at("0.2.0"),
-        vec![first.clone(), second],
-        vec![report("0.2.0", Some(applied)), report("0.1.0", None)],
+        pods_now,
+        vec![report("0.2.0", applied), report("0.1.0", None)],
         steps,
         Settings::default(),
     )
@@ -469,84 +501,34 @@ async fn once_the_first_pod_runs_it_the_next_goes_and_then_nothing_more_is_writt
     );
 
     // Both run it: the rollout condition is back, and the reconcile writes nothing but status.
-    let done = node_pod(
-        &live,
-        "bbbbb",
-        POD_IPS[1],
-        IMAGE_V1,
-        &[(&format!("{SLOT}-u1"), IMAGE_V2, running)],
-    );
-    let (recorded, result) = reconcile_live(
-        plugins_at("0.2.0"),
-        vec![first, done],
-        vec![
-            report("0.2.0", Some(applied)),
-            report("0.2.0", Some(applied)),
-        ],
-        vec![
-            status_patch(&m),
-            Step::event("default"),
-            Step::event("default"),
-            Step::event("default"),
-        ],
-        Settings::default(),
+    let status = reconcile_writing_no_copy(
+        two_pods([Some(copied()), Some(copied())]),
+        vec![report("0.2.0", applied), report("0.2.0", applied)],
+        3,
     )
     .await;
-    result.expect("reconcile");
-    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 0);
-    let progressing = condition(&status_body(&recorded), "Progressing").clone();
+    let progressing = condition(&status, "Progressing");
     assert_eq!(progressing["reason"], "RolloutComplete", "{progressing}");
 }
 
 #[tokio::test]
 async fn a_version_the_node_refuses_halts_the_delivery_and_degrades_the_model() {
-    let m = example_model();
-    let live = built(&m, &plugins_at("0.1.0"));
-    let done = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
-    let first = node_pod(
-        &live,
-        "aaaaa",
-        POD_IPS[0],
-        IMAGE_V1,
-        &[(&format!("{SLOT}-u1"), IMAGE_V2, done)],
-    );
-    let second = node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]);
-    let refused = (
-        "0.2.0",
+    let refused = update(
         "refused",
         "the new version was refused: model `gemma-3-270m`: the warm-up failed",
     );
-    let (recorded, result) = reconcile_live(
-        plugins_at("0.2.0"),
-        vec![first, second],
-        vec![report("0.1.0", Some(refused)), report("0.1.0", None)],
-        vec![
-            status_patch(&m),
-            Step::event("default"),
-            Step::event("default"),
-            Step::event("default"),
-            Step::event("default"),
-        ],
-        Settings::default(),
+    // The second pod keeps 0.1.0: no copy is written.
+    let status = reconcile_writing_no_copy(
+        two_pods([Some(copied()), None]),
+        vec![report("0.1.0", refused), report("0.1.0", None)],
+        4,
     )
     .await;
-    result.expect("reconcile");
-    assert_eq!(
-        writes_to(&recorded, "/ephemeralcontainers"),
-        0,
-        "the second pod keeps 0.1.0"
-    );
-    let status = status_body(&recorded);
-    let degraded = condition(&status, "Degraded");
-    assert_eq!(
-        (degraded["status"].as_str(), degraded["reason"].as_str()),
-        (Some("True"), Some("PluginUpdateHalted"))
-    );
-    assert_eq!(
-        degraded["message"],
+    assert_halted(
+        &status,
         "EnginePlugin llama-cpp-cpu 0.2.0: node pod gemma-3-270m-7c9d-aaaaa: its node refused: \
          the new version was refused: model `gemma-3-270m`: the warm-up failed; the delivery is \
-         halted and 0 of 2 node pods run it, the others keep the version they run"
+         halted and 0 of 2 node pods run it, the others keep the version they run",
     );
     let progressing = condition(&status, "Progressing");
     assert_eq!(
@@ -562,39 +544,17 @@ async fn a_version_the_node_refuses_halts_the_delivery_and_degrades_the_model() 
 
 #[tokio::test]
 async fn an_image_that_cannot_be_pulled_halts_the_delivery() {
-    let m = example_model();
-    let live = built(&m, &plugins_at("0.1.0"));
     let waiting =
         json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}});
-    let first = node_pod(
-        &live,
-        "aaaaa",
-        POD_IPS[0],
-        IMAGE_V1,
-        &[(&format!("{SLOT}-u1"), IMAGE_V2, waiting)],
-    );
-    let second = node_pod(&live, "bbbbb", POD_IPS[1], IMAGE_V1, &[]);
-    let (recorded, result) = reconcile_live(
-        plugins_at("0.2.0"),
-        vec![first, second],
+    let status = reconcile_writing_no_copy(
+        two_pods([Some(waiting), None]),
         vec![report("0.1.0", None), report("0.1.0", None)],
-        vec![
-            status_patch(&m),
-            Step::event("default"),
-            Step::event("default"),
-            Step::event("default"),
-            Step::event("default"),
-        ],
-        Settings::default(),
+        4,
     )
     .await;
-    result.expect("reconcile");
-    let degraded = condition(&status_body(&recorded), "Degraded").clone();
-    assert_eq!(degraded["reason"], "PluginUpdateHalted");
-    assert!(
-        degraded["message"].as_str().is_some_and(|s| s
-            .contains("the copy container cannot start: ImagePullBackOff: Back-off pulling image")),
-        "{degraded}"
+    assert_halted(
+        &status,
+        "the copy container cannot start: ImagePullBackOff: Back-off pulling image",
     );
 }
 
@@ -611,14 +571,8 @@ async fn a_refused_copy_container_is_reported_and_retried_late() {
         "Forbidden",
         "ephemeral containers are not allowed",
     ));
-    let steps = vec![
-        refused,
-        status_patch(&m),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-        Step::event("default"),
-    ];
+    let mut steps = vec![refused];
+    steps.extend(status_then_events(&m, 4));
     let (recorded, result) = reconcile_live(
         plugins_at("0.2.0"),
         two_pods_at_v1(),
@@ -629,14 +583,7 @@ async fn a_refused_copy_container_is_reported_and_retried_late() {
     .await;
     let err = result.expect_err("a refused delivery fails the reconcile");
     assert_eq!(err.metric_label(), "deliver_refused");
-    let degraded = condition(&status_body(&recorded), "Degraded").clone();
-    assert_eq!(degraded["reason"], "PluginUpdateHalted");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .is_some_and(|s| s.contains("--plugin-delivery rollout")),
-        "{degraded}"
-    );
+    assert_halted(&status_body(&recorded), "--plugin-delivery rollout");
 }
 
 #[tokio::test]
@@ -647,12 +594,8 @@ async fn with_rollout_delivery_a_new_version_rolls_the_deployment() {
         plugin_delivery: PluginDelivery::Rollout,
         ..Settings::default()
     };
-    let steps = vec![
-        Step::apply(path("apps/v1", &ns, "deployments", &name)),
-        status_patch(&m),
-        Step::event(&ns),
-        Step::event(&ns),
-    ];
+    let mut steps = vec![Step::apply(path("apps/v1", &ns, "deployments", &name))];
+    steps.extend(status_then_events(&m, 2));
     let (recorded, result) = reconcile_live(
         plugins_at("0.2.0"),
         two_pods_at_v1(),

@@ -12,8 +12,9 @@ use http::Method;
 use serde_json::{Value, json};
 
 use crate::reconcile::{
-    applies, desired, example_model, example_plugins, node_report, ns_name, pods, reads,
-    ready_deployment, run, running_pod, status_body, status_patch, supported,
+    applies, desired, example_model, example_plugins, llama_cpp_entry, node_report, ns_name, pods,
+    reads, ready_deployment, run, running_pod, status_body, status_patch, status_then_events,
+    supported,
 };
 use crate::support::{
     ApiServer, Recorded, Step, condition, context, finish, fixture_model, fixture_plugins, path,
@@ -251,13 +252,6 @@ fn event_reasons(recorded: &[Recorded]) -> Vec<String> {
         .collect()
 }
 
-/// The status patch of `m`, then `events` events in its namespace: a reconcile's writes.
-fn status_then_events(m: &Model, events: usize) -> Vec<Step> {
-    std::iter::once(status_patch(m))
-        .chain((0..events).map(|_| Step::event("default")))
-        .collect()
-}
-
 #[tokio::test]
 async fn a_recent_engine_worker_crash_sets_engine_healthy_false_and_degraded_engine_crashed() {
     let m = example_model();
@@ -366,24 +360,16 @@ async fn a_crash_record_that_only_ages_neither_wakes_the_model_nor_rewrites_its_
     // Likewise a plugin update's age (hot reload).
     let updated = |seconds_ago| {
         let mut status = report_with(None).remove(POD_IP).expect("pod");
-        status.plugins.push(gantry_api::PluginStatus {
-            id: "llama_cpp".into(),
-            version: Some("0.1.1".into()),
-            abi_version: Some("1".into()),
-            gpu_backend: Some("cpu".into()),
-            build_info: None,
-            loaded: true,
-            isolation: "process".into(),
-            reason: None,
-            message: None,
-            update: Some(gantry_api::PluginUpdate {
+        status.plugins.push(llama_cpp_entry(
+            "0.1.1",
+            Some(gantry_api::PluginUpdate {
                 version: Some("0.1.1".into()),
                 state: "applied".into(),
                 message: "every model moved to 0.1.1".into(),
                 models: vec!["gemma-3-270m".into()],
                 seconds_ago,
             }),
-        });
+        ));
         fingerprint(&Ok(status))
     };
     assert_eq!(updated(1), updated(500));

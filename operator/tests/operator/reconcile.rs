@@ -92,6 +92,14 @@ pub(crate) fn status_patch(m: &Model) -> Step {
     )
 }
 
+/// The status patch of `m`, then `events` events in its namespace: a reconcile's writes.
+pub(crate) fn status_then_events(m: &Model, events: usize) -> Vec<Step> {
+    let (ns, _) = ns_name(m);
+    std::iter::once(status_patch(m))
+        .chain((0..events).map(|_| Step::event(&ns)))
+        .collect()
+}
+
 /// Node pods, as the pod watch delivers them.
 pub(crate) fn pods(server: &mut ApiServer, items: Vec<Value>) {
     server.seed(items);
@@ -184,6 +192,26 @@ pub(crate) fn node_report(
         ..NodeStatus::default()
     };
     BTreeMap::from([(POD_IP.to_string(), status)])
+}
+
+/// A node's entry for the llama.cpp CPU plugin in `process` isolation, loaded at `version`,
+/// with its last `update`.
+pub(crate) fn llama_cpp_entry(
+    version: &str,
+    update: Option<gantry_api::PluginUpdate>,
+) -> gantry_api::PluginStatus {
+    gantry_api::PluginStatus {
+        id: "llama_cpp".into(),
+        version: Some(version.into()),
+        abi_version: Some("1".into()),
+        gpu_backend: Some("cpu".into()),
+        build_info: None,
+        loaded: true,
+        isolation: "process".into(),
+        reason: None,
+        message: None,
+        update,
+    }
 }
 
 pub(crate) fn supported() -> EngineVerdict {
