@@ -39,6 +39,10 @@ pub const ANNOTATION_PLUGINS: &str = "gantry.dev/engine-plugins";
 /// Short hash of the Model's node token, on the pod template, so that a new token (the install
 /// token was rotated) rolls the pods onto it. Never the token itself.
 pub const ANNOTATION_NODE_TOKEN_HASH: &str = "gantry.dev/node-token-hash";
+/// Hash of the node pod spec with the images of in-place plugins left out, on the pod template:
+/// pods carrying the Deployment's value run its current template (not one a rollout is
+/// replacing), whatever plugin version was since delivered to them.
+pub const ANNOTATION_POD_SPEC_HASH: &str = "gantry.dev/pod-spec-hash";
 /// On a node Deployment (not its template): the images of the plugins its template mounts that
 /// take new versions in place (`{"<init container>": "<image>"}`, JSON). When an EnginePlugin's
 /// image is all that changed, the build step keeps these in the template (no rollout) and the

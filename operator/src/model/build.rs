@@ -267,6 +267,22 @@ fn metadata(model: &ValidModel, name: String) -> ObjectMeta {
     }
 }
 
+/// `gantry.dev/pod-spec-hash`: the pod spec's hash without the images of the plugins in
+/// `in_place` (which a delivery changes without a new template).
+fn pod_spec_hash(
+    pod: &k8s_openapi::api::core::v1::PodSpec,
+    in_place: &[(String, &EnginePlugin)],
+) -> String {
+    let mut pod = pod.clone();
+    for c in pod.init_containers.iter_mut().flatten() {
+        if in_place.iter().any(|(slot, _)| *slot == c.name) {
+            c.image = None;
+        }
+    }
+    // A PodSpec always serializes; an empty hash would only make every pod look current.
+    short_hash(&serde_json::to_vec(&pod).unwrap_or_default())
+}
+
 /// `gantry.dev/plugin-images` as written: compact JSON, keys sorted.
 fn plugin_images_text<K: AsRef<str> + Ord, V: AsRef<str>>(images: &BTreeMap<K, V>) -> String {
     let map: serde_json::Map<String, serde_json::Value> = images
@@ -538,9 +554,14 @@ fn deployment(
     // The EnginePlugin reconcile finds the pods that should report a plugin by this annotation.
     let plugin_names: Vec<String> = plugins.iter().map(|p| p.name_any()).collect();
     let pod = pod::pod_spec(model, plugins, token.is_some(), settings);
+    let in_place = pod::in_place_slots(plugins);
     let mut annotations = BTreeMap::from([
         (ANNOTATION_CONFIG_HASH.to_string(), config_hash.to_string()),
         (ANNOTATION_PLUGINS.to_string(), plugin_names.join(",")),
+        (
+            ANNOTATION_POD_SPEC_HASH.to_string(),
+            pod_spec_hash(&pod, &in_place),
+        ),
     ]);
     if let Some(t) = token {
         // A new token (rotated install token) must reach running pods: env is read at start.
@@ -559,7 +580,6 @@ fn deployment(
 
     let mut meta = metadata(model, owned_name(&model.name));
     // Which template images may stay behind while a new version is delivered in place.
-    let in_place = pod::in_place_slots(plugins);
     if settings.plugin_delivery == PluginDelivery::InPlace && !in_place.is_empty() {
         let images: BTreeMap<&str, &str> = in_place
             .iter()

@@ -32,7 +32,15 @@ use crate::context::Context;
 use crate::node_report::NodeReport;
 use crate::write::{self, Retry, classify};
 use gantry_crd::EnginePlugin;
-use gantry_crd::names::{ANNOTATION_CONFIG_HASH, ANNOTATION_PLUGINS};
+use gantry_crd::names::{ANNOTATION_CONFIG_HASH, ANNOTATION_PLUGINS, ANNOTATION_POD_SPEC_HASH};
+
+/// The template annotations that tell a pod of the Deployment's current template from one a
+/// rollout is replacing (which gets no delivery: its replacement carries the new image).
+pub const TEMPLATE_KEYS: [&str; 3] = [
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_PLUGINS,
+    ANNOTATION_POD_SPEC_HASH,
+];
 
 /// One plugin delivered in place: its init container's name in the pods, and the plugin.
 #[derive(Clone, Debug)]
@@ -341,19 +349,20 @@ fn recent_kind(slot: &str) -> String {
 }
 
 /// Run the delivery of every slot over `pods` (the Model's node pods, sorted by name), for
-/// pods of the template annotated `template` (config hash, plugin names).
+/// pods of the current template, whose annotations are `template`.
 pub async fn deliver<'a>(
     namespace: &str,
     slots: &[Slot<'a>],
-    template: (&str, &str),
+    template: &BTreeMap<String, String>,
     pods: &[Arc<Pod>],
     reports: &[NodeReport],
     ctx: &Context,
 ) -> Result<Vec<Progress>, DeliverError> {
     let current_template = |p: &Pod| {
         let a = p.annotations();
-        a.get(ANNOTATION_CONFIG_HASH).map(String::as_str) == Some(template.0)
-            && a.get(ANNOTATION_PLUGINS).map(String::as_str) == Some(template.1)
+        TEMPLATE_KEYS
+            .iter()
+            .all(|k| template.get(*k).is_some() && a.get(*k) == template.get(*k))
     };
     let by_pod: BTreeMap<&str, &NodeReport> = reports.iter().map(|r| (r.pod.as_str(), r)).collect();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);

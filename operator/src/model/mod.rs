@@ -262,15 +262,11 @@ pub(crate) async fn deliver_plugins(
         .as_ref()
         .and_then(|m| m.annotations.clone())
         .unwrap_or_default();
-    let get = |k: &str| annotations.get(k).map(String::as_str).unwrap_or_default();
     let pods = ctx.caches.node_pods(&valid.namespace, &valid.name);
     deliver::deliver(
         &valid.namespace,
         &slots,
-        (
-            get(gantry_crd::names::ANNOTATION_CONFIG_HASH),
-            get(gantry_crd::names::ANNOTATION_PLUGINS),
-        ),
+        &annotations,
         &pods,
         &observed.reports,
         ctx,

@@ -665,3 +665,31 @@ fn only_a_refusal_after_the_copy_finished_halts_a_delivery() {
         PodState::Failed("its node refused: warm-up failed".into())
     );
 }
+
+#[tokio::test]
+async fn a_pod_of_an_older_template_gets_no_copy() {
+    // `aaaaa` runs a template a rollout is replacing (another pod spec): its replacement
+    // brings the new image; only `bbbbb`, of the current template, is delivered to.
+    let m = example_model();
+    let mut pod_list = two_pods_at_v1();
+    pod_list[0]["metadata"]["annotations"]["gantry.dev/pod-spec-hash"] = json!("0123456789abcdef");
+    let mut steps = vec![ephemeral_patch(
+        "gemma-3-270m-7c9d-bbbbb",
+        pod_list[1].clone(),
+    )];
+    steps.extend(status_then_events(&m, 3));
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        pod_list,
+        vec![report("0.1.0", None), report("0.1.0", None)],
+        steps,
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 1);
+    assert_eq!(
+        condition(&status_body(&recorded), "Progressing")["message"],
+        "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 0 of 1 node pods run it"
+    );
+}
