@@ -228,6 +228,11 @@ pub fn pod_state(
     if entry.is_some_and(|p| p.loaded && p.version.as_deref() == Some(version)) {
         return Some(PodState::Done);
     }
+    if just_sent {
+        // Sent moments ago, and the pod in the cache may not show it yet: whatever the cache
+        // says about the copy (or an earlier one) is not this copy's outcome.
+        return Some(PodState::InFlight);
+    }
     if let Some(u) = entry.and_then(|p| p.update.as_ref())
         && u.version.as_deref() == Some(version)
         && (u.state == "refused" || u.state == "restartRequired")

@@ -693,3 +693,22 @@ async fn a_pod_of_an_older_template_gets_no_copy() {
         "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 0 of 1 node pods run it"
     );
 }
+
+#[test]
+fn a_copy_sent_moments_ago_is_in_flight_whatever_the_cache_still_shows() {
+    use gantry_operator::model::deliver::pod_state;
+    let pulling =
+        json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}});
+    let pod: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(two_pods([Some(pulling), None]).remove(0)).expect("pod");
+    let plugins = plugins_at("0.2.0");
+    let t0 = crate::support::t0();
+    // The cache shows the earlier, failed copy: the pod is halted on it...
+    let failed = pod_state(&pod, SLOT, &plugins[0], None, false, t0).expect("state");
+    assert!(matches!(failed, PodState::Failed(_)), "{failed:?}");
+    // ...until a new copy is sent (the image fixed); the cache has not caught up yet.
+    assert_eq!(
+        pod_state(&pod, SLOT, &plugins[0], None, true, t0),
+        Some(PodState::InFlight)
+    );
+}
