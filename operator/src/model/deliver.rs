@@ -11,10 +11,13 @@
 //! pod out of its Service while the new image is pulled) and needs no change to the template.
 //!
 //! Pacing, per plugin: one pod first; once a pod runs the new version, up to a quarter of the
-//! pods at a time (at least one), counting those still on their way. Pods that are not
-//! running yet (a scale-up from the template's older image) get it at once after the first
-//! success. A pod whose node refused the new version, or whose copy failed (the image cannot
-//! be pulled, `/copy` exited non-zero), halts the delivery: the other pods keep the version
+//! pods at a time (at least one), counting those still on their way. A pod gets a copy only
+//! while it runs and its node serves (a starting pod's init container could copy the older
+//! image after it), and never while an earlier copy into it is still on its way (two copies
+//! must not write one directory at once). A pod is done when its copy finished and its node
+//! reports the version applied after that (or, restarted since, runs it). A pod whose node
+//! refused the new version, or whose copy failed (the image cannot be pulled, `/copy` exited
+//! non-zero), halts the delivery: the other pods keep the version
 //! they run, and the Model says why (`Degraded`, `PluginUpdateHalted`) until the EnginePlugin
 //! changes again. The pure [`plan`] decides; [`deliver`] writes what it decided.
 
@@ -58,8 +61,9 @@ pub enum PodState {
     InFlight,
     /// The copy failed or the node refused the version: the reason.
     Failed(String),
-    /// Still on an older image; `running` says whether its node already serves.
-    Stale { running: bool, ordinal: usize },
+    /// Still on an older image; `serving` says whether it is running and its node serves
+    /// (only then does it get a copy); `ordinal` numbers its last copy container.
+    Stale { serving: bool, ordinal: usize },
 }
 
 /// A pod the plan delivers to, and the ephemeral container's name there.
@@ -198,6 +202,11 @@ fn answers_this_copy(
             .unwrap_or(finished)
 }
 
+/// Whether a delivery container is still pulling or copying (neither finished nor stuck).
+fn copy_running(state: Option<&ContainerState>) -> bool {
+    state.is_none_or(|s| s.terminated.is_none()) && copy_failed(state).is_none()
+}
+
 /// Where `pod` stands with `plugin` at `image`, given its node's report as of `now`.
 pub fn pod_state(
     pod: &Pod,
@@ -209,6 +218,11 @@ pub fn pod_state(
 ) -> Option<PodState> {
     let (image, state) = current(pod, slot)?;
     let from_init = deliveries(pod, slot).is_empty();
+    if just_sent {
+        // Sent moments ago, and the pod in the cache may not show it yet: whatever the cache
+        // says about the copy (or an earlier one) is not this copy's outcome.
+        return Some(PodState::InFlight);
+    }
     let entry = report.and_then(|r| r.status.as_ref().ok()).and_then(|s| {
         s.plugins.iter().find(|p| {
             p.id == plugin.spec.engine_id
@@ -218,35 +232,48 @@ pub fn pod_state(
         })
     });
     let version = plugin.spec.version.as_str();
-    if image != plugin.spec.image && !just_sent {
-        let running = entry.is_some_and(|p| p.loaded);
+    if image != plugin.spec.image {
+        if !from_init && copy_running(state) {
+            // A copy of another image is still on its way: two copies must never write one
+            // directory at once, so the next waits for it.
+            return Some(PodState::InFlight);
+        }
+        // Only a pod whose node serves gets a copy: a pod still starting runs its init
+        // containers, and their older copy could land after the new one.
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         return Some(PodState::Stale {
-            running,
+            serving: running && entry.is_some_and(|p| p.loaded),
             ordinal: deliveries(pod, slot).last().map_or(0, |(n, _)| *n),
         });
     }
-    if entry.is_some_and(|p| p.loaded && p.version.as_deref() == Some(version)) {
+    if from_init {
+        // The template gave the pod this image: there is nothing to deliver to it.
         return Some(PodState::Done);
-    }
-    if just_sent {
-        // Sent moments ago, and the pod in the cache may not show it yet: whatever the cache
-        // says about the copy (or an earlier one) is not this copy's outcome.
-        return Some(PodState::InFlight);
-    }
-    if let Some(u) = entry.and_then(|p| p.update.as_ref())
-        && u.version.as_deref() == Some(version)
-        && (u.state == "refused" || u.state == "restartRequired")
-        && answers_this_copy(from_init, state, u.seconds_ago, now)
-    {
-        return Some(PodState::Failed(format!(
-            "its node {}: {}",
-            u.state, u.message
-        )));
     }
     if let Some(why) = copy_failed(state) {
         return Some(PodState::Failed(why));
     }
-    Some(PodState::InFlight)
+    let copied = state
+        .and_then(|s| s.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0);
+    if !copied {
+        return Some(PodState::InFlight);
+    }
+    let runs_it = entry.is_some_and(|p| p.loaded && p.version.as_deref() == Some(version));
+    let last = entry.and_then(|p| p.update.as_ref());
+    // The node's answer to this copy: an update of this version reported after it finished.
+    let answer = last.filter(|u| {
+        u.version.as_deref() == Some(version) && answers_this_copy(false, state, u.seconds_ago, now)
+    });
+    Some(match answer {
+        Some(u) if u.state == "refused" || u.state == "restartRequired" => {
+            PodState::Failed(format!("its node {}: {}", u.state, u.message))
+        }
+        Some(u) if u.state == "applied" && runs_it => PodState::Done,
+        // No update recorded at all: the node started since and read the new files at start.
+        None if last.is_none() && runs_it => PodState::Done,
+        _ => PodState::InFlight,
+    })
 }
 
 /// Decide one plugin's delivery: the pods to send the new image to now, and the progress.
@@ -281,17 +308,17 @@ pub fn plan(slot: &Slot<'_>, states: &[(String, PodState)]) -> (Vec<Delivery>, P
     let mut room = budget.saturating_sub(in_flight);
     let mut sends = Vec::new();
     for (pod, s) in states {
-        let PodState::Stale { running, ordinal } = s else {
+        let PodState::Stale {
+            serving: true,
+            ordinal,
+        } = s
+        else {
             continue;
         };
-        // A pod that serves nothing yet costs nothing to update once the version is proven.
-        let free = !running && progress.done > 0;
-        if !free && room == 0 {
-            continue;
+        if room == 0 {
+            break;
         }
-        if !free {
-            room -= 1;
-        }
+        room -= 1;
         sends.push(Delivery {
             pod: pod.clone(),
             container: format!("{}-u{}", slot_prefix(&slot.container), ordinal + 1),
@@ -391,13 +418,26 @@ pub async fn deliver<'a>(
         let (sends, progress) = plan(slot, &states);
         for send in sends {
             let container = copy_container(&send.container, slot.plugin);
-            write::add_ephemeral_container(&api, &send.pod, &container, &ctx.metrics, CONTROLLER)
-                .await
-                .map_err(|source| DeliverError::Api {
-                    pod: format!("{namespace}/{}", send.pod),
-                    container: send.container.clone(),
-                    source,
-                })?;
+            match write::add_ephemeral_container(
+                &api,
+                &send.pod,
+                &container,
+                &ctx.metrics,
+                CONTROLLER,
+            )
+            .await
+            {
+                Ok(_) => {}
+                // Gone since the cache saw it (scaled down, evicted): nothing to deliver to.
+                Err(e) if write::api_code(&e) == 404 => continue,
+                Err(source) => {
+                    return Err(DeliverError::Api {
+                        pod: format!("{namespace}/{}", send.pod),
+                        container: send.container.clone(),
+                        source,
+                    });
+                }
+            }
             ctx.caches
                 .recent
                 .wrote(&kind, namespace, &send.pod, &slot.plugin.spec.image);

@@ -223,9 +223,9 @@ fn slot_of(plugins: &[EnginePlugin]) -> Slot<'_> {
     }
 }
 
-fn stale(running: bool) -> PodState {
+fn stale(serving: bool) -> PodState {
     PodState::Stale {
-        running,
+        serving,
         ordinal: 0,
     }
 }
@@ -260,24 +260,32 @@ fn one_pod_goes_first_and_the_rest_wait_for_it() {
 }
 
 #[test]
-fn after_the_first_success_a_quarter_goes_at_a_time_and_new_pods_at_once() {
+fn after_the_first_success_a_quarter_goes_at_a_time_and_only_to_serving_pods() {
     let plugins = plugins_at("0.2.0");
     let slot = slot_of(&plugins);
-    // 8 pods: a quarter is 2; one is in flight, so one more goes, plus the pod not serving yet.
-    let mut states = vec![PodState::Done, PodState::InFlight];
+    // 9 pods: a quarter is 3; one is in flight, so two more go. The pod not serving yet (its
+    // init container may still copy the older image) waits; so would one still copying.
+    let mut states = vec![
+        PodState::Done,
+        PodState::InFlight,
+        PodState::Stale {
+            serving: false,
+            ordinal: 0,
+        },
+        PodState::Stale {
+            serving: true,
+            ordinal: 2,
+        },
+    ];
     states.extend((0..5).map(|_| stale(true)));
-    states.push(PodState::Stale {
-        running: false,
-        ordinal: 2,
-    });
     let (sends, progress) = plan(&slot, &named(states));
-    assert_eq!(pods_sent(&sends), ["p2", "p7"]);
+    assert_eq!(pods_sent(&sends), ["p3", "p4"]);
     assert_eq!(
-        sends[1].container,
+        sends[0].container,
         format!("{SLOT}-u3"),
         "numbered after its last delivery"
     );
-    assert_eq!((progress.done, progress.pods), (1, 8));
+    assert_eq!((progress.done, progress.pods), (1, 9));
 
     let (sends, progress) = plan(&slot, &named(vec![PodState::Done, PodState::Done]));
     assert!(sends.is_empty());
@@ -710,5 +718,76 @@ fn a_copy_sent_moments_ago_is_in_flight_whatever_the_cache_still_shows() {
     assert_eq!(
         pod_state(&pod, SLOT, &plugins[0], None, true, t0),
         Some(PodState::InFlight)
+    );
+}
+
+#[test]
+fn no_copy_joins_one_on_its_way_nor_a_starting_pod_and_a_copy_is_done_only_once_answered() {
+    use gantry_operator::model::deliver::pod_state;
+    let t0 = crate::support::t0();
+    let pod_with = |copy: Value, phase: &str| {
+        let mut v = two_pods([Some(copy), None]).remove(0);
+        v["status"]["phase"] = json!(phase);
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(v).expect("pod")
+    };
+    let node_at = |version: &str, update| gantry_operator::node_report::NodeReport {
+        pod: "default/gemma-3-270m-7c9d-aaaaa".into(),
+        config_hash: None,
+        plugins: vec!["llama-cpp-cpu".into()],
+        status: Ok(report(version, update)),
+    };
+    let copying = json!({"running": {"startedAt": "2023-11-14T22:13:19Z"}});
+    // The pod's copy of 0.2.0 is still running when 0.3.0 arrives: it waits for it.
+    let v3 = plugins_at("0.3.0");
+    let state = pod_state(
+        &pod_with(copying.clone(), "Running"),
+        SLOT,
+        &v3[0],
+        Some(&node_at("0.1.0", None)),
+        false,
+        t0,
+    );
+    assert_eq!(state, Some(PodState::InFlight));
+    // A pod still starting gets nothing yet.
+    let state = pod_state(
+        &pod_with(copied(), "Pending"),
+        SLOT,
+        &v3[0],
+        None,
+        false,
+        t0,
+    );
+    assert_eq!(
+        state,
+        Some(PodState::Stale {
+            serving: false,
+            ordinal: 1
+        })
+    );
+    // A new build under the same version: the node's report of that version (the old build)
+    // does not make the pod done while the copy runs, nor after it unless the node answered.
+    let v2 = plugins_at("0.2.0");
+    let pod = pod_with(copying, "Running");
+    assert_eq!(
+        pod_state(&pod, SLOT, &v2[0], Some(&node_at("0.2.0", None)), false, t0),
+        Some(PodState::InFlight)
+    );
+    let earlier = update("applied", "an earlier build");
+    let finished = json!({"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": "2023-11-14T22:13:10Z"}});
+    let mut node = node_at("0.2.0", earlier);
+    if let Ok(s) = node.status.as_mut() {
+        s.plugins[0].update.as_mut().expect("update").seconds_ago = 600;
+    }
+    let pod = pod_with(finished, "Running");
+    assert_eq!(
+        pod_state(&pod, SLOT, &v2[0], Some(&node), false, t0),
+        Some(PodState::InFlight)
+    );
+    if let Ok(s) = node.status.as_mut() {
+        s.plugins[0].update.as_mut().expect("update").seconds_ago = 1;
+    }
+    assert_eq!(
+        pod_state(&pod, SLOT, &v2[0], Some(&node), false, t0),
+        Some(PodState::Done)
     );
 }
