@@ -125,17 +125,18 @@ fn slot_prefix(slot: &str) -> &str {
     slot[..end].trim_end_matches('-')
 }
 
-/// The image `pod` last received for `slot` (its latest delivery, else its init container),
-/// and the state of that delivery's container (`None`: the init container, or no status yet).
-fn current<'p>(pod: &'p Pod, slot: &str) -> Option<(&'p str, Option<&'p ContainerState>)> {
-    if let Some((_, c)) = deliveries(pod, slot).last() {
+/// What `pod` last received for `slot`: the image, the state of the delivery's container
+/// (`None`: the init container, or no status yet) and the delivery's number (0: the init
+/// container).
+fn current<'p>(pod: &'p Pod, slot: &str) -> Option<(&'p str, Option<&'p ContainerState>, usize)> {
+    if let Some((n, c)) = deliveries(pod, slot).last() {
         let state = pod
             .status
             .as_ref()
             .and_then(|s| s.ephemeral_container_statuses.as_ref())
             .and_then(|cs| cs.iter().find(|s| s.name == c.name))
             .and_then(|s| s.state.as_ref());
-        return Some((c.image.as_deref()?, state));
+        return Some((c.image.as_deref()?, state, *n));
     }
     let init = pod
         .spec
@@ -144,7 +145,7 @@ fn current<'p>(pod: &'p Pod, slot: &str) -> Option<(&'p str, Option<&'p Containe
         .as_ref()?
         .iter()
         .find(|c| c.name == slot)?;
-    Some((init.image.as_deref()?, None))
+    Some((init.image.as_deref()?, None, 0))
 }
 
 /// Why a delivery container will not copy, if it will not.
@@ -177,17 +178,8 @@ fn copy_failed(state: Option<&ContainerState>) -> Option<String> {
 /// Whether a refusal the node reported `seconds_ago` (as of `now`) answers the copy whose
 /// container is in `state`: a copy still running has not been answered yet, and one that
 /// finished after the refusal (2 s of clock slack) is a later delivery of the same version (a
-/// fixed image under the same version). A pod that got the version from its init container
-/// (`from_init`) has had no other.
-fn answers_this_copy(
-    from_init: bool,
-    state: Option<&ContainerState>,
-    seconds_ago: u64,
-    now: Timestamp,
-) -> bool {
-    if from_init {
-        return true;
-    }
+/// fixed image under the same version).
+fn answers_this_copy(state: Option<&ContainerState>, seconds_ago: u64, now: Timestamp) -> bool {
     let Some(done) = state.and_then(|s| s.terminated.as_ref()) else {
         return false;
     };
@@ -216,8 +208,8 @@ pub fn pod_state(
     just_sent: bool,
     now: Timestamp,
 ) -> Option<PodState> {
-    let (image, state) = current(pod, slot)?;
-    let from_init = deliveries(pod, slot).is_empty();
+    let (image, state, ordinal) = current(pod, slot)?;
+    let from_init = ordinal == 0;
     if just_sent {
         // Sent moments ago, and the pod in the cache may not show it yet: whatever the cache
         // says about the copy (or an earlier one) is not this copy's outcome.
@@ -243,7 +235,7 @@ pub fn pod_state(
         let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         return Some(PodState::Stale {
             serving: running && entry.is_some_and(|p| p.loaded),
-            ordinal: deliveries(pod, slot).last().map_or(0, |(n, _)| *n),
+            ordinal,
         });
     }
     if from_init {
@@ -263,7 +255,7 @@ pub fn pod_state(
     let last = entry.and_then(|p| p.update.as_ref());
     // The node's answer to this copy: an update of this version reported after it finished.
     let answer = last.filter(|u| {
-        u.version.as_deref() == Some(version) && answers_this_copy(false, state, u.seconds_ago, now)
+        u.version.as_deref() == Some(version) && answers_this_copy(state, u.seconds_ago, now)
     });
     Some(match answer {
         Some(u) if u.state == "refused" || u.state == "restartRequired" => {

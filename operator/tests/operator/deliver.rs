@@ -402,6 +402,34 @@ async fn reconcile_writing_no_copy(
     status_body(&recorded)
 }
 
+/// One reconcile that must add one copy container, to `pod_list[to]` (then status and three
+/// Events): what it requested, and its `Progressing` message.
+async fn reconcile_sending_one_copy(
+    pod_list: Vec<Value>,
+    reports: Vec<NodeStatus>,
+    to: usize,
+) -> (Vec<Recorded>, Value) {
+    let m = example_model();
+    let name = pod_list[to]["metadata"]["name"]
+        .as_str()
+        .expect("pod name")
+        .to_string();
+    let mut steps = vec![ephemeral_patch(&name, pod_list[to].clone())];
+    steps.extend(status_then_events(&m, 3));
+    let (recorded, result) = reconcile_live(
+        plugins_at("0.2.0"),
+        pod_list,
+        reports,
+        steps,
+        Settings::default(),
+    )
+    .await;
+    result.expect("reconcile");
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 1);
+    let progressing = condition(&status_body(&recorded), "Progressing")["message"].clone();
+    (recorded, progressing)
+}
+
 /// The Degraded condition of a halted delivery, whose message contains `why`.
 fn assert_halted(status: &Value, why: &str) {
     let degraded = condition(status, "Degraded");
@@ -420,21 +448,12 @@ fn assert_halted(status: &Value, why: &str) {
 
 #[tokio::test]
 async fn a_new_plugin_version_is_copied_into_the_first_pod_without_touching_the_deployment() {
-    let m = example_model();
-    let mut steps = vec![ephemeral_patch(
-        "gemma-3-270m-7c9d-aaaaa",
-        two_pods_at_v1()[0].clone(),
-    )];
-    steps.extend(status_then_events(&m, 3));
-    let (recorded, result) = reconcile_live(
-        plugins_at("0.2.0"),
+    let (recorded, _) = reconcile_sending_one_copy(
         two_pods_at_v1(),
         vec![report("0.1.0", None), report("0.1.0", None)],
-        steps,
-        Settings::default(),
+        0,
     )
     .await;
-    result.expect("reconcile");
     assert_eq!(writes_to(&recorded, "/deployments/"), 0, "no rollout");
     assert_eq!(writes_to(&recorded, "/configmaps/"), 0);
     let patch = &recorded[0];
@@ -482,29 +501,18 @@ async fn a_new_plugin_version_is_copied_into_the_first_pod_without_touching_the_
 
 #[tokio::test]
 async fn once_the_first_pod_runs_it_the_next_goes_and_then_nothing_more_is_written() {
-    let m = example_model();
     let applied = update(
         "applied",
         "1 model(s) switched to the new version with no downtime",
     );
-    let pods_now = two_pods([Some(copied()), None]);
-    let mut steps = vec![ephemeral_patch(
-        "gemma-3-270m-7c9d-bbbbb",
-        pods_now[1].clone(),
-    )];
-    steps.extend(status_then_events(&m, 3));
-    let (recorded, result) = reconcile_live(
-        plugins_at("0.2.0"),
-        pods_now,
+    let (_, progressing) = reconcile_sending_one_copy(
+        two_pods([Some(copied()), None]),
         vec![report("0.2.0", applied), report("0.1.0", None)],
-        steps,
-        Settings::default(),
+        1,
     )
     .await;
-    result.expect("reconcile");
-    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 1);
     assert_eq!(
-        condition(&status_body(&recorded), "Progressing")["message"],
+        progressing,
         "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 1 of 2 node pods run it"
     );
 
@@ -678,26 +686,16 @@ fn only_a_refusal_after_the_copy_finished_halts_a_delivery() {
 async fn a_pod_of_an_older_template_gets_no_copy() {
     // `aaaaa` runs a template a rollout is replacing (another pod spec): its replacement
     // brings the new image; only `bbbbb`, of the current template, is delivered to.
-    let m = example_model();
     let mut pod_list = two_pods_at_v1();
     pod_list[0]["metadata"]["annotations"]["gantry.dev/pod-spec-hash"] = json!("0123456789abcdef");
-    let mut steps = vec![ephemeral_patch(
-        "gemma-3-270m-7c9d-bbbbb",
-        pod_list[1].clone(),
-    )];
-    steps.extend(status_then_events(&m, 3));
-    let (recorded, result) = reconcile_live(
-        plugins_at("0.2.0"),
+    let (_, progressing) = reconcile_sending_one_copy(
         pod_list,
         vec![report("0.1.0", None), report("0.1.0", None)],
-        steps,
-        Settings::default(),
+        1,
     )
     .await;
-    result.expect("reconcile");
-    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 1);
     assert_eq!(
-        condition(&status_body(&recorded), "Progressing")["message"],
+        progressing,
         "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 0 of 1 node pods run it"
     );
 }
