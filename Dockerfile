@@ -35,6 +35,10 @@ RUN cargo chef prepare --recipe-path recipe.json
 # ---- CPU build: operator (static, musl), copier (static, musl), node and CPU plugin (glibc) ---
 FROM chef AS build
 COPY --from=planner /src/recipe.json recipe.json
+# The recipe carries .cargo/config.toml, whose [env] has llama.cpp's CMake include the file that
+# turns its `common` library off (engines/llama-cpp/cmake/no-common.cmake): it must exist for
+# the dependency layer too.
+COPY engines/llama-cpp/cmake/ engines/llama-cpp/cmake/
 RUN cargo chef cook --release --locked --recipe-path recipe.json \
  && cargo chef cook --release --locked --target x86_64-unknown-linux-musl \
       -p gantry-operator -p gantry-copy --recipe-path recipe.json \

@@ -42,7 +42,7 @@ python="${GANTRY_VENV:+$GANTRY_VENV/bin/}python3"
 command -v "$python" >/dev/null 2>&1 || python=python3
 
 log "building the node and its tests (reuses scripts/build.sh's build)"
-cargo build --release --locked -p gantry-node --bin gantry-node >&2
+scripts/build.sh serve --locked >&2
 tests_json="$(mktemp)"
 trap 'rm -f "$tests_json"' EXIT
 cargo test --release --locked --workspace --no-run --message-format=json > "$tests_json"

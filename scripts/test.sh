@@ -12,8 +12,9 @@ phase() { echo "test.sh: $1 took $((SECONDS - t0)) s (total $SECONDS s)"; t0=$SE
 eval "$(scripts/setup.sh)"
 phase setup
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-# The build scripts/serve.sh uses too; plugins are cdylibs that tests load at run time.
-scripts/build.sh
+# Every target of the workspace; the serve build (scripts/serve.sh) is a subset of it, so
+# neither compiles again what the other built. Plugins are cdylibs that tests load at run time.
+scripts/build.sh all
 phase build
 cargo test --release --workspace
 phase "cargo test"

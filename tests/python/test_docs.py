@@ -109,16 +109,3 @@ def test_readme_links_every_doc():
     readme = (ROOT / "README.md").read_text()
     for doc in ("quickstart", "engines", "security", "troubleshooting", "gitops"):
         assert f"docs/{doc}.md" in readme, doc
-
-
-def test_both_readme_commands_share_one_build():
-    # serve.sh and test.sh must build with one cargo invocation (the same packages and features),
-    # so whichever a new user runs first, the other reuses its build and llama.cpp compiles once.
-    build = (ROOT / "scripts/build.sh").read_text()
-    cargo_lines = [l.strip() for l in build.splitlines() if re.match(r"\s*(exec\s+)?cargo\s+build", l)]
-    assert cargo_lines == ["exec cargo build --release --workspace --all-targets"]
-    for script in ("serve.sh", "test.sh"):
-        text = (ROOT / "scripts" / script).read_text()
-        code = [l for l in text.splitlines() if not l.lstrip().startswith("#")]
-        assert any(l.strip() == "scripts/build.sh" for l in code), f"{script} does not run scripts/build.sh"
-        assert not any(re.search(r"\bcargo\s+build\b", l) for l in code), f"{script} builds on its own"
