@@ -92,7 +92,9 @@ def native_node():
             pytest.fail(f"gantry-node exited early:\n{(work / 'node.log').read_text()}")
         try:
             s = _status(base)
-            if all(m["load"]["state"] in ("loaded", "failed") or m["verdict"]["verdict"] == "unsupported"
+            # A model's verdict is null until the engine host resolved it: not settled yet.
+            if all(m["load"]["state"] in ("loaded", "failed")
+                   or (m.get("verdict") or {}).get("verdict") == "unsupported"
                    for m in s["models"]) and len(s["models"]) == len(models):
                 break
         except OSError:
