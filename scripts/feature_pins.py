@@ -69,7 +69,9 @@ def features(workspace: Path, args: list[str], triple: str) -> dict[Key, set[str
     resolves them for these arguments. Features of what runs at build time (build
     dependencies, proc-macros and what they use) are resolved apart from the target's, so the
     two are kept apart. Workspace members (path packages) are left out."""
-    cmd = ["cargo", "tree", "--target", triple, "--charset", "ascii", "-f", "{p}|{f}", *args]
+    # Offline: the lock file names every version; nothing here may reach a registry.
+    cmd = ["cargo", "tree", "--offline", "--target", triple, "--charset", "ascii",
+           "-f", "{p}|{f}", *args]
     out = subprocess.run(cmd, cwd=workspace, capture_output=True, text=True, check=True).stdout
     found: dict[Key, set[str]] = {}
     # At depth d: whether the package is built for the host, whether it is a proc-macro, and the

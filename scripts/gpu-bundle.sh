@@ -13,7 +13,8 @@
 #
 # The archive holds (binaries stripped):
 #   bin/gantry-node                the node, as scripts/build.sh builds it
-#   tests/node-lib                 the node's unit tests (gpu-check step 2: devices, probe)
+#   tests/node-lib                 the node's unit tests (gpu-check step 2: devices)
+#   tests/engine-host-lib          the engine host's unit tests (step 2: the CUDA probe)
 #   tests/native-cuda              the native engine's CUDA tests (step 5)
 #   engines/llama_cpp/cuda/        the llama.cpp CUDA plugin with its llama/ggml shared
 #                                  libraries (scripts/check-cuda-build.sh)
@@ -64,8 +65,10 @@ for line in open(path):
 EOF
 }
 node_tests="$(test_exe node-pod/Cargo.toml lib gantry_node)"
+host_tests="$(test_exe engine-host/Cargo.toml lib gantry_engine_host)"
 native_tests="$(test_exe engines/native/Cargo.toml test cuda)"
 [ -x "$node_tests" ] || { log "no unit-test binary for gantry-node"; exit 1; }
+[ -x "$host_tests" ] || { log "no unit-test binary for gantry-engine-host"; exit 1; }
 [ -x "$native_tests" ] || { log "no 'cuda' test binary for gantry-engine-native"; exit 1; }
 
 log "building the CUDA plugins (scripts/check-cuda-build.sh, cached)"
@@ -81,6 +84,7 @@ b="$stage/gantry-gpu-bundle"
 mkdir -p "$b/bin" "$b/tests" "$b/engines/llama_cpp/cuda" "$b/engines/native/cuda" "$b/peer" "$b/wheels"
 strip -o "$b/bin/gantry-node" target/release/gantry-node
 strip -o "$b/tests/node-lib" "$node_tests"
+strip -o "$b/tests/engine-host-lib" "$host_tests"
 strip -o "$b/tests/native-cuda" "$native_tests"
 # Copy a library directory's entries into the bundle: each real file once (stripped), the
 # other names as the symlinks they are here.

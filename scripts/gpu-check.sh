@@ -167,12 +167,15 @@ fi
 
 # 2. tests -----------------------------------------------------------------------------------
 if want tests; then
+# The memory policy's device tests (the node) and the CUDA probe's (the engine host).
 if [ -n "$bundle" ]; then
-  node_tests=(bounded "$bundle/tests/node-lib" devices:: engine_host::cuda::)
+  node_tests=(bounded "$bundle/tests/node-lib" devices::)
+  host_tests=(bounded "$bundle/tests/engine-host-lib" cuda::)
 else
-  node_tests=(bounded cargo test --release --offline -p gantry-node --lib -- devices:: engine_host::cuda::)
+  node_tests=(bounded cargo test --release --offline -p gantry-node --lib -- devices::)
+  host_tests=(bounded cargo test --release --offline -p gantry-engine-host --lib -- cuda::)
 fi
-if "${node_tests[@]}" > "$out/tests.txt" 2>&1; then
+if { "${node_tests[@]}" && "${host_tests[@]}"; } > "$out/tests.txt" 2>&1; then
   summary tests passed "$out/tests.txt"
 else
   summary tests failed "$out/tests.txt"; failed=1

@@ -159,6 +159,59 @@ pub struct DeviceStatus {
     pub models: Vec<String>,
 }
 
+/// What a node knows about its GPUs at one moment: filled by the engine host's CUDA probe (or a
+/// recorded fixture), read by the node's memory policy and `/v1/status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSnapshot {
+    /// Where the figures come from: `cuda` (driver API), `cuda+nvml`, `none`, or a fixture's name.
+    pub source: String,
+    /// The CUDA driver's version, e.g. `12.8`, when a driver was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    pub devices: Vec<DeviceStatus>,
+    /// Why there are no devices (no driver library, no device, a driver error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl DeviceSnapshot {
+    /// The state of a machine without GPUs, and why.
+    pub fn none(note: impl Into<String>) -> Self {
+        Self {
+            source: "none".into(),
+            driver_version: None,
+            devices: Vec::new(),
+            note: Some(note.into()),
+        }
+    }
+
+    pub fn device(&self, index: u32) -> Option<&DeviceStatus> {
+        self.devices.iter().find(|d| d.index == index)
+    }
+
+    /// Free bytes on the given devices (all of them when `on` is empty).
+    pub fn free_on(&self, on: &[u32]) -> u64 {
+        self.devices
+            .iter()
+            .filter(|d| on.is_empty() || on.contains(&d.index))
+            .map(|d| d.free_bytes)
+            .sum()
+    }
+
+    /// The snapshot with `models` recorded on the devices that hold them.
+    pub fn with_models(mut self, placed: &std::collections::BTreeMap<String, Vec<u32>>) -> Self {
+        for d in &mut self.devices {
+            d.models = placed
+                .iter()
+                .filter(|(_, on)| on.contains(&d.index))
+                .map(|(id, _)| id.clone())
+                .collect();
+        }
+        self
+    }
+}
+
 /// One discovered plugin and whether it loaded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

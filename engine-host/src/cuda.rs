@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use cudarc::driver::CudaContext;
 use gantry_api::DeviceStatus;
 
-use crate::devices::DeviceSnapshot;
+use gantry_api::DeviceSnapshot;
 
 /// Read every visible GPU now. Never fails: no GPU is a snapshot with a note.
 ///

@@ -1,4 +1,4 @@
-//! Engine host (below the scheduler): discovers, validates and loads engine plugins, and resolves
+//! Engine host (`gantry-engine-host`; below the scheduler): discovers, validates and loads engine plugins, and resolves
 //! which plugin serves a model.
 //!
 //! Discovery scans `<plugins>/{engine_id}/{gpu_backend}/manifest.json` in
@@ -7,6 +7,7 @@
 //! library is opened and its ABI checked ([`plugin`]). A refused plugin is
 //! recorded with its reason and logged as an alert; the node keeps going.
 #![allow(unsafe_code)] // The engine host is one of the three places allowed to call plugin code.
+// Each `unsafe` block carries a SAFETY note (tests/tests/house_rules.rs).
 
 pub mod cuda;
 pub mod plugin;

@@ -1,4 +1,5 @@
-//! The model store (before the request path, at node start): a model's source → verified local artifacts.
+//! The model store (`gantry-model-store`; before the request path, at node start): a model's
+//! source → verified local artifacts.
 //!
 //! [`ModelStore::fetch`] runs the steps, one module each: parse the source
 //! (`source`), list its files (`remote`, or the disk for `file://`), choose

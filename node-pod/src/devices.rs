@@ -8,12 +8,12 @@
 //! on machines without a GPU. No GPU is a normal state (`devices: []` with a note), never
 //! an error.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
+// The snapshot is plain data the engine host's probe fills and `/v1/status` reports.
+pub use gantry_api::DeviceSnapshot;
 use gantry_api::DeviceStatus;
-use serde::{Deserialize, Serialize};
 
 use crate::memory::human;
 
@@ -24,58 +24,6 @@ pub const DEFAULT_VRAM_RESERVE_BYTES: u64 = 1 << 30;
 
 /// A measured load differs from the engine's own figure by more than this share: say so.
 pub const MEASURE_TOLERANCE_PERCENT: u64 = 20;
-
-/// What the node knows about its GPUs at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceSnapshot {
-    /// Where the figures come from: `cuda` (driver API), `cuda+nvml`, `none`, or a fixture's name.
-    pub source: String,
-    /// The CUDA driver's version, e.g. `12.8`, when a driver was found.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_version: Option<String>,
-    pub devices: Vec<DeviceStatus>,
-    /// Why there are no devices (no driver library, no device, a driver error).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-impl DeviceSnapshot {
-    /// The state of a machine without GPUs, and why.
-    pub fn none(note: impl Into<String>) -> Self {
-        Self {
-            source: "none".into(),
-            driver_version: None,
-            devices: Vec::new(),
-            note: Some(note.into()),
-        }
-    }
-
-    pub fn device(&self, index: u32) -> Option<&DeviceStatus> {
-        self.devices.iter().find(|d| d.index == index)
-    }
-
-    /// Free bytes on the given devices (all of them when `on` is empty).
-    pub fn free_on(&self, on: &[u32]) -> u64 {
-        self.devices
-            .iter()
-            .filter(|d| on.is_empty() || on.contains(&d.index))
-            .map(|d| d.free_bytes)
-            .sum()
-    }
-
-    /// The snapshot with `models` recorded on the devices that hold them.
-    pub fn with_models(mut self, placed: &BTreeMap<String, Vec<u32>>) -> Self {
-        for d in &mut self.devices {
-            d.models = placed
-                .iter()
-                .filter(|(_, on)| on.contains(&d.index))
-                .map(|(id, _)| id.clone())
-                .collect();
-        }
-        self
-    }
-}
 
 /// Where a node's device figures come from.
 #[derive(Clone, Debug, PartialEq, Eq)]

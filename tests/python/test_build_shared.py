@@ -17,15 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
 
-from conftest import ROOT, _free_port
+from conftest import ROOT, _free_port, wait_ready
 
 SERVE_PACKAGES = ["gantry-node", "gantry-engine-llama-cpp", "gantry-engine-native"]
 
@@ -85,22 +83,6 @@ def test_serve_build_is_part_of_the_full_build():
     )
 
 
-def _wait_models(base, proc, log, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"scripts/serve.sh exited early:\n{Path(log).read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as m:
-                        return json.load(m)
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"scripts/serve.sh not ready in {seconds} s:\n{Path(log).read_text()[-4000:]}")
-
-
 @pytest.mark.parametrize("kind", ["gguf", "safetensors"])
 def test_serve_sh_serves_the_users_model(kind):
     source = {
@@ -124,7 +106,9 @@ def test_serve_sh_serves_the_users_model(kind):
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        models = _wait_models(base, proc, log_path, 300)
+        wait_ready(base, proc, log_path, "scripts/serve.sh", 300)
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
+            models = json.load(r)
         assert [m["id"] for m in models["data"]] == ["my-model"], models
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         out = client.completions.create(model="my-model", prompt="The capital of France is",

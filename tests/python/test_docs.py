@@ -93,7 +93,7 @@ def test_troubleshooting_has_a_section_for_every_condition_reason():
 def test_troubleshooting_lists_every_node_refusal_reason():
     text = (DOCS / "troubleshooting.md").read_text()
     labels = set()
-    for src in ("formats/src/manifest.rs", "node-pod/src/engine_host/plugin.rs"):
+    for src in ("formats/src/manifest.rs", "engine-host/src/plugin.rs"):
         labels |= set(re.findall(r'=> "([a-z0-9_]+)",', (ROOT / src).read_text()))
     assert {"abi_mismatch", "sha256_mismatch", "binary_not_found"} <= labels
     assert {l for l in labels if f"`{l}`" not in text} == set()

@@ -50,7 +50,7 @@ fn sources() -> Vec<(String, String)> {
 
 /// Places allowed to contain `unsafe` code.
 fn may_use_unsafe(rel: &str) -> bool {
-    rel.starts_with("engines/") || rel.starts_with("node-pod/src/engine_host/")
+    rel.starts_with("engines/") || rel.starts_with("engine-host/")
 }
 
 fn code_lines(src: &str) -> impl Iterator<Item = (usize, &str)> {

@@ -13,7 +13,7 @@ use gantry_engine_abi::ffi;
 use gantry_engine_abi::{EngineError, EngineInfo, ModelInfo, SampledToken, StepEntry};
 
 use super::{PluginInner, fill_growing, new_err, opt_string, read_err};
-use crate::engine_host::worker::{Crash, RemoteExec, RemoteModel, Worker};
+use crate::worker::{Crash, RemoteExec, RemoteModel, Worker};
 
 /// Where a model's calls go: into the plugin in this process, or to its worker.
 pub(super) enum Handle {

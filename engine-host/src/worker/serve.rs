@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use gantry_engine_abi::EngineError;
 
 use super::wire::{self, Op, Reader, Writer};
-use crate::engine_host::{ModelExec, ModelShared, Plugin};
+use crate::{ModelExec, ModelShared, Plugin};
 
 struct State {
     plugin: OnceLock<Plugin>,

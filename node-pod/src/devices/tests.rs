@@ -1,6 +1,8 @@
 //! Device policy tests (no GPU needed): budgets, placement and load checks over a recorded
 //! snapshot of a two-H100 node, and the no-GPU state.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 const MIB: u64 = 1 << 20;

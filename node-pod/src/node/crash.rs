@@ -3,7 +3,7 @@
 //! service, restart it with exponential backoff, and send the requests that had not
 //! received a token yet to the restarted model.
 //!
-//! Only models of plugins in `process` isolation have workers (engine_host/worker.rs); an
+//! Only models of plugins in `process` isolation have workers (gantry-engine-host's worker.rs); an
 //! in-process plugin's crash is the node's crash, which Kubernetes restarts.
 //!
 //! The backoff counts crashes in a row: the first restarts at once, the next after 1 s, then
