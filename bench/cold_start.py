@@ -111,6 +111,7 @@ def main() -> int:
     ap.add_argument("--purge-debian", action="store_true", help="apt-get purge the setup's Debian packages first")
     ap.add_argument("--work", type=Path, help="where to clone (default: a new temporary directory)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--first-only", action="store_true", help="stop after the first command")
     args = ap.parse_args()
     out = args.out or ROOT / "bench/results" / f"cold-start-{args.order}.json"
     work = args.work or Path(tempfile.mkdtemp(prefix="gantry-cold-"))
@@ -131,10 +132,12 @@ def main() -> int:
     }
     if args.order == "serve-first":
         result["serve"] = serve(clone, env, work / "serve.log", 3600)
-        result["test_after_serve"] = test(clone, env, work / "test.log")
+        if not args.first_only:
+            result["test_after_serve"] = test(clone, env, work / "test.log")
     else:
         result["test"] = test(clone, env, work / "test.log")
-        result["serve_after_test"] = serve(clone, env, work / "serve.log", 3600)
+        if not args.first_only:
+            result["serve_after_test"] = serve(clone, env, work / "serve.log", 3600)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
