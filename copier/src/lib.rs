@@ -19,7 +19,7 @@ use std::io;
 use std::path::Path;
 
 /// Marks a copy in progress in the destination directory. The node's engine host
-/// (engine-host/src/lib.rs) reads the same name.
+/// (engine-host/src/registry.rs) reads the same name.
 pub const IN_PROGRESS: &str = ".gantry-copy-in-progress";
 
 /// Copy the tree `src` into `dest` (created if missing). Returns how many files were copied.

@@ -4,7 +4,8 @@
 //!
 //! - `wire.rs`: the frames on the Unix socket (control) and the step layout in the shared
 //!   mapping (per-step data); no JSON on either.
-//! - `client.rs`: the node's side: starting, calling, reaping and killing workers.
+//! - `client.rs`: the node's side: starting, calling, reaping and killing workers;
+//! - `remote.rs`: a model's calls, forwarded to its worker.
 //! - `serve.rs`: the worker's side, which runs the in-process call boundary (`plugin.rs`).
 //!
 //! [`RemotePlugin`] is what the registry holds for a plugin in `process` mode: at discovery a
@@ -12,6 +13,7 @@
 //! info or its refusal; each `load_model` then starts the model's own worker.
 
 pub mod client;
+pub mod remote;
 pub mod serve;
 pub mod wire;
 
@@ -20,9 +22,11 @@ use std::sync::Arc;
 
 use gantry_engine_abi::{EngineConfig, EngineError, EngineInfo, ModelDescriptor};
 
-pub use client::{CRASH_MARKER, Crash, CrashHook, RemoteExec, RemoteModel, Worker, WorkerSettings};
+pub use client::{CrashHook, Worker, WorkerSettings};
+pub use gantry_api::WorkerCrash;
+pub use remote::{RemoteExec, RemoteModel};
 
-use super::plugin::OpenError;
+use crate::error::OpenError;
 
 /// A plugin whose models run in worker processes.
 #[derive(Debug)]

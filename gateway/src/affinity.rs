@@ -1,5 +1,5 @@
 //! Cache-aware routing keys (on the request path, between reading the body in [`crate::proxy`]
-//! and the replica pick in [`crate::routes`]): which requests should land on the same replica,
+//! and the replica pick in [`crate::route_table`]): which requests should land on the same replica,
 //! so that its engine finds their prompt prefix already in its KV cache.
 //!
 //! The rule, in order (docs/gateway.md, "Routing"):
@@ -15,7 +15,7 @@
 //! 3. Requests without a key (embeddings, empty prompts) and `--routing least-load` go to the
 //!    least-loaded replica.
 //!
-//! A key's replica ([`crate::routes::RouteTable::pick_keyed`]): the one it last went to
+//! A key's replica ([`crate::route_table::RouteTable::pick_keyed`]): the one it last went to
 //! ([`crate::placement`]) while that one stays within the load [`Bound`]; otherwise the first
 //! replica clockwise from the key's hash on a ring ([`RING_POINTS`] points per replica) that is
 //! within the bound and holds no more than its share of the model's live keys. The bound is
@@ -27,7 +27,9 @@
 
 use axum::http::{HeaderMap, HeaderName};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
+
+/// Re-exported from [`crate::hash`], its home since placements use it too.
+pub use crate::hash::hash64;
 
 /// Points per replica on the hash ring: enough that three replicas split keys within a few
 /// per cent of even (checked by a test), few enough to rebuild the ring on every snapshot.
@@ -167,18 +169,6 @@ pub enum KeyKind {
 pub struct RouteKey {
     pub hash: u64,
     pub kind: KeyKind,
-}
-
-/// The first 8 bytes of SHA-256, big-endian.
-pub fn hash64(parts: &[&[u8]]) -> u64 {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p);
-    }
-    let d = h.finalize();
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[..8]);
-    u64::from_be_bytes(b)
 }
 
 /// The parts of a request body the key reads.

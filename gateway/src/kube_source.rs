@@ -24,7 +24,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
-use crate::routes::{ModelSpec, RouteTable, ScaleTarget};
+use crate::route_table::{ModelSpec, RouteTable, ScaleTarget};
 
 /// The label the EndpointSlice controller puts on every slice of a Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";

@@ -1,5 +1,5 @@
 //! Where each routing key was last sent (on the request path, inside the keyed pick of
-//! [`crate::routes`]): the memory that keeps a conversation on the replica holding its prompt
+//! [`crate::route_table`]): the memory that keeps a conversation on the replica holding its prompt
 //! in cache, and the per-replica key counts that spread new conversations evenly.
 //!
 //! A placement is (model, key) → replica URL and when it was last used. It follows the key:
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::affinity::hash64;
+use crate::hash::hash64;
 
 /// Placements kept at most; past it the least recently used are dropped (about 100 bytes
 /// each, so a few MiB).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use gantry_api::node_token::NODE_TOKEN_HEADER;
 use gantry_api::{NODE_STATUS_PATH, NodeStatus};
 
-use crate::routes::{Replica, RouteTable};
+use crate::route_table::{Replica, RouteTable};
 
 /// What one status call said.
 enum Probe {
@@ -57,7 +57,7 @@ async fn probe_one(client: &reqwest::Client, replica: &Replica, timeout: Duratio
 
 /// Probe every replica in the table every `every`, forever. Each probe is bounded by `every`
 /// (at least 200 ms); a replica leaves the rotation when refused, when it says it is not ready,
-/// or after [`crate::routes::PROBE_MISSES_DOWN`] unanswered probes in a row.
+/// or after [`crate::route_table::PROBE_MISSES_DOWN`] unanswered probes in a row.
 pub async fn run(table: Arc<RouteTable>, client: reqwest::Client, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -23,11 +23,11 @@ use serde::Deserialize;
 
 use gantry_api::node_token::NODE_TOKEN_HEADER;
 
-use crate::GatewayState;
 use crate::affinity::{RouteKey, route_key};
 use crate::auth::Caller;
 use crate::error::GatewayError;
-use crate::routes::{Lease, ModelRoute, NoReplica};
+use crate::route_table::{Lease, ModelRoute, NoReplica};
+use crate::state::GatewayState;
 
 /// Longest `Retry-After` honoured when skipping a replica that answered 503.
 const MAX_REPLICA_BACKOFF: Duration = Duration::from_secs(30);
@@ -482,7 +482,7 @@ pub async fn models(State(state): State<Arc<GatewayState>>, headers: HeaderMap) 
 
 /// One `/v1/models` entry: OpenAI's fields, then what the Model's replicas report (the same
 /// fields a node's own `/v1/models` has, where its status carries them).
-fn model_card(id: &str, route: &crate::routes::ModelRoute) -> serde_json::Value {
+fn model_card(id: &str, route: &crate::route_table::ModelRoute) -> serde_json::Value {
     let reports: Vec<gantry_api::ModelStatus> = route
         .replicas
         .iter()

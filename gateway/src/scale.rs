@@ -15,7 +15,7 @@ use gantry_crd::names::ANNOTATION_SCALE_UP_REQUESTED;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 
-use crate::routes::ScaleTarget;
+use crate::route_table::ScaleTarget;
 
 /// Field manager (and user agent) of the gateway's one write.
 pub const GATEWAY_FIELD_MANAGER: &str = "gantry-gateway";

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::routes::{ModelSpec, RouteTable};
+use crate::route_table::{ModelSpec, RouteTable};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use super::remote::{Remote, sha256_etag};
-use super::{Progress, RemoteFile, StoreError};
+use super::{DownloadProgress, RemoteFile, StoreError};
 
 /// Retry schedule: 100 ms, 200 ms, 400 ms between four attempts, each
 /// delay capped at 2 s.
@@ -89,7 +89,7 @@ pub async fn fetch_file(
     remote: &Remote,
     file: &RemoteFile,
     dest: &Path,
-    progress: &Progress,
+    progress: &DownloadProgress,
     retry: RetryPolicy,
 ) -> Result<(), StoreError> {
     if let Ok(md) = std::fs::metadata(dest)
@@ -121,7 +121,7 @@ async fn attempt(
     file: &RemoteFile,
     dest: &Path,
     partial: &Path,
-    progress: &Progress,
+    progress: &DownloadProgress,
 ) -> Result<(), StoreError> {
     let mut offset = std::fs::metadata(partial).map_or(0, |m| m.len());
     if file.size > 0 && offset > file.size {
@@ -271,7 +271,7 @@ fn finish(
     expected_sha: Option<String>,
     written: u64,
     hasher: Sha256,
-    progress: &Progress,
+    progress: &DownloadProgress,
 ) -> Result<(), StoreError> {
     if let Some(n) = expected_size {
         if written < n {

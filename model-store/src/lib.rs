@@ -7,7 +7,7 @@
 //! (`select`), and download each into the cache volume with resume,
 //! checksum and an atomic rename (`download`) — under a lock file, so
 //! replicas sharing the volume never write the same file at once. Progress
-//! is published through [`Progress`], which `/v1/status` and the 503 answer
+//! is published through [`DownloadProgress`], which `/v1/status` and the 503 answer
 //! for a model still downloading read.
 //!
 //! Cache layout: `{cache_dir}/hf/{org}--{repo}/{revision}/…`,
@@ -30,7 +30,7 @@ use gantry_api::{ArtifactState, ArtifactStatus};
 use gantry_engine_abi::Format;
 
 pub use download::RetryPolicy;
-pub use select::{Selection, select};
+pub use select::{ArtifactSelection, select};
 pub use source::{Source, SourceSettings};
 
 /// Name of the lock file in each model's cache directory.
@@ -127,7 +127,7 @@ pub struct Fetched {
 
 /// Download progress of one model, shared with the status endpoint.
 #[derive(Debug)]
-pub struct Progress {
+pub struct DownloadProgress {
     state: Mutex<(ArtifactState, Option<String>)>,
     /// Bytes of files complete on disk.
     completed: AtomicU64,
@@ -139,7 +139,7 @@ pub struct Progress {
     started: Mutex<Option<Instant>>,
 }
 
-impl Default for Progress {
+impl Default for DownloadProgress {
     fn default() -> Self {
         Self {
             state: Mutex::new((ArtifactState::Pending, None)),
@@ -152,7 +152,7 @@ impl Default for Progress {
     }
 }
 
-impl Progress {
+impl DownloadProgress {
     pub fn set(&self, state: ArtifactState, message: Option<String>) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         *g = (state, message);
@@ -351,7 +351,7 @@ impl ModelStore {
     pub async fn fetch(
         &self,
         req: &FetchRequest<'_>,
-        progress: &Arc<Progress>,
+        progress: &Arc<DownloadProgress>,
     ) -> Result<Fetched, StoreError> {
         let result = self.fetch_inner(req, progress).await;
         match &result {
@@ -364,7 +364,7 @@ impl ModelStore {
     async fn fetch_inner(
         &self,
         req: &FetchRequest<'_>,
-        progress: &Arc<Progress>,
+        progress: &Arc<DownloadProgress>,
     ) -> Result<Fetched, StoreError> {
         let source = Source::parse_on_node(req.source)?;
         let quantization = Self::quantization(req, &source)?;
@@ -428,7 +428,11 @@ impl ModelStore {
 
     /// Hold the model directory's lock; while another process holds it, wait
     /// (bounded by `lock_timeout`) and say so in the status.
-    async fn lock(&self, dir: &Path, progress: &Progress) -> Result<std::fs::File, StoreError> {
+    async fn lock(
+        &self,
+        dir: &Path,
+        progress: &DownloadProgress,
+    ) -> Result<std::fs::File, StoreError> {
         use fs4::fs_std::FileExt as _;
         let path = dir.join(LOCK_FILE);
         let file = std::fs::OpenOptions::new()
@@ -468,7 +472,7 @@ impl ModelStore {
     }
 
     /// Log a progress line every `log_every` until dropped.
-    fn progress_logger(&self, model: &str, progress: &Arc<Progress>) -> ProgressLogger {
+    fn progress_logger(&self, model: &str, progress: &Arc<DownloadProgress>) -> ProgressLogger {
         let (model, progress, every) = (model.to_string(), progress.clone(), self.log_every);
         ProgressLogger(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);

@@ -22,7 +22,7 @@ use super::{RemoteFile, StoreError};
 
 /// The files that make one model, and which of them the engine opens.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Selection {
+pub struct ArtifactSelection {
     /// Every file to fetch, in listing order.
     pub files: Vec<RemoteFile>,
     /// Relative path of the file the engine loads (first shard, index, or the file).
@@ -153,7 +153,7 @@ pub fn select(
     format: Format,
     quantization: Option<&str>,
     wanted: &[String],
-) -> Result<Selection, StoreError> {
+) -> Result<ArtifactSelection, StoreError> {
     let restricted: Vec<RemoteFile>;
     let listing = if wanted.is_empty() {
         listing
@@ -189,7 +189,7 @@ pub fn select(
 fn select_gguf(
     listing: &[RemoteFile],
     quantization: Option<&str>,
-) -> Result<Selection, StoreError> {
+) -> Result<ArtifactSelection, StoreError> {
     let artifacts = gguf_artifacts(listing)?;
     let labels = |a: &[&GgufArtifact]| -> String {
         a.iter()
@@ -257,7 +257,7 @@ fn select_gguf(
     if let Some(p) = mmproj {
         files.push(p.clone());
     }
-    Ok(Selection {
+    Ok(ArtifactSelection {
         files,
         primary,
         mmproj: mmproj.map(|p| p.path.clone()),
@@ -265,7 +265,7 @@ fn select_gguf(
     })
 }
 
-fn select_safetensors(listing: &[RemoteFile]) -> Result<Selection, StoreError> {
+fn select_safetensors(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
     let top = |f: &&RemoteFile| !f.path.contains('/');
     let weights: Vec<&RemoteFile> = listing
         .iter()
@@ -306,7 +306,7 @@ fn select_safetensors(listing: &[RemoteFile]) -> Result<Selection, StoreError> {
         })
         .cloned()
         .collect();
-    Ok(Selection {
+    Ok(ArtifactSelection {
         files,
         primary,
         mmproj: None,
@@ -329,7 +329,7 @@ mod tests {
             .collect()
     }
 
-    fn paths(s: &Selection) -> Vec<&str> {
+    fn paths(s: &ArtifactSelection) -> Vec<&str> {
         s.files.iter().map(|f| f.path.as_str()).collect()
     }
 

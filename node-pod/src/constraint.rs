@@ -18,32 +18,12 @@ use std::time::Instant;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
-use serde_json::Value;
+
+mod matcher;
+pub use matcher::Constraint;
 
 use crate::engine_host::ModelShared;
-use crate::error::ApiError;
-
-/// What a request constrains its output to, before the model is known.
-#[derive(Clone, Debug, PartialEq)]
-pub enum GrammarSpec {
-    /// A JSON Schema (`response_format.json_schema.schema`, a tool's parameters, `guided_json`).
-    JsonSchema(Value),
-    /// Any JSON object (`response_format: {"type": "json_object"}`).
-    JsonObject,
-    /// The whole output matches this regular expression.
-    Regex(String),
-    /// The output is exactly one of these strings.
-    Choice(Vec<String>),
-    /// A Lark grammar in llguidance's dialect.
-    Lark(String),
-}
-
-/// A grammar and the request field that asked for it (named by every refusal).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConstraintRequest {
-    pub spec: GrammarSpec,
-    pub field: String,
-}
+pub use gantry_openai::grammar::{ConstraintRequest, GrammarSpec};
 
 /// The JSON layout Gantry asks for: compact, with the usual separators, and no free
 /// whitespace (a small model can otherwise spend its whole budget on newlines). A schema
@@ -57,37 +37,36 @@ fn json_options() -> JsonCompileOptions {
     }
 }
 
-impl GrammarSpec {
-    fn to_grammar(&self) -> Result<TopLevelGrammar, String> {
-        Ok(match self {
-            GrammarSpec::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                match schema.as_object() {
-                    Some(obj) if !obj.contains_key("x-guidance") => {
-                        json_options().apply_to(&mut schema)
-                    }
-                    Some(_) => {}
-                    None if schema.is_boolean() => {}
-                    None => return Err("a JSON Schema must be an object (or a boolean)".into()),
+/// The llguidance grammar of a request's spec.
+fn to_grammar(spec: &GrammarSpec) -> Result<TopLevelGrammar, String> {
+    Ok(match spec {
+        GrammarSpec::JsonSchema(schema) => {
+            let mut schema = schema.clone();
+            match schema.as_object() {
+                Some(obj) if !obj.contains_key("x-guidance") => {
+                    json_options().apply_to(&mut schema)
                 }
-                TopLevelGrammar::from_json_schema(schema)
+                Some(_) => {}
+                None if schema.is_boolean() => {}
+                None => return Err("a JSON Schema must be an object (or a boolean)".into()),
             }
-            GrammarSpec::JsonObject => {
-                let mut schema = serde_json::json!({"type": "object"});
-                json_options().apply_to(&mut schema);
-                TopLevelGrammar::from_json_schema(schema)
-            }
-            GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            GrammarSpec::Choice(options) => {
-                let alts: Vec<String> = options
-                    .iter()
-                    .map(|o| serde_json::to_string(o).unwrap_or_default())
-                    .collect();
-                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
-            }
-            GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
-        })
-    }
+            TopLevelGrammar::from_json_schema(schema)
+        }
+        GrammarSpec::JsonObject => {
+            let mut schema = serde_json::json!({"type": "object"});
+            json_options().apply_to(&mut schema);
+            TopLevelGrammar::from_json_schema(schema)
+        }
+        GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        GrammarSpec::Choice(options) => {
+            let alts: Vec<String> = options
+                .iter()
+                .map(|o| serde_json::to_string(o).unwrap_or_default())
+                .collect();
+            TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+        }
+        GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+    })
 }
 
 /// A model's compiled vocabulary: compiles grammars into matchers.
@@ -144,17 +123,15 @@ impl Compiler {
 
     /// Compile one request's grammar; a grammar llguidance refuses (a malformed schema, an
     /// unsupported keyword, a bad regex) is a 400 naming the request's field.
-    pub fn compile(&self, req: &ConstraintRequest) -> Result<Constraint, ApiError> {
-        let refuse = |msg: String| {
-            ApiError::invalid(
-                req.field.clone(),
-                format!(
-                    "`{}` cannot be used for constrained decoding: {msg}",
-                    req.field
-                ),
-            )
+    pub fn compile(&self, req: &ConstraintRequest) -> Result<Constraint, GrammarRefused> {
+        let refuse = |msg: String| GrammarRefused {
+            field: req.field.clone(),
+            message: format!(
+                "`{}` cannot be used for constrained decoding: {msg}",
+                req.field
+            ),
         };
-        let grammar = req.spec.to_grammar().map_err(refuse)?;
+        let grammar = to_grammar(&req.spec).map_err(refuse)?;
         let parser = self
             .factory
             .create_parser(grammar)
@@ -163,61 +140,17 @@ impl Compiler {
         if let Some(e) = matcher.get_error() {
             return Err(refuse(e));
         }
-        Ok(Constraint {
-            matcher,
-            mask: Vec::new(),
-        })
+        Ok(Constraint::new(matcher))
     }
 }
 
-/// One request's grammar state: the scheduler asks it for the next mask and tells it each
-/// sampled token.
-pub struct Constraint {
-    matcher: Matcher,
-    mask: Vec<u32>,
-}
-
-impl std::fmt::Debug for Constraint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint")
-            .field("stopped", &self.matcher.is_stopped())
-            .finish()
-    }
-}
-
-impl Constraint {
-    /// Compute the tokens allowed next (only the end-of-generation tokens once the grammar is
-    /// complete); returns the time it took.
-    pub fn compute_mask(&mut self) -> Result<f64, String> {
-        let t = Instant::now();
-        let vob = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| format!("grammar: {e}"))?;
-        self.mask.clear();
-        self.mask.extend_from_slice(vob.as_slice());
-        if self.mask.iter().all(|&w| w == 0) {
-            return Err("grammar: no token can continue the output".into());
-        }
-        Ok(t.elapsed().as_secs_f64())
-    }
-
-    /// The mask from the last [`compute_mask`](Self::compute_mask).
-    pub fn mask(&self) -> &[u32] {
-        &self.mask
-    }
-
-    /// Advance past a sampled (non end-of-generation) token.
-    pub fn consume(&mut self, token: i32) -> Result<(), String> {
-        self.matcher
-            .consume_token(token as u32)
-            .map_err(|e| format!("grammar: {e}"))
-    }
-
-    /// Whether the grammar is complete: nothing but the end of generation may follow.
-    pub fn is_done(&self) -> bool {
-        self.matcher.is_stopped()
-    }
+/// A grammar the compiler refused: the request's field that gave it, and why (the HTTP
+/// edge answers 400 naming the field).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct GrammarRefused {
+    pub field: String,
+    pub message: String,
 }
 
 /// A model's vocabulary for constrained decoding, built on first use (or by the warm-up the

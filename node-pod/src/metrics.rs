@@ -557,43 +557,16 @@ impl Metrics {
     }
 }
 
-/// One model's series, bound to its label once: the scheduler updates these
-/// on every token, so the label lookup stays off the hot path.
-#[derive(Clone)]
-pub struct ModelMetrics {
-    pub requests_waiting: prometheus::core::GenericGauge<AtomicF64>,
-    pub requests_running: prometheus::core::GenericGauge<AtomicF64>,
-    pub kv_cache_usage: prometheus::core::GenericGauge<AtomicF64>,
-    pub ttft: prometheus::Histogram,
-    pub inter_token: prometheus::Histogram,
-    pub e2e: prometheus::Histogram,
-    pub prompt_tokens: prometheus::IntCounter,
-    pub prompt_tokens_cached: prometheus::IntCounter,
-    pub prompt_tokens_evaluated: prometheus::IntCounter,
-    pub generation_tokens: prometheus::IntCounter,
-    pub steps: prometheus::IntCounter,
-    pub step_tokens: prometheus::Histogram,
-    pub queue_seconds: prometheus::Histogram,
-    pub constraint_mask: prometheus::Histogram,
-    pub constraint_batch: prometheus::Histogram,
-    model: String,
-    finish: IntCounterVec,
-}
-
-impl ModelMetrics {
-    /// Count one generation's end under `reason` (see `gantry_request_finish_total`).
-    pub fn finished(&self, reason: &str) {
-        self.finish.with_label_values(&[&self.model, reason]).inc();
-    }
-}
-
 impl Metrics {
-    pub fn for_model(&self, model: &str) -> ModelMetrics {
+    /// One model's series for its schedulers, bound to its label once: they update these on
+    /// every token, so the label lookup stays off the hot path.
+    pub fn for_model(&self, model: &str) -> gantry_scheduler::SchedulerMetrics {
         let m = [model];
-        ModelMetrics {
+        gantry_scheduler::SchedulerMetrics {
             requests_waiting: self.requests_waiting.with_label_values(&m),
             requests_running: self.requests_running.with_label_values(&m),
             kv_cache_usage: self.kv_cache_usage.with_label_values(&m),
+            kv_cache_capacity: self.kv_cache_capacity_tokens.with_label_values(&m),
             ttft: self.ttft.with_label_values(&m),
             inter_token: self.inter_token.with_label_values(&m),
             e2e: self.e2e.with_label_values(&m),
@@ -606,8 +579,9 @@ impl Metrics {
             queue_seconds: self.queue_seconds.with_label_values(&m),
             constraint_mask: self.constraint_mask_seconds.with_label_values(&m),
             constraint_batch: self.constraint_batch_seconds.with_label_values(&m),
-            model: model.to_string(),
+            engine_hung: self.engine_hung.clone(),
             finish: self.finished.clone(),
+            model: model.to_string(),
         }
     }
 }

@@ -32,12 +32,12 @@ use std::time::Instant;
 use gantry_api::EngineVerdict;
 use gantry_engine_abi::{EngineConfig, Format};
 
-use crate::cache::ResponseCache;
 use crate::engine_host::{EngineRegistry, ModelShared};
 use crate::memory::{ModelMemory, NodeMemory};
 use crate::metrics::Metrics;
-use crate::scheduler::Replicas;
-use crate::store::{FetchRequest, Fetched, ModelStore, Progress, StoreSetup};
+use crate::replicas::Replicas;
+use crate::response_cache::ResponseCache;
+use crate::store::{DownloadProgress, FetchRequest, Fetched, ModelStore, StoreSetup};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
@@ -99,7 +99,7 @@ pub struct ServedModel {
     /// Size of the primary artifact, read once at inspection.
     pub artifact_bytes: std::sync::atomic::AtomicU64,
     /// Download progress; `Some` for sources the model store fetches.
-    pub download: Option<Arc<Progress>>,
+    pub download: Option<Arc<DownloadProgress>>,
     /// The artifacts once fetched (remote sources).
     pub fetched: OnceLock<Fetched>,
     /// Serializes loads (eager start-up and lazy first requests).
@@ -135,7 +135,9 @@ impl ServedModel {
             architecture: RwLock::new(None),
             primary: RwLock::new(None),
             artifact_bytes: std::sync::atomic::AtomicU64::new(0),
-            download: config.is_remote().then(|| Arc::new(Progress::default())),
+            download: config
+                .is_remote()
+                .then(|| Arc::new(DownloadProgress::default())),
             fetched: OnceLock::new(),
             load_lock: std::sync::Mutex::new(()),
             memory: ModelMemory::default(),
@@ -238,7 +240,7 @@ pub struct Node {
     /// How to make the store; `None`: this node never downloads.
     pub store_setup: Option<StoreSetup>,
     /// The token callers must present (`http::node_auth`); `None` checks nothing.
-    pub node_token: Option<crate::http::node_auth::NodeToken>,
+    pub node_token: Option<crate::node_token::NodeToken>,
 }
 
 impl Node {
@@ -332,7 +334,7 @@ impl Node {
     }
 
     /// Require `token` on every request but the probes and metrics.
-    pub fn with_node_token(mut self, token: Option<crate::http::node_auth::NodeToken>) -> Self {
+    pub fn with_node_token(mut self, token: Option<crate::node_token::NodeToken>) -> Self {
         self.node_token = token;
         self
     }

@@ -19,7 +19,7 @@ use common::{NodeProc, free_port, profile_dir, spawn_node};
 use futures::StreamExt;
 use gantry_api::ArtifactState;
 use gantry_engine_abi::Format;
-use gantry_node::store::{FetchRequest, ModelStore, Progress, SourceSettings, StoreError};
+use gantry_node::store::{DownloadProgress, FetchRequest, ModelStore, SourceSettings, StoreError};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -324,9 +324,9 @@ async fn fetch(
     quantization: Option<&str>,
 ) -> (
     Result<gantry_node::store::Fetched, StoreError>,
-    Arc<Progress>,
+    Arc<DownloadProgress>,
 ) {
-    let progress = Arc::new(Progress::default());
+    let progress = Arc::new(DownloadProgress::default());
     let req = FetchRequest {
         model_id: "m",
         source,

@@ -14,9 +14,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 
 use gantry_api::node_token::InstallToken;
 
-use crate::cache::Caches;
 use crate::metrics::Metrics;
 use crate::report_cache::Reports;
+use crate::watch_cache::Caches;
 use gantry_crd::names::NODE_PORT;
 use gantry_crd::{EnginePlugin, Model, ModelPool};
 
@@ -100,7 +100,7 @@ pub struct Context {
     /// Every EnginePlugin, kept current by a reflector. The Model controller starts only once
     /// this cache has listed everything, so an empty cache never means "no plugins" by mistake.
     pub plugins: Store<DeserializeGuard<EnginePlugin>>,
-    /// Owned objects and node pods, kept current by watches (see `cache`): the read step
+    /// Owned objects and node pods, kept current by watches (see `watch_cache`): the read step
     /// never asks the API server.
     pub caches: Caches,
     /// The node pods' last status answers (see `report_cache`).

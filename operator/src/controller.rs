@@ -29,12 +29,12 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::autoscale::{self, AutoscalerConfig};
-use crate::cache::{self, Caches, Kind, ModelRef, Writers};
 use crate::context::{Context, Settings};
 use crate::leader::{LeaderElector, LeaseConfig, LeaseError};
 use crate::metrics::{self, Metrics};
 use crate::node_report::HttpNodeStatus;
 use crate::report_cache::{self, PluginRef, PollConfig, Reports};
+use crate::watch_cache::{self, Caches, Kind, ModelRef, Writers};
 use crate::{model, plugin, pool};
 use gantry_crd::names::{FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME, NODE_APP_NAME};
 use gantry_crd::{EnginePlugin, Model, ModelPool};
@@ -165,7 +165,7 @@ async fn run_controllers(client: Client, config: RunConfig) -> Result<(), RunErr
         .map_err(RunError::PluginWatch)?;
 
     // The owned-object and node pod caches, and the reconciles their changes ask for.
-    let (caches, writers) = cache::caches();
+    let (caches, writers) = watch_cache::caches();
     let (model_tx, model_rx) = mpsc::channel::<ModelRef>(1024);
     let (plugin_tx, plugin_rx) = mpsc::channel::<PluginRef>(64);
     let watches = start_watches(&client, writers, &caches, &model_tx);
@@ -182,7 +182,7 @@ async fn run_controllers(client: Client, config: RunConfig) -> Result<(), RunErr
         list_config(),
     )
     .default_backoff()
-    .modify(cache::trim_model)
+    .modify(watch_cache::trim_model)
     .reflect(model_writer)
     .applied_objects()
     // A status write (ours or the autoscaler's) changes nothing a reconcile decides on.
@@ -358,7 +358,7 @@ where
         + 'static,
 {
     let events = watcher(api, config).default_backoff();
-    tokio::spawn(cache::drive(
+    tokio::spawn(watch_cache::drive(
         events,
         writer,
         kind,
@@ -381,8 +381,8 @@ fn start_watches(
     fn meta<K: Resource<DynamicType = ()>>(name: &'static str) -> Kind<PartialObjectMeta<K>> {
         Kind {
             name,
-            trim: cache::trim_partial::<K>,
-            owner: cache::owner_model::<PartialObjectMeta<K>>,
+            trim: watch_cache::trim_partial::<K>,
+            owner: watch_cache::owner_model::<PartialObjectMeta<K>>,
         }
     }
     let c = client;
@@ -441,8 +441,8 @@ fn start_watches(
             w.deployments,
             Kind {
                 name: "Deployment",
-                trim: cache::trim_deployment,
-                owner: cache::owner_model::<Deployment>,
+                trim: watch_cache::trim_deployment,
+                owner: watch_cache::owner_model::<Deployment>,
             },
             caches,
             trigger,
@@ -453,8 +453,8 @@ fn start_watches(
             w.pods,
             Kind {
                 name: "Pod",
-                trim: cache::trim_pod,
-                owner: cache::pod_model,
+                trim: watch_cache::trim_pod,
+                owner: watch_cache::pod_model,
             },
             caches,
             trigger,

@@ -13,7 +13,6 @@
 
 pub mod acceptance;
 pub mod autoscale;
-pub mod cache;
 pub mod cli;
 pub mod context;
 pub mod controller;
@@ -27,4 +26,5 @@ pub mod plugin;
 pub mod pool;
 pub mod rbac;
 pub mod report_cache;
+pub mod watch_cache;
 pub mod write;

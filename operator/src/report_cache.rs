@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::cache::ModelRef;
 use crate::node_report::{self, NodeReport, NodeStatusSource, PodFacts, ReportError};
+use crate::watch_cache::ModelRef;
 use gantry_crd::conditions::{FALSE, TRUE, find, model as cond};
 use gantry_crd::{EnginePlugin, Model};
 

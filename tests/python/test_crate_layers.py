@@ -18,7 +18,10 @@ LAYERS = [
     {"gantry-api", "gantry-formats", "gantry-engine-llama-cpp", "gantry-engine-native",
      "gantry-fault-faulty", "gantry-fault-no-entry", "gantry-fault-wrong-abi"},
     # the pieces the node and the control plane are built from
-    {"gantry-crd", "gantry-edge", "gantry-engine-host", "gantry-model-store", "gantry-testkit"},
+    {"gantry-crd", "gantry-edge", "gantry-engine-host", "gantry-model-store", "gantry-scheduler",
+     "gantry-testkit"},
+    # the OpenAI surface (above the scheduler, whose events it shapes)
+    {"gantry-openai"},
     # the two servers of the request path
     {"gantry-node", "gantry-gateway"},
     # the control plane (its binary also starts the gateway)

@@ -6,7 +6,7 @@
 //! One worker serves one loaded model (one replica), so a crash takes exactly that model
 //! down and an unload returns all its memory to the system. A reaper thread waits on the
 //! child: when it exits without the node asking, every call on it fails with an
-//! `engine_crashed` error naming the plugin and the signal, and the node's crash hook runs
+//! error naming the plugin and the signal (a [`WorkerCrash`] to whoever asks), and the node's crash hook runs
 //! (node/crash.rs restarts the model).
 
 use std::os::unix::net::UnixStream;
@@ -17,18 +17,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use gantry_engine_abi::{
-    EngineConfig, EngineError, EngineInfo, ModelDescriptor, ModelInfo, SampledToken, StepEntry,
-};
+use gantry_api::WorkerCrash;
+use gantry_engine_abi::{EngineConfig, EngineError, EngineInfo, ModelDescriptor, ModelInfo};
 
 use super::wire::{self, Op, Reader, Writer};
-
-/// The marker that starts the message of every error a worker crash causes; the HTTP layer
-/// answers those with 503 `engine_crashed` (error.rs).
-pub const CRASH_MARKER: &str = "engine_crashed: ";
+use crate::model::WorkerProcess;
 
 /// What the node does when a worker dies on its own (node/crash.rs).
-pub type CrashHook = Arc<dyn Fn(Crash) + Send + Sync>;
+pub type CrashHook = Arc<dyn Fn(WorkerCrash) + Send + Sync>;
 
 /// How the node starts workers.
 #[derive(Clone)]
@@ -57,54 +53,6 @@ impl Default for WorkerSettings {
             exe,
             hook: Arc::new(OnceLock::new()),
         }
-    }
-}
-
-/// A worker that ended without the node asking.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Crash {
-    pub plugin: String,
-    pub model: String,
-    pub pid: u32,
-    /// `SIGSEGV`, `SIGABRT`, `SIGKILL` (also the kernel's OOM killer), ...
-    pub signal: Option<String>,
-    pub exit_code: Option<i32>,
-    /// The watchdog killed it because a step overran.
-    pub hung: bool,
-}
-
-impl Crash {
-    /// `crashed` or `hung` (the `reason` label of `gantry_engine_crashes_total`).
-    pub fn reason(&self) -> &'static str {
-        if self.hung { "hung" } else { "crashed" }
-    }
-
-    /// What ended the worker, in words.
-    pub fn how(&self) -> String {
-        match (&self.signal, self.exit_code, self.hung) {
-            (_, _, true) => "killed by the watchdog after a step overran".into(),
-            (Some(s), _, _) if s == "SIGKILL" => {
-                "killed by SIGKILL (the kernel's OOM killer sends it too)".into()
-            }
-            (Some(s), _, _) => format!("killed by {s}"),
-            (None, Some(c), _) => format!("exited with code {c}"),
-            (None, None, _) => "ended".into(),
-        }
-    }
-
-    pub fn message(&self) -> String {
-        format!(
-            "the engine worker of plugin `{}` for model `{}` (pid {}) {}",
-            self.plugin,
-            self.model,
-            self.pid,
-            self.how()
-        )
-    }
-
-    /// The error every call on the dead worker returns.
-    pub fn error(&self) -> EngineError {
-        EngineError::internal(format!("{CRASH_MARKER}{}", self.message()))
     }
 }
 
@@ -158,7 +106,7 @@ impl Life {
     }
 }
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
+pub(super) static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// A private directory for this node's worker sockets and pinned libraries.
 pub fn private_dir() -> std::io::Result<PathBuf> {
@@ -194,7 +142,7 @@ fn library_path(lib_dir: &Path) -> std::ffi::OsString {
 }
 
 /// Where the step mappings live: tmpfs (`/dev/shm`) when the pod has it, else the temp dir.
-fn shm_dir() -> PathBuf {
+pub(super) fn shm_dir() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly()) {
         shm.to_path_buf()
@@ -226,7 +174,7 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-fn io_error(what: &str, e: std::io::Error) -> EngineError {
+pub(super) fn io_error(what: &str, e: std::io::Error) -> EngineError {
     EngineError::internal(format!("engine worker: {what}: {e}"))
 }
 
@@ -279,7 +227,7 @@ impl Worker {
                     if life.stopping.load(Ordering::SeqCst) {
                         return;
                     }
-                    let crash = Crash {
+                    let crash = WorkerCrash {
                         plugin,
                         model,
                         pid,
@@ -301,7 +249,7 @@ impl Worker {
                 Err(e) => {
                     if let Some(exit) = life.exit() {
                         return Err(EngineError::internal(format!(
-                            "{CRASH_MARKER}the engine worker of plugin `{plugin}` ended while starting ({})",
+                            "the engine worker of plugin `{plugin}` ended while starting ({})",
                             exit.signal.map(signal_name).unwrap_or_else(|| format!(
                                 "exit code {}",
                                 exit.code.unwrap_or(-1)
@@ -337,7 +285,7 @@ impl Worker {
     }
 
     /// The crash that ended it; `None` while it runs or when the node stopped it.
-    pub fn crash(&self) -> Option<Crash> {
+    pub fn crash(&self) -> Option<WorkerCrash> {
         let exit = self.life.exit()?;
         if self.life.stopping.load(Ordering::SeqCst) {
             return None;
@@ -345,8 +293,8 @@ impl Worker {
         Some(self.crash_of(exit))
     }
 
-    fn crash_of(&self, exit: Exit) -> Crash {
-        Crash {
+    fn crash_of(&self, exit: Exit) -> WorkerCrash {
+        WorkerCrash {
             plugin: self.plugin.clone(),
             model: self.model.clone(),
             pid: self.pid,
@@ -383,7 +331,7 @@ impl Worker {
     }
 
     /// One request and its reply on `conn`.
-    fn call(
+    pub(super) fn call(
         &self,
         conn: &mut UnixStream,
         body: &[u8],
@@ -405,7 +353,7 @@ impl Worker {
     }
 
     /// A call any thread may make, on a spare connection.
-    fn shared_call(&self, body: &[u8]) -> Result<Vec<u8>, EngineError> {
+    pub(super) fn shared_call(&self, body: &[u8]) -> Result<Vec<u8>, EngineError> {
         let conn = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut conn = match conn {
             Some(c) => c,
@@ -420,7 +368,7 @@ impl Worker {
         Ok(reply)
     }
 
-    fn connect(&self) -> Result<UnixStream, EngineError> {
+    pub(super) fn connect(&self) -> Result<UnixStream, EngineError> {
         if let Some(c) = self.crash() {
             return Err(c.error());
         }
@@ -465,193 +413,14 @@ impl Drop for Worker {
     }
 }
 
-/// The shared calls of a model in a worker (any thread).
-pub struct RemoteModel {
-    pub worker: Arc<Worker>,
-    /// Single-token pieces, by `render_special`: the scheduler turns every sampled token into
-    /// text, and a token's piece never changes, so each crosses the socket once.
-    pieces: [Mutex<std::collections::HashMap<i32, Vec<u8>>>; 2],
-}
-
-impl RemoteModel {
-    pub fn new(worker: Arc<Worker>) -> Self {
-        Self {
-            worker,
-            pieces: Default::default(),
-        }
+impl WorkerProcess for Worker {
+    fn pid(&self) -> u32 {
+        Worker::pid(self)
     }
-
-    pub fn tokenize(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<i32>, EngineError> {
-        let mut w = Writer::op(Op::Tokenize);
-        w.bool(add_special).bool(parse_special).str(text);
-        let reply = self.worker.shared_call(&w.buf)?;
-        wire::reply(&reply)?.i32s()
+    fn crash(&self) -> Option<WorkerCrash> {
+        Worker::crash(self)
     }
-
-    pub fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
-        let cache = &self.pieces[usize::from(render_special)];
-        if let [t] = tokens
-            && let Some(b) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(t)
-        {
-            return Ok(b.clone());
-        }
-        let mut w = Writer::op(Op::Detokenize);
-        w.bool(render_special).i32s(tokens);
-        let reply = self.worker.shared_call(&w.buf)?;
-        let bytes = wire::reply(&reply)?.bytes()?.to_vec();
-        if let [t] = tokens {
-            cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(*t, bytes.clone());
-        }
-        Ok(bytes)
-    }
-
-    /// Each token's bytes on its own, in one round trip.
-    pub fn detokenize_each(
-        &self,
-        tokens: &[i32],
-        render_special: bool,
-    ) -> Result<Vec<Vec<u8>>, EngineError> {
-        let mut w = Writer::op(Op::DetokenizeEach);
-        w.bool(render_special).i32s(tokens);
-        let reply = self.worker.shared_call(&w.buf)?;
-        let mut r = wire::reply(&reply)?;
-        let n = r.u32()? as usize;
-        if n != tokens.len() {
-            return Err(EngineError::internal("engine worker: wrong piece count"));
-        }
-        (0..n).map(|_| r.bytes().map(<[u8]>::to_vec)).collect()
-    }
-}
-
-/// The exec calls of a model in a worker: its own connection and shared mapping.
-pub struct RemoteExec {
-    worker: Arc<Worker>,
-    conn: UnixStream,
-    map: Option<memmap2::MmapMut>,
-    /// The request, encoded here and copied into the mapping (the buffer is reused).
-    out: Writer,
-    reply: Vec<u8>,
-}
-
-/// The smallest step mapping: a batch of 8 with 512-token prompts and masks for a 256k
-/// vocabulary fits.
-const MIN_SHM: usize = 1 << 20;
-
-impl RemoteExec {
-    pub fn new(worker: Arc<Worker>) -> Result<Self, EngineError> {
-        let conn = worker.connect()?;
-        let mut exec = Self {
-            worker,
-            conn,
-            map: None,
-            out: Writer::default(),
-            reply: Vec::new(),
-        };
-        exec.grow(MIN_SHM)?;
-        Ok(exec)
-    }
-
-    pub fn worker(&self) -> &Arc<Worker> {
-        &self.worker
-    }
-
-    /// A new mapping of at least `need` bytes, shared with the worker.
-    fn grow(&mut self, need: usize) -> Result<(), EngineError> {
-        let size = need.next_power_of_two().max(MIN_SHM);
-        let path = shm_dir().join(format!(
-            "gantry-step-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| io_error(&format!("create {}", path.display()), e))?;
-        let mapped = f
-            .set_len(size as u64)
-            .map_err(|e| io_error("size the step mapping", e))
-            // SAFETY: a file this node just created for this connection alone; the worker
-            // touches it only between a step request and its reply, while this side waits.
-            .and_then(|()| {
-                unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(|e| io_error("map", e))
-            });
-        let result = mapped.and_then(|map| {
-            let mut w = Writer::op(Op::MapShm);
-            w.str(&path.to_string_lossy());
-            self.worker.call(&mut self.conn, &w.buf, &mut self.reply)?;
-            wire::reply(&self.reply)?;
-            self.map = Some(map);
-            Ok(())
-        });
-        // Both sides hold the mapping now (or the worker never will): the name can go.
-        let _ = std::fs::remove_file(&path);
-        result
-    }
-
-    fn exec_call(&mut self, body: &[u8]) -> Result<Reader<'_>, EngineError> {
-        self.worker.call(&mut self.conn, body, &mut self.reply)?;
-        wire::reply(&self.reply)
-    }
-
-    pub fn seq_open(&mut self) -> Result<u64, EngineError> {
-        self.exec_call(&[Op::SeqOpen as u8])?.u64()
-    }
-
-    pub fn seq_release(&mut self, seq: u64) {
-        let mut w = Writer::op(Op::SeqRelease);
-        w.u64(seq);
-        let _ = self.exec_call(&w.buf);
-    }
-
-    pub fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
-        let mut w = Writer::op(Op::SeqCachedTokens);
-        w.u64(seq);
-        let n = self.exec_call(&w.buf).ok()?.i64().ok()?;
-        u64::try_from(n).ok()
-    }
-
-    pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
-        let mut w = Writer::op(Op::Embed);
-        w.i32s(tokens);
-        self.exec_call(&w.buf)?.f32s()
-    }
-
-    pub fn step(
-        &mut self,
-        entries: &[StepEntry<'_>],
-    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
-        let need = wire::step_request_size(entries).max(wire::step_reply_size(entries.len()));
-        if self.map.as_ref().is_none_or(|m| m.len() < need) {
-            self.grow(need)?;
-        }
-        self.out.buf.clear();
-        wire::put_step(&mut self.out, entries);
-        let len = self.out.buf.len();
-        let map = self
-            .map
-            .as_mut()
-            .ok_or_else(|| EngineError::internal("no step mapping"))?;
-        map[..len].copy_from_slice(&self.out.buf);
-        let mut w = Writer::op(Op::Step);
-        w.len(len);
-        let reply_len = self.exec_call(&w.buf)?.u32()? as usize;
-        let map = self
-            .map
-            .as_ref()
-            .ok_or_else(|| EngineError::internal("no step mapping"))?;
-        let body = map
-            .get(..reply_len)
-            .ok_or_else(|| EngineError::internal("step reply larger than the mapping"))?;
-        wire::get_step_results(&mut Reader::new(body))
+    fn kill_hung(&self) {
+        Worker::kill_hung(self)
     }
 }

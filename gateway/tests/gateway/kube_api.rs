@@ -8,7 +8,7 @@ use gantry_api::node_token::InstallToken;
 use gantry_crd::Model;
 use gantry_crd::names::ANNOTATION_SCALE_UP_REQUESTED;
 use gantry_gateway::kube_source::{self, routes_from};
-use gantry_gateway::routes::{RouteTable, ScaleTarget};
+use gantry_gateway::route_table::{RouteTable, ScaleTarget};
 use gantry_gateway::scale::{KubeScaler, Scaler};
 use http::{Method, Request, Response};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

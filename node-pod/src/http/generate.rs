@@ -14,10 +14,11 @@ use axum::response::Response;
 use super::AppState;
 use super::limits::{self, PromptTokens, ReplyTools};
 use super::openai::{self, ChatRequest, CompletionRequest};
-use super::response::{self, Flavor};
+use super::response;
 use super::validate::{self, ToolMode, ValidPrompt};
 use crate::template::inline_tools;
 use crate::toolcall::Family;
+use gantry_openai::reply::Flavor;
 
 pub async fn chat(state: AppState, body: Bytes) -> Response {
     let generation = async {

@@ -11,11 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use gantry_openai::tool_reply::ReplyTools;
+
 use super::validate::{ValidEmbeddingRequest, ValidParams, ValidPrompt};
 use crate::constraint::Constraint;
 use crate::error::ApiError;
 use crate::node::{ReadyModel, ServedModel};
-use crate::toolcall::Family;
 use gantry_api::config::SchedulerConfig;
 
 /// A prompt as it reaches this step: encoded by the node, or token ids the
@@ -41,19 +42,6 @@ pub struct Generation {
     pub tools: ReplyTools,
 }
 
-/// How the reply's text becomes tool calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReplyTools {
-    /// Plain text.
-    Off,
-    /// The model's own syntax, read by its family's parser.
-    Auto(Family),
-    /// Constrained to this function's arguments.
-    Named(String),
-    /// Constrained to a list of calls.
-    Required,
-}
-
 /// Compile the request's grammar (if any) against the model's vocabulary, off the async
 /// runtime. (A model whose engine cannot apply masks refused it in [`generation`], with a
 /// 400 naming the engine: a constrained request never gets an unconstrained answer.)
@@ -68,7 +56,7 @@ pub async fn constrain(mut g: Generation) -> Result<Generation, ApiError> {
                 "constrained decoding is unavailable for this model: {e}"
             ))
         })?;
-        compiler.compile(&req)
+        compiler.compile(&req).map_err(ApiError::from)
     })
     .await
     .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))??;

@@ -10,8 +10,7 @@
 //! scheduler notices before its next step.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,51 +18,17 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::limits::{Generation, ReplyTools};
-use super::tool_reply::{self, ToolReader};
+use gantry_openai::reply::{
+    Flavor, LegacyLogprobs, Meta, TRUNCATED_HEADER, chat_logprob, deadline_exceeded, fingerprint,
+    finish_reason, now_secs, queue_timeout, request_id, stall_timeout, usage,
+};
+use gantry_openai::tool_reply::{self, ToolReader};
+
+use super::limits::Generation;
 use super::{AppState, InflightGuard};
-use crate::cache::{CacheKey, CachedAnswer};
 use crate::error::ApiError;
+use crate::response_cache::{CacheKey, CachedAnswer};
 use crate::scheduler::{FinishReason, GenEvent, GenerateJob, Job, TokenLogprob};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
-    Chat,
-    Completion,
-}
-
-impl Flavor {
-    fn endpoint(self) -> &'static str {
-        match self {
-            Flavor::Chat => "chat_completions",
-            Flavor::Completion => "completions",
-        }
-    }
-}
-
-/// Set on a plain reply the node shortened: `deadline` when the request deadline, not the
-/// context, bounded a request that gave no `max_tokens`.
-pub const TRUNCATED_HEADER: &str = "x-gantry-truncated";
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-fn request_id(flavor: Flavor) -> String {
-    let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let prefix = match flavor {
-        Flavor::Chat => "chatcmpl",
-        Flavor::Completion => "cmpl",
-    };
-    format!("{prefix}-{:x}{n:06x}", t & 0xffff_ffff)
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 /// Answer a generation request: count it, replay a cached answer or queue the
 /// job, then collect the events into one JSON body or stream them as SSE.
@@ -94,7 +59,7 @@ pub async fn respond(
         })
         .flatten();
     let source = match key.as_ref().and_then(|k| state.node.cache.get(k)) {
-        Some(events) => Source::Cached(events.into_iter()),
+        Some(events) => Events::Cached(events.into_iter()),
         None => {
             let (tx, rx) = mpsc::unbounded_channel();
             let now = Instant::now();
@@ -106,7 +71,10 @@ pub async fn respond(
                 logprobs: p.params.logprobs,
                 deadline: p.deadline.map(|d| now + d),
                 fresh: p.params.seeded,
-                constraint: p.constraint.take(),
+                grammar: p
+                    .constraint
+                    .take()
+                    .map(|c| c as Box<dyn crate::scheduler::Grammar>),
                 arrived: now,
                 events: tx,
                 retried: false,
@@ -116,7 +84,7 @@ pub async fn respond(
                 state.count(&p.model_id, flavor.endpoint(), e.status);
                 return e.into_response();
             }
-            Source::Live {
+            Events::Live {
                 rx,
                 record: key.map(|k| (k, Vec::new())),
                 hard_deadline: p.deadline.map(|d| now + d + Duration::from_secs(2)),
@@ -163,56 +131,8 @@ pub async fn respond(
     }
 }
 
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    flavor: Flavor,
-    logprobs: bool,
-    include_usage: bool,
-    /// Whether the client set `max_tokens` (decides what a plain request cut by its deadline gets).
-    max_tokens_given: bool,
-    stall: Duration,
-    /// How the reply's text becomes tool calls.
-    tools: ReplyTools,
-}
-
-/// The refusal for a request whose deadline passed before it was admitted.
-fn queue_timeout(queued: Duration) -> ApiError {
-    ApiError {
-        code: Some("queue_timeout".into()),
-        ..ApiError::timeout(format!(
-            "the request waited {:.1} s in the queue and its deadline passed before it started; \
-             nothing was generated (raise `timeout`, or retry when the model is less busy)",
-            queued.as_secs_f64()
-        ))
-    }
-}
-
-/// The error for a request cut by its deadline after it started.
-fn deadline_exceeded(completion_tokens: u32) -> ApiError {
-    ApiError {
-        code: Some("deadline_exceeded".into()),
-        ..ApiError::timeout(format!(
-            "the request deadline passed after {completion_tokens} generated tokens; \
-             lower `max_tokens`, raise `timeout`, or stream the reply"
-        ))
-    }
-}
-
-/// The error for a stream that went quiet for longer than the stall limit.
-fn stall_timeout(stall: Duration) -> ApiError {
-    ApiError {
-        code: Some("stall_timeout".into()),
-        ..ApiError::timeout(format!(
-            "no token arrived for {} s (the stall limit); the engine may be hung",
-            stall.as_secs()
-        ))
-    }
-}
-
 /// Where a request's events come from.
-enum Source {
+enum Events {
     Cached(std::vec::IntoIter<GenEvent>),
     Live {
         rx: mpsc::UnboundedReceiver<GenEvent>,
@@ -232,7 +152,7 @@ enum Next {
     Closed,
 }
 
-impl Source {
+impl Events {
     /// Wait for the first event; an error when the request ended before producing anything
     /// (queue timeout, engine error), which the caller answers with an HTTP status.
     async fn peek_first(
@@ -241,7 +161,7 @@ impl Source {
         state: &AppState,
         meta: &Meta,
     ) -> Result<(), ApiError> {
-        let Source::Live { .. } = self else {
+        let Events::Live { .. } = self else {
             return Ok(());
         };
         let first = match self.next(false, stall, state).await {
@@ -262,7 +182,7 @@ impl Source {
                 ));
             }
         };
-        if let Source::Live { peeked, .. } = self {
+        if let Events::Live { peeked, .. } = self {
             *peeked = Some(Box::new(first));
         }
         Ok(())
@@ -270,8 +190,8 @@ impl Source {
 
     async fn next(&mut self, seen_first: bool, stall: Duration, state: &AppState) -> Next {
         match self {
-            Source::Cached(it) => it.next().map_or(Next::Closed, Next::Event),
-            Source::Live {
+            Events::Cached(it) => it.next().map_or(Next::Closed, Next::Event),
+            Events::Live {
                 rx,
                 record,
                 hard_deadline,
@@ -307,54 +227,10 @@ impl Source {
     }
 }
 
-/// OpenAI's `usage`; `prompt_tokens_details.cached_tokens` when the engine said how much of the
-/// prompt came from its prefix cache.
-fn usage(prompt: u32, cached: Option<u32>, completion: u32) -> Value {
-    let mut u = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
-    if let Some(c) = cached {
-        u["prompt_tokens_details"] = json!({"cached_tokens": c});
-    }
-    u
-}
-
-fn chat_logprob(l: &TokenLogprob) -> Value {
-    json!({
-        "token": l.text,
-        "logprob": l.logprob,
-        "bytes": l.bytes,
-        "top_logprobs": l.top.iter().map(|(_, t, b, lp)| json!({"token": t, "logprob": lp, "bytes": b})).collect::<Vec<_>>(),
-    })
-}
-
-/// Legacy completions logprobs, accumulated.
-#[derive(Default)]
-struct LegacyLogprobs {
-    tokens: Vec<String>,
-    token_logprobs: Vec<f32>,
-    top: Vec<Value>,
-    offsets: Vec<usize>,
-}
-
-impl LegacyLogprobs {
-    fn push(&mut self, l: &TokenLogprob, offset: usize) {
-        self.tokens.push(l.text.clone());
-        self.token_logprobs.push(l.logprob);
-        let mut m = serde_json::Map::new();
-        for (_, t, _, lp) in &l.top {
-            m.insert(t.clone(), json!(lp));
-        }
-        self.top.push(Value::Object(m));
-        self.offsets.push(offset);
-    }
-    fn json(&self) -> Value {
-        json!({"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top, "text_offset": self.offsets})
-    }
-}
-
 async fn collect_response(
     state: &AppState,
     meta: &Meta,
-    mut source: Source,
+    mut source: Events,
 ) -> Result<(Value, bool), ApiError> {
     let mut text = String::new();
     let mut chat_lp: Vec<Value> = Vec::new();
@@ -439,24 +315,11 @@ async fn collect_response(
     }
 }
 
-/// OpenAI's `finish_reason`: `tool_calls` when a reply that ended normally holds calls.
-fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
-    if calls && reason == FinishReason::Stop {
-        "tool_calls"
-    } else {
-        reason.as_openai()
-    }
-}
-
-fn fingerprint() -> String {
-    concat!("gantry-", env!("CARGO_PKG_VERSION")).to_string()
-}
-
 /// State carried from one SSE event to the next.
 struct StreamState {
     state: AppState,
     meta: Meta,
-    source: Source,
+    source: Events,
     _guard: InflightGuard,
     started: bool,
     seen_first: bool,
@@ -473,44 +336,6 @@ fn data(v: &Value) -> Event {
 }
 
 impl StreamState {
-    fn chunk(
-        &self,
-        delta_text: &str,
-        logprob: Option<&TokenLogprob>,
-        finish: Option<&str>,
-    ) -> Value {
-        match self.meta.flavor {
-            Flavor::Chat => {
-                let delta = if finish.is_some() && delta_text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": delta_text})
-                };
-                json!({
-                    "id": self.meta.id, "object": "chat.completion.chunk", "created": self.meta.created,
-                    "model": self.meta.model, "system_fingerprint": fingerprint(),
-                    "choices": [{
-                        "index": 0, "delta": delta,
-                        "logprobs": logprob.map(|l| json!({"content": [chat_logprob(l)]})),
-                        "finish_reason": finish,
-                    }],
-                })
-            }
-            Flavor::Completion => {
-                let lp = logprob.map(|l| {
-                    let mut one = LegacyLogprobs::default();
-                    one.push(l, self.text_len);
-                    one.json()
-                });
-                json!({
-                    "id": self.meta.id, "object": "text_completion", "created": self.meta.created,
-                    "model": self.meta.model, "system_fingerprint": fingerprint(),
-                    "choices": [{"index": 0, "text": delta_text, "logprobs": lp, "finish_reason": finish}],
-                })
-            }
-        }
-    }
-
     /// A token's text read for tool calls: one chunk per delta; a token whose text is held
     /// (inside a call) still sends its logprobs in a chunk with an empty delta.
     fn tool_chunks(&mut self, text: &str, logprob: Option<&TokenLogprob>, out: &mut Vec<Event>) {
@@ -530,27 +355,18 @@ impl StreamState {
     ) {
         let deltas = tool_reply::deltas(pieces, &self.meta.id);
         if deltas.is_empty() && logprob.is_some() {
-            let mut c = self.chunk("", logprob, None);
+            let mut c = self.meta.chunk("", self.text_len, logprob, None);
             c["choices"][0]["delta"] = json!({});
             out.push(data(&c));
         }
         for (i, d) in deltas.into_iter().enumerate() {
             self.sent_call |= d.get("tool_calls").is_some();
-            let mut c = self.chunk("", if i == 0 { logprob } else { None }, None);
+            let mut c =
+                self.meta
+                    .chunk("", self.text_len, if i == 0 { logprob } else { None }, None);
             c["choices"][0]["delta"] = d;
             out.push(data(&c));
         }
-    }
-
-    fn usage_chunk(&self, prompt: u32, cached: Option<u32>, completion: u32) -> Value {
-        let object = match self.meta.flavor {
-            Flavor::Chat => "chat.completion.chunk",
-            Flavor::Completion => "text_completion",
-        };
-        json!({
-            "id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model,
-            "system_fingerprint": fingerprint(), "choices": [], "usage": usage(prompt, cached, completion),
-        })
     }
 
     /// The events for the next step of the stream (empty = end).
@@ -562,7 +378,7 @@ impl StreamState {
         if !self.started {
             self.started = true;
             if self.meta.flavor == Flavor::Chat {
-                let mut first = self.chunk("", None, None);
+                let mut first = self.meta.chunk("", self.text_len, None, None);
                 first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
                 out.push(data(&first));
                 return out;
@@ -581,7 +397,12 @@ impl StreamState {
                     if self.tools.is_some() {
                         self.tool_chunks(&text, logprob.as_ref(), &mut out);
                     } else {
-                        out.push(data(&self.chunk(&text, logprob.as_ref(), None)));
+                        out.push(data(&self.meta.chunk(
+                            &text,
+                            self.text_len,
+                            logprob.as_ref(),
+                            None,
+                        )));
                     }
                     self.text_len += text.len();
                 }
@@ -603,10 +424,15 @@ impl StreamState {
                     }
                     if cut.is_none() {
                         let finish = finish_reason(reason, self.sent_call);
-                        out.push(data(&self.chunk("", None, Some(finish))));
+                        out.push(data(&self.meta.chunk(
+                            "",
+                            self.text_len,
+                            None,
+                            Some(finish),
+                        )));
                     }
                     if self.meta.include_usage {
-                        out.push(data(&self.usage_chunk(
+                        out.push(data(&self.meta.usage_chunk(
                             prompt_tokens,
                             cached_tokens,
                             completion_tokens,
@@ -659,7 +485,7 @@ impl StreamState {
 fn stream_response(
     state: AppState,
     meta: Meta,
-    source: Source,
+    source: Events,
     guard: InflightGuard,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let tools = match meta.flavor {

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use gantry_api::CrashStatus;
 
 use super::{ModelState, Node, ServedModel};
-use crate::engine_host::worker::Crash;
 use crate::memory::Note;
-use crate::scheduler::{GenEvent, GenerateJob};
+use crate::scheduler::{GenError, GenEvent, GenerateJob};
+use gantry_api::WorkerCrash;
 
 /// A crash this long after the previous one starts the backoff again.
 pub const QUIET: Duration = Duration::from_secs(60);
@@ -32,14 +32,14 @@ pub const RETRY_WAIT: Duration = Duration::from_secs(30);
 pub struct CrashRecord {
     pub count: u64,
     pub consecutive: u64,
-    pub last: Option<(Crash, Instant)>,
+    pub last: Option<(WorkerCrash, Instant)>,
     /// When the pending restart runs.
     pub restart_at: Option<Instant>,
 }
 
 impl CrashRecord {
     /// Count a crash at `now`; the wait before the restart it causes.
-    fn count(&mut self, crash: Crash, now: Instant) -> Duration {
+    fn count(&mut self, crash: WorkerCrash, now: Instant) -> Duration {
         self.count += 1;
         self.consecutive = match &self.last {
             Some((_, at)) if now.duration_since(*at) < QUIET => self.consecutive + 1,
@@ -101,7 +101,7 @@ impl Node {
     pub(crate) fn watch_workers(self: &Arc<Self>) {
         let _ = self.me.set(Arc::downgrade(self));
         let node: Weak<Node> = Arc::downgrade(self);
-        let _ = self.workers.hook.set(Arc::new(move |crash: Crash| {
+        let _ = self.workers.hook.set(Arc::new(move |crash: WorkerCrash| {
             if let Some(n) = node.upgrade() {
                 n.on_worker_crash(crash);
             }
@@ -109,7 +109,7 @@ impl Node {
     }
 
     /// A worker ended on its own: count it, take its model out of service and restart it.
-    pub(crate) fn on_worker_crash(self: &Arc<Self>, crash: Crash) {
+    pub(crate) fn on_worker_crash(self: &Arc<Self>, crash: WorkerCrash) {
         self.metrics
             .engine_crashes
             .with_label_values(&[&crash.model, &crash.plugin, crash.reason()])
@@ -167,7 +167,7 @@ impl Node {
 
     /// Send `jobs` (interrupted by `crash` before their first token) to the model once it is
     /// back; those it cannot place within [`RETRY_WAIT`] end with the crash error.
-    pub(crate) fn requeue(self: &Arc<Self>, jobs: Vec<GenerateJob>, crash: Crash) {
+    pub(crate) fn requeue(self: &Arc<Self>, jobs: Vec<GenerateJob>, crash: WorkerCrash) {
         let node = self.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("requeue-{}", crash.model))
@@ -185,7 +185,9 @@ impl Node {
                                 .with_label_values(&[&crash.model, "retried"])
                                 .inc();
                             if let Err(j) = r.scheduler.submit_or_return(job) {
-                                let _ = j.events.send(GenEvent::Error(crash.error()));
+                                let _ = j
+                                    .events
+                                    .send(GenEvent::Error(GenError::Crashed(crash.clone())));
                             }
                         }
                         return;
@@ -197,7 +199,9 @@ impl Node {
                         .crash_retries
                         .with_label_values(&[&crash.model, "failed"])
                         .inc();
-                    let _ = job.events.send(GenEvent::Error(crash.error()));
+                    let _ = job
+                        .events
+                        .send(GenEvent::Error(GenError::Crashed(crash.clone())));
                 }
             });
         if let Err(e) = spawned {
@@ -210,8 +214,8 @@ impl Node {
 mod tests {
     use super::*;
 
-    fn crash(pid: u32) -> Crash {
-        Crash {
+    fn crash(pid: u32) -> WorkerCrash {
+        WorkerCrash {
             plugin: "faulty".into(),
             model: "m".into(),
             pid,

@@ -18,7 +18,8 @@ use gantry_engine_abi::{ModelDescriptor, Status};
 use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
 use crate::engine_host::Plugin;
 use crate::memory::{Pool, Refusal};
-use crate::scheduler::{ModelFigures, Replica, Replicas, SchedulerSettings};
+use crate::replicas::{PluginEngine, Replica, Replicas};
+use crate::scheduler::{ModelFigures, SchedulerSettings};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 use gantry_api::config::ModelConfig;
@@ -438,9 +439,8 @@ impl Node {
         let mut replicas = Vec::with_capacity(loaded.len());
         for (i, (rep_shared, exec)) in loaded.into_iter().enumerate() {
             let scheduler = crate::scheduler::spawn(
-                m.config.id.clone(),
-                exec,
-                self.metrics.clone(),
+                PluginEngine(exec),
+                self.metrics.for_model(&m.config.id),
                 settings.clone(),
                 watch.clone(),
                 figures.clone(),

@@ -191,7 +191,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
             logprobs: None,
             deadline: Some(Instant::now() + WARM_UP_LIMIT),
             fresh: true,
-            constraint: None,
+            grammar: None,
             arrived: Instant::now(),
             events: tx,
             retried: true,

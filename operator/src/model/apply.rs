@@ -17,17 +17,17 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::CONTROLLER;
+use super::applied::{applied_hash, controlled_by, owns_replicas};
 use super::build::OwnedObjects;
+use super::controller::CONTROLLER;
 use super::read::Observed;
 use super::validate::ValidModel;
-use crate::cache::applied_hash;
 use crate::context::Context;
 use crate::write::{self, Retry, classify};
 use gantry_crd::names::FIELD_MANAGER;
@@ -77,14 +77,6 @@ impl ApplyError {
 
 /// The recent-write marker of a delete (no applied hash has this form).
 const DELETED: &str = "-";
-
-/// Whether the Model with `uid` is the controller of the object with `meta`.
-pub fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.uid == uid && r.controller == Some(true))
-}
 
 /// Whether `live` (or a write of ours still on its way to the cache) already holds `desired`.
 fn current(kind: &str, desired: &ObjectMeta, live: Option<&ObjectMeta>, ctx: &Context) -> bool {
@@ -142,15 +134,6 @@ where
             .wrote(kind, &model.namespace, &desired.name_any(), hash);
     }
     Ok(Some(applied))
-}
-
-/// Whether a managed-fields entry owns a Deployment's `spec.replicas`.
-pub fn owns_replicas(e: &ManagedFieldsEntry) -> bool {
-    e.fields_v1
-        .as_ref()
-        .and_then(|f| f.0.get("f:spec"))
-        .and_then(|spec| spec.get("f:replicas"))
-        .is_some()
 }
 
 /// Whether `gantry-operator` is the only manager of the Deployment's `spec.replicas` (a

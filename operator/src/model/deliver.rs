@@ -19,7 +19,9 @@
 //! refused the new version, or whose copy failed (the image cannot be pulled, `/copy` exited
 //! non-zero), halts the delivery: the other pods keep the version
 //! they run, and the Model says why (`Degraded`, `PluginUpdateHalted`) until the EnginePlugin
-//! changes again. The pure [`plan`] decides; [`deliver`] writes what it decided.
+//! changes again. The pure [`plan`] decides; [`deliver`] writes what it decided;
+//! [`deliver_plugins`], the step's entry for the Model and ModelPool reconciles, picks the
+//! slots and the pods.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,9 +31,14 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::CONTROLLER;
-use super::build::pod::{copy_command, engines_mount, restricted_container_security};
-use crate::context::Context;
+use super::build::OwnedObjects;
+use super::build::pod::{
+    copy_command, engines_mount, in_place_slots, restricted_container_security,
+};
+use super::controller::CONTROLLER;
+use super::read::Observed;
+use super::validate::ValidModel;
+use crate::context::{Context, PluginDelivery};
 use crate::node_report::NodeReport;
 use crate::write::{self, Retry, classify};
 use gantry_crd::EnginePlugin;
@@ -75,7 +82,7 @@ pub struct Delivery {
 
 /// What the deliver step found and did for one plugin, for the Model's status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
+pub struct DeliveryProgress {
     /// The EnginePlugin's name and version.
     pub plugin: String,
     pub version: String,
@@ -87,7 +94,7 @@ pub struct Progress {
     pub halted: Option<(String, String)>,
 }
 
-impl Progress {
+impl DeliveryProgress {
     /// Whether pods are still to receive the version (and nothing halted it).
     pub fn delivering(&self) -> bool {
         self.halted.is_none() && self.done < self.pods
@@ -270,12 +277,12 @@ pub fn pod_state(
 
 /// Decide one plugin's delivery: the pods to send the new image to now, and the progress.
 /// `states` are the pods of the current template that mount the plugin, sorted by name.
-pub fn plan(slot: &Slot<'_>, states: &[(String, PodState)]) -> (Vec<Delivery>, Progress) {
-    let mut progress = Progress {
+pub fn plan(slot: &Slot<'_>, states: &[(String, PodState)]) -> (Vec<Delivery>, DeliveryProgress) {
+    let mut progress = DeliveryProgress {
         plugin: slot.plugin.name_any(),
         version: slot.plugin.spec.version.clone(),
         pods: states.len(),
-        ..Progress::default()
+        ..DeliveryProgress::default()
     };
     let mut in_flight = 0;
     for (pod, s) in states {
@@ -381,7 +388,7 @@ pub async fn deliver<'a>(
     pods: &[Arc<Pod>],
     reports: &[NodeReport],
     ctx: &Context,
-) -> Result<Vec<Progress>, DeliverError> {
+) -> Result<Vec<DeliveryProgress>, DeliverError> {
     let current_template = |p: &Pod| {
         let a = p.annotations();
         TEMPLATE_KEYS
@@ -438,4 +445,43 @@ pub async fn deliver<'a>(
         out.push(progress);
     }
     Ok(out)
+}
+
+/// The deliver step for the plugins `desired`'s pods take in place (none with
+/// `--plugin-delivery rollout`).
+pub(crate) async fn deliver_plugins(
+    valid: &ValidModel,
+    desired: &OwnedObjects,
+    mounted: &[&EnginePlugin],
+    observed: &Observed,
+    ctx: &Context,
+) -> Result<Vec<DeliveryProgress>, DeliverError> {
+    if ctx.settings.plugin_delivery != PluginDelivery::InPlace {
+        return Ok(Vec::new());
+    }
+    let slots: Vec<Slot<'_>> = in_place_slots(mounted)
+        .into_iter()
+        .map(|(container, plugin)| Slot { container, plugin })
+        .collect();
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let annotations = desired
+        .deployment
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let pods = ctx.caches.node_pods(&valid.namespace, &valid.name);
+    deliver(
+        &valid.namespace,
+        &slots,
+        &annotations,
+        &pods,
+        &observed.reports,
+        ctx,
+    )
+    .await
 }

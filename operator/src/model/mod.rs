@@ -10,9 +10,12 @@
 //! EnginePlugin cache has listed everything before the first reconcile
 //! (`controller::run` waits for it).
 
+pub mod applied;
 pub mod apply;
 pub mod build;
+pub mod controller;
 pub mod deliver;
+pub mod error;
 pub mod node_config;
 pub mod observe;
 pub mod read;
@@ -21,69 +24,18 @@ pub mod status;
 pub mod validate;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 
 use crate::context::Context;
+use crate::node_report::NodeReport;
 use crate::write::{RETRY_REFUSED, Retry};
 use gantry_crd::Model;
 
-/// Controller name in metrics and logs.
-pub const CONTROLLER: &str = "model";
-
-/// The safety-net resync of a Model with pods (and of an EnginePlugin), spread by up to +20 %
-/// per object (see [`resync`]). Everything that changes a Model's outcome arrives otherwise: its own edits and
-/// its owned objects and node pods through watches, node reports through the report poller,
-/// so this only catches a missed event.
-pub const RESYNC: Duration = Duration::from_secs(600);
-
-/// When to look at a Model with pods (or an EnginePlugin) again if nothing happens: [`RESYNC`]
-/// stretched by a factor in [1.0, 1.2) taken from its uid, so objects created together do not
-/// resync together.
-pub fn resync(uid: &str) -> Duration {
-    RESYNC.mul_f64(crate::report_cache::stretch(uid))
-}
-
-/// A failed Model reconcile, by pipeline step.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Render(#[from] node_config::RenderError),
-    #[error(transparent)]
-    Build(#[from] build::BuildError),
-    #[error(transparent)]
-    Apply(#[from] apply::ApplyError),
-    #[error(transparent)]
-    Deliver(#[from] deliver::DeliverError),
-    #[error(transparent)]
-    Status(#[from] status::StatusError),
-}
-
-impl Error {
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Render(e) => e.metric_label(),
-            Error::Build(e) => e.metric_label(),
-            Error::Apply(e) => e.metric_label(),
-            Error::Deliver(e) => e.metric_label(),
-            Error::Status(e) => e.metric_label(),
-        }
-    }
-
-    pub fn retry(&self) -> Retry {
-        match self {
-            // A render or build failure is a bug in this operator; retrying slowly keeps the log
-            // readable.
-            Error::Render(_) | Error::Build(_) => Retry::Permanent,
-            Error::Apply(e) => e.retry(),
-            Error::Deliver(e) => e.retry(),
-            Error::Status(e) => e.retry(),
-        }
-    }
-}
+pub use controller::{CONTROLLER, RESYNC, resync};
+pub use error::Error;
 
 fn key(ns: Option<String>, name: &str) -> String {
     format!("Model/{}/{name}", ns.unwrap_or_default())
@@ -143,7 +95,7 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
 
     if let Some(pool) = &valid.pool {
         // A pool member gets no pods of its own: its pool's reconcile serves it.
-        return crate::pool::member_status(model, &valid, pool, ctx).await;
+        return crate::pool::member::member_status(model, &valid, pool, ctx).await;
     }
     // The config names the isolation of every plugin the pods may mount, whatever the
     // architecture: selection without it, so the hash is known before the reports are read.
@@ -191,7 +143,7 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     }
     let (deliveries, deliver_error) = match &desired {
         Some(d) if apply_error.is_none() => {
-            match deliver_plugins(&valid, d, &mounted, &observed, ctx).await {
+            match deliver::deliver_plugins(&valid, d, &mounted, &observed, ctx).await {
                 Ok(progress) => (progress, None),
                 Err(e) if e.retry() == Retry::Permanent => (Vec::new(), Some(e)),
                 Err(e) => return Err(e.into()),
@@ -201,7 +153,7 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     };
 
     // Pods being removed (no engine) no longer speak for the Model.
-    let reports: &[&crate::node_report::NodeReport] = if desired.is_some() {
+    let reports: &[&NodeReport] = if desired.is_some() {
         &observation.current
     } else {
         &[]
@@ -233,45 +185,6 @@ pub async fn reconcile_model(model: &Model, ctx: &Context) -> Result<Action, Err
     } else {
         Action::requeue(resync(&valid.uid))
     })
-}
-
-/// The deliver step for the plugins `desired`'s pods take in place (none with
-/// `--plugin-delivery rollout`).
-pub(crate) async fn deliver_plugins(
-    valid: &validate::ValidModel,
-    desired: &build::OwnedObjects,
-    mounted: &[&gantry_crd::EnginePlugin],
-    observed: &read::Observed,
-    ctx: &Context,
-) -> Result<Vec<deliver::Progress>, deliver::DeliverError> {
-    if ctx.settings.plugin_delivery != crate::context::PluginDelivery::InPlace {
-        return Ok(Vec::new());
-    }
-    let slots: Vec<deliver::Slot<'_>> = build::pod::in_place_slots(mounted)
-        .into_iter()
-        .map(|(container, plugin)| deliver::Slot { container, plugin })
-        .collect();
-    if slots.is_empty() {
-        return Ok(Vec::new());
-    }
-    let annotations = desired
-        .deployment
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone())
-        .unwrap_or_default();
-    let pods = ctx.caches.node_pods(&valid.namespace, &valid.name);
-    deliver::deliver(
-        &valid.namespace,
-        &slots,
-        &annotations,
-        &pods,
-        &observed.reports,
-        ctx,
-    )
-    .await
 }
 
 /// Per error kind: refusals wait long (a change or an admin must fix them), transient errors

@@ -1,6 +1,6 @@
 //! Model reconcile, read step: everything the later steps need from the cluster — the owned
 //! objects as they are, the EnginePlugin cache, and the node pods' status reports — all from
-//! the controller's caches (`cache`, `report_cache`). It makes no API request: the watches
+//! the controller's caches (`watch_cache`, `report_cache`). It makes no API request: the watches
 //! keep the caches current, and a reconcile that finds nothing to change costs nothing but
 //! CPU. The only network call is the status of a node pod that has never been asked yet.
 //! (The node-token Secret is not cached, as Secrets are never listed or watched; the apply
@@ -12,9 +12,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use crate::cache::{self, Meta};
 use crate::context::Context;
 use crate::node_report::NodeReport;
+use crate::watch_cache::{self, Meta};
 use gantry_crd::names::{cache_claim_name, owned_name};
 use gantry_crd::{CacheType, EnginePlugin, Model};
 
@@ -64,7 +64,7 @@ pub async fn read_objects(ns: &str, name: &str, wants_claim: bool, ctx: &Context
     let (ns, name) = (ns.to_string(), name.to_string());
     let owned = owned_name(&name);
     let c = &ctx.caches;
-    let deployment = cache::get(&c.deployments, &ns, &owned).map(|d| (*d).clone());
+    let deployment = watch_cache::get(&c.deployments, &ns, &owned).map(|d| (*d).clone());
     // Without a Deployment there are no node pods to ask.
     let reports = if deployment.is_some() {
         ctx.reports.of(&c.node_pods(&ns, &name)).await
@@ -72,20 +72,20 @@ pub async fn read_objects(ns: &str, name: &str, wants_claim: bool, ctx: &Context
         Vec::new()
     };
     Observed {
-        config_map: meta(cache::get(&c.config_maps, &ns, &owned)),
+        config_map: meta(watch_cache::get(&c.config_maps, &ns, &owned)),
         deployment,
-        service: meta(cache::get(&c.services, &ns, &owned)),
-        pdb: meta(cache::get(&c.pdbs, &ns, &owned)),
+        service: meta(watch_cache::get(&c.services, &ns, &owned)),
+        pdb: meta(watch_cache::get(&c.pdbs, &ns, &owned)),
         // Looked up in every mode: switching back from HPA to Builtin must find it to delete it.
-        hpa: meta(cache::get(&c.hpas, &ns, &owned)),
+        hpa: meta(watch_cache::get(&c.hpas, &ns, &owned)),
         pvc: wants_claim
-            .then(|| meta(cache::get(&c.pvcs, &ns, &cache_claim_name(&name))))
+            .then(|| meta(watch_cache::get(&c.pvcs, &ns, &cache_claim_name(&name))))
             .flatten(),
         network_policy: ctx
             .settings
             .network_policy
             .is_some()
-            .then(|| meta(cache::get(&c.network_policies, &ns, &owned)))
+            .then(|| meta(watch_cache::get(&c.network_policies, &ns, &owned)))
             .flatten(),
         reports,
         plugins: ctx.engine_plugins(),

@@ -4,6 +4,7 @@
 //! build or apply step and no finalizer. The report poller wakes a plugin whose pods' answers
 //! changed; the resync is a safety net.
 
+pub mod controller;
 pub mod status;
 
 use std::sync::Arc;
@@ -14,12 +15,12 @@ use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 
 use crate::context::Context;
+use crate::model::controller::resync;
 use crate::write::{RETRY_REFUSED, Retry};
 use gantry_crd::EnginePlugin;
 use gantry_crd::names::ANNOTATION_PLUGINS;
 
-/// Controller name in metrics and logs.
-pub const CONTROLLER: &str = "engineplugin";
+pub use controller::CONTROLLER;
 
 /// A failed EnginePlugin reconcile, by step.
 #[derive(Debug, thiserror::Error)]
@@ -109,9 +110,7 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
     status::publish(plugin, folded, ctx).await?;
     // Report changes wake a plugin through the poller; the requeue is the same safety net as
     // a Model's.
-    Ok(Action::requeue(crate::model::resync(
-        &plugin.uid().unwrap_or_default(),
-    )))
+    Ok(Action::requeue(resync(&plugin.uid().unwrap_or_default())))
 }
 
 /// Transient errors back off per object; refusals wait long.

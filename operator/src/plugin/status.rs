@@ -7,7 +7,7 @@ use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
-use super::CONTROLLER;
+use super::controller::CONTROLLER;
 use crate::acceptance::Refusal;
 use crate::context::Context;
 use crate::node_report::NodeReport;

@@ -1,4 +1,5 @@
-//! ModelPool reconcile: the pipeline driver for pools, and the status of pool members. It
+//! ModelPool reconcile: the pipeline driver for pools (and, in `member`, the status of pool
+//! members). It
 //! calls each step once, in this order — template (validate) → read → admit → render → build →
 //! apply → status — with the Model pipeline's own build and apply steps, on a template that
 //! is the pool's pod shape owned by the pool.
@@ -8,13 +9,20 @@
 //! pods reload it in place (docs/node.md, "Config reload"). What a running pod cannot reload
 //! (plugins, resources, the rest of the config) is on the pod template and rolls the pods.
 //! Owned objects carry an ownerReference to the pool, so deleting the pool deletes them.
-//! A member's own reconcile (model/mod.rs) calls [`member_status`] instead of building pods.
+//! A member's own reconcile (`model::reconcile_model`) calls [`member_status`] instead of building
+//! pods.
+//!
+//! This file holds the controller's entry and the pool pipeline; `plan` runs its read, admit,
+//! render and build steps (shared with a member's reconcile), `member` folds a member's status,
+//! `admit` and `status` are the pool's own steps, `controller` its name and resync.
 
 pub mod admit;
+pub mod controller;
+pub mod member;
+pub mod plan;
 pub mod status;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
@@ -22,23 +30,15 @@ use kube::runtime::controller::Action;
 
 use crate::context::Context;
 use crate::model::apply::{self, Applied};
-use crate::model::build;
-use crate::model::node_config::RenderedConfig;
-use crate::model::read::{Observed, read_objects};
-use crate::model::resolve::Resolution;
-use crate::model::validate::{self, ValidModel};
-use crate::model::{self, status as model_status};
-use crate::node_report::NodeReport;
+use crate::model::deliver;
+use crate::model::error::Error;
+use crate::model::validate;
 use crate::write::{RETRY_REFUSED, Retry};
-use gantry_crd::conditions::{self, Decided, FALSE, model as cond, reason};
-use gantry_crd::{CacheType, Model, ModelPool, ModelStatus, PoolPlacement};
+use gantry_crd::ModelPool;
 
-/// Controller name in metrics and logs.
-pub const CONTROLLER: &str = "modelpool";
-
-/// How often a pool with members (and each member) is looked at again when nothing happens:
-/// the pool's status lists what each pod has loaded, which changes with traffic.
-pub const RESYNC: Duration = Duration::from_secs(30);
+pub use controller::{CONTROLLER, RESYNC};
+pub use member::member_status;
+pub use plan::{Plan, plan};
 
 fn key(ns: Option<String>, name: &str) -> String {
     format!("ModelPool/{}/{name}", ns.unwrap_or_default())
@@ -52,14 +52,14 @@ fn key(ns: Option<String>, name: &str) -> String {
 pub fn reconcile(
     obj: Arc<DeserializeGuard<ModelPool>>,
     ctx: Arc<Context>,
-) -> futures::future::BoxFuture<'static, Result<Action, model::Error>> {
+) -> futures::future::BoxFuture<'static, Result<Action, Error>> {
     Box::pin(reconcile_guarded(obj, ctx))
 }
 
 async fn reconcile_guarded(
     obj: Arc<DeserializeGuard<ModelPool>>,
     ctx: Arc<Context>,
-) -> Result<Action, model::Error> {
+) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_started(CONTROLLER);
     let pool = match &obj.0 {
         Ok(pool) => pool,
@@ -76,62 +76,8 @@ async fn reconcile_guarded(
     result
 }
 
-/// Everything one pool reconcile decided, up to the objects to apply.
-pub struct Plan {
-    pub template: ValidModel,
-    pub observed: Observed,
-    pub admission: admit::Admission,
-    pub config: admit::PoolConfig,
-    /// `None`: no member can be served; the pool runs no pods.
-    pub desired: Option<build::OwnedObjects>,
-}
-
-/// The read, admit, render and build steps for `pool` with its pod `template`.
-pub async fn plan(
-    pool: &ModelPool,
-    template: ValidModel,
-    ctx: &Context,
-) -> Result<Plan, model::Error> {
-    let ns = pool.namespace().unwrap_or_default();
-    let wants_claim = template.cache.type_ == CacheType::PersistentVolumeClaim;
-    let observed = read_objects(&ns, &template.name, wants_claim, ctx).await;
-    let plugins = admit::allowed_plugins(pool, ctx.engine_plugins());
-    let members = ctx.pool_members(&ns, &pool.name_any());
-    let admission = admit::admit(
-        pool,
-        &template,
-        &members,
-        &observed.reports,
-        &plugins,
-        &ctx.settings,
-    );
-    let config = admit::render(pool, &admission)?;
-    let mounted = admission.mounted();
-    let desired = if admission.members.is_empty() || mounted.is_empty() {
-        None
-    } else {
-        // The pod template carries the hash of what a pod cannot reload; the ConfigMap the
-        // whole config.
-        let pod_config = RenderedConfig {
-            yaml: config.config.yaml.clone(),
-            hash: config.pod_hash.clone(),
-        };
-        let mut objects = build::assemble(&template, &pod_config, &mounted, &ctx.settings)?;
-        // As for a Model: a new image of a plugin the pods take in place does not roll them.
-        build::hold_plugin_images(&mut objects, observed.deployment.as_ref())?;
-        Some(objects)
-    };
-    Ok(Plan {
-        template,
-        observed,
-        admission,
-        config,
-        desired,
-    })
-}
-
 /// The pipeline for one pool.
-pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, model::Error> {
+pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, Error> {
     if pool.metadata.deletion_timestamp.is_some() {
         // Owned objects go with the pool through ownerReferences.
         return Ok(Action::await_change());
@@ -182,7 +128,8 @@ pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, m
     if let Some(desired) = plan.desired.as_ref() {
         let mounted = plan.admission.mounted();
         let progress =
-            model::deliver_plugins(&plan.template, desired, &mounted, &plan.observed, ctx).await?;
+            deliver::deliver_plugins(&plan.template, desired, &mounted, &plan.observed, ctx)
+                .await?;
         // The pool's status has no delivery condition yet: the halt is logged, and the
         // EnginePlugin's `status.updates` lists the pod that refused.
         for p in progress.iter().filter(|p| p.halted.is_some()) {
@@ -201,7 +148,7 @@ pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, m
 /// Per error kind, as for Models: refusals wait long, transient errors back off.
 pub fn error_policy(
     obj: Arc<DeserializeGuard<ModelPool>>,
-    error: &model::Error,
+    error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
     let (ns, name) = match &obj.0 {
@@ -216,154 +163,4 @@ pub fn error_policy(
         Retry::Permanent => Action::requeue(RETRY_REFUSED),
         Retry::Transient => Action::requeue(ctx.backoff(&key(ns, &name))),
     }
-}
-
-/// A status that says the member is not served, and why (its pool is missing, or refused it).
-fn refused_status(
-    model: &Model,
-    pool: &str,
-    why: &'static str,
-    message: String,
-    ctx: &Context,
-) -> ModelStatus {
-    let previous = model.status.clone().unwrap_or_default();
-    let generation = model.metadata.generation;
-    let decided = [
-        Decided::new(cond::READY, FALSE, why, message.clone()),
-        Decided::new(cond::DEGRADED, conditions::TRUE, why, message),
-    ];
-    ModelStatus {
-        observed_generation: generation,
-        conditions: conditions::with_times(&decided, &previous.conditions, generation, ctx.now()),
-        pool: Some(PoolPlacement {
-            name: pool.to_string(),
-            ..PoolPlacement::default()
-        }),
-        endpoint: None,
-        replicas: None,
-        autoscaling: None,
-        ..previous
-    }
-}
-
-/// The status of a pool member `valid` (spec.pool set): it owns no pods; the pool's pods
-/// that list it speak for it. A member that moved into a pool loses its own Deployment.
-pub async fn member_status(
-    model: &Model,
-    valid: &ValidModel,
-    pool_name: &str,
-    ctx: &Context,
-) -> Result<Action, model::Error> {
-    let ns = valid.namespace.clone();
-    // Pods of its own from before it joined go; its ConfigMap and Service stay until the
-    // Model is deleted (they are inert without pods).
-    let own = model::read::read(model, ctx).await;
-    if own.deployment.is_some() {
-        apply::apply(valid, None, &own, ctx).await?;
-    }
-    let Some(pool) = ctx.pool(&ns, pool_name) else {
-        let status = refused_status(
-            model,
-            pool_name,
-            reason::POOL_NOT_FOUND,
-            format!(
-                "spec.pool names the ModelPool `{pool_name}`, which does not exist in namespace `{ns}`"
-            ),
-            ctx,
-        );
-        model_status::publish(model, status, ctx).await?;
-        return Ok(Action::await_change());
-    };
-    let template = match admit::template(&pool, &ctx.settings) {
-        Ok(t) => t,
-        Err(problems) => {
-            let status = refused_status(
-                model,
-                pool_name,
-                reason::INVALID_SPEC,
-                format!(
-                    "the ModelPool `{pool_name}` is invalid: {}",
-                    validate::message(&problems)
-                ),
-                ctx,
-            );
-            model_status::publish(model, status, ctx).await?;
-            return Ok(Action::await_change());
-        }
-    };
-    let plan = plan(&pool, template, ctx).await?;
-    let name = model.name_any();
-    let Some(member) = plan.admission.member(&name) else {
-        let (why, message) = match plan.admission.refusal(&name) {
-            Some(r) => (
-                conditions_reason(&r.reason),
-                format!("the ModelPool `{pool_name}` refuses it: {}", r.message),
-            ),
-            None => (
-                reason::POOL_NOT_FOUND,
-                format!("the ModelPool `{pool_name}` does not list it yet"),
-            ),
-        };
-        let status = refused_status(model, pool_name, why, message, ctx);
-        model_status::publish(model, status, ctx).await?;
-        return Ok(Action::requeue(RESYNC));
-    };
-    // The pool's pods running a config that lists the member speak for it.
-    let listing: Vec<&NodeReport> = plan
-        .observed
-        .reports
-        .iter()
-        .filter(|r| r.model(&valid.served_name).is_some())
-        .collect();
-    let resolution: &Resolution = &member.resolution;
-    let facts = model_status::Facts {
-        model,
-        valid: &member.valid,
-        architecture: member.architecture.as_deref(),
-        resolution,
-        deployment: plan.observed.deployment.as_ref(),
-        reports: &listing,
-        apply_error: None,
-        deliveries: &[],
-        deliver_error: None,
-        now: ctx.now(),
-    };
-    let mut folded = model_status::fold(&facts);
-    folded.endpoint = plan
-        .observed
-        .deployment
-        .is_some()
-        .then(|| status::endpoint(&pool));
-    folded.pool = Some(PoolPlacement {
-        name: pool_name.to_string(),
-        listed_by: listing.iter().map(|r| pod_name(&r.pod)).collect(),
-        loaded_on: listing
-            .iter()
-            .filter(|r| {
-                r.model(&valid.served_name)
-                    .is_some_and(|m| m.load.state == gantry_api::LoadState::Loaded)
-            })
-            .map(|r| pod_name(&r.pod))
-            .collect(),
-    });
-    model_status::publish(model, folded, ctx).await?;
-    Ok(Action::requeue(RESYNC))
-}
-
-/// The pod's name of a report's `namespace/name`.
-pub(crate) fn pod_name(pod: &str) -> String {
-    pod.rsplit_once('/').map_or(pod, |(_, n)| n).to_string()
-}
-
-/// The reason constant for a refusal reason string (always one of ours).
-fn conditions_reason(r: &str) -> &'static str {
-    [
-        reason::INVALID_SPEC,
-        reason::ENGINE_UNRESOLVED,
-        reason::DOES_NOT_FIT,
-        reason::SERVED_NAME_TAKEN,
-    ]
-    .into_iter()
-    .find(|k| *k == r)
-    .unwrap_or(reason::INVALID_SPEC)
 }

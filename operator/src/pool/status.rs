@@ -9,8 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::CONTROLLER;
 use super::admit::Admission;
+use super::controller::CONTROLLER;
 use crate::context::Context;
 use crate::model::apply::ApplyError;
 use crate::model::status::StatusError;
@@ -44,9 +44,14 @@ pub fn endpoint(pool: &ModelPool) -> String {
     )
 }
 
+/// The pod's name of a report's `namespace/name`.
+pub(crate) fn pod_name(pod: &str) -> String {
+    pod.rsplit_once('/').map_or(pod, |(_, n)| n).to_string()
+}
+
 /// One pool pod as its report says.
 pub fn pod(report: &NodeReport, config_hash: &str) -> PoolPod {
-    let name = super::pod_name(&report.pod);
+    let name = pod_name(&report.pod);
     let Ok(s) = &report.status else {
         return PoolPod {
             name,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::channel::mpsc;
 use gantry_crd::ModelStatus;
-use gantry_operator::cache::{self, Kind, ModelRef, RecentWrites};
+use gantry_operator::watch_cache::{self, Kind, ModelRef, RecentWrites};
 use http::Method;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -22,7 +22,7 @@ use crate::reconcile::{
 };
 use crate::support::{Step, context, finish, fixture_model, fixture_plugins};
 
-/// Run `events` through [`cache::drive`] into a fresh store; the Models it woke, in order.
+/// Run `events` through [`watch_cache::drive`] into a fresh store; the Models it woke, in order.
 async fn triggers<K>(events: Vec<Event<K>>, kind: Kind<K>) -> Vec<ModelRef>
 where
     K: kube::Resource<DynamicType = ()>
@@ -36,23 +36,23 @@ where
     let (_store, writer) = kube::runtime::reflector::store::<K>();
     let (tx, rx) = mpsc::channel(64);
     let stream = futures::stream::iter(events.into_iter().map(Ok::<_, watcher::Error>));
-    cache::drive(stream, writer, kind, Arc::new(RecentWrites::default()), tx).await;
+    watch_cache::drive(stream, writer, kind, Arc::new(RecentWrites::default()), tx).await;
     rx.collect().await
 }
 
 fn deployment_kind() -> Kind<Deployment> {
     Kind {
         name: "Deployment",
-        trim: cache::trim_deployment,
-        owner: cache::owner_model::<Deployment>,
+        trim: watch_cache::trim_deployment,
+        owner: watch_cache::owner_model::<Deployment>,
     }
 }
 
 fn pod_kind() -> Kind<Pod> {
     Kind {
         name: "Pod",
-        trim: cache::trim_pod,
-        owner: cache::pod_model,
+        trim: watch_cache::trim_pod,
+        owner: watch_cache::pod_model,
     }
 }
 
@@ -152,7 +152,7 @@ async fn a_relist_after_a_broken_watch_wakes_the_models_of_what_changed_or_vanis
 #[test]
 fn trimmed_objects_keep_what_the_reconcile_reads_and_nothing_else() {
     let mut d = live_deployment("7");
-    cache::trim_deployment(&mut d);
+    watch_cache::trim_deployment(&mut d);
     let v = serde_json::to_value(&d).expect("json");
     // Replica ownership survives (the hand-over check); the template and other managers go.
     assert_eq!(
@@ -175,7 +175,7 @@ fn trimmed_objects_keep_what_the_reconcile_reads_and_nothing_else() {
         "kubectl.kubernetes.io/restartedAt".into(),
         "2026-01-01T00:00:00Z".into(),
     );
-    cache::trim_pod(&mut p);
+    watch_cache::trim_pod(&mut p);
     let annotations: Vec<&String> = p
         .metadata
         .annotations

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use gantry_api::NodeStatus;
 use gantry_crd::{EnginePlugin, Model, ModelPool};
-use gantry_operator::cache::{self, Writers};
 use gantry_operator::context::{Context, Settings};
 use gantry_operator::metrics::Metrics;
 use gantry_operator::node_report::FixedNodeStatus;
 use gantry_operator::rbac::{self, Component, Names, Scope};
 use gantry_operator::report_cache::Reports;
+use gantry_operator::watch_cache::{self, Writers};
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
@@ -107,7 +107,7 @@ pub fn context_full(
         pool_writer.apply_watcher_event(&watcher::Event::Apply(DeserializeGuard(Ok(p))));
     }
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    let (caches, writers) = cache::caches();
+    let (caches, writers) = watch_cache::caches();
     let ctx = Context::new(
         client,
         settings,
@@ -318,14 +318,14 @@ impl ApiServer {
             .expect("a server made by context() has caches");
         for obj in objects {
             match obj["kind"].as_str().expect("object with a kind") {
-                "ConfigMap" => deliver(&mut w.config_maps, obj, cache::trim_partial),
-                "Service" => deliver(&mut w.services, obj, cache::trim_partial),
-                "PodDisruptionBudget" => deliver(&mut w.pdbs, obj, cache::trim_partial),
-                "HorizontalPodAutoscaler" => deliver(&mut w.hpas, obj, cache::trim_partial),
-                "PersistentVolumeClaim" => deliver(&mut w.pvcs, obj, cache::trim_partial),
-                "NetworkPolicy" => deliver(&mut w.network_policies, obj, cache::trim_partial),
-                "Deployment" => deliver(&mut w.deployments, obj, cache::trim_deployment),
-                "Pod" => deliver(&mut w.pods, obj, cache::trim_pod),
+                "ConfigMap" => deliver(&mut w.config_maps, obj, watch_cache::trim_partial),
+                "Service" => deliver(&mut w.services, obj, watch_cache::trim_partial),
+                "PodDisruptionBudget" => deliver(&mut w.pdbs, obj, watch_cache::trim_partial),
+                "HorizontalPodAutoscaler" => deliver(&mut w.hpas, obj, watch_cache::trim_partial),
+                "PersistentVolumeClaim" => deliver(&mut w.pvcs, obj, watch_cache::trim_partial),
+                "NetworkPolicy" => deliver(&mut w.network_policies, obj, watch_cache::trim_partial),
+                "Deployment" => deliver(&mut w.deployments, obj, watch_cache::trim_deployment),
+                "Pod" => deliver(&mut w.pods, obj, watch_cache::trim_pod),
                 other => panic!("the controller does not cache {other}"),
             }
         }

@@ -7,7 +7,7 @@
 use gantry_api::{ArtifactState, EngineVerdict, LoadState};
 use kube::ResourceExt;
 
-use super::Facts;
+use super::facts::Facts;
 use crate::model::resolve::Resolution;
 use crate::node_report::{self, NodeReport};
 use gantry_crd::conditions::{Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
@@ -169,7 +169,7 @@ pub(super) fn fold_artifact(f: &Facts<'_>) -> (Decided, Option<DownloadStatus>) 
         .iter()
         .filter_map(|r| Some((*r, r.model(&f.valid.served_name)?)))
         .collect();
-    // Progress of the pod furthest behind: the model is ready only when all are.
+    // DeliveryProgress of the pod furthest behind: the model is ready only when all are.
     let download = entries
         .iter()
         .map(|(_, m)| &m.artifact)

@@ -1,0 +1,188 @@
+//! Engine host, a loaded model's calls (the scheduler's step and the tokenizer's calls land
+//! here): two handles that encode the header's threading rules in types, over two
+//! implementations of each call group — the plugin in this process (`plugin/local.rs`) and
+//! the model's worker process (`worker/remote.rs`).
+//!
+//! [`ModelShared`] (`info`/`tokenize`/`detokenize`) may be called from any thread;
+//! [`ModelExec`] (`seq_*`/`step`/`embed`) is owned by one scheduler and takes `&mut self`.
+//! The plugin's `unload_model` runs (or the worker is killed) when the last of the two is
+//! dropped.
+
+use std::sync::Arc;
+
+use gantry_api::WorkerCrash;
+use gantry_engine_abi::{EngineError, EngineInfo, ModelInfo, SampledToken, StepEntry};
+
+/// The calls any thread may make at any time.
+pub(crate) trait SharedCalls: Send + Sync {
+    /// The plugin that serves the model.
+    fn plugin(&self) -> &EngineInfo;
+    /// The worker process serving the model (`process` isolation).
+    fn worker_pid(&self) -> Option<u32>;
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError>;
+    fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError>;
+    /// Each token's bytes on its own; one call per token unless the implementation batches.
+    fn detokenize_each(
+        &self,
+        tokens: &[i32],
+        render_special: bool,
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        tokens
+            .iter()
+            .map(|t| self.detokenize(&[*t], render_special))
+            .collect()
+    }
+}
+
+/// The calls only the model's scheduler makes, never concurrently.
+pub(crate) trait ExecCalls: Send {
+    fn seq_open(&mut self) -> Result<u64, EngineError>;
+    fn seq_release(&mut self, seq: u64);
+    fn step(&mut self, entries: &[StepEntry<'_>])
+    -> Result<Vec<Option<SampledToken>>, EngineError>;
+    fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
+    /// `dims` is the model's embedding size, the first guess of the output length.
+    fn embed(&mut self, tokens: &[i32], dims: usize) -> Result<Vec<f32>, EngineError>;
+    /// The worker process under the calls (`process` isolation).
+    fn worker(&self) -> Option<Arc<dyn WorkerProcess>> {
+        None
+    }
+}
+
+/// A model's worker process, as a watchdog and the crash path see it.
+pub trait WorkerProcess: Send + Sync {
+    fn pid(&self) -> u32;
+    /// The crash that ended it; `None` while it runs or when the node stopped it.
+    fn crash(&self) -> Option<WorkerCrash>;
+    /// Kill it because a step overran (its crash then says `hung`).
+    fn kill_hung(&self);
+}
+
+/// Calls on a model that any thread may make at any time.
+pub struct ModelShared {
+    calls: Box<dyn SharedCalls>,
+    info: ModelInfo,
+}
+
+impl std::fmt::Debug for ModelShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelShared")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl ModelShared {
+    pub(crate) fn new(calls: Box<dyn SharedCalls>, info: ModelInfo) -> Self {
+        Self { calls, info }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn plugin_id(&self) -> &str {
+        &self.calls.plugin().engine_id
+    }
+
+    /// Whether the plugin applies allowed-token masks (`GANTRY_CAP_TOKEN_MASK`, ABI 1.2).
+    pub fn supports_token_mask(&self) -> bool {
+        self.calls.plugin().supports_token_mask()
+    }
+
+    /// The worker process serving this model (`process` isolation).
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.calls.worker_pid()
+    }
+
+    /// Each token's bytes on its own (a vocabulary): one call per token in-process, one
+    /// round trip for all of them to a worker.
+    pub fn detokenize_each(
+        &self,
+        tokens: &[i32],
+        render_special: bool,
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        self.calls.detokenize_each(tokens, render_special)
+    }
+
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        self.calls.tokenize(text, add_special, parse_special)
+    }
+
+    /// Raw bytes of `tokens`; may end inside a UTF-8 character.
+    pub fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        self.calls.detokenize(tokens, render_special)
+    }
+}
+
+/// Calls that only the model's scheduler makes (never concurrently).
+pub struct ModelExec {
+    calls: Box<dyn ExecCalls>,
+    shared: Arc<ModelShared>,
+}
+
+impl std::fmt::Debug for ModelExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelExec")
+            .field("model", &self.shared.info.architecture)
+            .finish()
+    }
+}
+
+impl ModelExec {
+    pub(crate) fn new(calls: Box<dyn ExecCalls>, shared: Arc<ModelShared>) -> Self {
+        Self { calls, shared }
+    }
+
+    pub fn shared(&self) -> &Arc<ModelShared> {
+        &self.shared
+    }
+
+    /// The worker crash that ended this model, if it runs in one that crashed.
+    pub fn crashed(&self) -> Option<WorkerCrash> {
+        self.calls.worker().and_then(|w| w.crash())
+    }
+
+    /// Its worker, which the watchdog may kill (`process` isolation).
+    pub fn worker(&self) -> Option<Arc<dyn WorkerProcess>> {
+        self.calls.worker()
+    }
+
+    pub fn seq_open(&mut self) -> Result<u64, EngineError> {
+        self.calls.seq_open()
+    }
+
+    pub fn seq_release(&mut self, seq: u64) {
+        self.calls.seq_release(seq)
+    }
+
+    /// One forward pass; see the header's `step`.
+    pub fn step(
+        &mut self,
+        entries: &[StepEntry<'_>],
+    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        self.calls.step(entries)
+    }
+
+    /// How many tokens of `seq`'s first entry the engine took from its cache (ABI 1.4); `None`
+    /// when the plugin does not report it (older than 1.4, or it does not know). Asked after
+    /// the step that carried the first entry.
+    pub fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
+        self.calls.seq_cached_tokens(seq)
+    }
+
+    pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        let dims = self.shared.info.embedding_dims as usize;
+        self.calls.embed(tokens, dims)
+    }
+}

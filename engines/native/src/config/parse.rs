@@ -1,0 +1,317 @@
+//! Native engine, load step 1 (the model's first file read, before the weights): `config.json`
+//! (and `generation_config.json`'s end tokens) into a checked [`ModelConfig`], with
+//! transformers' per-family defaults where the file leaves a key out.
+
+use gantry_engine_abi::EngineError;
+use serde_json::Value;
+
+use super::fields::{Fields, corrupt, unsupported};
+use super::rope::rope_from;
+use super::{Activation, Family, LayerKind, ModelConfig, Rope, RopeScaling};
+
+/// Parse `config.json` bytes (and the `eos_token_id` of `generation_config.json`, when given).
+pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, EngineError> {
+    let root: Value = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(format!("config.json is not valid JSON: {e}")))?;
+    let Value::Object(obj) = &root else {
+        return Err(corrupt("config.json must be a JSON object"));
+    };
+    let top = Fields { obj, prefix: "" };
+    let class = match top.get("architectures") {
+        Some(Value::Array(a)) => a
+            .first()
+            .and_then(Value::as_str)
+            .ok_or_else(|| corrupt("config.json `architectures` must name a model class"))?,
+        _ => return Err(corrupt("config.json has no `architectures` list")),
+    }
+    .to_string();
+    let family = Family::from_class(&class).ok_or_else(|| {
+        unsupported(format!(
+            "config.json `architectures` names {class}; the native engine runs {}",
+            Family::CLASSES
+                .iter()
+                .map(|(c, _)| *c)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    // Multimodal configs nest the language model; this engine runs text models only.
+    let f = &top;
+    let hidden = f.req_usize("hidden_size")?;
+    let n_layers = f.req_usize("num_hidden_layers")?;
+    let n_heads = f.req_usize("num_attention_heads")?;
+    let n_kv_heads = f.usize("num_key_value_heads")?.unwrap_or(n_heads);
+    let head_dim = match f.usize("head_dim")? {
+        Some(d) => d,
+        None => {
+            if hidden % n_heads != 0 {
+                return Err(corrupt(format!(
+                    "config.json `hidden_size` ({hidden}) is not a multiple of `num_attention_heads` ({n_heads}) and there is no `head_dim`"
+                )));
+            }
+            hidden / n_heads
+        }
+    };
+    if n_heads % n_kv_heads != 0 {
+        return Err(corrupt(format!(
+            "config.json `num_attention_heads` ({n_heads}) is not a multiple of `num_key_value_heads` ({n_kv_heads})"
+        )));
+    }
+    if head_dim % 2 != 0 {
+        return Err(corrupt(format!(
+            "config.json head dimension {head_dim} must be even (RoPE rotates pairs)"
+        )));
+    }
+    let intermediate = f.req_usize("intermediate_size")?;
+    let vocab = f.req_usize("vocab_size")?;
+    let rms_eps = f
+        .f64("rms_norm_eps")?
+        .unwrap_or(if family == Family::Gemma3 { 1e-6 } else { 1e-5 }) as f32;
+    let max_position = f.usize("max_position_embeddings")?.unwrap_or(4096) as u32;
+
+    // transformers' defaults per family where config.json leaves the key out.
+    let tie_default = matches!(family, Family::Gemma3);
+    let tie_embeddings = f.bool("tie_word_embeddings")?.unwrap_or(tie_default);
+    let attention_bias = f.bool("attention_bias")?;
+    let (qkv_bias, o_bias) = match family {
+        // Qwen2's q/k/v always carry a bias, o never does.
+        Family::Qwen2 => (true, false),
+        Family::Llama | Family::Qwen3 | Family::Gemma3 => {
+            let b = attention_bias.unwrap_or(false);
+            (b, b)
+        }
+        Family::Mistral => {
+            if attention_bias == Some(true) {
+                return Err(unsupported(
+                    "config.json `attention_bias` = true is not a Mistral option",
+                ));
+            }
+            (false, false)
+        }
+    };
+    let mlp_bias = f.bool("mlp_bias")?.unwrap_or(false);
+
+    let act_key = if f.get("hidden_activation").is_some() {
+        "hidden_activation"
+    } else {
+        "hidden_act"
+    };
+    let activation = match f.str(act_key)? {
+        Some("silu") | Some("swish") => Activation::Silu,
+        Some("gelu_pytorch_tanh") | Some("gelu_tanh") => Activation::GeluTanh,
+        None if family == Family::Gemma3 => Activation::GeluTanh,
+        None => Activation::Silu,
+        Some(other) => {
+            return Err(unsupported(format!(
+                "config.json `{act_key}` `{other}` is not implemented by the native engine (silu, gelu_pytorch_tanh)"
+            )));
+        }
+    };
+
+    // Rotary embeddings: transformers 5 writes `rope_parameters`, older files `rope_theta` and
+    // `rope_scaling`. Gemma 3's sliding layers have their own base and no scaling.
+    let default_theta = match family {
+        Family::Gemma3 | Family::Qwen3 => 1_000_000.0,
+        Family::Mistral | Family::Qwen2 => 1_000_000.0,
+        Family::Llama => 10_000.0,
+    };
+    let mut ropes = Vec::new();
+    let params = f.get("rope_parameters");
+    let global = match params {
+        Some(Value::Object(p)) if p.contains_key("full_attention") => {
+            let full = p.get("full_attention");
+            let inner = match full {
+                Some(Value::Object(o)) => Fields {
+                    obj: o,
+                    prefix: "rope_parameters.full_attention.",
+                },
+                _ => {
+                    return Err(corrupt(
+                        "config.json `rope_parameters.full_attention` must be an object",
+                    ));
+                }
+            };
+            let theta = inner.f64("rope_theta")?.unwrap_or(default_theta);
+            rope_from(theta, full, "rope_parameters.full_attention.", max_position)?
+        }
+        Some(Value::Object(p)) => {
+            let inner = Fields {
+                obj: p,
+                prefix: "rope_parameters.",
+            };
+            let theta = inner.f64("rope_theta")?.unwrap_or(default_theta);
+            rope_from(theta, params, "rope_parameters.", max_position)?
+        }
+        Some(v) => {
+            return Err(corrupt(format!(
+                "config.json `rope_parameters` must be an object, got {v}"
+            )));
+        }
+        None => {
+            let theta = f.f64("rope_theta")?.unwrap_or(default_theta);
+            rope_from(theta, f.get("rope_scaling"), "rope_scaling.", max_position)?
+        }
+    };
+    ropes.push(global);
+
+    let mut layers = vec![
+        LayerKind {
+            window: None,
+            rope: 0
+        };
+        n_layers
+    ];
+    let window = f.usize("sliding_window")?;
+    match family {
+        Family::Gemma3 => {
+            let local_theta = match params {
+                Some(Value::Object(p)) => match p.get("sliding_attention") {
+                    Some(Value::Object(o)) => Fields {
+                        obj: o,
+                        prefix: "rope_parameters.sliding_attention.",
+                    }
+                    .f64("rope_theta")?,
+                    _ => None,
+                },
+                _ => None,
+            };
+            let local_theta = match local_theta {
+                Some(t) => t,
+                None => f.f64("rope_local_base_freq")?.unwrap_or(10_000.0),
+            };
+            ropes.push(Rope {
+                theta: local_theta,
+                scaling: RopeScaling::None,
+            });
+            let window = window
+                .ok_or_else(|| corrupt("config.json `sliding_window` is missing (Gemma 3)"))?;
+            let types: Vec<bool> = match f.get("layer_types") {
+                Some(Value::Array(items)) => {
+                    if items.len() != n_layers {
+                        return Err(corrupt(format!(
+                            "config.json `layer_types` lists {} layers, `num_hidden_layers` is {n_layers}",
+                            items.len()
+                        )));
+                    }
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| match v.as_str() {
+                            Some("sliding_attention") => Ok(true),
+                            Some("full_attention") => Ok(false),
+                            _ => Err(unsupported(format!(
+                                "config.json `layer_types[{i}]` {v} is not sliding_attention or full_attention"
+                            ))),
+                        })
+                        .collect::<Result<_, _>>()?
+                }
+                Some(v) => {
+                    return Err(corrupt(format!(
+                        "config.json `layer_types` must be a list, got {v}"
+                    )));
+                }
+                None => {
+                    let pattern = f
+                        .usize("sliding_window_pattern")?
+                        .or(f.usize("_sliding_window_pattern")?)
+                        .unwrap_or(6);
+                    (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
+                }
+            };
+            for (l, sliding) in layers.iter_mut().zip(types) {
+                if sliding {
+                    *l = LayerKind {
+                        window: Some(window),
+                        rope: 1,
+                    };
+                }
+            }
+        }
+        Family::Mistral => {
+            if let Some(w) = window {
+                layers.iter_mut().for_each(|l| l.window = Some(w));
+            }
+        }
+        Family::Qwen2 | Family::Qwen3 => {
+            if f.bool("use_sliding_window")?.unwrap_or(false) {
+                let w = window.ok_or_else(|| {
+                    corrupt("config.json `use_sliding_window` is true without `sliding_window`")
+                })?;
+                // transformers: layers from `max_window_layers` on use the window.
+                let from = f.usize("max_window_layers")?.unwrap_or(n_layers);
+                for l in layers.iter_mut().skip(from) {
+                    l.window = Some(w);
+                }
+            }
+        }
+        Family::Llama => {}
+    }
+
+    let (embed_scale, attn_scale) = match family {
+        Family::Gemma3 => {
+            let scalar = f.f64("query_pre_attn_scalar")?.unwrap_or(head_dim as f64);
+            ((hidden as f32).sqrt(), (1.0 / scalar.sqrt()) as f32)
+        }
+        _ => (1.0, 1.0 / (head_dim as f32).sqrt()),
+    };
+    let softcap = |key: &str| -> Result<Option<f32>, EngineError> {
+        Ok(f.f64(key)?.filter(|c| *c > 0.0).map(|c| c as f32))
+    };
+    let (attn_softcap, final_softcap) = (
+        softcap("attn_logit_softcapping")?,
+        softcap("final_logit_softcapping")?,
+    );
+    if family != Family::Gemma3 && (attn_softcap.is_some() || final_softcap.is_some()) {
+        return Err(unsupported(format!(
+            "config.json soft-capping is a Gemma option, not one of {class}"
+        )));
+    }
+
+    let mut eos_tokens = top.token_ids("eos_token_id")?;
+    if let Some(g) = generation {
+        // generation_config.json overrides config.json: it is what transformers generates with.
+        if let Ok(Value::Object(gobj)) = serde_json::from_slice::<Value>(g) {
+            let gf = Fields {
+                obj: &gobj,
+                prefix: "",
+            };
+            let ids = gf
+                .token_ids("eos_token_id")
+                .map_err(|e| corrupt(e.message.replace("config.json", "generation_config.json")))?;
+            if !ids.is_empty() {
+                eos_tokens = ids;
+            }
+        }
+    }
+    let bos_token = top.token_ids("bos_token_id")?.first().copied();
+
+    Ok(ModelConfig {
+        family,
+        class,
+        hidden,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        intermediate,
+        vocab,
+        rms_eps,
+        max_position,
+        tie_embeddings,
+        qkv_bias,
+        o_bias,
+        mlp_bias,
+        qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+        norm_plus_one: family == Family::Gemma3,
+        sandwich_norms: family == Family::Gemma3,
+        activation,
+        embed_scale,
+        attn_scale,
+        attn_softcap,
+        final_softcap,
+        ropes,
+        layers,
+        bos_token,
+        eos_tokens,
+    })
+}

@@ -1,0 +1,86 @@
+//! `config.json` parsing and RoPE frequencies, on hand-written configs.
+
+use gantry_engine_abi::{EngineError, Status};
+
+use super::*;
+
+fn cfg(extra: &str) -> Result<ModelConfig, EngineError> {
+    let text = format!(
+        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 100 {extra}}}"#
+    );
+    parse(text.as_bytes(), None)
+}
+
+#[test]
+fn a_llama_config_gets_transformers_defaults() {
+    let c = cfg("").expect("config");
+    assert_eq!(c.family, Family::Llama);
+    assert_eq!(c.head_dim, 16);
+    assert!(!c.tie_embeddings);
+    assert_eq!(c.ropes[0].theta, 10_000.0);
+    assert!((c.attn_scale - 0.25).abs() < 1e-7);
+}
+
+#[test]
+fn unknown_classes_and_rope_types_are_refused_by_name() {
+    let e = parse(br#"{"architectures": ["MambaForCausalLM"]}"#, None).expect_err("mamba");
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(e.message.contains("MambaForCausalLM"), "{}", e.message);
+    let e = cfg(r#", "rope_scaling": {"rope_type": "longrope", "factor": 2}"#).expect_err("x");
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(
+        e.message.contains("rope_scaling.rope_type` `longrope`"),
+        "{}",
+        e.message
+    );
+    let e = cfg(r#", "hidden_act": "relu2""#).expect_err("act");
+    assert!(e.message.contains("hidden_act"), "{}", e.message);
+}
+
+#[test]
+fn missing_and_mistyped_fields_are_named() {
+    let e = parse(
+        br#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}"#,
+        None,
+    )
+    .expect_err("no layers");
+    assert_eq!(e.status, Status::ModelCorrupt);
+    assert!(e.message.contains("num_hidden_layers"), "{}", e.message);
+    let e = cfg(r#", "rms_norm_eps": "small""#).expect_err("eps");
+    assert!(e.message.contains("rms_norm_eps"), "{}", e.message);
+}
+
+#[test]
+fn llama3_scaling_keeps_high_frequencies_and_divides_low_ones() {
+    let c = cfg(
+        r#", "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#,
+    )
+    .expect("config");
+    let plain = Rope {
+        theta: 500000.0,
+        scaling: RopeScaling::None,
+    };
+    let (scaled, _) = c.ropes[0].inv_freq(16);
+    let (base, _) = plain.inv_freq(16);
+    assert_eq!(scaled[0], base[0]);
+    assert!((scaled[7] - base[7] / 8.0).abs() < 1e-12);
+}
+
+#[test]
+fn gemma3_layers_alternate_windows_and_bases() {
+    let text = br#"{"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64,
+        "num_hidden_layers": 6, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 32, "intermediate_size": 128, "vocab_size": 100, "sliding_window": 8,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 32}"#;
+    let c = parse(text, None).expect("gemma");
+    assert_eq!(c.layers[0].window, Some(8));
+    assert_eq!(c.layers[0].rope, 1);
+    assert_eq!(c.layers[5].window, None);
+    assert_eq!(c.layers[5].rope, 0);
+    assert_eq!(c.ropes[1].theta, 10_000.0);
+    assert!(c.tie_embeddings && c.norm_plus_one && c.qk_norm);
+    assert_eq!(c.activation, Activation::GeluTanh);
+}

@@ -1,0 +1,143 @@
+//! A loaded model's replicas (node lifecycle → scheduler): each replica is one engine instance
+//! from the engine host, driven by its own scheduler thread through [`PluginEngine`], the
+//! scheduler's narrow engine trait over a plugin's model.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gantry_api::WorkerCrash;
+use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
+use gantry_scheduler::{
+    Engine, EngineLimits, GenerateJob, Job, ModelFigures, Overrun, SchedulerHandle,
+};
+
+use crate::engine_host::{ModelExec, ModelShared};
+
+/// A plugin's loaded model (in process or in its worker), as the scheduler drives it.
+pub struct PluginEngine(pub ModelExec);
+
+impl Engine for PluginEngine {
+    fn limits(&self) -> EngineLimits {
+        let info = self.0.shared().info();
+        EngineLimits {
+            max_sequences: info.max_sequences as usize,
+            kv_capacity_tokens: info.kv_capacity_tokens,
+            context_length: info.context_length,
+            eog_tokens: info.eog_tokens.clone(),
+        }
+    }
+    fn seq_open(&mut self) -> Result<u64, EngineError> {
+        self.0.seq_open()
+    }
+    fn seq_release(&mut self, seq: u64) {
+        self.0.seq_release(seq)
+    }
+    fn step(
+        &mut self,
+        entries: &[StepEntry<'_>],
+    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        self.0.step(entries)
+    }
+    fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
+        self.0.seq_cached_tokens(seq)
+    }
+    fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        self.0.embed(tokens)
+    }
+    fn token_bytes(&self, token: i32) -> Vec<u8> {
+        self.0
+            .shared()
+            .detokenize(&[token], false)
+            .unwrap_or_default()
+    }
+    fn crashed(&self) -> Option<WorkerCrash> {
+        self.0.crashed()
+    }
+    fn on_overrun(&self) -> Overrun {
+        match self.0.worker() {
+            None => Overrun::MarkHung,
+            Some(w) => {
+                let w = Arc::downgrade(&w);
+                Overrun::Kill(Box::new(move || {
+                    let w = w.upgrade()?;
+                    w.kill_hung();
+                    Some(w.pid())
+                }))
+            }
+        }
+    }
+}
+
+/// One engine instance of a model (a replica) and its scheduler.
+pub struct Replica {
+    pub scheduler: SchedulerHandle,
+    pub shared: Arc<ModelShared>,
+}
+
+/// Every replica of a loaded model (seed 001: replicas with round-robin): each request
+/// goes to the next replica in turn. One replica is the common case; its behaviour is
+/// exactly a single scheduler's.
+pub struct Replicas {
+    replicas: Vec<Replica>,
+    next: AtomicU64,
+    pub figures: Arc<ModelFigures>,
+}
+
+impl Replicas {
+    /// A model has at least one replica; an empty list is refused.
+    pub fn new(replicas: Vec<Replica>, figures: Arc<ModelFigures>) -> Result<Self, EngineError> {
+        if replicas.is_empty() {
+            return Err(EngineError::internal("a model needs at least one replica"));
+        }
+        Ok(Self {
+            replicas,
+            next: AtomicU64::new(0),
+            figures,
+        })
+    }
+
+    fn next(&self) -> &SchedulerHandle {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.replicas.len();
+        &self.replicas[i].scheduler
+    }
+
+    /// Queue a job on the next replica in turn.
+    pub fn submit(&self, job: Job) -> Result<(), EngineError> {
+        self.next().submit(job)
+    }
+
+    /// [`Replicas::submit`] for a generation, with the job back when the scheduler is gone.
+    pub fn submit_or_return(&self, job: GenerateJob) -> Result<(), Box<GenerateJob>> {
+        self.next().submit_or_return(job)
+    }
+
+    /// Per-sequence context: the same on every replica (one config).
+    pub fn context_length(&self) -> u32 {
+        self.replicas[0].scheduler.context_length
+    }
+
+    /// What the engines report holding, all replicas together.
+    pub fn bytes_used(&self) -> u64 {
+        self.replicas
+            .iter()
+            .map(|r| r.shared.info().bytes_used)
+            .sum()
+    }
+
+    /// Nothing queued or running on any replica.
+    pub fn idle(&self) -> bool {
+        self.figures.waiting() == 0 && self.figures.running() == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.replicas.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty()
+    }
+}

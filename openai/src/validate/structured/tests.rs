@@ -1,0 +1,163 @@
+//! What shapes the output, validated: `response_format`, tools and `tool_choice`, the vLLM-style extras (validation tests).
+
+use super::*;
+
+fn tool(name: &str, params: Value) -> Value {
+    json!({"type": "function", "function": {"name": name, "parameters": params}})
+}
+
+#[test]
+fn response_formats_map_to_grammars_and_name_their_field() {
+    let none = chat_output(
+        Some(&json!({"type": "text"})),
+        &Extras::default(),
+        None,
+        None,
+        None,
+    )
+    .expect("present");
+    assert_eq!(none.constraint, None);
+    let obj = chat_output(
+        Some(&json!({"type": "json_object"})),
+        &Extras::default(),
+        None,
+        None,
+        None,
+    )
+    .expect("present");
+    assert_eq!(
+        obj.constraint.expect("present").spec,
+        GrammarSpec::JsonObject
+    );
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}});
+    let s = chat_output(Some(&rf), &Extras::default(), None, None, None).expect("present");
+    assert_eq!(
+        s.constraint.expect("present").field,
+        "response_format.json_schema.schema"
+    );
+    let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}});
+    let e = chat_output(Some(&bad), &Extras::default(), None, None, None).expect_err("refused");
+    assert_eq!(
+        e.param.as_deref(),
+        Some("response_format.json_schema.schema")
+    );
+    assert!(e.message.contains("`type` at #"), "{}", e.message);
+    let nested = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"properties": []}}}}});
+    let e = chat_output(Some(&nested), &Extras::default(), None, None, None).expect_err("refused");
+    assert!(e.message.contains("#/properties/a"), "{}", e.message);
+    let no_name = json!({"type": "json_schema", "json_schema": {"schema": {}}});
+    let e = chat_output(Some(&no_name), &Extras::default(), None, None, None).expect_err("refused");
+    assert_eq!(e.param.as_deref(), Some("response_format.json_schema.name"));
+}
+
+#[test]
+fn tool_choice_is_checked_against_the_tools() {
+    let tools = [tool("get_weather", json!({"type": "object"}))];
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let o =
+        chat_output(None, &Extras::default(), Some(&tools), Some(&named), None).expect("present");
+    assert_eq!(o.tools, ToolMode::Named("get_weather".into()));
+    assert_eq!(
+        o.constraint.expect("present").field,
+        "tools[0].function.parameters"
+    );
+    let unknown = json!({"type": "function", "function": {"name": "nope"}});
+    let e = chat_output(None, &Extras::default(), Some(&tools), Some(&unknown), None)
+        .expect_err("refused");
+    assert_eq!(e.param.as_deref(), Some("tool_choice"));
+    assert!(e.message.contains("nope") && e.message.contains("get_weather"));
+    let e = chat_output(
+        None,
+        &Extras::default(),
+        None,
+        Some(&json!("required")),
+        None,
+    )
+    .expect_err("refused");
+    assert_eq!(e.param.as_deref(), Some("tool_choice"));
+    let auto = chat_output(None, &Extras::default(), Some(&tools), None, None).expect("present");
+    assert_eq!((auto.tools, auto.constraint), (ToolMode::Auto, None));
+    let nameless = [json!({"type": "function", "function": {"parameters": {}}})];
+    let e =
+        chat_output(None, &Extras::default(), Some(&nameless), None, None).expect_err("refused");
+    assert_eq!(e.param.as_deref(), Some("tools[0].function.name"));
+}
+
+#[test]
+fn required_calls_hoist_each_tools_definitions() {
+    let tools = [
+        tool(
+            "a",
+            json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}),
+        ),
+        tool(
+            "b",
+            json!({"type": "object", "properties": {"p": {"$ref": "#/definitions/P"}}, "definitions": {"P": {"type": "string"}}}),
+        ),
+    ];
+    let o = chat_output(
+        None,
+        &Extras::default(),
+        Some(&tools),
+        Some(&json!("required")),
+        Some(false),
+    )
+    .expect("present");
+    let GrammarSpec::JsonSchema(s) = o.constraint.expect("present").spec else {
+        panic!("a schema")
+    };
+    assert_eq!(s["maxItems"], 1);
+    assert_eq!(s["$defs"]["t0_P"]["type"], "integer");
+    assert_eq!(s["$defs"]["t1_P"]["type"], "string");
+    let alts = s["items"]["anyOf"].as_array().expect("present");
+    assert_eq!(
+        alts[1]["properties"]["arguments"]["properties"]["p"]["$ref"],
+        "#/$defs/t1_P"
+    );
+    assert_eq!(alts[0]["properties"]["name"]["const"], "a");
+}
+
+#[test]
+fn extras_are_one_constraint_at_most() {
+    let rx = json!("\\d+");
+    let ch = json!(["yes", "no"]);
+    let x = Extras {
+        guided_regex: Some(&rx),
+        ..Extras::default()
+    };
+    assert_eq!(
+        completion_output(None, &x)
+            .expect("present")
+            .expect("present")
+            .spec,
+        GrammarSpec::Regex("\\d+".into())
+    );
+    let both = Extras {
+        guided_regex: Some(&rx),
+        guided_choice: Some(&ch),
+        ..Extras::default()
+    };
+    let e = completion_output(None, &both).expect_err("refused");
+    assert!(e.message.contains("one output constraint"));
+    let so = json!({"choice": ["a", "b"]});
+    let x = Extras {
+        structured_outputs: Some(&so),
+        ..Extras::default()
+    };
+    let c = completion_output(None, &x)
+        .expect("present")
+        .expect("present");
+    assert_eq!(
+        (c.field.as_str(), c.spec),
+        (
+            "structured_outputs.choice",
+            GrammarSpec::Choice(vec!["a".into(), "b".into()])
+        )
+    );
+    let rf = json!({"type": "json_object"});
+    let x = Extras {
+        guided_regex: Some(&rx),
+        ..Extras::default()
+    };
+    assert!(completion_output(Some(&rf), &x).is_err());
+}

@@ -1,0 +1,62 @@
+//! The seam between the scheduler and whatever runs the model (scheduler → engine): the few
+//! calls continuous batching needs, so the scheduler drives an in-process plugin, a worker
+//! process or a test engine alike, and knows nothing of plugin loading.
+
+use gantry_api::WorkerCrash;
+use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
+
+/// The limits of one engine instance, fixed at load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Sequences the engine runs at once.
+    pub max_sequences: usize,
+    /// KV cells of all its sequences together.
+    pub kv_capacity_tokens: u64,
+    /// Tokens one sequence may hold.
+    pub context_length: u32,
+    /// Tokens that end a generation.
+    pub eog_tokens: Vec<i32>,
+}
+
+/// One loaded engine instance, owned by its scheduler thread (TGI's `Backend`).
+pub trait Engine: Send + 'static {
+    fn limits(&self) -> EngineLimits;
+    /// A new sequence; an `OomVram`/`OomRam` status means "not now" (admission waits).
+    fn seq_open(&mut self) -> Result<u64, EngineError>;
+    fn seq_release(&mut self, seq: u64);
+    /// One batched step; a sampled token for every entry that asked for one.
+    fn step(&mut self, entries: &[StepEntry<'_>])
+    -> Result<Vec<Option<SampledToken>>, EngineError>;
+    /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
+    fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
+    fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError>;
+    /// The bytes of one token (empty when the engine cannot say).
+    fn token_bytes(&self, token: i32) -> Vec<u8>;
+    /// The crash that ended the engine's worker process, once it has ended.
+    fn crashed(&self) -> Option<WorkerCrash>;
+    /// What the watchdog does when a step overruns.
+    fn on_overrun(&self) -> Overrun;
+}
+
+/// What the watchdog does about a step that overran its limit.
+pub enum Overrun {
+    /// An in-process engine cannot be interrupted: mark the node hung (`/healthz` fails and
+    /// Kubernetes restarts the pod).
+    MarkHung,
+    /// An engine in a worker process: kill it (the crash path restarts the model). The
+    /// closure returns the pid it killed, `None` when the worker is already gone.
+    Kill(Box<dyn Fn() -> Option<u32> + Send>),
+}
+
+/// A request's grammar as the scheduler drives it (structured outputs, forced tool calls):
+/// compute the allowed-token mask before a sampling step, then consume what was sampled.
+pub trait Grammar: Send + std::fmt::Debug {
+    /// Compute the mask for the next token; the seconds it took, or why the grammar failed.
+    fn compute_mask(&mut self) -> Result<f64, String>;
+    /// The mask computed last: one bit per vocabulary entry.
+    fn mask(&self) -> &[u32];
+    /// Advance past a sampled token; an error when the token was outside the mask.
+    fn consume(&mut self, token: i32) -> Result<(), String>;
+    /// The grammar accepts no more tokens.
+    fn is_done(&self) -> bool;
+}

@@ -1,0 +1,142 @@
+//! Jobs and their events (HTTP handler → scheduler → HTTP handler): what a request asks of
+//! a model's scheduler, and what comes back on its channel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gantry_api::WorkerCrash;
+use gantry_engine_abi::{EngineError, Sampling};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::Grammar;
+
+/// Why a generation ended (OpenAI's `finish_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    /// The request deadline passed while it generated. OpenAI has no such finish reason: a
+    /// stream ends with an error event, a plain request as docs/node.md says.
+    Deadline,
+    /// The deadline passed while the request was still queued: no token was generated, and
+    /// the client gets a 504 before any byte.
+    QueueTimeout,
+    /// The request failed while it generated (its grammar); an `Error` event was sent
+    /// instead of `Done`.
+    Failed,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason`; the deadline kinds only reach a client as `length` where
+    /// docs/node.md says so (a plain request without `max_tokens`).
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Stop | FinishReason::Failed => "stop",
+            FinishReason::Length | FinishReason::Deadline | FinishReason::QueueTimeout => "length",
+        }
+    }
+
+    /// The `reason` label of `gantry_request_finish_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Deadline => "deadline",
+            FinishReason::QueueTimeout => "queue_timeout",
+            FinishReason::Failed => "error",
+        }
+    }
+}
+
+/// Why a job failed: the engine said so, or the worker process under it ended (every job
+/// on it fails the same way; the HTTP edge answers 503 `engine_crashed`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenError {
+    Engine(EngineError),
+    Crashed(WorkerCrash),
+}
+
+impl std::fmt::Display for GenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GenError::Engine(e) => write!(f, "{e}"),
+            GenError::Crashed(c) => f.write_str(&c.message()),
+        }
+    }
+}
+
+impl From<EngineError> for GenError {
+    fn from(e: EngineError) -> Self {
+        GenError::Engine(e)
+    }
+}
+
+/// Log probability of one token, with its text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: i32,
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(i32, String, Vec<u8>, f32)>,
+}
+
+/// What a job's event channel carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    /// One generated token: the text it completes (possibly empty while a
+    /// multi-byte character or a possible stop sequence is pending).
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end, with usage and the time spent queued.
+    Done {
+        reason: FinishReason,
+        prompt_tokens: u32,
+        /// Prompt tokens the engine took from its prefix cache; `None` when it does not say
+        /// (ABI 1.4 `seq_cached_tokens`) or the prompt never reached it.
+        cached_tokens: Option<u32>,
+        completion_tokens: u32,
+        queued: Duration,
+    },
+    /// The job failed; no more events follow.
+    Error(GenError),
+}
+
+/// A generation request, validated and tokenized.
+#[derive(Debug)]
+pub struct GenerateJob {
+    pub prompt: Vec<i32>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    /// `Some(n)`: report logprobs with `n` alternatives.
+    pub logprobs: Option<u32>,
+    pub deadline: Option<Instant>,
+    /// Evaluate from scratch (no cached prefix): the request gave a `seed`.
+    pub fresh: bool,
+    /// The grammar the output must follow (structured outputs, forced tool calls): each
+    /// sampling step gets its allowed-token mask.
+    pub grammar: Option<Box<dyn Grammar>>,
+    pub arrived: Instant,
+    pub events: mpsc::UnboundedSender<GenEvent>,
+    /// A worker crash already interrupted it once (it is not retried twice).
+    pub retried: bool,
+}
+
+/// An embedding request.
+#[derive(Debug)]
+pub struct EmbedJob {
+    pub tokens: Vec<i32>,
+    pub reply: oneshot::Sender<Result<Vec<f32>, GenError>>,
+}
+
+#[derive(Debug)]
+pub enum Job {
+    Generate(GenerateJob),
+    Embed(EmbedJob),
+}
+
+/// Where a scheduler sends the jobs its worker's crash interrupted before their first token.
+pub type Requeue = Arc<dyn Fn(Vec<GenerateJob>, WorkerCrash) + Send + Sync>;

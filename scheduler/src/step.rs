@@ -1,0 +1,281 @@
+//! One engine step (scheduler thread, after admission): plan the batch ([`crate::batch`]),
+//! compute the allowed-token masks of the constrained sequences that sample (in parallel),
+//! run the engine, then turn each sampled token into text (incremental UTF-8, stop
+//! sequences, end-of-generation tokens, grammar end, `max_tokens`) and send it.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
+
+use crate::batch::{Planned, plan_step};
+use crate::engine::Engine;
+use crate::job::{FinishReason, GenError, GenEvent, TokenLogprob};
+use crate::metrics::SchedulerMetrics;
+use crate::run::{Running, Scheduler};
+use crate::text_stream::StopScan;
+
+impl<E: Engine> Scheduler<E> {
+    pub(crate) fn step(&mut self) {
+        let progress: Vec<_> = self.running.iter().map(Running::progress).collect();
+        let plan = plan_step(&progress, self.settings.prefill_chunk_tokens);
+        if plan.is_empty() {
+            return;
+        }
+        if !self.compute_masks(&plan) {
+            return; // a grammar failed: its request ended; plan again without it
+        }
+        let decode_tokens: Vec<[i32; 1]> = plan
+            .iter()
+            .filter(|p| p.prompt_tokens == 0)
+            .map(|p| [self.running[p.index].next.unwrap_or_default()])
+            .collect();
+        let mut decode = decode_tokens.iter();
+        let mut entries: Vec<StepEntry<'_>> = Vec::with_capacity(plan.len());
+        let mut total = 0usize;
+        for p in &plan {
+            let r = &self.running[p.index];
+            let tokens: &[i32] = match p.prompt_tokens {
+                0 => decode.next().map(|t| &t[..]).unwrap_or_default(),
+                n => &r.job.prompt[r.fed..r.fed + n],
+            };
+            total += tokens.len();
+            entries.push(StepEntry {
+                seq: r.seq,
+                tokens,
+                sample: p.samples.then_some(&r.job.sampling),
+                fresh: r.job.fresh,
+                allowed: r
+                    .job
+                    .grammar
+                    .as_deref()
+                    .filter(|_| p.samples)
+                    .map(|g| g.mask()),
+            });
+        }
+        self.metrics.steps.inc();
+        self.metrics.step_tokens.observe(total as f64);
+        self.figures.step_started_ms.store(
+            self.epoch.elapsed().as_millis() as u64 + 1,
+            Ordering::Relaxed,
+        );
+        let result = self.engine.step(&entries);
+        self.figures.step_started_ms.store(0, Ordering::Relaxed);
+        drop(entries);
+
+        let results = match result {
+            Ok(r) => r,
+            Err(_) if self.check_crash() => return,
+            Err(e) => return self.fail_step(&plan, e),
+        };
+        let now = Instant::now();
+        let mut finished: Vec<(usize, FinishReason)> = Vec::new();
+        for (p, sampled) in plan.iter().zip(results) {
+            let r = &mut self.running[p.index];
+            if p.prompt_tokens > 0 && r.fed == 0 {
+                // The prompt's first chunk ran: the engine now knows what it took from a cache.
+                r.cached = self.engine.seq_cached_tokens(r.seq).map(|c| {
+                    let prompt = r.job.prompt.len() as u64;
+                    let c = c.min(prompt);
+                    self.metrics.prompt_tokens_cached.inc_by(c);
+                    self.metrics.prompt_tokens_evaluated.inc_by(prompt - c);
+                    c as u32
+                });
+            }
+            r.fed += p.prompt_tokens;
+            if p.prompt_tokens == 0 {
+                r.next = None;
+                r.fed_decode += 1;
+            }
+            let Some(tok) = sampled else { continue };
+            let out = Output {
+                engine: &self.engine,
+                metrics: &self.metrics,
+                eog: &self.eog,
+            };
+            if let Some(reason) = out.on_token(r, tok, now) {
+                finished.push((p.index, reason));
+            }
+        }
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, reason) in finished {
+            let r = self.running.swap_remove(i);
+            self.finish(r, reason);
+        }
+    }
+
+    /// The header's rule: on a failed step the host releases the affected sequences.
+    fn fail_step(&mut self, plan: &[Planned], e: EngineError) {
+        tracing::warn!(model = %self.metrics.model, error = %e, "engine step failed");
+        let mut idx: Vec<usize> = plan.iter().map(|p| p.index).collect();
+        idx.sort_unstable_by(|a, b| b.cmp(a));
+        for i in idx {
+            let r = self.running.swap_remove(i);
+            self.engine.seq_release(r.seq);
+            self.metrics.finished("error");
+            let _ = r
+                .job
+                .events
+                .send(GenEvent::Error(GenError::Engine(e.clone())));
+        }
+    }
+
+    /// Compute the allowed-token masks of the constrained entries that sample in this step,
+    /// in parallel across the batch (a mask depends on the token before it, so it cannot
+    /// start before the previous step ended). A grammar that fails ends its request with an
+    /// error; returns false when that happened (the caller plans the step again).
+    fn compute_masks(&mut self, plan: &[Planned]) -> bool {
+        use rayon::prelude::*;
+        let mut sampling = vec![false; self.running.len()];
+        for p in plan {
+            sampling[p.index] = p.samples && self.running[p.index].job.grammar.is_some();
+        }
+        let todo: Vec<(usize, &mut Box<dyn crate::engine::Grammar>)> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| sampling[*i])
+            .filter_map(|(i, r)| r.job.grammar.as_mut().map(|g| (i, g)))
+            .collect();
+        if todo.is_empty() {
+            return true;
+        }
+        let t = Instant::now();
+        let results: Vec<(usize, Result<f64, String>)> = if todo.len() == 1 {
+            todo.into_iter()
+                .map(|(i, g)| (i, g.compute_mask()))
+                .collect()
+        } else {
+            todo.into_par_iter()
+                .map(|(i, g)| (i, g.compute_mask()))
+                .collect()
+        };
+        self.metrics
+            .constraint_batch
+            .observe(t.elapsed().as_secs_f64());
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        for (i, r) in results {
+            match r {
+                Ok(secs) => self.metrics.constraint_mask.observe(secs),
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        if failed.is_empty() {
+            return true;
+        }
+        failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, e) in failed {
+            let r = self.running.swap_remove(i);
+            tracing::warn!(model = %self.metrics.model, seq = r.seq, error = %e, "constrained decoding failed");
+            let _ = r
+                .job
+                .events
+                .send(GenEvent::Error(GenError::Engine(EngineError::internal(e))));
+            self.finish(r, FinishReason::Failed);
+        }
+        false
+    }
+
+    /// Flush held text, report usage, release the sequence.
+    pub(crate) fn finish(&mut self, mut r: Running, reason: FinishReason) {
+        self.engine.seq_release(r.seq);
+        if reason == FinishReason::Failed {
+            self.metrics.finished(reason.label());
+            return; // the error event was sent
+        }
+        let tail = r.utf8.finish();
+        let mut rest = match r.stops.push(&tail) {
+            StopScan::Emit(t) | StopScan::Stopped(t) => t,
+        };
+        // Held text that never became a stop sequence belongs to the output.
+        rest.push_str(&r.stops.finish());
+        if !rest.is_empty() {
+            let _ = r.job.events.send(GenEvent::Token {
+                text: rest,
+                logprob: None,
+            });
+        }
+        self.metrics
+            .e2e
+            .observe(r.job.arrived.elapsed().as_secs_f64());
+        self.metrics.finished(reason.label());
+        let _ = r.job.events.send(GenEvent::Done {
+            reason,
+            prompt_tokens: r.job.prompt.len() as u32,
+            cached_tokens: r.cached,
+            completion_tokens: r.generated,
+            queued: r.queued,
+        });
+    }
+}
+
+/// What turning a sampled token into output needs, apart from the sequence itself.
+struct Output<'a, E> {
+    engine: &'a E,
+    metrics: &'a SchedulerMetrics,
+    eog: &'a [i32],
+}
+
+impl<E: Engine> Output<'_, E> {
+    /// Handle one sampled token; `Some` when the sequence is done.
+    fn on_token(&self, r: &mut Running, tok: SampledToken, now: Instant) -> Option<FinishReason> {
+        let metrics = self.metrics;
+        match r.last_token_at {
+            None => metrics.ttft.observe((now - r.job.arrived).as_secs_f64()),
+            Some(prev) => metrics.inter_token.observe((now - prev).as_secs_f64()),
+        }
+        r.first_token_at.get_or_insert(now);
+        r.last_token_at = Some(now);
+        if self.eog.contains(&tok.token) {
+            return Some(FinishReason::Stop);
+        }
+        let mut grammar_done = false;
+        if let Some(g) = r.job.grammar.as_deref_mut() {
+            if let Err(e) = g.consume(tok.token) {
+                // The plugin sampled a token outside the mask it was given.
+                let _ =
+                    r.job
+                        .events
+                        .send(GenEvent::Error(GenError::Engine(EngineError::internal(
+                            format!(
+                                "the engine sampled token {} outside the allowed-token mask ({e})",
+                                tok.token
+                            ),
+                        ))));
+                return Some(FinishReason::Failed);
+            }
+            grammar_done = g.is_done();
+        }
+        metrics.generation_tokens.inc();
+        let bytes = self.engine.token_bytes(tok.token);
+        let logprob = r.job.logprobs.map(|_| TokenLogprob {
+            token: tok.token,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes: bytes.clone(),
+            logprob: tok.logprob,
+            top: tok
+                .top
+                .iter()
+                .map(|&(t, lp)| {
+                    let b = self.engine.token_bytes(t);
+                    (t, String::from_utf8_lossy(&b).into_owned(), b, lp)
+                })
+                .collect(),
+        });
+        let text = r.utf8.push(&bytes);
+        let (text, stopped) = match r.stops.push(&text) {
+            StopScan::Emit(t) => (t, false),
+            StopScan::Stopped(t) => (t, true),
+        };
+        r.generated += 1;
+        let _ = r.job.events.send(GenEvent::Token { text, logprob });
+        if stopped || grammar_done {
+            return Some(FinishReason::Stop);
+        }
+        if r.generated >= r.job.max_tokens {
+            return Some(FinishReason::Length);
+        }
+        r.next = Some(tok.token);
+        None
+    }
+}
