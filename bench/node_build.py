@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """How long the node's own crates take to build: from nothing (every dependency already
-compiled) and again after one source file changed, at one or more commits.
+compiled) and again after one source file of the OpenAI surface changed, at one or more
+commits.
 
 Each commit is checked out into a git worktree under a temporary directory; all worktrees
 share one target directory, so third-party dependencies (and llama.cpp, which the node does
@@ -11,9 +12,9 @@ apart from the engine plugins).
   bench/node_build.py --at 61b186a:node-pod/src/http/validate.rs \\
                       --at HEAD:openai/src/validate.rs --out bench/results/node-build.json
 
-`--at COMMIT:FILE` names the commit and the file touched for the incremental figure (a file of
-the OpenAI surface: where it lives differs between commits). `--repeat N` times the touched
-rebuild N times and keeps every figure. The machine should be otherwise idle.
+`--at COMMIT:FILE` names the commit and the file edited for the incremental figure (a file of
+the OpenAI surface: where it lives differs between commits; the edit adds a private function).
+`--repeat N` times the rebuild after an edit N times and keeps every figure. The machine should be otherwise idle.
 """
 
 from __future__ import annotations
@@ -49,23 +50,27 @@ def measure(commit: str, touched: str, target: Path, repeat: int) -> dict:
         try:
             env = dict(os.environ, CARGO_TARGET_DIR=str(target), CARGO_TERM_COLOR="never")
             build = ["cargo", "build", "--offline", "-p", "gantry-node"]
-            fresh = run(build, tree, env)
-            rebuilds = []
-            for _ in range(repeat):
-                (tree / touched).touch()
-                rebuilds.append(run(build, tree, env))
             lines = sum(len(p.read_text(errors="replace").splitlines())
                         for p in (tree / "node-pod" / "src").rglob("*.rs"))
+            fresh = run(build, tree, env)
+            rebuilds = []
+            path = tree / touched
+            original = path.read_text()
+            for i in range(repeat):
+                # A real edit, not a touch (an unchanged file is mostly answered from the
+                # incremental cache): a new private function, different each time.
+                path.write_text(original + f"\n#[allow(dead_code)]\nfn bench_edit() -> u32 {{\n    {i}\n}}\n")
+                rebuilds.append(run(build, tree, env))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
                            check=False, capture_output=True)
     return {
         "commit": sha,
-        "touched": touched,
+        "edited": touched,
         "node_pod_src_lines": lines,
         "workspace_crates_from_nothing_s": round(fresh, 1),
-        "after_touch_s": [round(r, 1) for r in rebuilds],
-        "after_touch_median_s": round(statistics.median(rebuilds), 1),
+        "after_edit_s": [round(r, 1) for r in rebuilds],
+        "after_edit_median_s": round(statistics.median(rebuilds), 1),
     }
 
 

@@ -35,7 +35,7 @@ use gantry_engine_abi::{EngineConfig, Format};
 use crate::engine_host::{EngineRegistry, ModelShared};
 use crate::memory::{ModelMemory, NodeMemory};
 use crate::metrics::Metrics;
-use crate::replicas::Replicas;
+use crate::replicas::EngineReplicas;
 use crate::response_cache::ResponseCache;
 use crate::store::{DownloadProgress, FetchRequest, Fetched, ModelStore, StoreSetup};
 use crate::template::{ChatTemplate, TemplateSource};
@@ -60,7 +60,7 @@ pub struct ReadyModel {
     /// replica loads the same files).
     pub shared: Arc<ModelShared>,
     /// The schedulers of the model's replicas; requests go to them in turn.
-    pub scheduler: Replicas,
+    pub scheduler: EngineReplicas,
     pub template: ChatTemplate,
     pub tokenizer: Tokenizer,
     pub plugin: String,

@@ -69,7 +69,7 @@ impl Engine for PluginEngine {
 }
 
 /// One engine instance of a model (a replica) and its scheduler.
-pub struct Replica {
+pub struct EngineReplica {
     pub scheduler: SchedulerHandle,
     pub shared: Arc<ModelShared>,
 }
@@ -77,15 +77,18 @@ pub struct Replica {
 /// Every replica of a loaded model (seed 001: replicas with round-robin): each request
 /// goes to the next replica in turn. One replica is the common case; its behaviour is
 /// exactly a single scheduler's.
-pub struct Replicas {
-    replicas: Vec<Replica>,
+pub struct EngineReplicas {
+    replicas: Vec<EngineReplica>,
     next: AtomicU64,
     pub figures: Arc<ModelFigures>,
 }
 
-impl Replicas {
+impl EngineReplicas {
     /// A model has at least one replica; an empty list is refused.
-    pub fn new(replicas: Vec<Replica>, figures: Arc<ModelFigures>) -> Result<Self, EngineError> {
+    pub fn new(
+        replicas: Vec<EngineReplica>,
+        figures: Arc<ModelFigures>,
+    ) -> Result<Self, EngineError> {
         if replicas.is_empty() {
             return Err(EngineError::internal("a model needs at least one replica"));
         }
@@ -106,7 +109,7 @@ impl Replicas {
         self.next().submit(job)
     }
 
-    /// [`Replicas::submit`] for a generation, with the job back when the scheduler is gone.
+    /// [`EngineReplicas::submit`] for a generation, with the job back when the scheduler is gone.
     pub fn submit_or_return(&self, job: GenerateJob) -> Result<(), Box<GenerateJob>> {
         self.next().submit_or_return(job)
     }
@@ -129,7 +132,7 @@ impl Replicas {
         self.figures.waiting() == 0 && self.figures.running() == 0
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Replica> {
+    pub fn iter(&self) -> impl Iterator<Item = &EngineReplica> {
         self.replicas.iter()
     }
 

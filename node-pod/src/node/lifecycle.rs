@@ -18,7 +18,7 @@ use gantry_engine_abi::{ModelDescriptor, Status};
 use super::{DEFAULT_MAX_BATCH, ModelState, Node, ReadyModel, ServedModel};
 use crate::engine_host::Plugin;
 use crate::memory::{Pool, Refusal};
-use crate::replicas::{PluginEngine, Replica, Replicas};
+use crate::replicas::{EngineReplica, EngineReplicas, PluginEngine};
 use crate::scheduler::{ModelFigures, SchedulerSettings};
 use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
@@ -447,12 +447,12 @@ impl Node {
                 i,
             )
             .map_err(|e| BuildError::Failed(format!("cannot start the scheduler: {e}")))?;
-            replicas.push(Replica {
+            replicas.push(EngineReplica {
                 scheduler,
                 shared: rep_shared,
             });
         }
-        let scheduler = Replicas::new(replicas, figures)
+        let scheduler = EngineReplicas::new(replicas, figures)
             .map_err(|e| BuildError::Failed(format!("load failed: {e}")))?;
         tracing::info!(model = %m.config.id, plugin = %plugin_id, version = %plugin.info().engine_version, load_s, replicas = scheduler.len(), ctx = info.context_length, kv = scheduler.figures.kv_capacity, template = template.source().as_str(), "model ready");
         let vocabulary = Arc::new(crate::constraint::Vocabulary::new(shared.clone()));

@@ -18,9 +18,9 @@ mod tests;
 pub use parse::parse;
 pub use rope::{Rope, RopeScaling};
 
-/// The families this engine runs, one per `architectures` class it lists in its manifest.
+/// The architectures this engine runs, one per `architectures` class it lists in its manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
+pub enum Architecture {
     Llama,
     Mistral,
     Qwen2,
@@ -28,17 +28,17 @@ pub enum Family {
     Gemma3,
 }
 
-impl Family {
+impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Family); 5] = [
-        ("LlamaForCausalLM", Family::Llama),
-        ("MistralForCausalLM", Family::Mistral),
-        ("Qwen2ForCausalLM", Family::Qwen2),
-        ("Qwen3ForCausalLM", Family::Qwen3),
-        ("Gemma3ForCausalLM", Family::Gemma3),
+    pub const CLASSES: [(&'static str, Architecture); 5] = [
+        ("LlamaForCausalLM", Architecture::Llama),
+        ("MistralForCausalLM", Architecture::Mistral),
+        ("Qwen2ForCausalLM", Architecture::Qwen2),
+        ("Qwen3ForCausalLM", Architecture::Qwen3),
+        ("Gemma3ForCausalLM", Architecture::Gemma3),
     ];
 
-    pub fn from_class(class: &str) -> Option<Family> {
+    pub fn from_class(class: &str) -> Option<Architecture> {
         Self::CLASSES
             .iter()
             .find(|(c, _)| *c == class)
@@ -65,7 +65,7 @@ pub enum Activation {
 /// Everything the forward pass needs, checked.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
-    pub family: Family,
+    pub architecture: Architecture,
     /// The `architectures` class, as reported in `model_info`.
     pub class: String,
     pub hidden: usize,

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::fields::{Fields, corrupt, unsupported};
 use super::rope::rope_from;
-use super::{Activation, Family, LayerKind, ModelConfig, Rope, RopeScaling};
+use super::{Activation, Architecture, LayerKind, ModelConfig, Rope, RopeScaling};
 
 /// Parse `config.json` bytes (and the `eos_token_id` of `generation_config.json`, when given).
 pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, EngineError> {
@@ -25,10 +25,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         _ => return Err(corrupt("config.json has no `architectures` list")),
     }
     .to_string();
-    let family = Family::from_class(&class).ok_or_else(|| {
+    let family = Architecture::from_class(&class).ok_or_else(|| {
         unsupported(format!(
             "config.json `architectures` names {class}; the native engine runs {}",
-            Family::CLASSES
+            Architecture::CLASSES
                 .iter()
                 .map(|(c, _)| *c)
                 .collect::<Vec<_>>()
@@ -66,21 +66,25 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let vocab = f.req_usize("vocab_size")?;
     let rms_eps = f
         .f64("rms_norm_eps")?
-        .unwrap_or(if family == Family::Gemma3 { 1e-6 } else { 1e-5 }) as f32;
+        .unwrap_or(if family == Architecture::Gemma3 {
+            1e-6
+        } else {
+            1e-5
+        }) as f32;
     let max_position = f.usize("max_position_embeddings")?.unwrap_or(4096) as u32;
 
     // transformers' defaults per family where config.json leaves the key out.
-    let tie_default = matches!(family, Family::Gemma3);
+    let tie_default = matches!(family, Architecture::Gemma3);
     let tie_embeddings = f.bool("tie_word_embeddings")?.unwrap_or(tie_default);
     let attention_bias = f.bool("attention_bias")?;
     let (qkv_bias, o_bias) = match family {
         // Qwen2's q/k/v always carry a bias, o never does.
-        Family::Qwen2 => (true, false),
-        Family::Llama | Family::Qwen3 | Family::Gemma3 => {
+        Architecture::Qwen2 => (true, false),
+        Architecture::Llama | Architecture::Qwen3 | Architecture::Gemma3 => {
             let b = attention_bias.unwrap_or(false);
             (b, b)
         }
-        Family::Mistral => {
+        Architecture::Mistral => {
             if attention_bias == Some(true) {
                 return Err(unsupported(
                     "config.json `attention_bias` = true is not a Mistral option",
@@ -99,7 +103,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let activation = match f.str(act_key)? {
         Some("silu") | Some("swish") => Activation::Silu,
         Some("gelu_pytorch_tanh") | Some("gelu_tanh") => Activation::GeluTanh,
-        None if family == Family::Gemma3 => Activation::GeluTanh,
+        None if family == Architecture::Gemma3 => Activation::GeluTanh,
         None => Activation::Silu,
         Some(other) => {
             return Err(unsupported(format!(
@@ -111,9 +115,9 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     // Rotary embeddings: transformers 5 writes `rope_parameters`, older files `rope_theta` and
     // `rope_scaling`. Gemma 3's sliding layers have their own base and no scaling.
     let default_theta = match family {
-        Family::Gemma3 | Family::Qwen3 => 1_000_000.0,
-        Family::Mistral | Family::Qwen2 => 1_000_000.0,
-        Family::Llama => 10_000.0,
+        Architecture::Gemma3 | Architecture::Qwen3 => 1_000_000.0,
+        Architecture::Mistral | Architecture::Qwen2 => 1_000_000.0,
+        Architecture::Llama => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -163,7 +167,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     ];
     let window = f.usize("sliding_window")?;
     match family {
-        Family::Gemma3 => {
+        Architecture::Gemma3 => {
             let local_theta = match params {
                 Some(Value::Object(p)) => match p.get("sliding_attention") {
                     Some(Value::Object(o)) => Fields {
@@ -227,12 +231,12 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                 }
             }
         }
-        Family::Mistral => {
+        Architecture::Mistral => {
             if let Some(w) = window {
                 layers.iter_mut().for_each(|l| l.window = Some(w));
             }
         }
-        Family::Qwen2 | Family::Qwen3 => {
+        Architecture::Qwen2 | Architecture::Qwen3 => {
             if f.bool("use_sliding_window")?.unwrap_or(false) {
                 let w = window.ok_or_else(|| {
                     corrupt("config.json `use_sliding_window` is true without `sliding_window`")
@@ -244,11 +248,11 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                 }
             }
         }
-        Family::Llama => {}
+        Architecture::Llama => {}
     }
 
     let (embed_scale, attn_scale) = match family {
-        Family::Gemma3 => {
+        Architecture::Gemma3 => {
             let scalar = f.f64("query_pre_attn_scalar")?.unwrap_or(head_dim as f64);
             ((hidden as f32).sqrt(), (1.0 / scalar.sqrt()) as f32)
         }
@@ -261,7 +265,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         softcap("attn_logit_softcapping")?,
         softcap("final_logit_softcapping")?,
     );
-    if family != Family::Gemma3 && (attn_softcap.is_some() || final_softcap.is_some()) {
+    if family != Architecture::Gemma3 && (attn_softcap.is_some() || final_softcap.is_some()) {
         return Err(unsupported(format!(
             "config.json soft-capping is a Gemma option, not one of {class}"
         )));
@@ -286,7 +290,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let bos_token = top.token_ids("bos_token_id")?.first().copied();
 
     Ok(ModelConfig {
-        family,
+        architecture: family,
         class,
         hidden,
         n_layers,
@@ -301,9 +305,9 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
-        norm_plus_one: family == Family::Gemma3,
-        sandwich_norms: family == Family::Gemma3,
+        qk_norm: matches!(family, Architecture::Qwen3 | Architecture::Gemma3),
+        norm_plus_one: family == Architecture::Gemma3,
+        sandwich_norms: family == Architecture::Gemma3,
         activation,
         embed_scale,
         attn_scale,

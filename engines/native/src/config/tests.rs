@@ -16,7 +16,7 @@ fn cfg(extra: &str) -> Result<ModelConfig, EngineError> {
 #[test]
 fn a_llama_config_gets_transformers_defaults() {
     let c = cfg("").expect("config");
-    assert_eq!(c.family, Family::Llama);
+    assert_eq!(c.architecture, Architecture::Llama);
     assert_eq!(c.head_dim, 16);
     assert!(!c.tie_embeddings);
     assert_eq!(c.ropes[0].theta, 10_000.0);
