@@ -57,10 +57,10 @@ impl<E: Engine> Scheduler<E> {
         self.metrics.step_tokens.observe(total as f64);
         self.figures.step_started_ms.store(
             self.epoch.elapsed().as_millis() as u64 + 1,
-            Ordering::Relaxed,
+            Ordering::SeqCst,
         );
         let result = self.engine.step(&entries);
-        self.figures.step_started_ms.store(0, Ordering::Relaxed);
+        self.figures.step_started_ms.store(0, Ordering::SeqCst);
         drop(entries);
 
         let results = match result {

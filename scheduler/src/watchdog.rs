@@ -27,22 +27,23 @@ pub(crate) fn spawn(
     std::thread::Builder::new().name(format!("watchdog-{model}")).spawn(move || {
         let tick = (limit / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         while let Some(f) = weak.upgrade() {
-            let started = f.step_started_ms.load(Ordering::Relaxed);
-            if started > 0 {
-                let now_ms = epoch.elapsed().as_millis() as u64 + 1;
-                if Duration::from_millis(now_ms.saturating_sub(started)) > limit {
-                    match &overrun {
-                        Overrun::Kill(kill) => {
-                            if let Some(pid) = kill() {
-                                tracing::error!(target: "gantry::alert", model = %model, limit_s = limit.as_secs_f64(), pid, "engine step overran the watchdog; killed its worker");
-                                return;
-                            }
+            // The time first, then the step's start: a start read after `now` belongs to a step
+            // still running at `now`, so a thread descheduled between the two reads cannot
+            // count a step that ended meanwhile as an overrun.
+            let now_ms = epoch.elapsed().as_millis() as u64 + 1;
+            let started = f.step_started_ms.load(Ordering::SeqCst);
+            if started > 0 && Duration::from_millis(now_ms.saturating_sub(started)) > limit {
+                match &overrun {
+                    Overrun::Kill(kill) => {
+                        if let Some(pid) = kill() {
+                            tracing::error!(target: "gantry::alert", model = %model, limit_s = limit.as_secs_f64(), pid, "engine step overran the watchdog; killed its worker");
+                            return;
                         }
-                        Overrun::MarkHung => {
-                            if !hung.swap(true, Ordering::SeqCst) {
-                                metrics.engine_hung.set(1);
-                                tracing::error!(target: "gantry::alert", model = %model, limit_s = limit.as_secs_f64(), "engine step overran the watchdog; marking the engine hung");
-                            }
+                    }
+                    Overrun::MarkHung => {
+                        if !hung.swap(true, Ordering::SeqCst) {
+                            metrics.engine_hung.set(1);
+                            tracing::error!(target: "gantry::alert", model = %model, limit_s = limit.as_secs_f64(), "engine step overran the watchdog; marking the engine hung");
                         }
                     }
                 }
