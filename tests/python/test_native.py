@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import TARGET, _free_port
+from conftest import TARGET, _free_port, running
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
 # Largest |engine - reference| log-probability accepted, by weight dtype. f32/f16 weights run
@@ -85,30 +85,27 @@ def native_node():
         stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    # Not ready by design (three models cannot be served): wait until every model settled.
-    deadline = time.time() + 120
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"gantry-node exited early:\n{(work / 'node.log').read_text()}")
-        try:
-            s = _status(base)
-            # A model's verdict is null until the engine host resolved it: not settled yet.
-            if all(m["load"]["state"] in ("loaded", "failed")
-                   or (m.get("verdict") or {}).get("verdict") == "unsupported"
-                   for m in s["models"]) and len(s["models"]) == len(models):
-                break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            pytest.fail(f"models did not settle in 120 s:\n{(work / 'node.log').read_text()}")
-        time.sleep(0.2)
-    native = next(p for p in s["plugins"] if p["id"] == "native")
-    yield {"base": base, "work": work, "broken": broken,
-           "bf16_kernel": "bf16 weights read in place" in (native.get("buildInfo") or "")}
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
-    shutil.rmtree(work, ignore_errors=True)
+    with running(proc, log, work):
+        # Not ready by design (three models cannot be served): wait until every model settled.
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"gantry-node exited early:\n{(work / 'node.log').read_text()}")
+            try:
+                s = _status(base)
+                # A model's verdict is null until the engine host resolved it: not settled yet.
+                if all(m["load"]["state"] in ("loaded", "failed")
+                       or (m.get("verdict") or {}).get("verdict") == "unsupported"
+                       for m in s["models"]) and len(s["models"]) == len(models):
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"models did not settle in 120 s:\n{(work / 'node.log').read_text()}")
+            time.sleep(0.2)
+        native = next(p for p in s["plugins"] if p["id"] == "native")
+        yield {"base": base, "work": work, "broken": broken,
+               "bf16_kernel": "bf16 weights read in place" in (native.get("buildInfo") or "")}
 
 
 @pytest.fixture(scope="module")

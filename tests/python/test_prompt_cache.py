@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TARGET, _free_port, _gemma, wait_ready
+from conftest import TARGET, _free_port, _gemma, running, wait_ready
 
 # About 700 Gemma tokens, the same every time.
 SYSTEM = " ".join(
@@ -43,12 +43,9 @@ def gemma_node():
         stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc, work / "node.log", "gantry-node", 120)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
-    shutil.rmtree(work, ignore_errors=True)
+    with running(proc, log, work):
+        wait_ready(base, proc, work / "node.log", "gantry-node", 120)
+        yield base
 
 
 def post(base, path, body):
