@@ -90,47 +90,9 @@ else
 fi
 model="${GANTRY_GEMMA_GGUF:-${GANTRY_CACHE:-$HOME/.cache/gantry}/models/gemma-3-270m-q4_k_m.gguf}"
 
-# The CUDA libraries: the llama.cpp plugin links libcudart/libcublas of the toolkit it was built
-# with (13 for scripts/check-cuda-build.sh); the native plugin opens cuBLAS and NVRTC by name
-# at run time (libcublas.so, libnvrtc.so, then versioned names). Find each on the machine and
-# link it into one directory, first on the library path.
-cuda_libs="$work/cuda-libs"
-rm -rf "$cuda_libs"; mkdir -p "$cuda_libs"
-cuda_dirs=()
-for d in "${CUDA_HOME:-}/lib64" "${CUDA_PATH:-}/lib64" /usr/local/cuda/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib \
-         "${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-toolkit-13.0/root/lib64" \
-         "${GANTRY_CACHE:-$HOME/.cache/gantry}/cuda-runtime-12/lib"; do
-  [ -d "$d" ] && cuda_dirs+=("$d")
-done
-while IFS= read -r d; do cuda_dirs+=("$d"); done < <("$python" - <<'EOF' 2>/dev/null
-import glob, site, sys
-roots = site.getsitepackages() + [site.getusersitepackages()]
-for r in roots:
-    for d in sorted(glob.glob(f"{r}/nvidia/cu*/lib")) + sorted(glob.glob(f"{r}/nvidia/*/lib")):
-        print(d)
-EOF
-)
-find_lib() { # soname: the first file with that name in the candidate directories
-  local d
-  for d in "${cuda_dirs[@]}"; do
-    [ -e "$d/$1" ] && { readlink -f "$d/$1"; return 0; }
-  done
-  return 1
-}
-lib_path=""
-for major in 12 13; do
-  for lib in libcudart libcublas libcublasLt libnvrtc libnvrtc-builtins; do
-    f="$(find_lib "$lib.so.$major")" || continue
-    ln -sfn "$f" "$cuda_libs/$lib.so.$major"
-    # The first major found (12: the native plugin's bindings are CUDA 12.8's; else 13) also
-    # answers to the unversioned name cudarc tries first.
-    [ -e "$cuda_libs/$lib.so" ] || ln -sfn "$f" "$cuda_libs/$lib.so"
-    # Their directories too: a library opens its companions (NVRTC's builtins, cuBLASLt) there.
-    case ":$lib_path:" in *":$(dirname "$f"):"*) ;; *) lib_path="$lib_path:$(dirname "$f")" ;; esac
-  done
-done
-export LD_LIBRARY_PATH="$cuda_libs$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The CUDA libraries, linked into one directory first on the library path.
+. "$root/scripts/cuda-libs.sh"
+link_cuda_libs "$work"
 # The bundle's fallback runtime libraries, only for those the machine lacks.
 if [ -n "$bundle" ] && [ -d "$bundle/lib" ]; then
   for f in "$bundle"/lib/*; do
@@ -141,7 +103,6 @@ if [ -n "$bundle" ] && [ -d "$bundle/lib" ]; then
   [ -d "$work/fallback-libs" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$work/fallback-libs"
 fi
 ls -l "$cuda_libs" > "$out/cuda-libs.txt" 2>&1
-[ -n "${GANTRY_NVRTC_LIB:-}" ] || { [ -e "$cuda_libs/libnvrtc.so" ] && export GANTRY_NVRTC_LIB="$cuda_libs/libnvrtc.so"; }
 # The peer llama-server of a bundle runs on the plugin's own llama/ggml libraries.
 peer_env=()
 if [ -n "$bundle" ]; then

@@ -1,13 +1,15 @@
 //! Native engine, the backend boundary (below the step's bookkeeping): what a compute backend
 //! does for one step, whatever device it runs on.
 //!
-//! The model-level code (`lib.rs`) owns the sequences, the block tables and sampling; a backend
-//! owns the weights in its memory, the K/V blocks, and the forward pass. The CPU backend
-//! (`cpu`) and the CUDA backend (`cuda`: cuBLAS for the linear layers, NVRTC kernels for the
-//! rest) implement the same trait and hand back the same logits. Both read the checkpoint's
-//! decoder stack through [`load_stack`], each into its own memory ([`TensorLoader`]).
+//! The model-level code (`lib.rs`) owns the sequences, the block tables and each sequence's
+//! sampling state; a backend owns the weights in its memory, the K/V blocks, and the forward
+//! pass. The CPU backend (`cpu`) and the CUDA backend (`cuda`: cuBLAS for the linear layers,
+//! NVRTC kernels for the rest) implement the same trait and hand back the same logits; a
+//! backend that samples on its device ([`Backend::samples_on_device`], CUDA) also takes the
+//! step's sampling rows and hands back only the tokens. Both read the checkpoint's decoder
+//! stack through [`load_stack`], each into its own memory ([`TensorLoader`]).
 
-use gantry_engine_abi::EngineError;
+use gantry_engine_abi::{EngineError, SampledToken, Sampling};
 
 use crate::config::ModelConfig;
 use crate::kv::BlockCopy;
@@ -25,10 +27,38 @@ pub struct StepInput<'a> {
     pub logits_rows: &'a [usize],
 }
 
+/// One sampled row of a step, for a backend that samples on its device: what the request
+/// asks for and what the sequence's sampling state holds (the host keeps that state, so a
+/// sequence samples alike on every backend).
+pub struct SampleRow<'a> {
+    pub params: &'a Sampling,
+    /// Allowed-token bitset (ABI 1.1 structured output), one bit per vocabulary entry.
+    pub allowed: Option<&'a [u32]>,
+    /// Tokens this sequence generated so far (the penalties' window is taken from its end).
+    pub generated: &'a [i32],
+    /// Draws this sequence made before this one (the seeded generator's counter).
+    pub draw: u64,
+}
+
 pub trait Backend: Send {
     /// Run the step: append every token's K/V at its position and return the logits of
     /// `logits_rows`, `[rows][vocab]`.
     fn forward(&mut self, input: &StepInput<'_>) -> Result<Vec<f32>, EngineError>;
+    /// Whether [`Backend::forward_sample`] samples on the device.
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+    /// Run the step and sample row `i` of `logits_rows` by `rows[i]` on the device: only
+    /// the tokens (and the log-probabilities asked for) come back.
+    fn forward_sample(
+        &mut self,
+        _input: &StepInput<'_>,
+        _rows: &[SampleRow<'_>],
+    ) -> Result<Vec<SampledToken>, EngineError> {
+        Err(EngineError::unsupported(
+            "this backend samples on the host (forward, then the sampler)",
+        ))
+    }
     /// Copy K/V slots between blocks (prefix reuse's copy on write), before the next forward.
     fn copy_blocks(&mut self, copies: &[BlockCopy]);
     /// Memory this backend holds: weights (mapped or owned) and the KV cache.

@@ -33,7 +33,7 @@ use gantry_engine_abi::{
     SampledToken, Status, StepEntry,
 };
 
-use crate::backend::{Backend, StepInput};
+use crate::backend::{Backend, SampleRow, StepInput};
 use crate::config::ModelConfig;
 use crate::kv::{BlockPool, SeqBlocks};
 use crate::sampler::SeqSampler;
@@ -223,9 +223,10 @@ impl NativeModel {
             let ordinal = usize::try_from(ordinal).map_err(|_| {
                 EngineError::unsupported(format!("device id {ordinal} is not a CUDA ordinal"))
             })?;
-            Box::new(cuda::CudaBackend::new(
-                &mc, &weights, n_blocks, BLOCK_SIZE, ordinal,
-            )?)
+            let mut b = cuda::CudaBackend::new(&mc, &weights, n_blocks, BLOCK_SIZE, ordinal)?;
+            // The step's buffers for every sequence at once and a prompt chunk beside them.
+            b.reserve(max_seqs as usize, max_seqs as usize + 512)?;
+            Box::new(b)
         } else {
             let threads = match cfg.n_threads {
                 0 => std::thread::available_parallelism().map_or(4, |n| n.get()),
@@ -441,6 +442,13 @@ impl Model for NativeModel {
             let s = ex.seqs.get_mut(&e.seq).expect("checked above");
             ex.pool.grow(&mut s.blocks, e.tokens.len() - k)?;
         }
+        // Every sampling sequence's state, made on its first sample.
+        for e in entries {
+            if let Some(params) = e.sample {
+                let s = ex.seqs.get_mut(&e.seq).expect("checked above");
+                s.sampler.get_or_insert_with(|| SeqSampler::new(params));
+            }
+        }
         // Flatten the batch.
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
@@ -458,6 +466,50 @@ impl Model for NativeModel {
             if e.sample.is_some() {
                 logits_rows.push(tokens.len() - 1);
             }
+        }
+        if ex.backend.samples_on_device() && !tokens.is_empty() {
+            // Sampling on the device: the sequences' sampling state goes in, tokens come out.
+            let rows: Vec<SampleRow<'_>> = entries
+                .iter()
+                .filter_map(|e| {
+                    let params = e.sample?;
+                    let sampler = ex.seqs[&e.seq].sampler.as_ref()?;
+                    Some(SampleRow {
+                        params,
+                        allowed: e.allowed,
+                        generated: sampler.generated(),
+                        draw: sampler.generated().len() as u64,
+                    })
+                })
+                .collect();
+            let input = StepInput {
+                tokens: &tokens,
+                positions: &positions,
+                seq_of: &seq_of,
+                tables: &tables,
+                logits_rows: &logits_rows,
+            };
+            let sampled = ex.backend.forward_sample(&input, &rows)?;
+            drop(rows);
+            drop(tables);
+            let mut sampled = sampled.into_iter();
+            let mut out = Vec::with_capacity(entries.len());
+            for (e, &k) in entries.iter().zip(&skip) {
+                let s = ex.seqs.get_mut(&e.seq).expect("checked above");
+                ex.pool.commit(&mut s.blocks, &e.tokens[k..]);
+                if e.sample.is_none() {
+                    out.push(None);
+                    continue;
+                }
+                let t = sampled
+                    .next()
+                    .ok_or_else(|| EngineError::internal("the backend sampled too few rows"))?;
+                if let Some(sampler) = s.sampler.as_mut() {
+                    sampler.record(t.token);
+                }
+                out.push(Some(t));
+            }
+            return Ok(out);
         }
         let logits = if tokens.is_empty() {
             Vec::new()

@@ -25,6 +25,17 @@ impl SeqSampler {
         }
     }
 
+    /// Tokens sampled so far (a device sampler's penalties read them).
+    pub fn generated(&self) -> &[i32] {
+        &self.generated
+    }
+
+    /// A token a device sampler drew for this sequence; the count of tokens is its next
+    /// draw's counter.
+    pub fn record(&mut self, token: i32) {
+        self.generated.push(token);
+    }
+
     /// Sample from `logits` (modified in place).
     pub fn sample(
         &mut self,

@@ -1,0 +1,304 @@
+// Native engine, CUDA backend: sampling on the device. One block per sampled row reads the
+// row's logits (f32, [rows][vocab]) and its parameters from the step's input area and writes
+// only the token, its log-probability and the top log-probabilities a request asked for.
+//
+// The order is the CPU sampler's (`sampler.rs`, itself llama.cpp's): the allowed-token mask,
+// log-probabilities of that distribution, logit bias, penalties, then argmax, or top-k ->
+// top-p -> min-p -> temperature -> a draw. Top-k and top-p find their threshold by radix
+// select (four passes of a 256-bin histogram of order-preserving keys, counting tokens for
+// top-k and probability mass for top-p) instead of sorting the vocabulary; the draw is a
+// Gumbel-max over the kept tokens with noise from Philox-4x32-10 keyed by the request's seed
+// and counted by (draw index, token id), so a seeded sequence draws the same whatever batch
+// it is in.
+
+// Parameter words of a row (`cuda/pack.rs` writes them).
+#define P_FLAGS 0
+#define P_TEMP 1
+#define P_TOP_K 2
+#define P_TOP_P 3
+#define P_MIN_P 4
+#define P_REP 5
+#define P_FREQ 6
+#define P_PRES 7
+#define P_SEED_LO 8
+#define P_SEED_HI 9
+#define P_DRAW_LO 10
+#define P_DRAW_HI 11
+#define P_ADJ_OFF 12
+#define P_ADJ_LEN 13
+#define P_MASK 14
+#define P_N_TOP 15
+#define P_WORDS 16
+
+#define F_GREEDY 1
+#define F_LOGPROB 2
+#define F_SKIP 4
+
+// Output words of a row: token, logprob, then up to 20 (id, logprob) pairs, id -1 ending.
+#define OUT_WORDS 42
+#define MAX_TOP 20
+
+#define SAMPLE_THREADS 1024
+
+__device__ __forceinline__ uint4 philox(uint2 key, uint4 c) {
+#pragma unroll
+    for (int r = 0; r < 10; r++) {
+        u32 hi0 = __umulhi(0xD2511F53u, c.x);
+        u32 lo0 = 0xD2511F53u * c.x;
+        u32 hi1 = __umulhi(0xCD9E8D57u, c.z);
+        u32 lo1 = 0xCD9E8D57u * c.z;
+        c = make_uint4(hi1 ^ c.y ^ key.x, lo1, hi0 ^ c.w ^ key.y, lo0);
+        key.x += 0x9E3779B9u;
+        key.y += 0xBB67AE85u;
+    }
+    return c;
+}
+
+// A uniform in (0, 1) for (seed, draw, token).
+__device__ __forceinline__ float uniform01(const u32* p, int token) {
+    uint2 key = make_uint2(p[P_SEED_LO], p[P_SEED_HI]);
+    uint4 c = philox(key, make_uint4((u32)token, p[P_DRAW_LO], p[P_DRAW_HI], 0x5eedu));
+    return ((float)(c.x >> 8) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+// Order-preserving key of a float (larger float, larger key).
+__device__ __forceinline__ u32 fkey(float f) {
+    u32 u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float row_value(const float* l, const u32* mask, int i) {
+    if (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) {
+        return NEG_INF;
+    }
+    return l[i];
+}
+
+// The key K with weight(key > K) < target <= weight(key >= K) among finite values whose key
+// is >= lower, where weight is 1 per token (by_mass 0) or exp(v - mx) (by_mass 1).
+__device__ u32 radix_select(const float* l, const u32* mask, int vocab, u32 lower, float target,
+                            int by_mass, float mx, float* hist, u32* shared_state) {
+    u32 prefix = 0, pmask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+            hist[b] = 0.0f;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = row_value(l, mask, i);
+            if (v == NEG_INF) {
+                continue;
+            }
+            u32 key = fkey(v);
+            if (key >= lower && (key & pmask) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 255u], by_mass ? expf(v - mx) : 1.0f);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float cum = 0.0f;
+            int digit = -1, last = 0;
+            for (int b = 255; b >= 0; b--) {
+                if (hist[b] > 0.0f) {
+                    last = b;
+                    if (cum + hist[b] >= target) {
+                        digit = b;
+                        target -= cum;
+                        break;
+                    }
+                    cum += hist[b];
+                }
+            }
+            if (digit < 0) {
+                // Rounding left the target above what is there: take the lowest bucket.
+                digit = last;
+                target = 0.0f;
+            }
+            shared_state[0] = prefix | ((u32)digit << shift);
+            shared_state[1] = __float_as_uint(target);
+        }
+        __syncthreads();
+        prefix = shared_state[0];
+        target = __uint_as_float(shared_state[1]);
+        pmask |= 255u << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
+    __shared__ float fpart[32];
+    __shared__ int ipart[32];
+    __shared__ double dpart[32];
+    __shared__ float hist[256];
+    __shared__ u32 state[2];
+    int row = blockIdx.x;
+    if (row >= in[IN_N_ROWS]) {
+        return;
+    }
+    const u32* p = (const u32*)(in + in[IN_PARAMS]) + (long)row * P_WORDS;
+    int* o = out + (long)row * OUT_WORDS;
+    u32 flags = p[P_FLAGS];
+    if (flags & F_SKIP) {
+        if (threadIdx.x == 0) {
+            o[0] = -2;
+        }
+        return;
+    }
+    float* l = logits + (long)row * vocab;
+    int mslot = (int)p[P_MASK];
+    const u32* mask =
+        mslot >= 0 ? (const u32*)(in + in[IN_MASKS]) + (long)mslot * in[IN_MASK_WORDS] : 0;
+    int n_top = min((int)p[P_N_TOP], MAX_TOP);
+    bool want_lp = (flags & F_LOGPROB) || n_top > 0;
+
+    // Log-probabilities of the masked distribution, before bias and penalties.
+    float lse = 0.0f;
+    if (want_lp) {
+        float mx = NEG_INF;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            mx = fmaxf(mx, row_value(l, mask, i));
+        }
+        int dummy = 0;
+        block_argmax(mx, dummy, fpart, ipart);
+        double s = 0.0;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = row_value(l, mask, i);
+            if (v != NEG_INF) {
+                s += (double)expf(v - mx);
+            }
+        }
+        s = block_sum_d(s, dpart);
+        lse = mx + (float)log(s);
+        float pv = POS_INF;
+        int pi = -1;
+        for (int j = 0; j < MAX_TOP; j++) {
+            if (j >= n_top) {
+                if (threadIdx.x == 0) {
+                    o[2 + 2 * j] = -1;
+                }
+                continue;
+            }
+            float bv = NEG_INF;
+            int bi = 0x7fffffff;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                float v = row_value(l, mask, i);
+                bool after = v < pv || (v == pv && i > pi);
+                if (v != NEG_INF && after && better(v, i, bv, bi)) {
+                    bv = v;
+                    bi = i;
+                }
+            }
+            block_argmax(bv, bi, fpart, ipart);
+            if (threadIdx.x == 0) {
+                o[2 + 2 * j] = bv == NEG_INF ? -1 : bi;
+                o[3 + 2 * j] = __float_as_int(bv - lse);
+            }
+            pv = bv;
+            pi = bi;
+        }
+    } else if (threadIdx.x == 0) {
+        o[2] = -1;
+    }
+
+    // Logit bias and penalties, in place (the originals kept for the log-probability).
+    int adj_off = (int)p[P_ADJ_OFF];
+    int adj_len = (int)p[P_ADJ_LEN];
+    const int* adj = in + in[IN_ADJ] + 3 * adj_off;
+    float rep = __uint_as_float(p[P_REP]);
+    float freq = __uint_as_float(p[P_FREQ]);
+    float pres = __uint_as_float(p[P_PRES]);
+    __syncthreads();
+    for (int a = threadIdx.x; a < adj_len; a += blockDim.x) {
+        int tok = adj[3 * a];
+        int count = adj[3 * a + 1];
+        float bias = __int_as_float(adj[3 * a + 2]);
+        float v = row_value(l, mask, tok);
+        adj_orig[adj_off + a] = v;
+        float nv = v + bias;
+        if (count > 0) {
+            if (rep != 1.0f) {
+                nv = nv > 0.0f ? nv / rep : nv * rep;
+            }
+            nv -= (float)count * freq + pres;
+        }
+        l[tok] = nv;
+    }
+    __syncthreads();
+
+    int token;
+    if (flags & F_GREEDY) {
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = row_value(l, mask, i);
+            if (better(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        block_argmax(bv, bi, fpart, ipart);
+        token = bv == NEG_INF ? -1 : bi;
+    } else {
+        float mx = NEG_INF;
+        float finite = 0.0f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = row_value(l, mask, i);
+            mx = fmaxf(mx, v);
+            finite += v != NEG_INF ? 1.0f : 0.0f;
+        }
+        int dummy = 0;
+        block_argmax(mx, dummy, fpart, ipart);
+        finite = block_sum_f(finite, fpart);
+        u32 lower = 0;
+        int top_k = (int)p[P_TOP_K];
+        if (mx != NEG_INF && top_k > 0 && (float)top_k < finite) {
+            lower = radix_select(l, mask, vocab, 0, (float)top_k, 0, mx, hist, state);
+        }
+        float top_p = __uint_as_float(p[P_TOP_P]);
+        if (mx != NEG_INF && top_p < 1.0f) {
+            float z = 0.0f;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                float v = row_value(l, mask, i);
+                if (v != NEG_INF && fkey(v) >= lower) {
+                    z += expf(v - mx);
+                }
+            }
+            z = block_sum_f(z, fpart);
+            lower = radix_select(l, mask, vocab, lower, top_p * z, 1, mx, hist, state);
+        }
+        float min_p = __uint_as_float(p[P_MIN_P]);
+        float inv_t = 1.0f / fmaxf(__uint_as_float(p[P_TEMP]), 1e-6f);
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = row_value(l, mask, i);
+            if (v == NEG_INF || fkey(v) < lower || (min_p > 0.0f && expf(v - mx) < min_p)) {
+                continue;
+            }
+            float u = uniform01(p, i);
+            float score = (v - mx) * inv_t - logf(-logf(u));
+            if (better(score, i, bv, bi)) {
+                bv = score;
+                bi = i;
+            }
+        }
+        block_argmax(bv, bi, fpart, ipart);
+        token = bv == NEG_INF ? -1 : bi;
+    }
+    if (threadIdx.x == 0) {
+        o[0] = token;
+        float lp = __int_as_float(0x7fc00000);
+        if ((flags & F_LOGPROB) && token >= 0) {
+            float v = row_value(l, mask, token);
+            for (int a = 0; a < adj_len; a++) {
+                if (adj[3 * a] == token) {
+                    v = adj_orig[adj_off + a];
+                }
+            }
+            lp = v - lse;
+        }
+        o[1] = __float_as_int(lp);
+    }
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The native engine's GPU decode check: its CUDA tests and the decode benchmark against a
+# plain PyTorch loop on the same shapes, on a GPU machine with no Rust toolchain and no
+# network (PyTorch there for the reference loop).
+#
+#   scripts/gpu-decode.sh pack DIR            # here: build and pack what the GPU machine runs
+#   scripts/gpu-decode.sh run DIR OUT [PHASES] # there: run it, JSON and logs into OUT
+#
+# `pack` builds (release, as scripts/build.sh's CPU flags) the native engine's CUDA test
+# binaries and its decode benchmark (engines/native/examples/decode_bench.rs), strips and
+# xz-compresses them into DIR (about 10 MB: small enough to travel with a checkout).
+# `run` unpacks them, links the machine's CUDA libraries (scripts/cuda-libs.sh), and runs the
+# PHASES named (comma-separated; default all):
+#   tests     the CUDA tests with --include-ignored (tests/cuda.rs and tests/cuda_sampling.rs;
+#             the real Gemma 3 270M test is skipped: no real weights travel)
+#   gemma     the native engine on Gemma 3 270M's shapes (random bf16 weights written by
+#             decode_bench, no download), c = 1, 8, 64, 256: native-gemma.json
+#   torch     bench/torch_decode.py on the same shapes, CUDA graph and torch.compile + graph:
+#             torch-gemma.json
+#   llama8b   both on Llama 3 8B's shapes at c = 1 and 64 (16 GB of random weights made
+#             there): native-llama8b.json, torch-llama8b.json
+#   nographs  the native engine with GANTRY_NATIVE_CUDA_GRAPHS=0 at c = 1 and 64
+# and bench/gpu_decode.py writes OUT/gpu-decode.json from what ran. Every phase is bounded
+# by its own timeout; a phase that fails is recorded and the next one runs.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+log() { printf 'gpu-decode: %s\n' "$*" >&2; }
+python="${GANTRY_VENV:+$GANTRY_VENV/bin/}python3"
+command -v "$python" >/dev/null 2>&1 || python=python3
+
+case "${1:-}" in
+pack)
+  dir="${2:?usage: scripts/gpu-decode.sh pack DIR}"
+  set -e
+  mkdir -p "$dir"
+  json="$(mktemp)"
+  trap 'rm -f "$json"' EXIT
+  cargo build --release --locked -p gantry-engine-native --example decode_bench >&2
+  cargo test --release --locked -p gantry-engine-native --test cuda --test cuda_sampling \
+    --no-run --message-format=json > "$json"
+  for name in cuda cuda_sampling; do
+    exe="$("$python" -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try: m = json.loads(line)
+    except ValueError: continue
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and t.get("name") == sys.argv[2] and "test" in t.get("kind", []):
+        print(m["executable"]); break' "$json" "$name")"
+    strip -o "$dir/$name" "$exe"
+  done
+  strip -o "$dir/decode_bench" target/release/examples/decode_bench
+  xz -f -T0 -6 "$dir/cuda" "$dir/cuda_sampling" "$dir/decode_bench"
+  echo "commit: $(git rev-parse HEAD)$(git diff --quiet || echo ' (with local changes)')" > "$dir/BUNDLE.txt"
+  ls -l "$dir" >&2
+  exit 0
+  ;;
+run) ;;
+*) echo "usage: scripts/gpu-decode.sh pack DIR | run DIR OUT [PHASES]" >&2; exit 2 ;;
+esac
+
+dir="${2:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
+out="${3:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
+phases="${4:-tests,gemma,torch,llama8b,nographs}"
+want() { [[ ",$phases," == *",$1,"* ]]; }
+mkdir -p "$out"
+work="${GANTRY_GPU_WORK:-${TMPDIR:-/tmp}/gantry-gpu-decode}"
+mkdir -p "$work/bin"
+if ! nvidia-smi -L > "$out/nvidia-smi.txt" 2>&1; then
+  log "no NVIDIA GPU here: nothing was checked"; exit 2
+fi
+for f in cuda cuda_sampling decode_bench; do
+  [ -x "$work/bin/$f" ] || { xz -dc "$dir/$f.xz" > "$work/bin/$f" && chmod +x "$work/bin/$f"; }
+done
+cp "$dir/BUNDLE.txt" "$out/bundle.txt" 2>/dev/null || true
+. "$root/scripts/cuda-libs.sh"
+link_cuda_libs "$work"
+bench="$work/bin/decode_bench"
+status() { printf '%s %s\n' "$1" "$2" >> "$out/phases.txt"; log "$1: $2"; }
+bounded() { local t="$1"; shift; timeout --signal=TERM --kill-after=10 "$t" "$@"; }
+
+if want tests; then
+  if bounded 150 "$work/bin/cuda" --include-ignored --nocapture --skip gemma_on_cuda_answers_paris \
+       > "$out/tests.txt" 2>&1 \
+     && bounded 150 "$work/bin/cuda_sampling" --include-ignored --nocapture --test-threads 1 \
+       >> "$out/tests.txt" 2>&1; then
+    status tests passed
+  else
+    status tests failed
+  fi
+fi
+gemma="$work/models/gemma3-270m"
+if want gemma || want nographs; then
+  [ -s "$gemma/model.safetensors" ] || "$bench" write --shape gemma3-270m "$gemma" 2>> "$out/bench.log"
+fi
+if want gemma; then
+  if bounded 200 "$bench" run --model "$gemma" --batches 1,8,64,256 --prompt 128 --gen 128 \
+       --out "$out/native-gemma.json" 2>> "$out/bench.log"; then
+    status gemma passed
+  else
+    status gemma failed
+  fi
+fi
+if want nographs; then
+  if GANTRY_NATIVE_CUDA_GRAPHS=0 bounded 90 "$bench" run --model "$gemma" --batches 1,64 \
+       --prompt 128 --gen 64 --label native-no-graphs --out "$out/native-gemma-nographs.json" \
+       2>> "$out/bench.log"; then
+    status nographs passed
+  else
+    status nographs failed
+  fi
+fi
+if want torch; then
+  if PYTHONUNBUFFERED=1 bounded 240 "$python" bench/torch_decode.py --shape gemma3-270m \
+       --batches 1,8,64,256 --modes graph,compiled --context 128 --steps 128 --time-budget 200 \
+       --out "$out/torch-gemma.json" >> "$out/bench.log" 2>&1; then
+    status torch passed
+  else
+    status torch failed
+  fi
+fi
+if want llama8b; then
+  llama="$work/models/llama3-8b"
+  [ -s "$llama/model.safetensors" ] || "$bench" write --shape llama3-8b "$llama" 2>> "$out/bench.log"
+  if bounded 150 "$bench" run --model "$llama" --batches 1,64 --prompt 128 --gen 64 \
+       --out "$out/native-llama8b.json" 2>> "$out/bench.log"; then
+    status llama8b-native passed
+  else
+    status llama8b-native failed
+  fi
+  rm -rf "$llama"
+  if PYTHONUNBUFFERED=1 bounded 120 "$python" bench/torch_decode.py --shape llama3-8b --batches 1,64 \
+       --modes graph --context 128 --steps 64 --time-budget 90 \
+       --out "$out/torch-llama8b.json" >> "$out/bench.log" 2>&1; then
+    status llama8b-torch passed
+  else
+    status llama8b-torch failed
+  fi
+fi
+"$python" bench/gpu_decode.py "$out" "$out/gpu-decode.json" || log "no summary"
+log "results in $out"
