@@ -71,11 +71,19 @@ def main():
     smi = (out_dir / "nvidia-smi.txt").read_text().strip() if (out_dir / "nvidia-smi.txt").exists() else None
     phases = (out_dir / "phases.txt").read_text().split("\n") if (out_dir / "phases.txt").exists() else []
     tg = load(out_dir / "torch-gemma.json")
+    text = lambda name: (out_dir / name).read_text() if (out_dir / name).exists() else ""
+    profile = [line.split("gantry-engine-native: ", 1)[1] for line in text("bench.log").splitlines()
+               if "gantry-engine-native: step profile" in line]
+    tests = [line for line in text("tests.txt").splitlines() if line.startswith("test ") or "chi-square" in line
+             or "test result" in line]
     report = {
         "check": "scripts/gpu-decode.sh",
         "device": smi,
         "torch": (tg or {}).get("torch"),
+        "bundle": text("bundle.txt").strip().splitlines(),
         "phases": dict(p.split(" ", 1) for p in phases if " " in p),
+        "tests": tests,
+        "native_step_profile": profile,
         "llama_cpp": "not part of this check (the llama.cpp CUDA plugin's figures are bench/results/gpu-check-h100.json)",
         "gemma3_270m": rows_for(load(out_dir / "native-gemma.json"), tg,
                                 load(out_dir / "native-gemma-nographs.json")),

@@ -6,9 +6,12 @@
 #   scripts/gpu-decode.sh pack DIR            # here: build and pack what the GPU machine runs
 #   scripts/gpu-decode.sh run DIR OUT [PHASES] # there: run it, JSON and logs into OUT
 #
-# `pack` builds (release, as scripts/build.sh's CPU flags) the native engine's CUDA test
-# binaries and its decode benchmark (engines/native/examples/decode_bench.rs), strips and
-# xz-compresses them into DIR (about 10 MB: small enough to travel with a checkout).
+# `pack` builds (release) the native engine's CUDA test binaries and its decode benchmark
+# (engines/native/examples/decode_bench.rs), strips and xz-compresses them into DIR (about
+# 6 MB: small enough to travel with a checkout). They are built for the x86-64-v3 baseline
+# (RUSTFLAGS, default "-C target-cpu=x86-64-v3") in their own target directory
+# (target/gpu-pack), not for this machine's CPU as scripts/build.sh builds: a GPU machine's CPU
+# may lack what this one has.
 # `run` unpacks them, links the machine's CUDA libraries (scripts/cuda-libs.sh), and runs the
 # PHASES named (comma-separated; default all):
 #   tests     the CUDA tests with --include-ignored (tests/cuda.rs and tests/cuda_sampling.rs;
@@ -20,7 +23,10 @@
 #   llama8b   both on Llama 3 8B's shapes at c = 1 and 64 (16 GB of random weights made
 #             there): native-llama8b.json, torch-llama8b.json
 #   nographs  the native engine with GANTRY_NATIVE_CUDA_GRAPHS=0 at c = 1 and 64
-# and bench/gpu_decode.py writes OUT/gpu-decode.json from what ran. Every phase is bounded
+#   profile   the native engine with GANTRY_NATIVE_CUDA_PROFILE=1 at c = 1 and 64: CUDA events
+#             between a decode step's phases, one line per batch size in bench.log
+# and bench/gpu_decode.py writes OUT/gpu-decode.json from what ran (the small files it reads
+# are then moved out of OUT, so what comes back is the summary, the logs and the main JSONs). Every phase is bounded
 # by its own timeout; a phase that fails is recorded and the next one runs.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,6 +42,8 @@ pack)
   mkdir -p "$dir"
   json="$(mktemp)"
   trap 'rm -f "$json"' EXIT
+  export RUSTFLAGS="${RUSTFLAGS:--C target-cpu=x86-64-v3}"
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/gpu-pack}"
   cargo build --release --locked -p gantry-engine-native --example decode_bench >&2
   cargo test --release --locked -p gantry-engine-native --test cuda --test cuda_sampling \
     --no-run --message-format=json > "$json"
@@ -50,9 +58,10 @@ for line in open(sys.argv[1]):
         print(m["executable"]); break' "$json" "$name")"
     strip -o "$dir/$name" "$exe"
   done
-  strip -o "$dir/decode_bench" target/release/examples/decode_bench
+  strip -o "$dir/decode_bench" "$CARGO_TARGET_DIR/release/examples/decode_bench"
   xz -f -T0 -6 "$dir/cuda" "$dir/cuda_sampling" "$dir/decode_bench"
-  echo "commit: $(git rev-parse HEAD)$(git diff --quiet || echo ' (with local changes)')" > "$dir/BUNDLE.txt"
+  { echo "commit: $(git rev-parse HEAD)$(git diff --quiet || echo ' (with local changes)')"
+    echo "RUSTFLAGS: $RUSTFLAGS"; } > "$dir/BUNDLE.txt"
   ls -l "$dir" >&2
   exit 0
   ;;
@@ -62,7 +71,8 @@ esac
 
 dir="${2:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
 out="${3:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
-phases="${4:-tests,gemma,torch,llama8b,nographs}"
+phases="${4:-tests,gemma,profile,nographs,torch,llama8b}"
+torch_modes="${GANTRY_TORCH_MODES:-graph,compiled}"
 want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out"
 work="${GANTRY_GPU_WORK:-${TMPDIR:-/tmp}/gantry-gpu-decode}"
@@ -91,7 +101,7 @@ if want tests; then
   fi
 fi
 gemma="$work/models/gemma3-270m"
-if want gemma || want nographs; then
+if want gemma || want nographs || want profile; then
   [ -s "$gemma/model.safetensors" ] || "$bench" write --shape gemma3-270m "$gemma" 2>> "$out/bench.log"
 fi
 if want gemma; then
@@ -111,9 +121,18 @@ if want nographs; then
     status nographs failed
   fi
 fi
+if want profile; then
+  if GANTRY_NATIVE_CUDA_PROFILE=1 bounded 90 "$bench" run --model "$gemma" --batches 1,64 \
+       --prompt 128 --gen 32 --label native-profile --out "$out/native-gemma-profile.json" \
+       2>> "$out/bench.log"; then
+    status profile passed
+  else
+    status profile failed
+  fi
+fi
 if want torch; then
-  if PYTHONUNBUFFERED=1 bounded 240 "$python" bench/torch_decode.py --shape gemma3-270m \
-       --batches 1,8,64,256 --modes graph,compiled --context 128 --steps 128 --time-budget 200 \
+  if PYTHONUNBUFFERED=1 bounded 190 "$python" bench/torch_decode.py --shape gemma3-270m \
+       --batches 1,8,64,256 --modes "$torch_modes" --context 128 --steps 128 --time-budget 150 \
        --out "$out/torch-gemma.json" >> "$out/bench.log" 2>&1; then
     status torch passed
   else
@@ -139,4 +158,8 @@ if want llama8b; then
   fi
 fi
 "$python" bench/gpu_decode.py "$out" "$out/gpu-decode.json" || log "no summary"
+mkdir -p "$work/small"
+for f in nvidia-smi.txt bundle.txt phases.txt native-gemma-nographs.json native-gemma-profile.json; do
+  [ -e "$out/$f" ] && mv "$out/$f" "$work/small/"
+done
 log "results in $out"

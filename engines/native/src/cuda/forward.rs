@@ -69,6 +69,7 @@ impl CudaBackend {
         let eps = c.rms_eps;
         let plus_one = i32::from(c.norm_plus_one);
         let m = &self.model;
+        self.profile.mark("start", &self.stream);
         let opt =
             |v: &Option<cudarc::driver::CudaSlice<f32>>| v.as_ref().map_or(0u64, |v| self.addr(v));
 
@@ -90,6 +91,7 @@ impl CudaBackend {
             // SAFETY: the table holds vocab x hidden values (token ids were checked on the
             // host), x and h hold the buffers' token capacity >= n rows of hidden.
             unsafe { lb.launch(per_row(n, THREADS)) }.map_err(cuda_err("embed_norm"))?;
+            self.profile.mark("embed_norm", &self.stream);
         }
 
         let qkv_stride = i64::from(int((nh + 2 * nkv) * hd)?);
@@ -100,6 +102,7 @@ impl CudaBackend {
             let kv = &self.kv[li];
             let (kc, vc) = (self.addr(&kv.k), self.addr(&kv.v));
             self.gemm.run(&layer.qkv, b.h, n, b.qkv)?;
+            self.profile.mark("gemm_qkv", &self.stream);
             {
                 let (inv, factor) = &m.ropes[kind.rope];
                 let inv = self.addr(inv);
@@ -128,6 +131,7 @@ impl CudaBackend {
                 // SAFETY: qkv holds n rows of (nh + 2 nkv) x hd; every cell of the input area
                 // is inside the cache (the pool's blocks, or the dummy block past them).
                 unsafe { lb.launch(cfg) }.map_err(cuda_err("qkv_rope_store"))?;
+                self.profile.mark("qkv_rope_store", &self.stream);
             }
             {
                 let window = int(kind.window.unwrap_or(0))?;
@@ -157,8 +161,10 @@ impl CudaBackend {
                 // SAFETY: q rows of qkv and att hold n x nh x hd values; each token's positions
                 // are covered by its sequence's block table (the step grew it first).
                 unsafe { lb.launch(cfg) }.map_err(cuda_err("attention"))?;
+                self.profile.mark("attention", &self.stream);
             }
             self.gemm.run(&layer.o, b.att, n, b.o)?;
+            self.profile.mark("gemm_o", &self.stream);
             self.residual_norm(
                 b.o,
                 opt(&layer.o.bias),
@@ -167,6 +173,7 @@ impl CudaBackend {
                 n,
             )?;
             self.gemm.run(&layer.gate_up, b.h, n, b.gu)?;
+            self.profile.mark("gemm_gate_up", &self.stream);
             {
                 let bias = opt(&layer.gate_up.bias);
                 let kind = match c.activation {
@@ -183,8 +190,10 @@ impl CudaBackend {
                     .arg(&input);
                 // SAFETY: gu holds n rows of 2 x ff, g n rows of ff.
                 unsafe { lb.launch(flat(n * ff)) }.map_err(cuda_err("gated_act"))?;
+                self.profile.mark("gated_act", &self.stream);
             }
             self.gemm.run(&layer.down, b.g, n, b.o)?;
+            self.profile.mark("gemm_down", &self.stream);
             let next = match m.layers.get(li + 1) {
                 Some(l) => self.addr(&l.in_norm),
                 None => self.addr(&m.final_norm),
@@ -213,12 +222,14 @@ impl CudaBackend {
         };
         let head = m.lm_head.as_ref().unwrap_or(&m.embed);
         self.gemm.run(head, src, rows, b.logits)?;
+        self.profile.mark("gemm_lm_head", &self.stream);
         if let Some(cap) = c.final_softcap {
             let n = (rows * c.vocab) as i64;
             let mut lb = self.stream.launch_builder(&self.k.softcap);
             lb.arg(&b.logits).arg(&cap).arg(&n);
             // SAFETY: logits holds rows x vocab values.
             unsafe { lb.launch(flat(rows * c.vocab)) }.map_err(cuda_err("softcap"))?;
+            self.profile.mark("softcap", &self.stream);
         }
         if s.sample {
             self.launch_sample(rows)?;
@@ -239,6 +250,7 @@ impl CudaBackend {
         // SAFETY: logits holds rows x vocab, out rows x OUT_WORDS, adj_orig the step's
         // adjustments; the parameters, adjustments and masks are in the input area.
         unsafe { lb.launch(per_row(rows, SAMPLE_THREADS)) }.map_err(cuda_err("sample"))?;
+        self.profile.mark("sample", &self.stream);
         Ok(())
     }
 
@@ -268,6 +280,7 @@ impl CudaBackend {
             .arg(&b.input);
         // SAFETY: x, dlt and h hold n rows of hidden; the norm weights hidden values.
         unsafe { lb.launch(per_row(n, THREADS)) }.map_err(cuda_err("residual_norm"))?;
+        self.profile.mark("residual_norm", &self.stream);
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ mod gemm;
 pub mod graph;
 pub mod nvrtc;
 mod pack;
+mod profile;
 mod upload;
 
 use std::sync::Arc;
@@ -44,6 +45,7 @@ use forward::Shape;
 use gemm::Gemm;
 use graph::{Graphs, Slot, bucket_for};
 use pack::{OUT_WORDS, Packed, Padding, pack, unpack};
+use profile::Profile;
 use upload::DevModel;
 
 /// The largest head the attention kernel holds in registers (8 values per lane).
@@ -115,6 +117,7 @@ pub struct CudaBackend {
     outputs: Pinned,
     words: Vec<i32>,
     graphs: Graphs,
+    profile: Profile,
     kv_bytes: u64,
     /// A KV block copy that failed, reported by the next forward.
     copy_failed: Option<String>,
@@ -207,6 +210,7 @@ impl CudaBackend {
         let outputs = Pinned::new(caps.rows * OUT_WORDS, false)?;
         stream.synchronize().map_err(cuda_err("upload"))?;
         let code = dtype_code(act);
+        let profile = Profile::new(&ctx);
         Ok(Self {
             cfg: cfg.clone(),
             ctx,
@@ -228,6 +232,7 @@ impl CudaBackend {
             outputs,
             words: Vec::new(),
             graphs: Graphs::new(),
+            profile,
             kv_bytes,
             copy_failed: None,
         })
@@ -318,7 +323,7 @@ impl CudaBackend {
     ) -> Result<Vec<SampledToken>, EngineError> {
         let t = input.tokens.len();
         let decode = rows.len() == t && input.logits_rows.iter().enumerate().all(|(i, &r)| i == r);
-        let bucket = if self.graphs.enabled && decode {
+        let bucket = if self.graphs.enabled && !self.profile.enabled && decode {
             bucket_for(t, self.bufs.caps.rows.max(rows.len()))
         } else {
             None
@@ -351,6 +356,7 @@ impl CudaBackend {
         let n = rows.len() * OUT_WORDS;
         self.outputs.from_device(n, self.bufs.out, &self.stream)?;
         self.stream.synchronize().map_err(cuda_err("step"))?;
+        self.profile.collect(decode.then_some(t));
         unpack(&self.outputs.words()[..n], rows)
     }
 

@@ -6,10 +6,13 @@
 // log-probabilities of that distribution, logit bias, penalties, then argmax, or top-k ->
 // top-p -> min-p -> temperature -> a draw. Top-k and top-p find their threshold by radix
 // select (four passes of a 256-bin histogram of order-preserving keys, counting tokens for
-// top-k and probability mass for top-p) instead of sorting the vocabulary; the draw is a
-// Gumbel-max over the kept tokens with noise from Philox-4x32-10 keyed by the request's seed
-// and counted by (draw index, token id), so a seeded sequence draws the same whatever batch
-// it is in.
+// top-k and probability mass for top-p) instead of sorting the vocabulary. The draw inverts
+// the kept tokens' cumulative distribution: each thread sums the tempered weights of its
+// tokens, a block scan gives each thread its share of [0, total), one uniform from
+// Philox-4x32-10 (keyed by the request's seed, counted by the sequence's draw index) picks the
+// share, and its thread walks its tokens to the one. The order of the walk is fixed by the
+// vocabulary and the block size, not the batch, so a seeded sequence draws the same whatever
+// batch it is in.
 
 // Parameter words of a row (`cuda/pack.rs` writes them).
 #define P_FLAGS 0
@@ -54,11 +57,44 @@ __device__ __forceinline__ uint4 philox(uint2 key, uint4 c) {
     return c;
 }
 
-// A uniform in (0, 1) for (seed, draw, token).
-__device__ __forceinline__ float uniform01(const u32* p, int token) {
+// A uniform in [0, 1) with 53 random bits for (seed, draw).
+__device__ __forceinline__ double uniform01(const u32* p) {
     uint2 key = make_uint2(p[P_SEED_LO], p[P_SEED_HI]);
-    uint4 c = philox(key, make_uint4((u32)token, p[P_DRAW_LO], p[P_DRAW_HI], 0x5eedu));
-    return ((float)(c.x >> 8) + 0.5f) * (1.0f / 16777216.0f);
+    uint4 c = philox(key, make_uint4(0u, p[P_DRAW_LO], p[P_DRAW_HI], 0x5eedu));
+    return ((double)(c.x >> 5) * 67108864.0 + (double)(c.y >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+// Exclusive prefix sum of one double per thread over the block (blockDim.x a multiple of 32,
+// at most 1024): `excl` gets every thread's start (blockDim.x + 1 entries, the last one the
+// total). `warp_tot` holds 32.
+__device__ void block_exclusive_scan(double v, double* excl, double* warp_tot) {
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    double inc = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        double o = __shfl_up_sync(0xffffffffu, inc, off);
+        if (lane >= off) {
+            inc += o;
+        }
+    }
+    __syncthreads();
+    if (lane == 31) {
+        warp_tot[warp] = inc;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int nw = blockDim.x >> 5;
+        double run = 0.0;
+        for (int w = 0; w < nw; w++) {
+            double t = warp_tot[w];
+            warp_tot[w] = run;
+            run += t;
+        }
+        excl[blockDim.x] = run;
+    }
+    __syncthreads();
+    excl[threadIdx.x] = warp_tot[warp] + inc - v;
+    __syncthreads();
 }
 
 // Order-preserving key of a float (larger float, larger key).
@@ -133,6 +169,8 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
     __shared__ double dpart[32];
     __shared__ float hist[256];
     __shared__ u32 state[2];
+    __shared__ double excl[SAMPLE_THREADS + 1];
+    __shared__ int chosen;
     int row = blockIdx.x;
     if (row >= in[IN_N_ROWS]) {
         return;
@@ -270,22 +308,43 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
         }
         float min_p = __uint_as_float(p[P_MIN_P]);
         float inv_t = 1.0f / fmaxf(__uint_as_float(p[P_TEMP]), 1e-6f);
-        float bv = NEG_INF;
-        int bi = 0x7fffffff;
+        // Each thread's tempered weight of its kept tokens (tokens threadIdx.x + k * blockDim.x).
+        double own = 0.0;
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
             float v = row_value(l, mask, i);
             if (v == NEG_INF || fkey(v) < lower || (min_p > 0.0f && expf(v - mx) < min_p)) {
                 continue;
             }
-            float u = uniform01(p, i);
-            float score = (v - mx) * inv_t - logf(-logf(u));
-            if (better(score, i, bv, bi)) {
-                bv = score;
-                bi = i;
-            }
+            own += (double)expf((v - mx) * inv_t);
         }
-        block_argmax(bv, bi, fpart, ipart);
-        token = bv == NEG_INF ? -1 : bi;
+        block_exclusive_scan(own, excl, dpart);
+        double total = excl[blockDim.x];
+        double target = uniform01(p) * total;
+        if (threadIdx.x == 0) {
+            chosen = -1;
+        }
+        __syncthreads();
+        double lo = excl[threadIdx.x];
+        if (mx != NEG_INF && lo <= target && target < excl[threadIdx.x + 1]) {
+            // This thread's share holds the target: walk its tokens in the same order. Where
+            // rounding leaves the target past the walk, its last kept token is the one.
+            double cum = lo;
+            int pick = -1;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                float v = row_value(l, mask, i);
+                if (v == NEG_INF || fkey(v) < lower || (min_p > 0.0f && expf(v - mx) < min_p)) {
+                    continue;
+                }
+                pick = i;
+                cum += (double)expf((v - mx) * inv_t);
+                if (cum > target) {
+                    break;
+                }
+            }
+            chosen = pick;
+        }
+        __syncthreads();
+        token = chosen;
     }
     if (threadIdx.x == 0) {
         o[0] = token;
