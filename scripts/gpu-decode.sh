@@ -23,7 +23,8 @@
 #   llama8b   both on Llama 3 8B's shapes at c = 1 and 64 (16 GB of random weights made
 #             there): native-llama8b.json, torch-llama8b.json
 #   nographs  the native engine with GANTRY_NATIVE_CUDA_GRAPHS=0 at c = 1 and 64
-#   profile   the native engine with GANTRY_NATIVE_CUDA_PROFILE=1 at c = 1 and 64: CUDA events
+#   profile   the native engine with GANTRY_NATIVE_CUDA_PROFILE=1 at c = 1, 64, 256 (and the
+#             8B shape at 1 and 64 within llama8b): CUDA events
 #             between a decode step's phases, one line per batch size in bench.log
 # and bench/gpu_decode.py writes OUT/gpu-decode.json from what ran (the small files it reads
 # are then moved out of OUT, so what comes back is the summary, the logs and the main JSONs). Every phase is bounded
@@ -122,7 +123,7 @@ if want nographs; then
   fi
 fi
 if want profile; then
-  if GANTRY_NATIVE_CUDA_PROFILE=1 bounded 90 "$bench" run --model "$gemma" --batches 1,64 \
+  if GANTRY_NATIVE_CUDA_PROFILE=1 bounded 90 "$bench" run --model "$gemma" --batches 1,64,256 \
        --prompt 128 --gen 32 --label native-profile --out "$out/native-gemma-profile.json" \
        2>> "$out/bench.log"; then
     status profile passed
@@ -147,6 +148,11 @@ if want llama8b; then
     status llama8b-native passed
   else
     status llama8b-native failed
+  fi
+  if want profile; then
+    GANTRY_NATIVE_CUDA_PROFILE=1 bounded 90 "$bench" run --model "$llama" --batches 1,64 --prompt 128 \
+      --gen 16 --label native-profile --out "$work/native-llama8b-profile.json" 2>> "$out/bench.log" \
+      || log "the 8B profile run failed"
   fi
   rm -rf "$llama"
   if PYTHONUNBUFFERED=1 bounded 120 "$python" bench/torch_decode.py --shape llama3-8b --batches 1,64 \

@@ -99,6 +99,9 @@ pub(super) struct Bufs {
     pub adj_orig: u64,
     /// The sampler's output, i32 `[rows][OUT_WORDS]`.
     pub out: u64,
+    /// Attention's pieces, f32 `[tokens][heads][splits][2 + head_dim]`
+    /// (`forward::attention_splits`: tokens x splits <= max(1024, tokens)).
+    pub attn_part: u64,
     pub bytes: u64,
     _owners: Vec<CudaSlice<u8>>,
 }
@@ -127,6 +130,7 @@ impl Bufs {
             caps.in_words * 4,
             caps.adj.max(1) * 4,
             r * OUT_WORDS * 4,
+            t.max(1024) * cfg.n_heads * (2 + cfg.head_dim) * 4,
         ];
         let mut owners = Vec::with_capacity(sizes.len());
         let mut ptrs = Vec::with_capacity(sizes.len());
@@ -154,6 +158,7 @@ impl Bufs {
             input: ptrs[9],
             adj_orig: ptrs[10],
             out: ptrs[11],
+            attn_part: ptrs[12],
             bytes: sizes.iter().sum::<usize>() as u64,
             _owners: owners,
         })

@@ -14,8 +14,21 @@ use gantry_engine_abi::EngineError;
 use super::{CudaBackend, cuda_err, int};
 use crate::config::Activation;
 
-/// Threads per block of the per-token kernels (norms) and of attention (8 warps).
+/// Threads per block of the per-token kernels (norms).
 const THREADS: u32 = 256;
+/// Threads per block of attention (4 warps per piece of the key span).
+const ATTN_THREADS: u32 = 128;
+
+/// Pieces each token's key span is cut into: many for a few tokens (a small decode batch
+/// still fills the GPU), one for a prompt chunk. tokens x pieces <= max(1024, tokens), which
+/// is what the step's buffers hold.
+pub(super) fn attention_splits(tokens: usize) -> usize {
+    match tokens {
+        0..=64 => 16,
+        65..=256 => 4,
+        _ => 1,
+    }
+}
 /// Threads per block of the sampler (one block per row over the whole vocabulary).
 const SAMPLE_THREADS: u32 = 1024;
 
@@ -97,6 +110,8 @@ impl CudaBackend {
         let qkv_stride = i64::from(int((nh + 2 * nkv) * hd)?);
         let rope_threads = (hd / 2).div_ceil(32).max(1) as u32 * 32;
         let bs32 = int(self.block_size)?;
+        let splits = attention_splits(n);
+        let splits32 = int(splits)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let kind = &c.layers[li];
             let kv = &self.kv[li];
@@ -136,10 +151,10 @@ impl CudaBackend {
             {
                 let window = int(kind.window.unwrap_or(0))?;
                 let softcap = c.attn_softcap.unwrap_or(0.0);
-                let nwarps = THREADS / 32;
+                let nwarps = ATTN_THREADS / 32;
                 let cfg = LaunchConfig {
-                    grid_dim: (n as u32, nh as u32, 1),
-                    block_dim: (THREADS, 1, 1),
+                    grid_dim: (n as u32, nh as u32, splits as u32),
+                    block_dim: (ATTN_THREADS, 1, 1),
                     shared_mem_bytes: (nwarps as usize * (2 + hd) * 4) as u32,
                 };
                 let mut lb = self.stream.launch_builder(&self.k.attention);
@@ -149,18 +164,34 @@ impl CudaBackend {
                     .arg(&vc)
                     .arg(&kvdt)
                     .arg(&input)
-                    .arg(&b.att)
-                    .arg(&act)
+                    .arg(&b.attn_part)
                     .arg(&nh32)
                     .arg(&nkv32)
                     .arg(&hd32)
                     .arg(&bs32)
                     .arg(&window)
                     .arg(&c.attn_scale)
-                    .arg(&softcap);
-                // SAFETY: q rows of qkv and att hold n x nh x hd values; each token's positions
-                // are covered by its sequence's block table (the step grew it first).
+                    .arg(&softcap)
+                    .arg(&splits32);
+                // SAFETY: q rows of qkv hold n x nh x hd values, attn_part n x nh x splits
+                // pieces (sized by attention_splits); each token's positions are covered by
+                // its sequence's block table (the step grew it first).
                 unsafe { lb.launch(cfg) }.map_err(cuda_err("attention"))?;
+                let cfg = LaunchConfig {
+                    grid_dim: (n as u32, nh as u32, 1),
+                    block_dim: (ATTN_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut lb = self.stream.launch_builder(&self.k.attention_merge);
+                lb.arg(&b.attn_part)
+                    .arg(&input)
+                    .arg(&b.att)
+                    .arg(&act)
+                    .arg(&nh32)
+                    .arg(&hd32)
+                    .arg(&splits32);
+                // SAFETY: attn_part holds the pieces written above, att n x nh x hd values.
+                unsafe { lb.launch(cfg) }.map_err(cuda_err("attention_merge"))?;
                 self.profile.mark("attention", &self.stream);
             }
             self.gemm.run(&layer.o, b.att, n, b.o)?;

@@ -85,6 +85,7 @@ struct Kernels {
     softcap: CudaFunction,
     copy_u16: CudaFunction,
     attention: CudaFunction,
+    attention_merge: CudaFunction,
     sample: CudaFunction,
 }
 
@@ -188,6 +189,7 @@ impl CudaBackend {
             softcap: f("softcap")?,
             copy_u16: f("copy_u16")?,
             attention: f("attention")?,
+            attention_merge: f("attention_merge")?,
             sample: f("sample")?,
         };
         let gemm = Gemm::new(&stream)?;

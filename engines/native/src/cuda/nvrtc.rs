@@ -23,7 +23,7 @@ pub const KERNELS: &str = concat!(
 );
 
 /// Every kernel the program defines (the backend loads each by name).
-pub const KERNEL_NAMES: [&str; 9] = [
+pub const KERNEL_NAMES: [&str; 10] = [
     "embed_norm",
     "residual_norm",
     "qkv_rope_store",
@@ -32,6 +32,7 @@ pub const KERNEL_NAMES: [&str; 9] = [
     "softcap",
     "copy_u16",
     "attention",
+    "attention_merge",
     "sample",
 ];
 
