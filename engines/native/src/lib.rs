@@ -467,60 +467,34 @@ impl Model for NativeModel {
                 logits_rows.push(tokens.len() - 1);
             }
         }
-        if ex.backend.samples_on_device() && !tokens.is_empty() {
-            // Sampling on the device: the sequences' sampling state goes in, tokens come out.
+        let input = StepInput {
+            tokens: &tokens,
+            positions: &positions,
+            seq_of: &seq_of,
+            tables: &tables,
+            logits_rows: &logits_rows,
+        };
+        // A backend that samples on its device hands back tokens (the sequences' sampling
+        // state goes in); otherwise logits come back and are sampled here.
+        let mut from_device = None;
+        let logits = if tokens.is_empty() {
+            Vec::new()
+        } else if ex.backend.samples_on_device() {
             let rows: Vec<SampleRow<'_>> = entries
                 .iter()
                 .filter_map(|e| {
-                    let params = e.sample?;
                     let sampler = ex.seqs[&e.seq].sampler.as_ref()?;
                     Some(SampleRow {
-                        params,
+                        params: e.sample?,
                         allowed: e.allowed,
                         generated: sampler.generated(),
                         draw: sampler.generated().len() as u64,
                     })
                 })
                 .collect();
-            let input = StepInput {
-                tokens: &tokens,
-                positions: &positions,
-                seq_of: &seq_of,
-                tables: &tables,
-                logits_rows: &logits_rows,
-            };
-            let sampled = ex.backend.forward_sample(&input, &rows)?;
-            drop(rows);
-            drop(tables);
-            let mut sampled = sampled.into_iter();
-            let mut out = Vec::with_capacity(entries.len());
-            for (e, &k) in entries.iter().zip(&skip) {
-                let s = ex.seqs.get_mut(&e.seq).expect("checked above");
-                ex.pool.commit(&mut s.blocks, &e.tokens[k..]);
-                if e.sample.is_none() {
-                    out.push(None);
-                    continue;
-                }
-                let t = sampled
-                    .next()
-                    .ok_or_else(|| EngineError::internal("the backend sampled too few rows"))?;
-                if let Some(sampler) = s.sampler.as_mut() {
-                    sampler.record(t.token);
-                }
-                out.push(Some(t));
-            }
-            return Ok(out);
-        }
-        let logits = if tokens.is_empty() {
+            from_device = Some(ex.backend.forward_sample(&input, &rows)?.into_iter());
             Vec::new()
         } else {
-            let input = StepInput {
-                tokens: &tokens,
-                positions: &positions,
-                seq_of: &seq_of,
-                tables: &tables,
-                logits_rows: &logits_rows,
-            };
             ex.backend.forward(&input)?
         };
         drop(tables);
@@ -535,11 +509,23 @@ impl Model for NativeModel {
                 out.push(None);
                 continue;
             };
-            let l = rows
-                .next()
-                .ok_or_else(|| EngineError::internal("the backend returned too few logits rows"))?;
             let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
-            out.push(Some(sampler.sample(l, params, e.allowed)?));
+            let sampled = match from_device.as_mut() {
+                Some(tokens) => {
+                    let t = tokens
+                        .next()
+                        .ok_or_else(|| EngineError::internal("the backend sampled too few rows"))?;
+                    sampler.record(t.token);
+                    t
+                }
+                None => {
+                    let l = rows.next().ok_or_else(|| {
+                        EngineError::internal("the backend returned too few logits rows")
+                    })?;
+                    sampler.sample(l, params, e.allowed)?
+                }
+            };
+            out.push(Some(sampled));
         }
         Ok(out)
     }

@@ -400,7 +400,12 @@ fn a_seeded_request_draws_the_same_alone_and_in_a_batch_of_64() {
         ..Sampling::greedy()
     };
     let prompt = vec![1, 6, 2, 8, 3];
-    let alone = decode(&m, &[prompt.clone()], &[seeded.clone()], 20);
+    let alone = decode(
+        &m,
+        std::slice::from_ref(&prompt),
+        std::slice::from_ref(&seeded),
+        20,
+    );
     let mut prompts: Vec<Vec<i32>> = (0..64).map(|i| vec![1, 3 + i % 20, 4, 7 + i % 5]).collect();
     let mut params: Vec<Sampling> = (0..64)
         .map(|i| Sampling {

@@ -200,7 +200,12 @@ impl Pinned {
     }
 
     /// Copy the first `n` words to device address `dst` on `stream` (asynchronously).
-    pub fn to_device(&self, n: usize, dst: u64, stream: &CudaStream) -> Result<(), EngineError> {
+    pub fn copy_to_device(
+        &self,
+        n: usize,
+        dst: u64,
+        stream: &CudaStream,
+    ) -> Result<(), EngineError> {
         // SAFETY: n <= len (callers check); page-locked, so the copy is truly asynchronous and
         // the memory stays valid while the stream runs it (self outlives the step).
         let src = unsafe { std::slice::from_raw_parts(self.ptr, n.min(self.len)) };
@@ -210,7 +215,7 @@ impl Pinned {
     }
 
     /// Copy `n` words from device address `src` into the start of this memory.
-    pub fn from_device(
+    pub fn fill_from_device(
         &mut self,
         n: usize,
         src: u64,

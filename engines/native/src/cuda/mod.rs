@@ -310,7 +310,7 @@ impl CudaBackend {
             self.ensure(need)?;
             self.staging.words()[..words.len()].copy_from_slice(&words);
             self.staging
-                .to_device(words.len(), self.bufs.input, &self.stream)?;
+                .copy_to_device(words.len(), self.bufs.input, &self.stream)?;
             Ok(p)
         });
         self.words = words;
@@ -356,7 +356,8 @@ impl CudaBackend {
             }
         }
         let n = rows.len() * OUT_WORDS;
-        self.outputs.from_device(n, self.bufs.out, &self.stream)?;
+        self.outputs
+            .fill_from_device(n, self.bufs.out, &self.stream)?;
         self.stream.synchronize().map_err(cuda_err("step"))?;
         self.profile.collect(decode.then_some(t));
         unpack(&self.outputs.words()[..n], rows)
@@ -437,7 +438,7 @@ impl CudaBackend {
         self.launch_sample(p.n_rows)?;
         let words = n * OUT_WORDS;
         self.outputs
-            .from_device(words, self.bufs.out, &self.stream)?;
+            .fill_from_device(words, self.bufs.out, &self.stream)?;
         self.stream.synchronize().map_err(cuda_err("sample"))?;
         unpack(&self.outputs.words()[..words], rows)
     }

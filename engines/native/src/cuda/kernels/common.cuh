@@ -86,7 +86,8 @@ __device__ __forceinline__ void st(void* p, long i, int dt, float v) {
          i += (long)gridDim.x * blockDim.x)
 
 // Sum over the block (any size up to 1024); every thread gets the total. `part` holds 32.
-__device__ __forceinline__ double block_sum_d(double v, double* part) {
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* part) {
     for (int off = 16; off > 0; off >>= 1) {
         v += __shfl_xor_sync(0xffffffffu, v, off);
     }
@@ -98,26 +99,7 @@ __device__ __forceinline__ double block_sum_d(double v, double* part) {
     }
     __syncthreads();
     int nw = (blockDim.x + 31) >> 5;
-    double s = 0.0;
-    for (int w = 0; w < nw; w++) {
-        s += part[w];
-    }
-    return s;
-}
-
-__device__ __forceinline__ float block_sum_f(float v, float* part) {
-    for (int off = 16; off > 0; off >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-    }
-    int lane = threadIdx.x & 31;
-    int warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) {
-        part[warp] = v;
-    }
-    __syncthreads();
-    int nw = (blockDim.x + 31) >> 5;
-    float s = 0.0f;
+    T s = 0;
     for (int w = 0; w < nw; w++) {
         s += part[w];
     }

@@ -26,7 +26,7 @@ extern "C" __global__ void embed_norm(const void* table, int tdt, const int* in,
         xr[d] = v;
         ss += (double)(v * v);
     }
-    ss = block_sum_d(ss, part);
+    ss = block_sum(ss, part);
     float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
         st(h, (long)t * dim + d, hdt, xr[d] * r * norm_w(w, d, plus_one));
@@ -55,7 +55,7 @@ extern "C" __global__ void residual_norm(float* x, const float* dlt, const float
             float v = dr[d] + (bias ? bias[d] : 0.0f);
             ss += (double)(v * v);
         }
-        ss = block_sum_d(ss, part);
+        ss = block_sum(ss, part);
         dscale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
     }
     double ss = 0.0;
@@ -68,7 +68,7 @@ extern "C" __global__ void residual_norm(float* x, const float* dlt, const float
         xr[d] = nx;
         ss += (double)(nx * nx);
     }
-    ss = block_sum_d(ss, part);
+    ss = block_sum(ss, part);
     float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
         st(h, (long)t * dim + d, hdt, xr[d] * r * norm_w(next_w, d, plus_one));
@@ -105,7 +105,7 @@ extern "C" __global__ void qkv_rope_store(float* qkv, const float* bias, const f
     }
     if (nw) {
         double ss = k < half ? (double)(x1 * x1) + (double)(x2 * x2) : 0.0;
-        ss = block_sum_d(ss, part);
+        ss = block_sum(ss, part);
         float r = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
         if (k < half) {
             x1 = x1 * r * norm_w(nw, k, plus_one);

@@ -207,7 +207,7 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
                 s += (double)expf(v - mx);
             }
         }
-        s = block_sum_d(s, dpart);
+        s = block_sum(s, dpart);
         lse = mx + (float)log(s);
         float pv = POS_INF;
         int pi = -1;
@@ -288,7 +288,7 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
         }
         int dummy = 0;
         block_argmax(mx, dummy, fpart, ipart);
-        finite = block_sum_f(finite, fpart);
+        finite = block_sum(finite, fpart);
         u32 lower = 0;
         int top_k = (int)p[P_TOP_K];
         if (mx != NEG_INF && top_k > 0 && (float)top_k < finite) {
@@ -303,7 +303,7 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
                     z += expf(v - mx);
                 }
             }
-            z = block_sum_f(z, fpart);
+            z = block_sum(z, fpart);
             lower = radix_select(l, mask, vocab, lower, top_p * z, 1, mx, hist, state);
         }
         float min_p = __uint_as_float(p[P_MIN_P]);
