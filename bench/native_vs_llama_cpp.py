@@ -31,9 +31,9 @@ from pathlib import Path
 from node_vs_llama_server import PROMPT, Server, free_port
 
 
-def one_request(port, model, tag, max_tokens):
+def one_request(port, model, tag, max_tokens, sampling=None):
     body = {"model": model, "prompt": f"{PROMPT} [request {tag}]\nSummary:", "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(sampling or {})}
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
@@ -68,7 +68,7 @@ def one_request(port, model, tag, max_tokens):
             "decode_tps": decode}
 
 
-def run_load(port, model, concurrency, requests, max_tokens, tag_base):
+def run_load(port, model, concurrency, requests, max_tokens, tag_base, sampling=None):
     results, lock, counter = [], threading.Lock(), iter(range(requests))
 
     def worker():
@@ -77,7 +77,7 @@ def run_load(port, model, concurrency, requests, max_tokens, tag_base):
                 i = next(counter, None)
             if i is None:
                 return
-            res = one_request(port, model, f"{tag_base}-{i}", max_tokens)
+            res = one_request(port, model, f"{tag_base}-{i}", max_tokens, sampling)
             with lock:
                 results.append(res)
 

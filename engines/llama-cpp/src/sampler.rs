@@ -5,9 +5,15 @@
 //! vocabulary on every token. Everything else runs a per-sequence llama.cpp
 //! sampler chain built on the sequence's first sample and kept until release,
 //! so penalties see the sequence's own history and the seeded RNG its own stream.
+//! A chain whose first cut is top-k (no bias, no penalties before it) gets only the k
+//! best tokens as candidates, found by partial selection, instead of the whole vocabulary:
+//! the chain's top-k would keep the same ones. A row samples from its logits alone (no
+//! context), so the step samples its rows in parallel (`step.rs`).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use gantry_engine_abi::{EngineError, SampledToken, Sampling};
-use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data::LlamaTokenData;
@@ -65,17 +71,15 @@ impl SeqSampler {
         SeqSampler::Chain(LlamaSampler::chain_simple(chain))
     }
 
-    /// Sample the next token at batch position `idx`. With an allowed-token mask (ABI 1.2),
+    /// Sample the next token from one row of logits. With an allowed-token mask (ABI 1.2),
     /// disallowed tokens leave the distribution before the chain runs: biases, penalties,
     /// top-k/p, temperature and the reported logprobs all see only the allowed tokens.
     pub(crate) fn sample(
         &mut self,
-        ctx: &LlamaContext<'_>,
-        idx: i32,
+        raw: &[f32],
         p: &Sampling,
         allowed: Option<&[u32]>,
     ) -> Result<SampledToken, EngineError> {
-        let raw = ctx.get_logits_ith(idx);
         let masked;
         let logits = match allowed {
             None => raw,
@@ -84,25 +88,18 @@ impl SeqSampler {
                 &masked[..]
             }
         };
-        let token = match (self, allowed) {
-            (SeqSampler::Argmax, _) => argmax(logits),
-            // `sample` also accepts the token into the chain (penalty history).
-            (SeqSampler::Chain(s), None) => s.sample(ctx, idx).0,
-            (SeqSampler::Chain(s), Some(_)) => {
-                // Only the allowed tokens become candidates: a disallowed token's probability
-                // is 0, so leaving it out changes nothing but the work.
-                let mut cands = LlamaTokenDataArray::from_iter(
-                    logits
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, l)| l.is_finite())
-                        .map(|(t, &l)| LlamaTokenData::new(LlamaToken(t as i32), l, 0.0)),
-                    false,
-                );
+        let token = match self {
+            SeqSampler::Argmax => argmax(logits),
+            SeqSampler::Chain(s) => {
+                // Only finite logits become candidates (a masked token's probability is 0, so
+                // leaving it out changes nothing but the work), and only the k best when the
+                // chain starts by cutting to them.
+                let mut cands = candidates(logits, top_k_first(p));
                 s.apply(&mut cands);
                 let t = cands.selected_token().ok_or_else(|| {
                     EngineError::internal("the sampler chain selected no allowed token")
                 })?;
+                // Into the chain's history (penalties), as llama_sampler_sample does.
                 s.accept(t);
                 t.0
             }
@@ -117,6 +114,70 @@ impl SeqSampler {
             logprob,
             top,
         })
+    }
+}
+
+/// The k of a chain whose first step is top-k: no bias and no penalties run before it.
+fn top_k_first(p: &Sampling) -> Option<usize> {
+    (!p.is_greedy() && p.top_k > 0 && p.logit_bias.is_empty() && !p.has_penalties())
+        .then_some(p.top_k as usize)
+}
+
+/// The chain's candidates: the finite logits; with `k`, only the k largest (ties at the cut
+/// are broken by position), found by partial selection rather than a sort of the vocabulary,
+/// in vocabulary order. The chain then draws what it draws from the whole vocabulary, except
+/// that among tokens of exactly equal logits it may name another one.
+fn candidates(logits: &[f32], k: Option<usize>) -> LlamaTokenDataArray {
+    let finite = || {
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(t, &l)| (t as i32, l))
+    };
+    let data = |(t, l): (i32, f32)| LlamaTokenData::new(LlamaToken(t), l, 0.0);
+    match k.filter(|&k| k > 0 && k < logits.len()) {
+        None => LlamaTokenDataArray::from_iter(finite().map(data), false),
+        Some(k) => {
+            // One pass keeping the k best in a min-heap: most tokens cost one comparison with
+            // the heap's smallest. The heap orders by logit, then the lower id as the larger.
+            let key = |(t, l): (i32, f32)| Reverse((TotalF32(l), Reverse(t)));
+            let mut heap: BinaryHeap<Reverse<(TotalF32, Reverse<i32>)>> =
+                BinaryHeap::with_capacity(k + 1);
+            for c in finite() {
+                if heap.len() < k {
+                    heap.push(key(c));
+                } else if heap.peek().is_some_and(|m| key(c) < *m) {
+                    heap.pop();
+                    heap.push(key(c));
+                }
+            }
+            let mut best: Vec<(i32, f32)> = heap
+                .into_iter()
+                .map(|Reverse((TotalF32(l), Reverse(t)))| (t, l))
+                .collect();
+            // In vocabulary order, as the whole array would reach the chain.
+            best.sort_unstable_by_key(|c| c.0);
+            LlamaTokenDataArray::from_iter(best.into_iter().map(data), false)
+        }
+    }
+}
+
+/// An f32 ordered by `total_cmp`.
+#[derive(Clone, Copy, PartialEq)]
+struct TotalF32(f32);
+
+impl Eq for TotalF32 {}
+
+impl PartialOrd for TotalF32 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TotalF32 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
     }
 }
 
@@ -187,6 +248,50 @@ pub(crate) fn logprobs(logits: &[f32], token: i32, n: usize) -> (f32, Vec<(i32, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_candidates_are_the_k_best_and_draw_what_the_whole_vocabulary_draws() {
+        // Distinct logits (a permutation of 0..5000 scaled): with ties the chain may order equal
+        // tokens differently, which changes which of them a draw names, not the distribution.
+        let logits: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919) % 5000) as f32 / 500.0)
+            .collect();
+        let k = 40;
+        let best = candidates(&logits, Some(k)).data;
+        assert_eq!(best.len(), k);
+        let floor = best.iter().map(|c| c.logit()).fold(f32::INFINITY, f32::min);
+        assert_eq!(logits.iter().filter(|&&l| l >= floor).count(), k);
+        assert!(best.iter().all(|c| logits[c.id().0 as usize] == c.logit()));
+        // The same seeded chain over the k best and over every token draws the same tokens.
+        let p = Sampling {
+            temperature: 0.8,
+            top_k: k as i32,
+            top_p: 0.9,
+            seed: 11,
+            ..Sampling::greedy()
+        };
+        assert_eq!(top_k_first(&p), Some(k));
+        let (mut cut, mut whole) = (SeqSampler::new(&p, 5000), SeqSampler::new(&p, 5000));
+        let draw = |s: &mut SeqSampler, k: Option<usize>| {
+            let SeqSampler::Chain(chain) = s else {
+                panic!("a sampled request runs a chain")
+            };
+            let mut c = candidates(&logits, k);
+            chain.apply(&mut c);
+            let t = c.selected_token().expect("a token");
+            chain.accept(t);
+            t.0
+        };
+        for _ in 0..50 {
+            assert_eq!(draw(&mut cut, Some(k)), draw(&mut whole, None));
+        }
+        // Bias or penalties run before top-k: no cut then.
+        let biased = Sampling {
+            logit_bias: vec![(3, 5.0)],
+            ..p
+        };
+        assert_eq!(top_k_first(&biased), None);
+    }
 
     #[test]
     fn a_mask_keeps_only_the_allowed_logits() {

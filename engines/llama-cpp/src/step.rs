@@ -1,0 +1,272 @@
+//! llama.cpp engine, the step (below the engine host's `step`): every entry's new tokens in
+//! one `llama_batch`, one `llama_decode`, then each sampled row.
+//!
+//! The batch: a new sequence is first bound to a slot (`slots.rs`), which may skip the prefix
+//! its warm cells hold; a step that finds the cache full drops the warm cells once and tries
+//! again. Sampling: each row's sampler (`sampler.rs`) reads its own logits and its own
+//! sequence's chain, so the rows of a step are sampled in parallel on up to the engine's
+//! thread count (a step's llama.cpp threads are idle by then), inline when one row samples.
+
+use gantry_engine_abi::{EngineError, SampledToken, Sampling, StepEntry};
+use llama_cpp_2::token::LlamaToken;
+
+use crate::sampler::SeqSampler;
+use crate::{LlamaLoaded, oom};
+
+/// One row to sample: where its answer goes, its sequence and what it samples from.
+struct Job<'a> {
+    out: usize,
+    seq: u64,
+    logits: &'a [f32],
+    idx: i32,
+    params: &'a Sampling,
+    allowed: Option<&'a [u32]>,
+    sampler: SeqSampler,
+}
+
+/// Sample every job, on up to `threads` threads; results in the jobs' order.
+fn sample_all(jobs: &mut [Job<'_>], threads: usize) -> Vec<Result<SampledToken, EngineError>> {
+    let run = |j: &mut Job<'_>| j.sampler.sample(j.logits, j.params, j.allowed);
+    let threads = threads.clamp(1, jobs.len().max(1));
+    if threads == 1 {
+        return jobs.iter_mut().map(run).collect();
+    }
+    let per = jobs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .chunks_mut(per)
+            .map(|chunk| {
+                let n = chunk.len();
+                (
+                    n,
+                    s.spawn(move || chunk.iter_mut().map(run).collect::<Vec<_>>()),
+                )
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|(n, h)| {
+                h.join().unwrap_or_else(|_| {
+                    (0..n)
+                        .map(|_| Err(EngineError::internal("a sampling thread panicked")))
+                        .collect()
+                })
+            })
+            .collect()
+    })
+}
+
+impl LlamaLoaded {
+    /// One engine step (see the module header).
+    pub(crate) fn run_step(
+        &self,
+        entries: &[StepEntry<'_>],
+    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+        if total == 0 {
+            return Ok(vec![None; entries.len()]);
+        }
+        if total > self.n_batch {
+            return Err(EngineError::internal(format!(
+                "step carries {total} tokens, the batch holds {}",
+                self.n_batch
+            )));
+        }
+        // How many leading tokens of each entry are already in KV (prefix reuse).
+        let mut skip = vec![0usize; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
+            let s = ex.seqs.get(&e.seq).ok_or_else(|| {
+                EngineError::internal(format!("step on unknown sequence {}", e.seq))
+            })?;
+            if e.sample.is_some() && e.tokens.is_empty() {
+                return Err(EngineError::internal(format!(
+                    "sequence {} asks for a sample without tokens",
+                    e.seq
+                )));
+            }
+            if s.slot.is_none() {
+                skip[i] = ex.bind(e.seq, e.tokens, e.sample.is_some(), e.fresh)?;
+            }
+        }
+        let mut evicted = false;
+        let logits_at = loop {
+            // Position in the batch whose logits each sampling entry reads.
+            let mut logits_at: Vec<Option<i32>> = Vec::with_capacity(entries.len());
+            ex.batch.clear();
+            for (e, &k) in entries.iter().zip(&skip) {
+                let s = &ex.seqs[&e.seq];
+                let slot = s.slot.unwrap_or_default();
+                let last = e.tokens.len().saturating_sub(1);
+                for (i, &t) in e.tokens.iter().enumerate().skip(k) {
+                    let want = e.sample.is_some() && i == last;
+                    ex.batch
+                        .add(LlamaToken(t), s.n_past + (i - k) as i32, &[slot], want)
+                        .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+                }
+                logits_at.push(e.sample.map(|_| ex.batch.n_tokens() - 1));
+            }
+            if ex.batch.n_tokens() == 0 {
+                break logits_at;
+            }
+            match ex.ctx.decode(&mut ex.batch) {
+                Ok(()) => break logits_at,
+                // Full: drop the warm cells of released sequences and try once more.
+                Err(llama_cpp_2::DecodeError::NoKvCacheSlot) if !evicted && ex.evict_warm() => {
+                    evicted = true;
+                }
+                Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => {
+                    return Err(oom("KV cache is full".to_string()));
+                }
+                Err(other) => {
+                    return Err(EngineError::internal(format!(
+                        "llama_decode failed: {other}"
+                    )));
+                }
+            }
+        };
+        // Bookkeeping, then every sampled row: the rows whose sampler runs on the host are
+        // sampled in parallel (each row reads its own logits and its own sequence's chain).
+        let mut out: Vec<Option<SampledToken>> = vec![None; entries.len()];
+        let mut jobs: Vec<Job<'_>> = Vec::new();
+        for (i, ((e, at), &k)) in entries.iter().zip(logits_at).zip(&skip).enumerate() {
+            let seq = ex
+                .seqs
+                .get_mut(&e.seq)
+                .ok_or_else(|| EngineError::internal("sequence vanished"))?;
+            seq.n_past += (e.tokens.len() - k) as i32;
+            seq.history.extend_from_slice(&e.tokens[k..]);
+            let (Some(params), Some(idx)) = (e.sample, at) else {
+                continue;
+            };
+            let sampler = seq
+                .sampler
+                .take()
+                .unwrap_or_else(|| SeqSampler::new(params, self.n_vocab));
+            jobs.push(Job {
+                out: i,
+                seq: e.seq,
+                logits: &[],
+                idx,
+                params,
+                allowed: e.allowed,
+                sampler,
+            });
+        }
+        for j in &mut jobs {
+            j.logits = ex.ctx.get_logits_ith(j.idx);
+        }
+        let results = sample_all(&mut jobs, self.sample_threads);
+        for (j, r) in jobs.into_iter().zip(results) {
+            if let Some(seq) = ex.seqs.get_mut(&j.seq) {
+                seq.sampler = Some(j.sampler);
+            }
+            out[j.out] = Some(r?);
+        }
+        Ok(out)
+    }
+
+    /// A pooled embedding of `tokens` (embedding models), in a free slot for one pass.
+    pub(crate) fn run_embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        if !self.embedding {
+            return Err(EngineError::unsupported(format!(
+                "{} is not an embedding model",
+                self.info.architecture
+            )));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::unsupported("cannot embed an empty input"));
+        }
+        if tokens.len() > self.n_batch {
+            return Err(EngineError::unsupported(format!(
+                "input has {} tokens, the most an embedding takes is {}",
+                tokens.len(),
+                self.n_batch
+            )));
+        }
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        let free = ex
+            .free_slots
+            .last_mut()
+            .ok_or_else(|| oom("no free sequence slot for embedding".into()))?;
+        let slot = free.id;
+        // An embedding takes the slot's cells for one pass: its warm prefix goes.
+        free.tokens.clear();
+        let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+        ex.batch.clear();
+        for (i, &t) in tokens.iter().enumerate() {
+            ex.batch
+                .add(LlamaToken(t), i as i32, &[slot], true)
+                .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+        }
+        let result = ex
+            .ctx
+            .decode(&mut ex.batch)
+            .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
+            .and_then(|()| {
+                ex.ctx
+                    .embeddings_seq_ith(slot)
+                    .map(<[f32]>::to_vec)
+                    .map_err(|err| EngineError::internal(format!("no pooled embedding: {err}")))
+            });
+        let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_sampled_in_parallel_get_what_one_thread_gives_them_in_order() {
+        let logits: Vec<f32> = (0..3000)
+            .map(|i| ((i * 7919) % 3000) as f32 / 300.0)
+            .collect();
+        let params: Vec<Sampling> = (0..7)
+            .map(|i| Sampling {
+                temperature: 1.0,
+                top_k: if i % 2 == 0 { 50 } else { 0 },
+                seed: 100 + i,
+                ..Sampling::greedy()
+            })
+            .chain([Sampling::greedy()])
+            .collect();
+        let jobs = || -> Vec<Job<'_>> {
+            params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| Job {
+                    out: i,
+                    seq: i as u64,
+                    logits: &logits,
+                    idx: 0,
+                    params: p,
+                    allowed: None,
+                    sampler: SeqSampler::new(p, 3000),
+                })
+                .collect()
+        };
+        let tokens = |threads| -> Vec<i32> {
+            let mut j = jobs();
+            let mut all = Vec::new();
+            // Three steps, so each sequence's chain carries its own state across them.
+            for _ in 0..3 {
+                all.extend(
+                    sample_all(&mut j, threads)
+                        .into_iter()
+                        .map(|r| r.expect("sampled").token),
+                );
+            }
+            all
+        };
+        let one = tokens(1);
+        assert_eq!(one.len(), 24);
+        assert_eq!(one, tokens(3));
+        assert_eq!(one, tokens(8));
+        // The greedy row is the argmax.
+        assert_eq!(one[7], crate::sampler::argmax(&logits));
+    }
+}
