@@ -457,6 +457,41 @@ def test_a_forced_tool_call_validates_against_the_tool(client, model, kind):
     assert_valid_calls(r.choices[0].message, want_name=want)
 
 
+# A tool whose schema leaves other keys unsaid (no `additionalProperties`), as most tools are
+# written: arguments are still closed to the declared keys unless the tool says strict: false.
+OPEN_PARAMS = {"type": "object",
+               "properties": {"city": {"type": "string", "maxLength": 16},
+                              "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+               "required": ["city"]}
+OPEN_TOOL = {"type": "function", "function": {"name": "forecast", "parameters": OPEN_PARAMS}}
+
+
+def test_forced_calls_on_an_open_schema_use_only_the_declared_keys(client):
+    ask = [{"role": "user", "content": "Forecast for Paris for three days, please."}]
+    choice = named("forecast")
+    budget = fit(client, "gemma", ask, [OPEN_TOOL])
+    for seed in range(6):
+        r = client.chat.completions.create(model="gemma", messages=ask, tools=[OPEN_TOOL], tool_choice=choice,
+                                           max_tokens=budget, temperature=1.0, seed=seed)
+        choice0 = r.choices[0]
+        assert choice0.finish_reason == "tool_calls", (seed, choice0)
+        args = json.loads(choice0.message.tool_calls[0].function.arguments)
+        assert set(args) <= {"city", "days"}, (seed, args)
+        validate(args, {**OPEN_PARAMS, "additionalProperties": False})
+    # A response format without additionalProperties is strict the same way.
+    fmt = {"type": "json_schema", "json_schema": {"name": "f", "schema": OPEN_PARAMS}}
+    for seed in range(3):
+        r = client.chat.completions.create(model="gemma", messages=ask, response_format=fmt, max_tokens=64,
+                                           temperature=1.0, seed=seed)
+        out = json.loads(r.choices[0].message.content)
+        assert set(out) <= {"city", "days"}, (seed, out)
+    # strict: false keeps the permissive reading: accepted (what the model then writes is its own).
+    permissive = {"type": "function", "function": {**OPEN_TOOL["function"], "strict": False}}
+    r = client.chat.completions.create(model="gemma", messages=ask, tools=[permissive], tool_choice=choice,
+                                       max_tokens=32, temperature=0)
+    assert r.choices[0].finish_reason in ("tool_calls", "length"), r.choices[0]
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_streamed_tool_call_equals_the_plain_one_with_a_seed(client, model):
     tools = TOOLS_FOR[model]

@@ -11,6 +11,9 @@ use serde_json::{Map, Value, json};
 use crate::error::ApiError;
 use crate::grammar::{ConstraintRequest, GrammarSpec};
 
+mod strict;
+pub use strict::close_objects;
+
 /// The vLLM-compatible constraint fields of a request body (`guided_*`, and the newer
 /// `structured_outputs` object).
 #[derive(Clone, Debug, Default)]
@@ -105,6 +108,11 @@ fn response_format(v: Option<&Value>) -> Result<Option<ConstraintRequest>, ApiEr
                 }
             };
             check_schema_shape(&schema, field)?;
+            let mut schema = schema;
+            // Strict unless the request says `strict: false` (see `strict.rs`).
+            if js.get("strict") != Some(&Value::Bool(false)) {
+                close_objects(&mut schema);
+            }
             Ok(Some(ConstraintRequest {
                 spec: GrammarSpec::JsonSchema(schema),
                 field: field.into(),
@@ -254,14 +262,19 @@ fn extra(field: &str, v: &Value) -> Result<ConstraintRequest, ApiError> {
     let kind = field.rsplit(['_', '.']).next().unwrap_or(field);
     let spec = match (kind, v) {
         ("json", Value::String(s)) => {
-            let schema: Value = serde_json::from_str(s)
+            let mut schema: Value = serde_json::from_str(s)
                 .map_err(|e| invalid(field, format!("`{field}` is not valid JSON: {e}")))?;
             check_schema_shape(&schema, field)?;
+            // Strict, as vLLM's default backend reads a schema (see `strict.rs`); a schema
+            // opens an object by saying `additionalProperties`.
+            close_objects(&mut schema);
             GrammarSpec::JsonSchema(schema)
         }
         ("json", s @ (Value::Object(_) | Value::Bool(_))) => {
             check_schema_shape(s, field)?;
-            GrammarSpec::JsonSchema(s.clone())
+            let mut schema = s.clone();
+            close_objects(&mut schema);
+            GrammarSpec::JsonSchema(schema)
         }
         ("regex", Value::String(rx)) if !rx.is_empty() => GrammarSpec::Regex(rx.clone()),
         ("grammar", Value::String(g)) if !g.trim().is_empty() => GrammarSpec::Lark(g.clone()),
@@ -348,6 +361,18 @@ fn tools(sent: Option<&[Value]>) -> Result<Vec<(String, Value)>, ApiError> {
             }
         };
         check_schema_shape(&params, &field)?;
+        let mut params = params;
+        match f.get("strict") {
+            // Strict unless the tool says `strict: false` (see `strict.rs`).
+            None | Some(Value::Null) | Some(Value::Bool(true)) => close_objects(&mut params),
+            Some(Value::Bool(false)) => {}
+            Some(_) => {
+                return Err(invalid(
+                    format!("tools[{i}].function.strict"),
+                    format!("`tools[{i}].function.strict` must be a boolean"),
+                ));
+            }
+        }
         out.push((name, params));
     }
     Ok(out)

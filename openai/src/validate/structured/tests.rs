@@ -161,3 +161,63 @@ fn extras_are_one_constraint_at_most() {
     };
     assert!(completion_output(Some(&rf), &x).is_err());
 }
+
+#[test]
+fn schemas_are_strict_unless_the_request_says_strict_false() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let schema_of = |o: OutputSpec| match o.constraint.expect("constrained").spec {
+        GrammarSpec::JsonSchema(s) => s,
+        other => panic!("{other:?}"),
+    };
+    let rf = |strict: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}});
+    for strict in [json!(true), Value::Null] {
+        let o = chat_output(Some(&rf(strict)), &Extras::default(), None, None, None).expect("ok");
+        assert_eq!(schema_of(o)["additionalProperties"], json!(false));
+    }
+    let o = chat_output(
+        Some(&rf(json!(false))),
+        &Extras::default(),
+        None,
+        None,
+        None,
+    )
+    .expect("ok");
+    assert_eq!(
+        schema_of(o).get("additionalProperties"),
+        None,
+        "permissive on request"
+    );
+
+    // A forced tool's arguments: closed, unless the tool says strict: false.
+    let forced = |strict: Option<Value>| {
+        let mut t = tool("f", schema.clone());
+        if let Some(s) = strict {
+            t["function"]["strict"] = s;
+        }
+        let choice = json!({"type": "function", "function": {"name": "f"}});
+        chat_output(None, &Extras::default(), Some(&[t]), Some(&choice), None)
+    };
+    let args = |o: OutputSpec| schema_of(o);
+    assert_eq!(
+        args(forced(None).expect("ok"))["additionalProperties"],
+        json!(false)
+    );
+    assert_eq!(
+        args(forced(Some(json!(false))).expect("ok")).get("additionalProperties"),
+        None
+    );
+    let e = forced(Some(json!("yes"))).expect_err("refused");
+    assert_eq!(e.param.as_deref(), Some("tools[0].function.strict"));
+
+    // The vLLM-style extras read a schema strictly too; it opens an object by saying so.
+    let x = |v: &Value| {
+        let extras = Extras {
+            guided_json: Some(v),
+            ..Extras::default()
+        };
+        schema_of(chat_output(None, &extras, None, None, None).expect("ok"))
+    };
+    assert_eq!(x(&schema)["additionalProperties"], json!(false));
+    let open = json!({"type": "object", "additionalProperties": true});
+    assert_eq!(x(&open)["additionalProperties"], json!(true));
+}
