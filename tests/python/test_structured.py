@@ -461,7 +461,8 @@ def test_a_forced_tool_call_validates_against_the_tool(client, model, kind):
 # written: arguments are still closed to the declared keys unless the tool says strict: false.
 OPEN_PARAMS = {"type": "object",
                "properties": {"city": {"type": "string", "maxLength": 16},
-                              "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                              "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                              "hours": {"type": "integer"}},
                "required": ["city"]}
 OPEN_TOOL = {"type": "function", "function": {"name": "forecast", "parameters": OPEN_PARAMS}}
 
@@ -476,15 +477,17 @@ def test_forced_calls_on_an_open_schema_use_only_the_declared_keys(client):
         choice0 = r.choices[0]
         assert choice0.finish_reason == "tool_calls", (seed, choice0)
         args = json.loads(choice0.message.tool_calls[0].function.arguments)
-        assert set(args) <= {"city", "days"}, (seed, args)
+        assert set(args) <= {"city", "days", "hours"}, (seed, args)
         validate(args, {**OPEN_PARAMS, "additionalProperties": False})
+        # An integer without bounds stays within I-JSON's range: no endless digit run.
+        assert abs(args.get("hours", 0)) <= 2**53 - 1, (seed, args)
     # A response format without additionalProperties is strict the same way.
     fmt = {"type": "json_schema", "json_schema": {"name": "f", "schema": OPEN_PARAMS}}
     for seed in range(3):
         r = client.chat.completions.create(model="gemma", messages=ask, response_format=fmt, max_tokens=64,
                                            temperature=1.0, seed=seed)
         out = json.loads(r.choices[0].message.content)
-        assert set(out) <= {"city", "days"}, (seed, out)
+        assert set(out) <= {"city", "days", "hours"}, (seed, out)
     # strict: false keeps the permissive reading: accepted (what the model then writes is its own).
     permissive = {"type": "function", "function": {**OPEN_TOOL["function"], "strict": False}}
     r = client.chat.completions.create(model="gemma", messages=ask, tools=[permissive], tool_choice=choice,

@@ -6,8 +6,10 @@
 //! after another, until `max_tokens`. So, as OpenAI's strict function calling and xgrammar's
 //! strict mode do, every object a schema describes is closed unless the schema itself says how
 //! other keys are treated (`additionalProperties` or `unevaluatedProperties`, true or a
-//! schema). A request opts out per schema with `strict: false` (`response_format.json_schema`,
-//! `tools[].function`), which keeps the permissive reading.
+//! schema). An integer without bounds gets I-JSON's (RFC 7493): within ±(2^53 - 1), at most 16
+//! digits, where a grammar would otherwise admit a digit run of any length. A request opts out
+//! per schema with `strict: false` (`response_format.json_schema`, `tools[].function`), which
+//! keeps the permissive reading.
 
 use serde_json::{Map, Value, json};
 
@@ -29,10 +31,30 @@ pub fn close_objects(schema: &mut Value) {
     close(schema, true);
 }
 
+/// The largest integer an I-JSON number holds exactly (2^53 - 1).
+const SAFE_INTEGER: i64 = 9_007_199_254_740_991;
+
+/// Whether `obj` describes an integer (alone or among its types).
+fn is_integer_schema(obj: &Map<String, Value>) -> bool {
+    match obj.get("type") {
+        Some(Value::String(t)) => t == "integer",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+        _ => false,
+    }
+}
+
 fn close(schema: &mut Value, this_level: bool) {
     let Some(obj) = schema.as_object_mut() else {
         return;
     };
+    if is_integer_schema(obj) {
+        if !obj.contains_key("minimum") && !obj.contains_key("exclusiveMinimum") {
+            obj.insert("minimum".into(), json!(-SAFE_INTEGER));
+        }
+        if !obj.contains_key("maximum") && !obj.contains_key("exclusiveMaximum") {
+            obj.insert("maximum".into(), json!(SAFE_INTEGER));
+        }
+    }
     if this_level
         && is_object_schema(obj)
         && !obj.contains_key("additionalProperties")
@@ -128,6 +150,36 @@ mod tests {
             Some(json!(false))
         );
         assert_eq!(closed("/$defs/d/additionalProperties"), Some(json!(false)));
+    }
+
+    #[test]
+    fn integers_without_bounds_get_i_json_bounds_and_said_bounds_stay() {
+        let mut s = json!({"properties": {
+            "n": {"type": "integer"},
+            "m": {"type": ["integer", "null"], "minimum": 0},
+            "x": {"type": "integer", "exclusiveMaximum": 10},
+            "f": {"type": "number"}
+        }});
+        close_objects(&mut s);
+        assert_eq!(
+            s.pointer("/properties/n/minimum"),
+            Some(&json!(-SAFE_INTEGER))
+        );
+        assert_eq!(
+            s.pointer("/properties/n/maximum"),
+            Some(&json!(SAFE_INTEGER))
+        );
+        assert_eq!(s.pointer("/properties/m/minimum"), Some(&json!(0)));
+        assert_eq!(
+            s.pointer("/properties/m/maximum"),
+            Some(&json!(SAFE_INTEGER))
+        );
+        assert_eq!(s.pointer("/properties/x/maximum"), None);
+        assert_eq!(
+            s.pointer("/properties/f/maximum"),
+            None,
+            "floats are not bounded"
+        );
     }
 
     #[test]
