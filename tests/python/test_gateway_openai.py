@@ -13,7 +13,7 @@ def via_gateway(gateway):
 
 def test_models_through_the_gateway(via_gateway):
     ids = {m.id for m in via_gateway.models.list().data}
-    assert ids == {"tiny", "tiny-emb", "gemma"}
+    assert ids == {"tiny", "tiny-emb", "gemma", "smollm2"}
 
 
 def test_chat_through_the_gateway_equals_the_node(via_gateway, client):

@@ -9,6 +9,8 @@ ChatML template, installed by scripts/setup.sh) on the llama.cpp plugin, with th
   over seeds; `response_format` answers validate.
 - A small agent loop (two tools, three turns: a call, the tool's result, the answer)
   completes through the gateway.
+- LangChain: `bind_tools` with a forced tool over seeds, `with_structured_output` in
+  `json_schema` and `function_calling` modes.
 """
 import json
 
@@ -118,3 +120,48 @@ def test_an_agent_loop_completes_through_the_gateway(gateway):
     assert answer and answer.strip(), r.choices[0]
     assert r.choices[0].message.tool_calls is None
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+# --- LangChain ---------------------------------------------------------------------------------
+
+def chat_model(base, seed=None, temperature=0.0):
+    from langchain_openai import ChatOpenAI
+    return ChatOpenAI(base_url=f"{base}/v1", api_key="unused", model=MODEL, temperature=temperature, seed=seed,
+                      max_retries=0, max_tokens=96, timeout=120)
+
+
+def test_langchain_bind_tools_with_a_forced_tool_over_seeds(node):
+    """LangChain's tool schema from a Python signature: `city: str` has no maxLength. At
+    temperature 0.5 every seeded call ends with `tool_calls`; at 1.0 the 135M model wrote a
+    runaway city name until `max_tokens` in the second seed tried (the grammar bounds a string
+    only by its schema's `maxLength`)."""
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str, unit: str = "celsius") -> str:
+        """Current weather in a city."""
+        return f"4 degrees {unit} in {city}"
+
+    for seed in range(10):
+        ai = chat_model(node, seed=seed, temperature=0.5).bind_tools([get_weather], tool_choice="get_weather") \
+            .invoke("What is the weather in Oslo?")
+        assert ai.invalid_tool_calls == [], (seed, ai.invalid_tool_calls)
+        assert ai.response_metadata.get("finish_reason") == "tool_calls", (seed, ai.response_metadata)
+        (call,) = ai.tool_calls
+        assert call["name"] == "get_weather"
+        assert set(call["args"]) <= {"city", "unit"}, (seed, call["args"])
+        assert isinstance(call["args"].get("city"), str), (seed, call["args"])
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output_in_both_modes(node, method):
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        population: int = Field(ge=0, le=100_000_000)
+
+    for seed in range(3):
+        city = chat_model(node, seed=seed, temperature=1.0).with_structured_output(City, method=method) \
+            .invoke("Name a city and its population.")
+        assert isinstance(city, City), (seed, city)
