@@ -18,7 +18,6 @@ struct Job<'a> {
     out: usize,
     seq: u64,
     logits: &'a [f32],
-    idx: i32,
     params: &'a Sampling,
     allowed: Option<&'a [u32]>,
     sampler: SeqSampler,
@@ -147,15 +146,11 @@ impl LlamaLoaded {
             jobs.push(Job {
                 out: i,
                 seq: e.seq,
-                logits: &[],
-                idx,
+                logits: ex.ctx.get_logits_ith(idx),
                 params,
                 allowed: e.allowed,
                 sampler,
             });
-        }
-        for j in &mut jobs {
-            j.logits = ex.ctx.get_logits_ith(j.idx);
         }
         let results = sample_all(&mut jobs, self.sample_threads);
         for (j, r) in jobs.into_iter().zip(results) {
@@ -242,7 +237,6 @@ mod tests {
                     out: i,
                     seq: i as u64,
                     logits: &logits,
-                    idx: 0,
                     params: p,
                     allowed: None,
                     sampler: SeqSampler::new(p, 3000),

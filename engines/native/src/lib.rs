@@ -509,7 +509,9 @@ impl Model for NativeModel {
                 out.push(None);
                 continue;
             };
-            let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
+            let sampler = s.sampler.as_mut().ok_or_else(|| {
+                EngineError::internal("a sampling sequence without its sampler state")
+            })?;
             let sampled = match from_device.as_mut() {
                 Some(tokens) => {
                     let t = tokens
