@@ -227,7 +227,7 @@ async fn a_pool_with_three_models_renders_one_deployment_whose_config_lists_them
     assert_eq!(
         ids,
         [
-            "gemma-3-270m",
+            "gemma-3-270m-q8_0",
             "qwen2.5-0.5b-instruct",
             "smollm2-135m-instruct"
         ]
@@ -411,7 +411,7 @@ async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hol
     assert_eq!(
         status["pods"],
         json!([{"name": "small-pool-7c9d-abcde", "ready": true, "configCurrent": true,
-                "loaded": ["gemma-3-270m"], "memoryUsedBytes": 600_000_000,
+                "loaded": ["gemma-3-270m-q8_0"], "memoryUsedBytes": 600_000_000,
                 "memoryLimitBytes": 2_147_483_648_i64, "evictions": 3, "refusals": 1}])
     );
 
@@ -462,7 +462,7 @@ async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hol
 
 /// The report of the steady test: gemma loaded, qwen listed, the current config.
 fn node_report_with(hash: &str) -> BTreeMap<String, NodeStatus> {
-    let mut report = node_report("gemma-3-270m", "gemma3", supported());
+    let mut report = node_report("gemma-3-270m-q8_0", "gemma3", supported());
     let node = report.get_mut(POD_IP).expect("report");
     let mut idle = node.models[0].clone();
     idle.id = "qwen2.5-0.5b-instruct".into();
@@ -557,7 +557,7 @@ fn two_members_with_one_served_name_keep_the_older() {
     let (pool, members) = example();
     let settings = Settings::default();
     let template = admit::template(&pool, &settings).expect("template");
-    let mut twin = member("twin", "gemma-3-270m", "100Mi", 7);
+    let mut twin = member("twin", "gemma-3-270m-q8_0", "100Mi", 7);
     twin.spec.architecture = Some("gemma3".into());
     let mut all = members.clone();
     all.push(twin);
@@ -657,7 +657,7 @@ async fn a_pool_scales_on_the_summed_queue_of_all_its_members() {
         (
             "10.0.0.5".to_string(),
             pool_node(
-                &[("gemma-3-270m", 3, 2), ("qwen2.5-0.5b-instruct", 1, 1)],
+                &[("gemma-3-270m-q8_0", 3, 2), ("qwen2.5-0.5b-instruct", 1, 1)],
                 0,
                 0,
             ),
@@ -723,7 +723,7 @@ async fn evictions_and_refused_loads_add_a_pod_to_a_pool_with_a_light_queue() {
     let (o, _) = built(&pool, &members);
     let statuses = Arc::new(Changing(std::sync::Mutex::new(BTreeMap::from([(
         "10.0.0.5".to_string(),
-        pool_node(&[("gemma-3-270m", 0, 1)], 10, 2),
+        pool_node(&[("gemma-3-270m-q8_0", 0, 1)], 10, 2),
     )]))));
     let (ctx, server) = pool_context(pool.clone(), members, BTreeMap::new());
     let mut autoscaler = gantry_operator::autoscale::Autoscaler::new(
@@ -761,7 +761,7 @@ async fn evictions_and_refused_loads_add_a_pod_to_a_pool_with_a_light_queue() {
     assert_eq!(first[0].decision.desired, 1);
     statuses.0.lock().expect("statuses").insert(
         "10.0.0.5".to_string(),
-        pool_node(&[("gemma-3-270m", 0, 1)], 12, 3),
+        pool_node(&[("gemma-3-270m-q8_0", 0, 1)], 12, 3),
     );
     let second = autoscaler
         .tick_pools(
