@@ -44,6 +44,16 @@ pub mod model {
     ];
 }
 
+/// ModelPool condition types: the Model's types of the same name, with the same meaning for
+/// the pool's pods (`Progressing` and `Degraded` take the same rollout and in-place delivery
+/// reasons as a Model's).
+pub mod pool {
+    pub use super::model::{DEGRADED, PROGRESSING, READY};
+
+    /// All ModelPool condition types, in the order status lists them.
+    pub const ALL: [&str; 3] = [READY, PROGRESSING, DEGRADED];
+}
+
 /// EnginePlugin condition types.
 pub mod plugin {
     /// The spec is valid and its ABI is the one this operator's node image supports.
@@ -114,12 +124,12 @@ pub mod reason {
     pub const ROLLING_OUT: &str = "RollingOut";
     /// Progressing=False: the Deployment is at its desired state.
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
-    /// Progressing=False: no Deployment (invalid spec or no engine).
+    /// Progressing=False: no Deployment (invalid spec or no engine; a pool: no member).
     pub const NOT_DEPLOYED: &str = "NotDeployed";
     /// Progressing=False / Degraded=True: the Deployment exceeded its progress deadline.
     pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     /// Progressing=True: a new EnginePlugin version is being delivered to the running node
-    /// pods in place (no rollout).
+    /// pods in place (no rollout), a Model's or a ModelPool's.
     pub const PLUGIN_UPDATING: &str = "PluginUpdating";
     /// Progressing=False / Degraded=True: an in-place plugin delivery stopped: a node pod
     /// refused the new version, its copy failed, or the apiserver refused the copy container.

@@ -100,7 +100,8 @@ pub struct ModelPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready` (reasons `Ready`, `ScaledToZero`, `ReplicasNotReady`, `NoMembers`, `InvalidSpec`,
-    /// `ApplyFailed`).
+    /// `ApplyFailed`), and `Progressing` and `Degraded` with a Model's rollout and in-place
+    /// plugin delivery reasons (`PluginUpdating`, `PluginUpdateHalted`; see docs/operator.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

@@ -6,7 +6,10 @@
 //! differs from the desired one, so a steady-state reconcile writes nothing. "Missing" and
 //! "differs" are judged on the cache, and on the writes this operator made whose watch event
 //! has not arrived yet (`cache::RecentWrites`), so a reconcile racing its own watch events does
-//! not write twice.
+//! not write twice. The node-token Secret is the exception: it is not cached, so every
+//! reconcile that builds it (a Model's or a pool's, with an install token) judges it on a
+//! metadata GET by name, one request, and a Secret deleted by hand comes back at the next
+//! reconcile.
 //! An object of the same name that this Model does not control is never
 //! touched: the step fails with `NotOwned` and the status says so.
 
@@ -228,15 +231,43 @@ async fn ensure_deployment(
     }
 }
 
-/// Every replica the Deployment asks for is ready (none asked counts).
-fn ready_as_specified(d: &Deployment) -> bool {
-    let want = d.spec.replicas.unwrap_or(1);
-    let ready = d
-        .status
-        .as_ref()
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
-    ready >= want
+/// The node-token Secret is not cached (Secrets are never listed or watched: either
+/// permission would read every Secret's data), so no delete event tells of one removed by
+/// hand. Every reconcile that builds it reads its metadata by name, one GET, and applies it
+/// when it is missing or stale; a current one is not written.
+async fn ensure_secret(
+    api: &Api<Secret>,
+    secret: &Secret,
+    model: &ValidModel,
+    ctx: &Context,
+    writes: &mut Vec<&'static str>,
+) -> Result<(), ApplyError> {
+    let name = secret.name_any();
+    let live = api
+        .get_metadata_opt(&name)
+        .await
+        .map_err(|source| ApplyError::Api {
+            verb: "get",
+            kind: "Secret",
+            name: name.clone(),
+            source,
+        })?;
+    // The GET is the apiserver's answer now, not a cache that may lag a write of ours: a
+    // Secret missing there is missing, even if this operator applied it moments ago.
+    ctx.caches
+        .recent
+        .seen("Secret", &model.namespace, &name, None);
+    ensure(
+        api,
+        "Secret",
+        secret,
+        live.as_ref().map(|l| &l.metadata),
+        model,
+        ctx,
+        writes,
+    )
+    .await?;
+    Ok(())
 }
 
 /// Delete `live` if it exists and this Model controls it.
@@ -341,40 +372,14 @@ pub async fn apply(
     )
     .await?;
     if let Some(secret) = &desired.node_token_secret {
-        let api = Api::<Secret>::namespaced(client.clone(), ns);
-        // Secrets are not cached (never listed or watched). A Deployment that is current and
-        // has all its pods ready was applied after this Secret and runs with it: nothing to
-        // check. Otherwise the Secret is read by name, as a write may be due.
-        let deployment_settled = observed.deployment.as_ref().is_some_and(|d| {
-            current(
-                "Deployment",
-                desired.deployment.meta(),
-                Some(&d.metadata),
-                ctx,
-            ) && ready_as_specified(d)
-        });
-        if !deployment_settled {
-            let name = secret.name_any();
-            let live = api
-                .get_metadata_opt(&name)
-                .await
-                .map_err(|source| ApplyError::Api {
-                    verb: "get",
-                    kind: "Secret",
-                    name,
-                    source,
-                })?;
-            ensure(
-                &api,
-                "Secret",
-                secret,
-                live.as_ref().map(|l| &l.metadata),
-                model,
-                ctx,
-                &mut writes,
-            )
-            .await?;
-        }
+        ensure_secret(
+            &Api::<Secret>::namespaced(client.clone(), ns),
+            secret,
+            model,
+            ctx,
+            &mut writes,
+        )
+        .await?;
     }
     if let Some(policy) = &desired.network_policy {
         ensure(

@@ -17,9 +17,9 @@
 //! must not write one directory at once). A pod is done when its copy finished and its node
 //! reports the version applied after that (or, restarted since, runs it). A pod whose node
 //! refused the new version, or whose copy failed (the image cannot be pulled, `/copy` exited
-//! non-zero), halts the delivery: the other pods keep the version
-//! they run, and the Model says why (`Degraded`, `PluginUpdateHalted`) until the EnginePlugin
-//! changes again. The pure [`plan`] decides; [`deliver`] writes what it decided;
+//! non-zero), halts the delivery: the other pods keep the version they run, and the Model (or
+//! the pool, for a pool's pods) says why (`Degraded`, `PluginUpdateHalted`) until the
+//! EnginePlugin changes again. The pure [`plan`] decides; [`deliver`] writes what it decided;
 //! [`deliver_plugins`], the step's entry for the Model and ModelPool reconciles, picks the
 //! slots and the pods.
 
@@ -80,7 +80,8 @@ pub struct Delivery {
     pub container: String,
 }
 
-/// What the deliver step found and did for one plugin, for the Model's status.
+/// What the deliver step found and did for one plugin, for the Model's or pool's status
+/// (`model::status::rollout`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeliveryProgress {
     /// The EnginePlugin's name and version.

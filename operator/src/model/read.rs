@@ -4,7 +4,7 @@
 //! keep the caches current, and a reconcile that finds nothing to change costs nothing but
 //! CPU. The only network call is the status of a node pod that has never been asked yet.
 //! (The node-token Secret is not cached, as Secrets are never listed or watched; the apply
-//! step gets it by name when it may have to write it.)
+//! step reads its metadata by name in every reconcile that builds it.)
 
 use std::sync::Arc;
 

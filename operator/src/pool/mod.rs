@@ -1,8 +1,8 @@
 //! ModelPool reconcile: the pipeline driver for pools (and, in `member`, the status of pool
 //! members). It
 //! calls each step once, in this order — template (validate) → read → admit → render → build →
-//! apply → status — with the Model pipeline's own build and apply steps, on a template that
-//! is the pool's pod shape owned by the pool.
+//! apply → deliver → status — with the Model pipeline's own build, apply and deliver steps, on
+//! a template that is the pool's pod shape owned by the pool.
 //!
 //! The pool's node config lists every admitted member (`load: lazy`, sorted); its hash is
 //! in the ConfigMap only, so a member joining or leaving patches the ConfigMap alone and the
@@ -107,6 +107,21 @@ pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, E
     if !applied.writes.is_empty() {
         tracing::info!(pool = %pool.name_any(), writes = ?applied.writes, "applied");
     }
+    // As for a Model: a refused copy container is said in status before the error goes to the
+    // error policy; a transient failure is retried without touching status.
+    let (deliveries, deliver_error) = match plan.desired.as_ref() {
+        Some(desired) if apply_error.is_none() => {
+            let mounted = plan.admission.mounted();
+            match deliver::deliver_plugins(&plan.template, desired, &mounted, &plan.observed, ctx)
+                .await
+            {
+                Ok(progress) => (progress, None),
+                Err(e) if e.retry() == Retry::Permanent => (Vec::new(), Some(e)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        _ => (Vec::new(), None),
+    };
     let reports = if plan.desired.is_some() {
         plan.observed.reports.as_slice()
     } else {
@@ -119,23 +134,16 @@ pub async fn reconcile_pool(pool: &ModelPool, ctx: &Context) -> Result<Action, E
         deployment: applied.deployment.as_ref(),
         reports,
         apply_error: apply_error.as_ref(),
+        deliveries: &deliveries,
+        deliver_error: deliver_error.as_ref(),
         now: ctx.now(),
     });
     status::publish(pool, folded, ctx).await?;
     if let Some(e) = apply_error {
         return Err(e.into());
     }
-    if let Some(desired) = plan.desired.as_ref() {
-        let mounted = plan.admission.mounted();
-        let progress =
-            deliver::deliver_plugins(&plan.template, desired, &mounted, &plan.observed, ctx)
-                .await?;
-        // The pool's status has no delivery condition yet: the halt is logged, and the
-        // EnginePlugin's `status.updates` lists the pod that refused.
-        for p in progress.iter().filter(|p| p.halted.is_some()) {
-            let (pod, why) = p.halted.clone().unwrap_or_default();
-            tracing::warn!(pool = %pool.name_any(), plugin = %p.plugin, version = %p.version, pod = %pod, "in-place plugin delivery halted: {why}");
-        }
+    if let Some(e) = deliver_error {
+        return Err(e.into());
     }
     Ok(if plan.desired.is_some() {
         Action::requeue(RESYNC)

@@ -1,7 +1,10 @@
-//! ModelPool reconcile, status step: folds the admission, the Deployment and the pool pods'
-//! reports into `ModelPool.status` (pure), then writes it only when it changed.
+//! ModelPool reconcile, status step (after deliver): folds the admission, the Deployment, the
+//! in-place plugin deliveries to the pool's pods and the pods' reports into `ModelPool.status`
+//! (pure), then writes it only when it changed.
 //!
-//! As for Models, nothing here changes on its own (no timestamps besides
+//! `Progressing` and `Degraded` come from the Model's own rollout fold
+//! (`model::status::rollout`), so a pool says `PluginUpdating` and `PluginUpdateHalted` as a
+//! Model does. As for Models, nothing here changes on its own (no timestamps besides
 //! `lastTransitionTime`, no rates), so a still pool folds to the stored status and is not written.
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -13,10 +16,13 @@ use super::admit::Admission;
 use super::controller::CONTROLLER;
 use crate::context::Context;
 use crate::model::apply::ApplyError;
+use crate::model::deliver::{DeliverError, DeliveryProgress};
 use crate::model::status::StatusError;
+use crate::model::status::fold::kept;
+use crate::model::status::fold_rollout;
 use crate::node_report::NodeReport;
 use crate::write;
-use gantry_crd::conditions::{self, Decided, FALSE, TRUE, model as cond, reason};
+use gantry_crd::conditions::{self, Decided, FALSE, TRUE, pool as cond, reason};
 use gantry_crd::names::{NODE_PORT, pool_object_name};
 use gantry_crd::{ModelPool, ModelPoolStatus, PoolMember, PoolPod};
 
@@ -32,6 +38,10 @@ pub struct Facts<'a> {
     /// Reports of the pool's pods, sorted by pod name.
     pub reports: &'a [NodeReport],
     pub apply_error: Option<&'a ApplyError>,
+    /// The in-place plugin deliveries to the pool's pods (deliver step), one per plugin.
+    pub deliveries: &'a [DeliveryProgress],
+    /// The apiserver refused a delivery's copy container.
+    pub deliver_error: Option<&'a DeliverError>,
     pub now: Timestamp,
 }
 
@@ -77,6 +87,9 @@ pub fn pod(report: &NodeReport, config_hash: &str) -> PoolPod {
 }
 
 /// Fold the pool's facts into its status.
+///
+/// `Degraded` takes a refused apply first, then a stuck rollout, then a halted delivery;
+/// a member the pool refuses is not the pool's fault (`status.refused` and the member say it).
 pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
     let previous = f.pool.status.clone().unwrap_or_default();
     let generation = f.pool.metadata.generation;
@@ -108,6 +121,15 @@ pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
             format!("{}/{} node pods ready", replicas.ready, replicas.desired),
         )
     };
+    let rollout = fold_rollout(f.deployment, f.deliveries, f.deliver_error, "pool");
+    let degraded = if let Some(e) = f.apply_error {
+        Decided::new(cond::DEGRADED, TRUE, reason::APPLY_FAILED, e.to_string())
+    } else if let Some(d) = rollout.degraded {
+        d
+    } else {
+        Decided::new(cond::DEGRADED, FALSE, reason::AS_EXPECTED, "")
+    };
+    let decided = [ready, rollout.progressing, degraded];
     let models: Vec<PoolMember> = f
         .admission
         .members
@@ -125,7 +147,7 @@ pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
         .collect();
     ModelPoolStatus {
         observed_generation: generation,
-        conditions: conditions::with_times(&[ready], &previous.conditions, generation, f.now),
+        conditions: conditions::with_times(&decided, &previous.conditions, generation, f.now),
         model_count: i32::try_from(models.len()).unwrap_or(i32::MAX),
         models,
         refused_count: i32::try_from(f.admission.refused.len()).unwrap_or(i32::MAX),
@@ -138,19 +160,20 @@ pub fn fold(f: &Facts<'_>) -> ModelPoolStatus {
     }
 }
 
-/// Status for a pool whose spec failed validation; the last good objects keep running.
+/// Status for a pool whose spec failed validation; the last good objects keep running, and
+/// `Progressing` stays as it was.
 pub fn fold_invalid(pool: &ModelPool, message: String, now: Timestamp) -> ModelPoolStatus {
     let previous = pool.status.clone().unwrap_or_default();
-    let ready = Decided::new(
-        cond::READY,
-        FALSE,
-        reason::INVALID_SPEC,
-        format!("the spec cannot be served as written: {message}"),
-    );
+    let message = format!("the spec cannot be served as written: {message}");
+    let decided = [
+        Decided::new(cond::READY, FALSE, reason::INVALID_SPEC, message.clone()),
+        kept(&previous.conditions, cond::PROGRESSING),
+        Decided::new(cond::DEGRADED, TRUE, reason::INVALID_SPEC, message),
+    ];
     ModelPoolStatus {
         observed_generation: pool.metadata.generation,
         conditions: conditions::with_times(
-            &[ready],
+            &decided,
             &previous.conditions,
             pool.metadata.generation,
             now,

@@ -1,17 +1,22 @@
 //! In-place plugin delivery (Model reconcile, build and deliver steps), against a mock API
 //! server: a new image of a `process`-isolated plugin keeps the pod template as it is (no
 //! rollout) and reaches the running pods as an ephemeral copy container, one pod first, then
-//! a quarter at a time; a refusal halts it and says so in the Model's conditions.
+//! a quarter at a time; a refusal halts it and says so in the Model's conditions, or in a
+//! ModelPool's for the pool's pods.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gantry_api::config::Isolation;
 use gantry_api::{NodeStatus, PluginUpdate};
-use gantry_crd::{EnginePlugin, Model};
+use gantry_crd::{EnginePlugin, Model, ModelPool};
 use gantry_operator::context::{PluginDelivery, Settings};
 use gantry_operator::model::build::{self, OwnedObjects};
 use gantry_operator::model::deliver::{Delivery, PodState, Slot, plan};
+use gantry_operator::model::node_config::RenderedConfig;
+use gantry_operator::pool::{self, admit};
 use http::{Method, StatusCode};
+use kube::core::DeserializeGuard;
 use serde_json::{Value, json};
 
 use crate::reconcile::{
@@ -19,7 +24,8 @@ use crate::reconcile::{
     ready_deployment, run, status_body, status_then_events, supported,
 };
 use crate::support::{
-    Recorded, Reply, Step, condition, context_with, finish, path, status_body as api_status,
+    Recorded, Reply, Step, condition, context_full, context_with, finish, path,
+    status_body as api_status,
 };
 
 const SLOT: &str = "plugin-0-llama-cpp-cpu";
@@ -788,4 +794,206 @@ fn no_copy_joins_one_on_its_way_nor_a_starting_pod_and_a_copy_is_done_only_once_
         pod_state(&pod, SLOT, &v2[0], Some(&node), false, t0),
         Some(PodState::Done)
     );
+}
+
+// --- a pool's pods: the same delivery, said in the pool's status ---
+
+const POOL_UID: &str = "6a1e0c55-0000-4000-8000-0000000000d1";
+
+/// A pool of two pods with one member, the example Model's weights under its served name (so
+/// `report` speaks for it), allowed only the example plugin.
+pub(crate) fn delivery_pool() -> (ModelPool, Vec<Model>) {
+    let pool: ModelPool = serde_json::from_value(json!({
+        "apiVersion": "gantry.dev/v1alpha1", "kind": "ModelPool",
+        "metadata": {"name": "small", "namespace": "default", "uid": POOL_UID, "generation": 1},
+        "spec": {"resources": {"cpu": "2", "memory": "3Gi"}, "replicas": {"min": 2, "max": 2},
+                 "enginePlugins": ["llama-cpp-cpu"]},
+    }))
+    .expect("pool");
+    let member: Model = serde_json::from_value(json!({
+        "apiVersion": "gantry.dev/v1alpha1", "kind": "Model",
+        "metadata": {"name": "gemma", "namespace": "default", "uid": "member-0", "generation": 1,
+                     "creationTimestamp": "2023-11-14T22:13:20Z"},
+        "spec": {"pool": "small", "format": "gguf", "architecture": "gemma3",
+                 "servedName": "gemma-3-270m",
+                 "source": {"uri": "hf://unsloth/gemma-3-270m-it-GGUF", "quantization": "Q4_K_M"},
+                 "resources": {"memory": "600Mi"}},
+    }))
+    .expect("member");
+    (pool, vec![member])
+}
+
+/// What a pool reconcile with `plugins` under operator `settings` builds for `pool` and
+/// `members`.
+pub(crate) fn pool_built(
+    pool: &ModelPool,
+    members: &[Model],
+    plugins: &[EnginePlugin],
+    settings: &Settings,
+) -> OwnedObjects {
+    let template = admit::template(pool, settings).expect("valid pool");
+    let allowed = admit::allowed_plugins(pool, plugins.to_vec());
+    let admission = admit::admit(pool, &template, members, &[], &allowed, settings);
+    let config = admit::render(pool, &admission).expect("render");
+    let pod = RenderedConfig {
+        yaml: config.config.yaml.clone(),
+        hash: config.pod_hash.clone(),
+    };
+    build::assemble(&template, &pod, &admission.mounted(), settings).expect("build")
+}
+
+/// The cached objects of a settled pool built as `live`: ConfigMap, Service, PDB and the
+/// Deployment with its two pods ready.
+pub(crate) fn settled_pool_objects(live: &OwnedObjects) -> Vec<Value> {
+    let mut deployment = serde_json::to_value(&live.deployment).expect("json");
+    deployment["metadata"]["generation"] = json!(1);
+    deployment["spec"]["replicas"] = json!(2);
+    deployment["status"] = json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2,
+                                  "readyReplicas": 2, "availableReplicas": 2});
+    let mut objects = vec![
+        serde_json::to_value(&live.config_map).expect("json"),
+        deployment,
+        serde_json::to_value(&live.service).expect("json"),
+    ];
+    objects.extend(
+        live.pdb
+            .iter()
+            .map(|p| serde_json::to_value(p).expect("json")),
+    );
+    objects
+}
+
+/// The pool's pods `aaaaa` and `bbbbb` as of plugin 0.1.0's template, each with the copy of
+/// 0.2.0 listed for it (`Some(state)`: one, `-u1`, in that state).
+fn two_pool_pods(live: &OwnedObjects, copies: [Option<Value>; 2]) -> Vec<Value> {
+    let u1 = format!("{SLOT}-u1");
+    ["aaaaa", "bbbbb"]
+        .into_iter()
+        .zip(POD_IPS)
+        .zip(copies)
+        .map(|((suffix, ip), copy)| {
+            let ephemeral: Vec<(&str, &str, Value)> = copy
+                .into_iter()
+                .map(|state| (u1.as_str(), IMAGE_V2, state))
+                .collect();
+            let mut pod = node_pod(live, suffix, ip, IMAGE_V1, &ephemeral);
+            pod["metadata"]["name"] = json!(format!("small-pool-7c9d-{suffix}"));
+            pod
+        })
+        .collect()
+}
+
+pub(crate) fn pool_status_patch(pool: &ModelPool) -> Step {
+    Step::apply_status(
+        "/apis/gantry.dev/v1alpha1/namespaces/default/modelpools/small/status",
+        serde_json::to_value(pool).expect("json"),
+    )
+}
+
+/// One reconcile of `pool`, whose live objects were built with plugin 0.1.0 and which now
+/// allows 0.2.0, over the pool pods `copies` describe and their `reports`; the requests after
+/// the cache reads are `steps`. Returns what was requested.
+async fn reconcile_pool_live(
+    pool: &ModelPool,
+    members: &[Model],
+    copies: [Option<Value>; 2],
+    reports: Vec<NodeStatus>,
+    steps: Vec<Step>,
+) -> Vec<Recorded> {
+    let live = pool_built(pool, members, &plugins_at("0.1.0"), &Settings::default());
+    let nodes: BTreeMap<String, NodeStatus> = POD_IPS
+        .iter()
+        .map(|ip| ip.to_string())
+        .zip(reports)
+        .collect();
+    let (ctx, mut server) = context_full(
+        Settings::default(),
+        plugins_at("0.2.0"),
+        nodes,
+        members.to_vec(),
+        vec![pool.clone()],
+    );
+    server.seed(settled_pool_objects(&live));
+    pods(&mut server, two_pool_pods(&live, copies));
+    let server = server.run(steps);
+    pool::reconcile(Arc::new(DeserializeGuard(Ok(pool.clone()))), ctx)
+        .await
+        .expect("pool reconcile");
+    finish(server).await
+}
+
+/// A condition as the pool's status patch carries it (the tests' clock, generation 1).
+fn pool_condition(type_: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": type_, "status": status, "reason": reason, "message": message,
+           "observedGeneration": 1, "lastTransitionTime": "2023-11-14T22:13:20Z"})
+}
+
+#[tokio::test]
+async fn a_pools_status_says_a_delivery_to_its_pods_is_under_way_then_halted() {
+    let (mut pool, members) = delivery_pool();
+    let ready = pool_condition("Ready", "True", "Ready", "2/2 node pods ready");
+
+    // Both pods run 0.1.0: the first gets the copy, and the pool says the delivery is on.
+    let recorded = reconcile_pool_live(
+        &pool,
+        &members,
+        [None, None],
+        vec![report("0.1.0", None), report("0.1.0", None)],
+        vec![
+            ephemeral_patch("small-pool-7c9d-aaaaa", json!({})),
+            pool_status_patch(&pool),
+        ],
+    )
+    .await;
+    assert_eq!(writes_to(&recorded, "/deployments/"), 0, "no rollout");
+    let status = status_body(&recorded);
+    assert_eq!(
+        status["conditions"],
+        json!([
+            ready,
+            pool_condition(
+                "Progressing",
+                "True",
+                "PluginUpdating",
+                "EnginePlugin llama-cpp-cpu 0.2.0 delivered in place: 0 of 2 node pods run it"
+            ),
+            pool_condition("Degraded", "False", "AsExpected", ""),
+        ])
+    );
+    pool.status = Some(serde_json::from_value(status).expect("status"));
+
+    // The first pod's node refuses it: nothing more is copied, and the pool says why.
+    let refused = update(
+        "refused",
+        "the new version was refused: model `gemma-3-270m`: the warm-up failed",
+    );
+    let reports = || vec![report("0.1.0", refused), report("0.1.0", None)];
+    let recorded = reconcile_pool_live(
+        &pool,
+        &members,
+        [Some(copied()), None],
+        reports(),
+        vec![pool_status_patch(&pool)],
+    )
+    .await;
+    assert_eq!(writes_to(&recorded, "/ephemeralcontainers"), 0);
+    let halted = "EnginePlugin llama-cpp-cpu 0.2.0: node pod small-pool-7c9d-aaaaa: its node \
+                  refused: the new version was refused: model `gemma-3-270m`: the warm-up \
+                  failed; the delivery is halted and 0 of 2 node pods run it, the others keep \
+                  the version they run";
+    let status = status_body(&recorded);
+    assert_eq!(
+        status["conditions"],
+        json!([
+            ready,
+            pool_condition("Progressing", "False", "PluginUpdateHalted", halted),
+            pool_condition("Degraded", "True", "PluginUpdateHalted", halted),
+        ])
+    );
+    pool.status = Some(serde_json::from_value(status).expect("status"));
+
+    // Nothing changed since: not a request.
+    let recorded =
+        reconcile_pool_live(&pool, &members, [Some(copied()), None], reports(), vec![]).await;
+    assert!(recorded.is_empty(), "{recorded:#?}");
 }

@@ -9,9 +9,10 @@ use gantry_api::{
     ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, NodeStatus, QueueStatus,
     Rejection, RejectionKind,
 };
-use gantry_crd::{EnginePlugin, Model, ModelStatus};
+use gantry_crd::{EnginePlugin, Model, ModelPool, ModelStatus};
 use gantry_operator::context::{NodeNetworkPolicy, Settings};
 use gantry_operator::model::{self, build, node_config, resolve::resolve, validate::validate};
+use gantry_operator::pool;
 use http::Method;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::DeserializeGuard;
@@ -20,8 +21,8 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::support::{
-    ApiServer, Recorded, Step, condition, context, context_with, finish, fixture_model,
-    fixture_plugins, path, repo_dir, yaml_docs,
+    ApiServer, Recorded, Step, condition, context, context_full, context_with, finish,
+    fixture_model, fixture_plugins, path, repo_dir, yaml_docs,
 };
 
 const POD_IP: &str = "10.0.0.5";
@@ -1006,7 +1007,7 @@ fn secured_settings() -> Settings {
 }
 
 /// The node-token Secret's metadata GET: Secrets are never cached, so the apply step reads
-/// the Model's one by name when its Deployment is not yet current and ready.
+/// the Model's one by name in every reconcile that builds it.
 fn secret_get(m: &Model, secret: Option<Value>) -> Step {
     let (ns, name) = ns_name(m);
     Step::get(
@@ -1116,8 +1117,16 @@ async fn with_an_install_token_and_policies_the_model_gets_its_token_secret_and_
     );
 }
 
-#[tokio::test]
-async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
+/// The example Model built with `secured_settings`, and a context and mock server whose caches
+/// hold its objects as a previous reconcile left them: the Deployment current with all its
+/// pods ready, the NetworkPolicy current, a node pod running. Only the Secret is not there:
+/// Secrets are never cached.
+fn settled_secured_model() -> (
+    Model,
+    build::OwnedObjects,
+    Arc<gantry_operator::context::Context>,
+    ApiServer,
+) {
     let m = example_model();
     let plugins = example_plugins();
     let settings = secured_settings();
@@ -1133,9 +1142,7 @@ async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
         plugins,
         node_report("gemma-3-270m", "gemma3", supported()),
     );
-    // The Deployment is current with all its pods ready: it runs with the Secret, which is not
-    // read (Secrets are never cached), and the cached NetworkPolicy is current.
-    let mut steps = reads(
+    reads(
         &mut server,
         Some(serde_json::to_value(&o.config_map).expect("json")),
         Some(ready_deployment(&o)),
@@ -1144,6 +1151,21 @@ async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
     );
     server.seed([serde_json::to_value(&o.network_policy).expect("json")]);
     pods(&mut server, vec![running_pod(&m, &o)]);
+    (m, o, ctx, server)
+}
+
+/// The path of the example Model's node-token Secret.
+const EXAMPLE_SECRET: &str = "/api/v1/namespaces/default/secrets/gemma-3-270m-node-token";
+
+#[tokio::test]
+async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
+    let (m, o, ctx, server) = settled_secured_model();
+    // The Deployment is current with all its pods ready and the cached NetworkPolicy is
+    // current; the Secret is read by name (Secrets are never cached) and found current.
+    let secret = o.node_token_secret.as_ref().expect("a token Secret");
+    let live = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                      "metadata": secret.metadata});
+    let mut steps = vec![secret_get(&m, Some(live))];
     steps.push(status_patch(&m));
     steps.extend([
         Step::event("default"),
@@ -1162,8 +1184,115 @@ async fn an_unchanged_token_secret_and_network_policy_are_not_rewritten() {
         writes,
         ["/apis/gantry.dev/v1alpha1/namespaces/default/models/gemma-3-270m/status"]
     );
-    assert!(
-        recorded.iter().all(|r| r.method != Method::GET),
-        "{recorded:#?}"
+    let reads: Vec<(&Method, &str, &str)> = recorded
+        .iter()
+        .filter(|r| r.method == Method::GET)
+        .map(|r| (&r.method, r.path.as_str(), r.query.as_str()))
+        .collect();
+    assert_eq!(
+        reads,
+        [(&Method::GET, EXAMPLE_SECRET, "")],
+        "one GET, by name"
     );
+}
+
+#[tokio::test]
+async fn a_token_secret_deleted_by_hand_comes_back_at_the_next_reconcile_of_a_settled_model() {
+    let (m, o, ctx, server) = settled_secured_model();
+    // Everything else is current and ready; the Secret GET answers 404. Then it is deleted
+    // again right after: the GET is the apiserver's answer, not a cache that lags the write
+    // of moments ago, so it comes back again (the status, written moments ago, is not).
+    let steps = vec![
+        secret_get(&m, None),
+        Step::apply(EXAMPLE_SECRET),
+        status_patch(&m),
+        Step::event("default"),
+        Step::event("default"),
+        Step::event("default"),
+        secret_get(&m, None),
+        Step::apply(EXAMPLE_SECRET),
+    ];
+    let server = server.run(steps);
+    run(m.clone(), ctx.clone()).await.expect("reconcile");
+    run(m, ctx).await.expect("reconcile again");
+    let recorded = finish(server).await;
+    // The apply is exactly the built Secret, under the operator's field manager, forced.
+    let apply = &recorded[1];
+    assert_eq!(apply.content_type, "application/apply-patch+yaml");
+    assert!(
+        apply.query.contains("fieldManager=gantry-operator") && apply.query.contains("force=true"),
+        "{}",
+        apply.query
+    );
+    assert_eq!(
+        apply.body.as_ref(),
+        Some(
+            &serde_json::to_value(o.node_token_secret.as_ref().expect("a token Secret"))
+                .expect("json")
+        )
+    );
+    // Nothing else is written: the Deployment keeps running with the same token.
+    let writes: Vec<&str> = recorded
+        .iter()
+        .filter(|r| r.method == Method::PATCH)
+        .map(|r| r.path.as_str())
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            EXAMPLE_SECRET,
+            "/apis/gantry.dev/v1alpha1/namespaces/default/models/gemma-3-270m/status",
+            EXAMPLE_SECRET,
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_pools_token_secret_is_read_every_reconcile_and_comes_back_when_deleted_by_hand() {
+    use crate::deliver::{delivery_pool, pool_built, pool_status_patch, settled_pool_objects};
+    let (mut pool, members) = delivery_pool();
+    let settings = secured_settings();
+    let plugins = example_plugins();
+    let live = pool_built(&pool, &members, &plugins, &settings);
+    let secret = live.node_token_secret.clone().expect("a pool token Secret");
+    let secret_path = "/api/v1/namespaces/default/secrets/small-pool-node-token";
+    // The pool's objects current, its Deployment's pods ready; the Secret is never cached.
+    let start = |pool: &ModelPool| {
+        let (ctx, mut server) = context_full(
+            settings.clone(),
+            plugins.clone(),
+            BTreeMap::new(),
+            members.clone(),
+            vec![pool.clone()],
+        );
+        server.seed(settled_pool_objects(&live));
+        server.seed([serde_json::to_value(&live.network_policy).expect("json")]);
+        (ctx, server)
+    };
+    let run_pool =
+        |pool: &ModelPool, ctx| pool::reconcile(Arc::new(DeserializeGuard(Ok(pool.clone()))), ctx);
+
+    // Deleted by hand: the GET answers 404 and the Secret is applied again, nothing else.
+    let (ctx, server) = start(&pool);
+    let server = server.run(vec![
+        Step::get(secret_path, None),
+        Step::apply(secret_path),
+        pool_status_patch(&pool),
+    ]);
+    run_pool(&pool, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(
+        recorded[1].body,
+        Some(serde_json::to_value(&secret).expect("json"))
+    );
+    pool.status = Some(serde_json::from_value(status_body(&recorded)).expect("status"));
+
+    // There and current: the one GET, no write.
+    let (ctx, server) = start(&pool);
+    let found = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                       "metadata": secret.metadata});
+    let server = server.run(vec![Step::get(secret_path, Some(found))]);
+    run_pool(&pool, ctx.clone()).await.expect("reconcile");
+    finish(server).await;
+    assert_eq!(ctx.metrics.total_writes(), 0);
 }

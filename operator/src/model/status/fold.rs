@@ -1,54 +1,19 @@
-//! Model reconcile, status step (pure part): the validation outcome, the Deployment's rollout,
-//! the in-place plugin deliveries and (through `status/reports.rs`) the node pods' reports,
-//! folded into `ModelStatus` with its conditions, replica counts and endpoint. The write is
-//! `model::status::publish`.
+//! Model reconcile, status step (pure part): the validation outcome, the Deployment's rollout
+//! and the in-place plugin deliveries (through `status/rollout.rs`, shared with the pool's
+//! fold) and the node pods' reports (through `status/reports.rs`), folded into `ModelStatus`
+//! with its conditions, replica counts and endpoint. The write is `model::status::publish`.
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::facts::Facts;
 use super::reports;
+use super::rollout::fold_rollout;
 use crate::model::validate::{self, Invalid, ValidModel};
 use gantry_crd::conditions::{self, Decided, FALSE, TRUE, UNKNOWN, model as cond, reason};
 use gantry_crd::names::{NODE_PORT, owned_name};
 use gantry_crd::{Model, ModelStatus, ReplicaStatus};
-
-/// The in-place plugin delivery that needs saying: a halt (Degraded), else one in progress
-/// (Progressing).
-fn fold_delivery(f: &Facts<'_>) -> Option<Decided> {
-    if let Some(e) = f.deliver_error {
-        return Some(Decided::new(
-            cond::DEGRADED,
-            TRUE,
-            reason::PLUGIN_UPDATE_HALTED,
-            e.to_string(),
-        ));
-    }
-    if let Some(p) = f.deliveries.iter().find(|p| p.halted.is_some()) {
-        let (pod, why) = p.halted.clone().unwrap_or_default();
-        return Some(Decided::new(
-            cond::DEGRADED,
-            TRUE,
-            reason::PLUGIN_UPDATE_HALTED,
-            format!(
-                "EnginePlugin {} {}: node pod {pod}: {why}; the delivery is halted and {} of {} \
-                 node pods run it, the others keep the version they run",
-                p.plugin, p.version, p.done, p.pods
-            ),
-        ));
-    }
-    f.deliveries.iter().find(|p| p.delivering()).map(|p| {
-        Decided::new(
-            cond::PROGRESSING,
-            TRUE,
-            reason::PLUGIN_UPDATING,
-            format!(
-                "EnginePlugin {} {} delivered in place: {} of {} node pods run it",
-                p.plugin, p.version, p.done, p.pods
-            ),
-        )
-    })
-}
 
 /// Status for a Model whose spec failed validation. Observations unrelated to the spec
 /// (replicas, engine, endpoint) are kept: the last good objects keep running.
@@ -58,21 +23,7 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
         "the spec cannot be served as written: {}",
         validate::message(problems)
     );
-    let keep = |type_: &'static str| {
-        conditions::find(&previous.conditions, type_)
-            .and_then(|c| {
-                let status = [TRUE, FALSE, UNKNOWN]
-                    .into_iter()
-                    .find(|s| *s == c.status)?;
-                // Reasons are always ours (constants), but the stored copy is a String; keep
-                // it only when it is one we know, otherwise fall back to InvalidSpec.
-                let reason = known_reason(&c.reason)?;
-                Some(Decided::new(type_, status, reason, c.message.clone()))
-            })
-            .unwrap_or_else(|| {
-                Decided::new(type_, UNKNOWN, reason::INVALID_SPEC, "the spec is invalid")
-            })
-    };
+    let keep = |type_: &'static str| kept(&previous.conditions, type_);
     let decided = [
         Decided::new(cond::READY, FALSE, reason::INVALID_SPEC, msg.clone()),
         keep(cond::ENGINE_RESOLVED),
@@ -93,6 +44,24 @@ pub fn fold_invalid(model: &Model, problems: &[Invalid], now: Timestamp) -> Mode
         autoscaling: None,
         ..previous
     }
+}
+
+/// The stored condition of `type_` as it is, for a status that cannot judge it anew (an
+/// invalid spec): `Unknown, InvalidSpec` when there is none, or it is not one of ours.
+pub(crate) fn kept(previous: &[Condition], type_: &'static str) -> Decided {
+    conditions::find(previous, type_)
+        .and_then(|c| {
+            let status = [TRUE, FALSE, UNKNOWN]
+                .into_iter()
+                .find(|s| *s == c.status)?;
+            // Reasons are always ours (constants), but the stored copy is a String; keep
+            // it only when it is one we know, otherwise fall back to InvalidSpec.
+            let reason = known_reason(&c.reason)?;
+            Some(Decided::new(type_, status, reason, c.message.clone()))
+        })
+        .unwrap_or_else(|| {
+            Decided::new(type_, UNKNOWN, reason::INVALID_SPEC, "the spec is invalid")
+        })
 }
 
 fn known_reason(r: &str) -> Option<&'static str> {
@@ -123,63 +92,6 @@ fn known_reason(r: &str) -> Option<&'static str> {
     ALL.into_iter().find(|k| *k == r)
 }
 
-/// Rollout state of the Deployment: (Progressing condition, stuck?).
-fn fold_progress(deployment: Option<&Deployment>) -> (Decided, bool) {
-    let Some(d) = deployment else {
-        return (
-            Decided::new(
-                cond::PROGRESSING,
-                FALSE,
-                reason::NOT_DEPLOYED,
-                "no Deployment: the Model runs no node pods",
-            ),
-            false,
-        );
-    };
-    let status = d.status.clone().unwrap_or_default();
-    let stuck = status.conditions.iter().flatten().any(|c| {
-        c.type_.as_deref() == Some("Progressing")
-            && c.status.as_deref() == Some("False")
-            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-    });
-    if stuck {
-        return (
-            Decided::new(
-                cond::PROGRESSING,
-                FALSE,
-                reason::PROGRESS_DEADLINE_EXCEEDED,
-                "the Deployment exceeded its progress deadline; see its pods' events",
-            ),
-            true,
-        );
-    }
-    let want = d.spec.replicas.unwrap_or(1);
-    let generation_seen = status.observed_generation >= d.metadata.generation;
-    let updated = status.updated_replicas.unwrap_or(0);
-    let ready = status.ready_replicas.unwrap_or(0);
-    let total = status.replicas.unwrap_or(0);
-    if !generation_seen || updated < want || ready < want || total > want {
-        return (
-            Decided::new(
-                cond::PROGRESSING,
-                TRUE,
-                reason::ROLLING_OUT,
-                format!("{updated} of {want} node pods updated, {ready} ready"),
-            ),
-            false,
-        );
-    }
-    (
-        Decided::new(
-            cond::PROGRESSING,
-            FALSE,
-            reason::ROLLOUT_COMPLETE,
-            format!("{want} node pod(s) at the current revision"),
-        ),
-        false,
-    )
-}
-
 /// Fold a validated Model's facts into its status.
 ///
 /// `Degraded` takes the most actionable cause first (apply refused, no engine, download,
@@ -192,23 +104,7 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
     let (engine_cond, engine, candidates) = reports::fold_engine(f);
     let (artifact_cond, download) = reports::fold_artifact(f);
     let health_cond = reports::fold_health(f);
-    let (mut progress_cond, stuck) = fold_progress(f.deployment);
-    let delivery = fold_delivery(f);
-    // A rollout says more than an in-place delivery; a halt ends the progress.
-    if progress_cond.reason == reason::ROLLOUT_COMPLETE
-        && let Some(d) = &delivery
-    {
-        progress_cond = if d.type_ == cond::PROGRESSING {
-            d.clone()
-        } else {
-            Decided::new(
-                cond::PROGRESSING,
-                FALSE,
-                reason::PLUGIN_UPDATE_HALTED,
-                d.message.clone(),
-            )
-        };
-    }
+    let rollout = fold_rollout(f.deployment, f.deliveries, f.deliver_error, "Model");
     let engine_failed = engine_cond.status == FALSE;
 
     let replicas = replica_counts(f.deployment);
@@ -239,15 +135,9 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
             reason::ENGINE_CRASHED,
             health_cond.message.clone(),
         )
-    } else if stuck {
-        Decided::new(
-            cond::DEGRADED,
-            TRUE,
-            reason::PROGRESS_DEADLINE_EXCEEDED,
-            progress_cond.message.clone(),
-        )
-    } else if let Some(halt) = delivery.filter(|d| d.type_ == cond::DEGRADED) {
-        halt
+    } else if let Some(d) = rollout.degraded {
+        // A stuck rollout, else a halted in-place delivery.
+        d
     } else {
         Decided::new(cond::DEGRADED, FALSE, reason::AS_EXPECTED, "")
     };
@@ -286,7 +176,7 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         engine_cond,
         artifact_cond,
         health_cond,
-        progress_cond,
+        rollout.progressing,
         degraded,
     ];
     ModelStatus {

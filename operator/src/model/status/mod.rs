@@ -9,12 +9,14 @@
 //! the stored one and the reconcile writes nothing.
 //!
 //! This file holds the step's write ([`publish`], with its Events); the pure fold is in `fold`
-//! (the Deployment's part, the delivery, an invalid spec) and `reports` (the node reports'
-//! part), both over the [`Facts`] of `facts`.
+//! (the whole status, an invalid spec), `rollout` (the Deployment's rollout and the in-place
+//! deliveries, which the pool's fold shares) and `reports` (the node reports' part), over the
+//! [`Facts`] of `facts`.
 
 pub mod facts;
 pub mod fold;
 mod reports;
+pub mod rollout;
 
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
@@ -28,6 +30,7 @@ use gantry_crd::{Model, ModelStatus};
 
 pub use facts::Facts;
 pub use fold::{endpoint, fold, fold_invalid, replica_counts, scaled_to_zero};
+pub use rollout::{Rollout, fold_rollout};
 
 /// Why the status could not be written.
 #[derive(Debug, thiserror::Error)]
