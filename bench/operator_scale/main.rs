@@ -1,43 +1,51 @@
 //! Operator scale benchmark (outside the reconcile path; `cargo run --release -p
 //! gantry-operator --example operator-scale -- --scenario warm`): the real `gantry-operator`
 //! binary, in its own process, against an in-memory Kubernetes API served on loopback by this
-//! process — list, watch (with resource versions, metadata-only when asked), server-side apply
-//! as a deep merge, delete, events — holding 1,000 Models and, per scenario, their objects and
-//! node pods with managed fields as an apiserver returns them. Node pods' `/v1/status` is
-//! answered on port 8080 of their loopback pod IPs (127.x.y.z).
+//! process (`apiserver`), with stand-ins for the controllers a cluster runs behind the
+//! operator's objects (`cluster`: Deployment controller, scheduler, kubelet). Objects carry
+//! what a real API server stores: managed fields per field manager, generations, ReplicaSets
+//! and Pods behind every Deployment, Deployment and Pod status, Events. Node pods' `/v1/status`
+//! is answered on port 8080 of their loopback pod IPs (127.x.y.z).
 //!
 //! Scenarios:
-//! - `cold`: 1,000 new Models and nothing else; each created Deployment gets one Pending pod.
-//! - `warm`: the operator restarts in a cluster where the 1,000 Models run (objects current,
-//!   pods Running and Ready, no Model status yet).
-//! - `pending`: like `warm`, but every node pod is Pending (a cluster waiting for GPUs).
+//! - `cold`: 1,000 new Models and nothing else. Each Deployment the operator creates gets a
+//!   ReplicaSet and a Pending Pod. Once every Model has a status, the kubelet stand-in starts
+//!   every Pod (Running, Ready, answering) and the run waits for every Model to be Ready.
+//! - `pending`: the operator restarts in a cluster where the 1,000 Models' objects exist and
+//!   every node pod is Pending (a cluster waiting for GPUs); no Model status yet.
+//! - `warm`: like `pending`, but every node pod is Running, Ready and answering.
 //!
 //! Reports (JSON, `--out`): requests by verb while converging and afterwards in a quiet window
-//! (no watch event at all), the operator's RSS and peak RSS, its CPU seconds to converge, and
-//! the wall time. Converged: every Model has a status with `observedGeneration` and the
-//! operator has reconciled each at least once; bounded by `--timeout` seconds.
+//! (`--quiet`, default 60 s, nothing changing), the operator's RSS and peak RSS, its CPU
+//! seconds to converge, the wall time, the operator's cache gauges by store, and the node
+//! status requests per second. Converged: every Model has a status with `observedGeneration`
+//! and the autoscaler's decision (and, for `cold` once its pods run, `Ready=True`), and no
+//! write has come for 5 s; bounded by `--timeout` seconds per phase.
 
-use std::collections::{BTreeMap, HashMap};
+mod apiserver;
+mod cluster;
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use bytes::Bytes;
-use futures::StreamExt;
 use gantry_api::{
     ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, ModelStatus, NodeStatus,
     QueueStatus,
 };
+use gantry_crd::names::{AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, owned_name};
 use gantry_crd::{EnginePlugin, Model};
 use gantry_operator::context::Settings;
 use gantry_operator::model::{build, resolve::resolve, validate::validate};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
+
+use apiserver::{Cluster, Shared, key_of, lock, set_managed};
 
 /// Models in the cluster (`--models`, default 1,000).
 fn models() -> usize {
@@ -45,401 +53,18 @@ fn models() -> usize {
 }
 const NAMESPACE: &str = "bench";
 
-/// One resource collection: its objects and its event log (for watches that resume).
-#[derive(Default)]
-struct Collection {
-    objects: BTreeMap<(String, String), Value>,
-    log: Vec<(u64, &'static str, Value)>,
-}
-
-/// The in-memory cluster.
-struct Cluster {
-    rv: u64,
-    collections: HashMap<String, Collection>,
-    events: broadcast::Sender<(String, u64, &'static str, Value)>,
-    /// Requests by `VERB kind`, list and watch included.
-    requests: BTreeMap<String, u64>,
-    /// Create a Pending node pod for every new Deployment (the `cold` scenario).
-    pods_for_new_deployments: bool,
-}
-
-type Shared = Arc<Mutex<Cluster>>;
-
-fn lock(c: &Shared) -> std::sync::MutexGuard<'_, Cluster> {
-    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Collection key and resource path parts of a request path.
-struct Target {
-    collection: String,
-    namespace: Option<String>,
-    name: Option<String>,
-    status: bool,
-}
-
-fn parse(path: &str) -> Option<Target> {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (gv, rest) = match parts.as_slice() {
-        ["api", v, rest @ ..] => (v.to_string(), rest),
-        ["apis", g, v, rest @ ..] => (format!("{g}/{v}"), rest),
-        _ => return None,
-    };
-    let (namespace, rest) = match rest {
-        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
-        rest => (None, rest),
-    };
-    let (plural, name, status) = match rest {
-        [plural] => (*plural, None, false),
-        [plural, name] => (*plural, Some(name.to_string()), false),
-        [plural, name, "status"] => (*plural, Some(name.to_string()), true),
-        _ => return None,
-    };
-    Some(Target {
-        collection: format!("{gv}/{plural}"),
-        namespace,
-        name,
-        status,
-    })
-}
-
-fn key_of(obj: &Value) -> (String, String) {
-    let m = &obj["metadata"];
-    (
-        m["namespace"].as_str().unwrap_or_default().to_string(),
-        m["name"].as_str().unwrap_or_default().to_string(),
-    )
-}
-
-/// Server-side apply, approximated: objects merge key by key, anything else is replaced.
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b.clone(),
-    }
-}
-
-fn labels_match(obj: &Value, selector: &str) -> bool {
-    selector.split(',').filter(|s| !s.is_empty()).all(|kv| {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        obj["metadata"]["labels"][k].as_str() == Some(v)
-    })
-}
-
-/// What a metadata-only request returns for an object.
-fn partial(obj: &Value) -> Value {
-    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-           "metadata": obj["metadata"]})
-}
-
-impl Cluster {
-    fn store(&mut self, collection: &str, mut obj: Value, kind: &'static str) -> Value {
-        self.rv += 1;
-        obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        let c = self.collections.entry(collection.to_string()).or_default();
-        let key = key_of(&obj);
-        if kind == "DELETED" {
-            c.objects.remove(&key);
-        } else {
-            c.objects.insert(key, obj.clone());
-        }
-        c.log.push((self.rv, kind, obj.clone()));
-        let _ = self
-            .events
-            .send((collection.to_string(), self.rv, kind, obj.clone()));
-        obj
-    }
-
-    fn count(&mut self, what: String) {
-        *self.requests.entry(what).or_default() += 1;
-    }
-}
-
-fn json_response(code: StatusCode, v: &Value) -> Response {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Body::from(v.to_string()))
-        .unwrap_or_default()
-}
-
-fn not_found() -> Response {
-    json_response(
-        StatusCode::NOT_FOUND,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "reason": "NotFound", "code": 404}),
-    )
-}
-
-async fn handle(
-    cluster: Shared,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let Some(t) = parse(uri.path()) else {
-        return not_found();
-    };
-    let query: HashMap<String, String> =
-        reqwest::Url::parse(&format!("http://x/?{}", uri.query().unwrap_or_default()))
-            .map(|u| u.query_pairs().into_owned().collect())
-            .unwrap_or_default();
-    let meta_only = headers
-        .get("accept")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("PartialObjectMetadata"));
-    let plural = t
-        .collection
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
-    let verb = match (&method, t.name.is_some(), watch) {
-        (&Method::GET, false, true) => "WATCH",
-        (&Method::GET, false, false) => "LIST",
-        (m, _, _) => m.as_str(),
-    };
-    let sub = if t.status { "/status" } else { "" };
-    lock(&cluster).count(format!("{verb} {plural}{sub}"));
-    let selector = query.get("labelSelector").cloned().unwrap_or_default();
-    match (method, t.name.clone()) {
-        (Method::GET, None) if watch => {
-            let since: u64 = query
-                .get("resourceVersion")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let (backlog, rx) = {
-                let c = lock(&cluster);
-                let backlog: Vec<(&'static str, Value)> = c
-                    .collections
-                    .get(&t.collection)
-                    .map(|col| {
-                        col.log
-                            .iter()
-                            .filter(|(rv, _, _)| *rv > since)
-                            .map(|(_, k, o)| (*k, o.clone()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                (backlog, c.events.subscribe())
-            };
-            let collection = t.collection.clone();
-            let live =
-                futures::stream::unfold((rx, collection), |(mut rx, collection)| async move {
-                    loop {
-                        match rx.recv().await {
-                            Ok((c, _, kind, obj)) if c == collection => {
-                                return Some(((kind, obj), (rx, collection)));
-                            }
-                            Ok(_) => continue,
-                            // Fell behind: end the watch, as an apiserver does, and the client
-                            // lists again.
-                            Err(_) => return None,
-                        }
-                    }
-                });
-            let stream = futures::stream::iter(backlog).chain(live);
-            let body = stream.filter_map(move |(kind, obj)| {
-                let selector = selector.clone();
-                async move {
-                    if !labels_match(&obj, &selector) {
-                        return None;
-                    }
-                    let obj = if meta_only { partial(&obj) } else { obj };
-                    let line = format!("{}\n", json!({"type": kind, "object": obj}));
-                    Some(Ok::<Bytes, std::convert::Infallible>(Bytes::from(line)))
-                }
-            });
-            Response::builder()
-                .header("content-type", "application/json")
-                .body(Body::from_stream(body))
-                .unwrap_or_default()
-        }
-        (Method::GET, None) => {
-            let c = lock(&cluster);
-            let items: Vec<Value> = c
-                .collections
-                .get(&t.collection)
-                .map(|col| {
-                    col.objects
-                        .values()
-                        .filter(|o| {
-                            t.namespace.is_none()
-                                || key_of(o).0 == *t.namespace.as_deref().unwrap_or_default()
-                        })
-                        .filter(|o| labels_match(o, &selector))
-                        .map(|o| if meta_only { partial(o) } else { o.clone() })
-                        .collect()
-                })
-                .unwrap_or_default();
-            // Pages of `limit` items, the `continue` token being the next offset.
-            let from: usize = query
-                .get("continue")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let limit: usize = query
-                .get("limit")
-                .and_then(|v| v.parse().ok())
-                .filter(|l| *l > 0)
-                .unwrap_or(usize::MAX);
-            let total = items.len();
-            let page: Vec<Value> = items.into_iter().skip(from).take(limit).collect();
-            let next = from.saturating_add(limit);
-            let mut metadata = json!({"resourceVersion": c.rv.to_string()});
-            if next < total {
-                metadata["continue"] = json!(next.to_string());
-            }
-            let kind = if meta_only {
-                "PartialObjectMetadataList"
-            } else {
-                "List"
-            };
-            json_response(
-                StatusCode::OK,
-                &json!({"apiVersion": "v1", "kind": kind, "metadata": metadata, "items": page}),
-            )
-        }
-        (Method::GET, Some(name)) => {
-            let c = lock(&cluster);
-            let key = (t.namespace.clone().unwrap_or_default(), name);
-            match c
-                .collections
-                .get(&t.collection)
-                .and_then(|col| col.objects.get(&key))
-            {
-                Some(o) => json_response(
-                    StatusCode::OK,
-                    &if meta_only { partial(o) } else { o.clone() },
-                ),
-                None => not_found(),
-            }
-        }
-        (Method::PATCH, Some(name)) => {
-            let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let mut c = lock(&cluster);
-            let key = (t.namespace.clone().unwrap_or_default(), name.clone());
-            let existing = c
-                .collections
-                .get(&t.collection)
-                .and_then(|col| col.objects.get(&key))
-                .cloned();
-            let created = existing.is_none();
-            if t.status && created {
-                return not_found();
-            }
-            let mut obj = existing.unwrap_or_else(|| {
-                json!({"metadata": {"name": name, "namespace": t.namespace,
-                    "uid": format!("uid-{}-{}", plural, name), "generation": 1,
-                    "creationTimestamp": "2026-11-23T00:00:00Z"}})
-            });
-            if t.status {
-                merge(&mut obj["status"], &patch["status"]);
-            } else {
-                merge(&mut obj, &patch);
-            }
-            let kind = if created { "ADDED" } else { "MODIFIED" };
-            let out = c.store(&t.collection, obj, kind);
-            if created && plural == "deployments" && c.pods_for_new_deployments {
-                let pod = node_pod(&out, None);
-                c.store("v1/pods", pod, "ADDED");
-            }
-            json_response(StatusCode::OK, &out)
-        }
-        (Method::POST, _) => {
-            let obj: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            json_response(StatusCode::CREATED, &obj)
-        }
-        (Method::DELETE, Some(name)) => {
-            let mut c = lock(&cluster);
-            let key = (t.namespace.clone().unwrap_or_default(), name);
-            let existing = c
-                .collections
-                .get(&t.collection)
-                .and_then(|col| col.objects.get(&key))
-                .cloned();
-            match existing {
-                Some(o) => {
-                    c.store(&t.collection, o, "DELETED");
-                    json_response(
-                        StatusCode::OK,
-                        &json!({"kind": "Status", "status": "Success"}),
-                    )
-                }
-                None => not_found(),
-            }
-        }
-        _ => not_found(),
-    }
-}
-
-/// Managed fields as an apiserver keeps them for an object applied by a client and updated
-/// by a controller: the bulk of a real object's metadata.
-fn managed_fields(manager: &str, spec_keys: &[&str]) -> Value {
-    let spec: serde_json::Map<String, Value> = spec_keys
-        .iter()
-        .map(|k| (format!("f:{k}"), json!({".": {}, "f:value": {}})))
-        .collect();
-    json!([
-        {"manager": manager, "operation": "Apply", "apiVersion": "v1", "time": "2026-11-23T00:00:00Z",
-         "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:app.kubernetes.io/name": {}}},
-                                                "f:spec": spec}},
-        {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
-         "time": "2026-11-23T00:00:01Z", "fieldsType": "FieldsV1", "subresource": "status",
-         "fieldsV1": {"f:status": {"f:conditions": {".": {}, "k:{\"type\":\"Ready\"}": {".": {},
-            "f:lastProbeTime": {}, "f:lastTransitionTime": {}, "f:status": {}, "f:type": {}}},
-            "f:observedGeneration": {}, "f:replicas": {}, "f:readyReplicas": {}}}}
-    ])
-}
-
+/// Model `i` as `kubectl apply` (client-side) leaves it: the last-applied annotation and
+/// kubectl's managed fields.
 fn model(i: usize, template: &Value) -> Value {
     let mut m = template.clone();
     let name = format!("m-{i:04}");
-    m["metadata"] = json!({"name": name, "namespace": NAMESPACE, "uid": format!("uid-model-{i:04}"),
-        "generation": 1, "creationTimestamp": "2026-11-23T00:00:00Z",
-        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": template.to_string()},
-        "managedFields": managed_fields("kubectl-client-side-apply",
-            &["source", "format", "architecture", "engine", "servedName", "resources", "replicas", "engineConfig", "cache", "load"])});
+    m["metadata"] = json!({"name": name, "namespace": NAMESPACE});
     m["spec"]["servedName"] = json!(name);
+    m["metadata"]["annotations"] =
+        json!({"kubectl.kubernetes.io/last-applied-configuration": m.to_string()});
+    let config = m.clone();
+    set_managed(&mut m, "kubectl-client-side-apply", "Update", None, &config);
     m
-}
-
-/// A node pod of `deployment`: Running and Ready at `ip`, or Pending without one.
-fn node_pod(deployment: &Value, ip: Option<&str>) -> Value {
-    let name = deployment["metadata"]["name"].as_str().unwrap_or_default();
-    let template = &deployment["spec"]["template"];
-    let status = match ip {
-        Some(ip) => json!({"phase": "Running", "podIP": ip, "hostIP": "10.0.0.1",
-            "startTime": "2026-11-23T00:00:00Z",
-            "conditions": [{"type": "Ready", "status": "True", "lastProbeTime": null, "lastTransitionTime": "2026-11-23T00:00:05Z"},
-                           {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-11-23T00:00:05Z"},
-                           {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-11-23T00:00:01Z"},
-                           {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-23T00:00:00Z"}],
-            "containerStatuses": [{"name": "node", "ready": true, "restartCount": 0, "image": "gantry-node", "imageID": "sha256:0", "started": true,
-                                   "state": {"running": {"startedAt": "2026-11-23T00:00:02Z"}}}]}),
-        None => {
-            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-            "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
-        }
-    };
-    let mut labels = template["metadata"]["labels"].clone();
-    labels["pod-template-hash"] = json!("7c9d5f");
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("{name}-7c9d5f-abcde"), "namespace": NAMESPACE,
-            "uid": format!("uid-pod-{name}"), "labels": labels,
-            "annotations": template["metadata"]["annotations"],
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("{name}-7c9d5f"),
-                                 "uid": format!("uid-rs-{name}"), "controller": true}],
-            "managedFields": managed_fields("kube-controller-manager", &["containers", "volumes", "securityContext"])},
-        "spec": template["spec"], "status": status})
-}
-
-fn pod_ip(i: usize) -> String {
-    format!("127.{}.{}.{}", 1 + i / 62500, (i / 250) % 250, 1 + i % 250)
 }
 
 /// The node status document of model `served`, loaded and ready.
@@ -489,19 +114,25 @@ fn yaml<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> T {
     serde_yaml::from_str(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Fill the cluster for `scenario`; returns pod IP → served model name.
-fn populate(c: &mut Cluster, scenario: &str, repo: &std::path::Path) -> HashMap<String, String> {
-    let plugin: Value = yaml(&repo.join("docs/examples/engineplugin-llama-cpp-cpu.yaml"));
-    let mut plugin_obj = plugin.clone();
-    plugin_obj["metadata"]["uid"] = json!("uid-plugin");
-    plugin_obj["metadata"]["generation"] = json!(1);
-    c.store("gantry.dev/v1alpha1/engineplugins", plugin_obj, "ADDED");
-    let plugins: Vec<EnginePlugin> = vec![serde_json::from_value(plugin).expect("plugin")];
+/// Fill the cluster for `scenario`: what the operator, its autoscaler and the cluster's
+/// controllers would have written for each Model, through the same server-side apply.
+fn populate(c: &mut Cluster, scenario: &str, repo: &std::path::Path) {
+    let mut plugin: Value = yaml(&repo.join("docs/examples/engineplugin-llama-cpp-cpu.yaml"));
+    let plugins: Vec<EnginePlugin> = vec![serde_json::from_value(plugin.clone()).expect("plugin")];
+    plugin["metadata"]["annotations"] =
+        json!({"kubectl.kubernetes.io/last-applied-configuration": plugin.to_string()});
+    let config = plugin.clone();
+    set_managed(
+        &mut plugin,
+        "kubectl-client-side-apply",
+        "Update",
+        None,
+        &config,
+    );
+    c.upsert("gantry.dev/v1alpha1/engineplugins", plugin);
     let template: Value = yaml(&repo.join("docs/examples/model-gemma-3-270m.yaml"));
-    let mut ips = HashMap::new();
     for i in 0..models() {
-        let m = model(i, &template);
-        c.store("gantry.dev/v1alpha1/models", m.clone(), "ADDED");
+        let m = c.upsert("gantry.dev/v1alpha1/models", model(i, &template));
         if scenario == "cold" {
             continue;
         }
@@ -509,45 +140,56 @@ fn populate(c: &mut Cluster, scenario: &str, repo: &std::path::Path) -> HashMap<
         let v = validate(&typed, &Settings::default()).expect("valid");
         let r = resolve(&v, Some("gemma3"), &plugins, 1);
         let o = build::build(&v, &r.mounted(), &Settings::default()).expect("build");
-        let mut cm = serde_json::to_value(&o.config_map).expect("json");
-        cm["metadata"]["managedFields"] = managed_fields("gantry-operator", &["data"]);
-        c.store("v1/configmaps", cm, "ADDED");
-        let mut svc = serde_json::to_value(&o.service).expect("json");
-        svc["metadata"]["managedFields"] =
-            managed_fields("gantry-operator", &["ports", "selector", "type"]);
-        svc["spec"]["clusterIP"] = json!("10.96.0.10");
-        c.store("v1/services", svc, "ADDED");
+        let owned = owned_name(&v.name);
+        let key = (NAMESPACE.to_string(), owned.clone());
+        let apply = |c: &mut Cluster, collection: &str, obj: Value, manager: &str| {
+            c.apply(collection, &key, &obj, manager, false);
+        };
+        apply(
+            c,
+            "v1/configmaps",
+            serde_json::to_value(&o.config_map).expect("json"),
+            FIELD_MANAGER,
+        );
+        apply(
+            c,
+            "v1/services",
+            serde_json::to_value(&o.service).expect("json"),
+            FIELD_MANAGER,
+        );
+        // Created as the operator creates it: with the initial count, then the count handed
+        // to the autoscaler's field manager.
         let mut d = serde_json::to_value(&o.deployment).expect("json");
-        d["metadata"]["generation"] = json!(1);
-        d["metadata"]["managedFields"] =
-            managed_fields("gantry-operator", &["template", "selector", "strategy"]);
-        d["spec"]["replicas"] = json!(1);
-        let ready = if scenario == "warm" { 1 } else { 0 };
-        d["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
-            "readyReplicas": ready, "availableReplicas": ready,
-            "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
-                "lastUpdateTime": "2026-11-23T00:00:00Z", "lastTransitionTime": "2026-11-23T00:00:00Z"}]});
-        let ip = (scenario == "warm").then(|| pod_ip(i));
-        let pod = node_pod(&d, ip.as_deref());
-        c.store("apps/v1/deployments", d, "ADDED");
-        c.store("v1/pods", pod, "ADDED");
-        if let Some(ip) = ip {
-            ips.insert(ip, v.served_name.clone());
-        }
+        d["spec"]["replicas"] = json!(o.initial_replicas);
+        apply(c, "apps/v1/deployments", d, FIELD_MANAGER);
+        let replicas = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": owned, "namespace": NAMESPACE}, "spec": {"replicas": o.initial_replicas}});
+        apply(c, "apps/v1/deployments", replicas, AUTOSCALER_FIELD_MANAGER);
+        cluster::sync_deployment(c, &key);
     }
-    ips
+    if scenario == "warm" {
+        cluster::start_pods(c);
+    }
 }
 
-/// Every Model has a status for its generation.
-fn converged(c: &Cluster) -> bool {
+/// Every Model has a status for its generation, the autoscaler's decision among it once its
+/// Deployment exists (and, with `ready`, says Ready).
+fn converged(c: &Cluster, ready: bool) -> bool {
+    let deployments = c.collections.get("apps/v1/deployments");
     c.collections
         .get("gantry.dev/v1alpha1/models")
         .is_some_and(|col| {
             col.objects.len() == models()
-                && col
-                    .objects
-                    .values()
-                    .all(|m| m["status"]["observedGeneration"] == json!(1))
+                && col.objects.values().all(|m| {
+                    let deployed = deployments.is_some_and(|d| d.objects.contains_key(&key_of(m)));
+                    m["status"]["observedGeneration"] == json!(1)
+                        && (!deployed || m["status"]["autoscaling"].is_object())
+                        && (!ready
+                            || m["status"]["conditions"].as_array().is_some_and(|cs| {
+                                cs.iter()
+                                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                            }))
+                })
         })
 }
 
@@ -591,6 +233,41 @@ fn proc_stats(pid: u32) -> (u64, u64, f64) {
     (kib("VmRSS:"), kib("VmHWM:"), ticks / 100.0)
 }
 
+/// The operator's `gantry_operator_cache_objects` and `_bytes` gauges, by store.
+async fn cache_gauges(addr: SocketAddr) -> Value {
+    let text = match reqwest::get(format!("http://{addr}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(e) => return json!(format!("metrics not read: {e}")),
+    };
+    let mut stores = serde_json::Map::new();
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let field = if series.starts_with("gantry_operator_cache_objects{") {
+            "objects"
+        } else if series.starts_with("gantry_operator_cache_bytes{") {
+            "bytes"
+        } else {
+            continue;
+        };
+        let store = series.split('"').nth(1).unwrap_or_default().to_string();
+        let n: f64 = value.parse().unwrap_or(0.0);
+        stores.entry(store).or_insert_with(|| json!({}))[field] = json!(n);
+    }
+    Value::Object(stores)
+}
+
+/// Threads of a process, from /proc.
+fn proc_threads(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -606,7 +283,7 @@ async fn main() {
         "--scenario cold|warm|pending"
     );
     let timeout = Duration::from_secs(arg("--timeout").and_then(|t| t.parse().ok()).unwrap_or(120));
-    let quiet = Duration::from_secs(arg("--quiet").and_then(|t| t.parse().ok()).unwrap_or(30));
+    let quiet = Duration::from_secs(arg("--quiet").and_then(|t| t.parse().ok()).unwrap_or(60));
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let exe = std::env::current_exe().expect("exe");
     let operator = arg("--operator").map(PathBuf::from).unwrap_or_else(|| {
@@ -616,15 +293,8 @@ async fn main() {
             .expect("target dir")
     });
 
-    let (events, _) = broadcast::channel(1 << 16);
-    let mut cluster = Cluster {
-        rv: 0,
-        collections: HashMap::new(),
-        events,
-        requests: BTreeMap::new(),
-        pods_for_new_deployments: scenario == "cold",
-    };
-    let ips = Arc::new(populate(&mut cluster, &scenario, &repo));
+    let mut cluster = Cluster::new();
+    populate(&mut cluster, &scenario, &repo);
     let cluster: Shared = Arc::new(Mutex::new(cluster));
 
     // The API server.
@@ -635,25 +305,26 @@ async fn main() {
     let c = cluster.clone();
     let app = axum::Router::new().fallback(
         move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-            handle(c.clone(), method, uri, headers, body)
+            apiserver::handle(c.clone(), method, uri, headers, body)
         },
     );
     tokio::spawn(async move { axum::serve(api, app).await });
-    // The node pods' status endpoint, on every loopback pod IP.
-    let statuses = ips.clone();
+    // The node pods' status endpoint, on every loopback pod IP the kubelet stand-in gave out.
+    let endpoint = lock(&cluster).nodes.clone();
     // The client asked for `http://{pod_ip}:8080/v1/status`: the Host header names the pod.
     let nodes = axum::Router::new().route(
         "/v1/status",
         axum::routing::get(move |headers: HeaderMap| {
-            let statuses = statuses.clone();
+            let endpoint = endpoint.clone();
             async move {
                 let host = headers
                     .get("host")
                     .and_then(|h| h.to_str().ok())
                     .unwrap_or_default();
                 let ip = host.split(':').next().unwrap_or_default();
-                match statuses.get(ip) {
-                    Some(served) => axum::Json(node_status(served)).into_response(),
+                let served = endpoint.served(ip);
+                match served {
+                    Some(served) => axum::Json(node_status(&served)).into_response(),
                     None => StatusCode::NOT_FOUND.into_response(),
                 }
             }
@@ -673,7 +344,10 @@ async fn main() {
         ),
     )
     .expect("kubeconfig");
-    let started = Instant::now();
+    // The operator's metrics port: its cache gauges are read at the end.
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
     let mut child = tokio::process::Command::new(&operator)
         .args([
             "run",
@@ -681,10 +355,13 @@ async fn main() {
             "controller",
             "--no-leader-election",
             "--metrics-addr",
-            "127.0.0.1:0",
+            &metrics_addr.to_string(),
         ])
         .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
+        .env(
+            "GANTRY_LOG",
+            std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .env_remove("GANTRY_NODE_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -693,25 +370,101 @@ async fn main() {
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", operator.display()));
     let pid = child.id().expect("pid");
 
-    let mut converged_at = None;
-    while started.elapsed() < timeout {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if converged(&lock(&cluster)) {
-            converged_at = Some(started.elapsed());
-            break;
+    // Converged: the Models say what `converged` asks, and no write has come for `SETTLE`
+    // (the autoscaler's decisions and the Events of the last statuses included); the time
+    // reported is when the last write came.
+    const SETTLE: Duration = Duration::from_secs(5);
+    let wait = |ready: bool| {
+        let cluster = cluster.clone();
+        async move {
+            let from = Instant::now();
+            let (mut last_writes, mut last_change) = (u64::MAX, from);
+            while from.elapsed() < timeout {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let c = lock(&cluster);
+                let now_writes = writes(&c.requests);
+                if now_writes != last_writes {
+                    (last_writes, last_change) = (now_writes, Instant::now());
+                }
+                if converged(&c, ready) && last_change.elapsed() >= SETTLE {
+                    return Some(last_change - from);
+                }
+            }
+            None
         }
-    }
-    // Let the tail of the last reconciles land before taking the converge figures.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    };
+    let converged_at = wait(false).await;
     let (rss_converged, _, cpu_converged) = proc_stats(pid);
-    let at_converge = lock(&cluster).requests.clone();
-    let rv_at_converge = lock(&cluster).rv;
+    let mut at_converge = lock(&cluster).requests.clone();
+    let to_converge = at_converge.clone();
+    // `cold`, second phase: the pods start and every Model must turn Ready.
+    let mut running = Value::Null;
+    if scenario == "cold" {
+        cluster::start_pods(&mut lock(&cluster));
+        let ready_at = wait(true).await;
+        let (rss, _, cpu) = proc_stats(pid);
+        let requests = lock(&cluster).requests.clone();
+        running = json!({
+            "ready": ready_at.is_some(),
+            "ready_wall_seconds": ready_at.map(|d| d.as_secs_f64()),
+            "operator_cpu_seconds": cpu - cpu_converged,
+            "operator_rss_mib_after_ready": rss as f64 / 1024.0,
+            "requests": diff(&requests, &at_converge),
+            "requests_per_model_excluding_list_watch":
+                writes(&diff(&requests, &at_converge)) as f64 / models() as f64,
+        });
+        at_converge = requests;
+    }
+    let (rss_before_quiet, _, cpu_before_quiet) = proc_stats(pid);
+    let (rv_before_quiet, status_before_quiet) = {
+        let c = lock(&cluster);
+        (c.rv(), c.nodes.requests())
+    };
     tokio::time::sleep(quiet).await;
     let (rss, peak, cpu_end) = proc_stats(pid);
-    let (after, rv_after) = {
+    let threads = proc_threads(pid);
+    let (after, rv_after, objects, quiet_events) = {
         let c = lock(&cluster);
-        (c.requests.clone(), c.rv)
+        // What the operator said in the quiet window: its Events by reason and note.
+        let mut quiet_events: BTreeMap<String, u64> = BTreeMap::new();
+        for e in c
+            .collections
+            .get("events.k8s.io/v1/events")
+            .into_iter()
+            .flat_map(|col| col.objects.values())
+        {
+            let rv: u64 = e["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if rv > rv_before_quiet {
+                let note = e["note"].as_str().unwrap_or_default();
+                let key = format!("{}: {}", e["reason"].as_str().unwrap_or_default(), note);
+                *quiet_events.entry(key).or_default() += 1;
+            }
+        }
+        let objects: BTreeMap<String, usize> = c
+            .collections
+            .iter()
+            .map(|(k, col)| (k.clone(), col.objects.len()))
+            .collect();
+        (c.requests.clone(), c.rv(), objects, quiet_events)
     };
+    // What the autoscaler decided for each Model, by reason (its `status.autoscaling`).
+    let mut autoscaling: BTreeMap<String, u64> = BTreeMap::new();
+    for m in lock(&cluster)
+        .collections
+        .get("gantry.dev/v1alpha1/models")
+        .into_iter()
+        .flat_map(|col| col.objects.values())
+    {
+        let reason = m["status"]["autoscaling"]["reason"]
+            .as_str()
+            .unwrap_or("none");
+        *autoscaling.entry(reason.to_string()).or_default() += 1;
+    }
+    let status_in_quiet = lock(&cluster).nodes.requests() - status_before_quiet;
+    let caches = cache_gauges(metrics_addr).await;
     let _ = child.kill().await;
 
     let quiet_requests = diff(&after, &at_converge);
@@ -719,19 +472,29 @@ async fn main() {
         "benchmark": "operator-scale",
         "scenario": scenario,
         "models": models(),
+        "cluster_objects": objects,
+        "operator_threads": threads,
+        "operator_caches": caches,
         "converged": converged_at.is_some(),
         "converge_wall_seconds": converged_at.map(|d| d.as_secs_f64()),
         "operator_cpu_seconds_to_converge": cpu_converged,
         "operator_rss_mib_after_converge": rss_converged as f64 / 1024.0,
+        "pods_started": running,
+        "operator_rss_mib_before_quiet_window": rss_before_quiet as f64 / 1024.0,
         "operator_rss_mib_end": rss as f64 / 1024.0,
         "operator_peak_rss_mib": peak as f64 / 1024.0,
-        "requests_to_converge": at_converge,
-        "requests_to_converge_excluding_list_watch": writes(&at_converge),
-        "requests_per_model_to_converge": writes(&at_converge) as f64 / models() as f64,
+        "requests_to_converge": to_converge,
+        "requests_to_converge_excluding_list_watch": writes(&to_converge),
+        "requests_per_model_to_converge": writes(&to_converge) as f64 / models() as f64,
         "quiet_window_seconds": quiet.as_secs(),
-        "watch_events_in_quiet_window": rv_after - rv_at_converge,
+        "watch_events_in_quiet_window": rv_after - rv_before_quiet,
         "requests_in_quiet_window": quiet_requests,
-        "operator_cpu_seconds_in_quiet_window": cpu_end - cpu_converged,
+        "writes_in_quiet_window": writes(&quiet_requests),
+        "events_in_quiet_window": quiet_events,
+        "autoscaling_reasons_at_end": autoscaling,
+        "node_status_requests_per_second_in_quiet_window":
+            status_in_quiet as f64 / quiet.as_secs_f64(),
+        "operator_cpu_seconds_in_quiet_window": cpu_end - cpu_before_quiet,
     });
     let text = serde_json::to_string_pretty(&report).expect("json");
     println!("{text}");

@@ -105,7 +105,8 @@ pub struct Context {
     pub caches: Caches,
     /// The node pods' last status answers (see `report_cache`).
     pub reports: Arc<Reports>,
-    pub recorder: Recorder,
+    /// Who the Events say wrote them (see [`Context::recorder`]).
+    reporter: Reporter,
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
     /// Every Model and every ModelPool, kept current by the controllers' reflectors: a pool
@@ -117,6 +118,16 @@ pub struct Context {
 }
 
 impl Context {
+    /// An Event recorder for one status write, as kube intends it (created per reconcile).
+    /// kube's `Recorder` keeps every Event it published for six minutes to count repeats as a
+    /// series; one recorder shared by all reconciles held ~10 MB at 1,000 Models (3,000
+    /// Events, measured with heaptrack in the operator-scale benchmark). A status write
+    /// publishes an Event only when a condition changes, so a repeat within one write is the
+    /// only series there is; a condition that flaps makes a new Event each time instead.
+    pub fn recorder(&self) -> Recorder {
+        Recorder::new(self.client.clone(), self.reporter.clone())
+    }
+
     pub fn new(
         client: Client,
         settings: Settings,
@@ -130,7 +141,7 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             client,
             settings,
             plugins,

@@ -217,15 +217,27 @@ async fn run_controllers(client: Client, config: RunConfig) -> Result<(), RunErr
     let autoscaler = config.autoscaler.map(|a| {
         let (client, settings, metrics) =
             (client.clone(), config.settings.clone(), metrics.clone());
-        let (models, pools, caches) = (model_store.clone(), pool_store.clone(), caches.clone());
+        let sources = autoscale::Sources {
+            models: model_store.clone(),
+            pools: pool_store.clone(),
+            caches: caches.clone(),
+            reports: reports.clone(),
+        };
         tokio::spawn(async move {
-            if let Err(e) =
-                autoscale::run(client, a, settings, metrics, models, pools, caches).await
-            {
+            if let Err(e) = autoscale::run(client, a, settings, metrics, sources).await {
                 tracing::error!(error = %e, "autoscaler stopped");
             }
         })
     });
+
+    let measure = tokio::spawn(measure_caches(
+        metrics.clone(),
+        caches.clone(),
+        model_store.clone(),
+        pool_store.clone(),
+        plugin_store.clone(),
+        reports.clone(),
+    ));
 
     let ctx = Arc::new(
         Context::new(
@@ -308,6 +320,7 @@ async fn run_controllers(client: Client, config: RunConfig) -> Result<(), RunErr
     }
     plugin_watch.abort();
     poller.abort();
+    measure.abort();
     for watch in watches {
         watch.abort();
     }
@@ -316,6 +329,49 @@ async fn run_controllers(client: Client, config: RunConfig) -> Result<(), RunErr
     }
     metrics_server.abort();
     outcome
+}
+
+/// How often the `gantry_operator_cache_*` gauges are measured.
+const MEASURE_CACHES: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Measure what every controller cache holds, every [`MEASURE_CACHES`], into the
+/// `gantry_operator_cache_*` gauges (the operator's memory by store; docs/operator.md).
+async fn measure_caches(
+    metrics: Arc<Metrics>,
+    caches: Caches,
+    models: Store<DeserializeGuard<Model>>,
+    pools: Store<DeserializeGuard<ModelPool>>,
+    plugins: Store<DeserializeGuard<EnginePlugin>>,
+    reports: Arc<Reports>,
+) {
+    let mut tick = tokio::time::interval(MEASURE_CACHES);
+    loop {
+        tick.tick().await;
+        let mut stores = caches.footprint();
+        stores.push(guarded("models", &models));
+        stores.push(guarded("modelpools", &pools));
+        stores.push(guarded("engineplugins", &plugins));
+        let (n, bytes) = reports.footprint();
+        stores.push(("node_reports", n, bytes));
+        metrics.caches_hold(&stores);
+    }
+}
+
+/// [`watch_cache::footprint`] of a store of guarded objects (those that deserialized).
+fn guarded<K>(
+    name: &'static str,
+    store: &Store<DeserializeGuard<K>>,
+) -> (&'static str, usize, usize)
+where
+    K: kube::Resource<DynamicType = ()> + serde::Serialize + Clone + 'static,
+{
+    let state = store.state();
+    let bytes = state
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
+        .sum();
+    (name, state.len(), bytes)
 }
 
 /// Objects per page of a watch's initial list. Each object is trimmed as it leaves its page,

@@ -35,7 +35,7 @@ pub async fn report(ctx: &Context, controller: &'static str, kind: &str, invalid
         action: "Reconcile".to_string(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+    if let Err(e) = ctx.recorder().publish(&event, &reference).await {
         tracing::warn!(%kind, %name, error = %e, "cannot record event");
     }
     ctx.metrics.wrote(controller, "Event", "create");

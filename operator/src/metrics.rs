@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// The controller's metrics and their registry.
@@ -26,6 +27,11 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     /// 1 while this replica holds the leader Lease.
     pub leader: IntGauge,
+    /// Objects each controller cache holds, by store.
+    pub cache_objects: IntGaugeVec,
+    /// What each controller cache holds, by store, as serialized JSON bytes (a measure of
+    /// what the trimmed objects keep, not of the allocator's heap).
+    pub cache_bytes: IntGaugeVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -38,12 +44,14 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 5] = [
+        let collectors: [&dyn Collector; 7] = [
             &self.reconciles,
             &self.errors,
             &self.duration,
             &self.writes,
             &self.leader,
+            &self.cache_objects,
+            &self.cache_bytes,
         ];
         collectors
             .iter()
@@ -90,7 +98,23 @@ impl Metrics {
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(writes.clone()))?;
+        let cache_objects = IntGaugeVec::new(
+            Opts::new(
+                "gantry_operator_cache_objects",
+                "Objects held by each controller cache.",
+            ),
+            &["store"],
+        )?;
+        let cache_bytes = IntGaugeVec::new(
+            Opts::new(
+                "gantry_operator_cache_bytes",
+                "Serialized JSON size of what each controller cache holds.",
+            ),
+            &["store"],
+        )?;
         registry.register(Box::new(leader.clone()))?;
+        registry.register(Box::new(cache_objects.clone()))?;
+        registry.register(Box::new(cache_bytes.clone()))?;
         Ok(Metrics {
             registry,
             reconciles,
@@ -98,6 +122,8 @@ impl Metrics {
             duration,
             writes,
             leader,
+            cache_objects,
+            cache_bytes,
         })
     }
 
@@ -113,6 +139,19 @@ impl Metrics {
 
     pub fn reconcile_failed(&self, controller: &str, error: &str) {
         self.errors.with_label_values(&[controller, error]).inc();
+    }
+
+    /// Record what the controller caches hold: `(store, objects, serialized bytes)`.
+    pub fn caches_hold(&self, stores: &[(&str, usize, usize)]) {
+        for (store, objects, bytes) in stores {
+            let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            self.cache_objects
+                .with_label_values(&[*store])
+                .set(as_gauge(*objects));
+            self.cache_bytes
+                .with_label_values(&[*store])
+                .set(as_gauge(*bytes));
+        }
     }
 
     pub fn wrote(&self, controller: &str, kind: &str, verb: &str) {

@@ -6,10 +6,18 @@
 //! never been asked (it just started) or its IP changed. The poller asks each reachable node
 //! pod once per interval — 10 s while its Model is converging, 60 s once it is settled (Ready,
 //! not Progressing, no recent engine crash) — with each pod's due time spread by ±20 % from
-//! its uid, at most 64 requests in flight and a 2 s timeout each. A pod whose answer differs
+//! its uid, at most 64 requests in flight and a 2 s timeout each. The autoscaler reads the
+//! same entries ([`Reports::recent`]) and asks a ready pod itself only when its entry is older
+//! than one autoscaler interval, so a pod is asked once per interval whoever needs the answer,
+//! and the poller finds the pods the autoscaler reads always fresh. A pod whose answer differs
 //! in anything the status shows (queue figures, download speed and the running seconds of a
 //! crash or a plugin update are left out) triggers a reconcile of its Model and of the
-//! EnginePlugins it mounts; an unchanged answer triggers nothing.
+//! EnginePlugins it mounts, whoever asked; an unchanged answer triggers nothing.
+//!
+//! A pod that answered before and then fails to answer keeps its last answer for
+//! [`FAILURES_KEPT`] failed asks in a row, asked again after [`RETRY_AFTER`] each time: a
+//! status request that times out once under load must not flip its Model's conditions (and
+//! write its status and an Event twice). The next failure is stored and shown.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -32,14 +40,26 @@ use gantry_crd::{EnginePlugin, Model};
 /// A reconcile request for one EnginePlugin.
 pub type PluginRef = ObjectRef<DeserializeGuard<EnginePlugin>>;
 
+/// Failed asks in a row of a pod that answered before that keep its last answer.
+pub const FAILURES_KEPT: u32 = 2;
+
+/// How soon a pod whose last ask failed, and whose previous answer is kept, is asked again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
 /// One pod's last answer.
 #[derive(Clone, Debug)]
 struct Entry {
     uid: String,
     ip: String,
+    /// When the pod was last asked (whether it answered or not).
     fetched: Instant,
     status: Result<NodeStatus, ReportError>,
     fingerprint: u64,
+    /// Failed asks since the last answer (a kept answer while `status` is `Ok`).
+    failures: u32,
+    /// Which answer this is, in the order answers came in (a kept answer keeps its number):
+    /// a reader that remembers the number never takes the same answer for a new one.
+    seq: u64,
 }
 
 impl Entry {
@@ -53,6 +73,11 @@ impl Entry {
 pub struct Reports {
     source: Arc<dyn NodeStatusSource>,
     entries: Mutex<HashMap<String, Entry>>,
+    /// Pods whose answer changed when someone other than the poller asked (the autoscaler):
+    /// the poller's next pass triggers their reconciles.
+    noticed: Mutex<Vec<PodFacts>>,
+    /// The number of the last answer stored.
+    seq: std::sync::atomic::AtomicU64,
 }
 
 /// What of an answer the status is made of: everything but the queue figures and the
@@ -94,6 +119,8 @@ impl Reports {
         Reports {
             source,
             entries: Mutex::new(HashMap::new()),
+            noticed: Mutex::new(Vec::new()),
+            seq: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -108,9 +135,26 @@ impl Reports {
         self.lock().get(&f.pod).filter(|e| e.is_for(f)).cloned()
     }
 
-    /// Ask the pod now and store the answer; true when the answer's fingerprint changed.
-    async fn refresh(&self, f: &PodFacts) -> (bool, Result<NodeStatus, ReportError>) {
-        let status = node_report::fetch(self.source.as_ref(), f).await;
+    /// Ask the pod now (through `source`) and store the answer; true when what is stored
+    /// changed its fingerprint. The answer itself is returned as it came (a failure too, when
+    /// the previous answer is kept).
+    async fn refresh(
+        &self,
+        source: &dyn NodeStatusSource,
+        f: &PodFacts,
+    ) -> (bool, Result<NodeStatus, ReportError>) {
+        let status = node_report::fetch(source, f).await;
+        let mut entries = self.lock();
+        let old = entries.get_mut(&f.pod).filter(|e| e.is_for(f));
+        let failures = match (&status, old) {
+            (Ok(_), _) | (Err(_), None) => 0,
+            (Err(_), Some(old)) if old.status.is_ok() && old.failures < FAILURES_KEPT => {
+                old.failures += 1;
+                old.fetched = Instant::now();
+                return (false, status);
+            }
+            (Err(_), Some(old)) => old.failures + 1,
+        };
         let fp = fingerprint(&status);
         let entry = Entry {
             uid: f.uid.clone(),
@@ -118,10 +162,52 @@ impl Reports {
             fetched: Instant::now(),
             status: status.clone(),
             fingerprint: fp,
+            failures,
+            seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
         };
-        let old = self.lock().insert(f.pod.clone(), entry);
+        let old = entries.insert(f.pod.clone(), entry);
         let changed = old.is_none_or(|o| o.fingerprint != fp || o.uid != f.uid);
         (changed, status)
+    }
+
+    /// The answer of a ready pod for the autoscaler, with its number: the stored one when the
+    /// pod answered less than `max_age` ago and the answer is newer than the reader's last
+    /// (`after`, its number), else the pod is asked now through `source` (a change is noticed
+    /// for the poller to trigger). A pod that fails to answer gives its kept answer (see
+    /// [`FAILURES_KEPT`]); `None`: it has none.
+    pub async fn recent(
+        &self,
+        source: &dyn NodeStatusSource,
+        f: &PodFacts,
+        max_age: Duration,
+        after: u64,
+    ) -> Option<(u64, NodeStatus)> {
+        if let Some(e) = self.cached(f)
+            && e.fetched.elapsed() < max_age
+            && e.failures == 0
+            && e.seq > after
+        {
+            return e.status.ok().map(|s| (e.seq, s));
+        }
+        let (changed, _) = self.refresh(source, f).await;
+        if changed {
+            self.noticed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(f.clone());
+        }
+        let e = self.cached(f)?;
+        e.status.ok().map(|s| (e.seq, s))
+    }
+
+    /// The pods whose answer changed outside the poller since the last call.
+    fn take_noticed(&self) -> Vec<PodFacts> {
+        std::mem::take(
+            &mut *self
+                .noticed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// The reports of `pods` (those that can answer), sorted by pod name: cached answers as
@@ -133,7 +219,7 @@ impl Reports {
             .map(|f| async move {
                 let status = match self.cached(&f) {
                     Some(e) => e.status,
-                    None => self.refresh(&f).await.1,
+                    None => self.refresh(self.source.as_ref(), &f).await.1,
                 };
                 NodeReport {
                     pod: f.pod,
@@ -150,6 +236,19 @@ impl Reports {
     /// Forget pods that are gone.
     fn retain(&self, live: &HashSet<String>) {
         self.lock().retain(|k, _| live.contains(k));
+    }
+
+    /// Answers held and their serialized JSON size (the `gantry_operator_cache_*` gauges).
+    pub fn footprint(&self) -> (usize, usize) {
+        let entries = self.lock();
+        let bytes = entries
+            .values()
+            .map(|e| match &e.status {
+                Ok(s) => serde_json::to_vec(s).map_or(0, |v| v.len()),
+                Err(e) => e.to_string().len(),
+            })
+            .sum();
+        (entries.len(), bytes)
     }
 
     /// Pods in the cache.
@@ -217,7 +316,12 @@ fn due(
     pods.iter()
         .filter_map(|p| node_report::facts(p))
         .filter(|f| {
-            let interval = if settled_models.contains(&(f.namespace.clone(), f.model.clone())) {
+            let interval = if entries
+                .get(&f.pod)
+                .is_some_and(|e| e.failures > 0 && e.status.is_ok())
+            {
+                RETRY_AFTER
+            } else if settled_models.contains(&(f.namespace.clone(), f.model.clone())) {
                 config.settled
             } else {
                 config.converging
@@ -269,15 +373,19 @@ pub async fn poll(
             })
             .collect();
         let due = due(&reports, &all, &settled_models, &config);
-        let changed: Vec<PodFacts> = futures::stream::iter(due)
+        let mut changed: Vec<PodFacts> = futures::stream::iter(due)
             .map(|f| {
                 let reports = reports.clone();
-                async move { reports.refresh(&f).await.0.then_some(f) }
+                async move {
+                    let source = reports.source.clone();
+                    reports.refresh(source.as_ref(), &f).await.0.then_some(f)
+                }
             })
             .buffer_unordered(config.concurrency.max(1))
             .filter_map(futures::future::ready)
             .collect()
             .await;
+        changed.extend(reports.take_noticed());
         let mut models_to_wake: HashSet<ModelRef> = HashSet::new();
         let mut plugins_to_wake: HashSet<String> = HashSet::new();
         for f in changed {

@@ -119,18 +119,68 @@ pub fn caches() -> (Caches, Writers) {
     )
 }
 
+/// Objects in `store` and their serialized JSON size.
+pub fn footprint<K>(name: &'static str, store: &Store<K>) -> (&'static str, usize, usize)
+where
+    K: kube::Resource + Serialize + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let state = store.state();
+    let bytes = state
+        .iter()
+        .map(|o| serde_json::to_vec(o.as_ref()).map_or(0, |v| v.len()))
+        .sum();
+    (name, state.len(), bytes)
+}
+
+/// How often a task waiting for a store to list checks again (see [`until_listed`]).
+const LISTED_CHECK: Duration = Duration::from_millis(250);
+
+/// Wait until `store` has listed once. kube's `Store::wait_until_ready` wakes only the task
+/// that polled it last (a oneshot channel underneath keeps one waker), and a kube
+/// `Controller` waits on its own store: any second task waiting on the same store (the
+/// autoscaler on the Model store) would sleep for ever. So each wait is short and repeated,
+/// which re-registers the waiter; it costs one check per [`LISTED_CHECK`] until the list ends.
+pub async fn until_listed<K>(store: &Store<K>) -> Result<(), reflector::store::WriterDropped>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        if let Ok(done) = tokio::time::timeout(LISTED_CHECK, store.wait_until_ready()).await {
+            return done;
+        }
+    }
+}
+
 impl Caches {
     /// Wait until every store has listed once (a reconcile before that could take "not in the
-    /// cache" for "not in the cluster" and re-create what exists).
+    /// cache" for "not in the cluster" and re-create what exists). Several tasks wait on these
+    /// (the controller, the autoscaler), hence [`until_listed`].
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.config_maps.wait_until_ready().await?;
-        self.services.wait_until_ready().await?;
-        self.pdbs.wait_until_ready().await?;
-        self.hpas.wait_until_ready().await?;
-        self.pvcs.wait_until_ready().await?;
-        self.network_policies.wait_until_ready().await?;
-        self.deployments.wait_until_ready().await?;
-        self.pods.wait_until_ready().await
+        until_listed(&self.config_maps).await?;
+        until_listed(&self.services).await?;
+        until_listed(&self.pdbs).await?;
+        until_listed(&self.hpas).await?;
+        until_listed(&self.pvcs).await?;
+        until_listed(&self.network_policies).await?;
+        until_listed(&self.deployments).await?;
+        until_listed(&self.pods).await
+    }
+
+    /// What each store holds: `(store, objects, serialized JSON bytes)` (the
+    /// `gantry_operator_cache_*` gauges).
+    pub fn footprint(&self) -> Vec<(&'static str, usize, usize)> {
+        vec![
+            footprint("configmaps", &self.config_maps),
+            footprint("services", &self.services),
+            footprint("poddisruptionbudgets", &self.pdbs),
+            footprint("horizontalpodautoscalers", &self.hpas),
+            footprint("persistentvolumeclaims", &self.pvcs),
+            footprint("networkpolicies", &self.network_policies),
+            footprint("deployments", &self.deployments),
+            footprint("pods", &self.pods),
+        ]
     }
 
     /// Cached objects of every kind (logged when the caches have listed).

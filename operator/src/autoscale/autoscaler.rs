@@ -1,11 +1,13 @@
-//! The built-in autoscaler (beside the reconcile path), one interval: for every target, ask its
-//! ready pods for their load (`fetch`), decide with [`decide`](super::decide) (pure), write the
+//! The built-in autoscaler (beside the reconcile path), one interval: for every target, read
+//! its ready pods' load from the node report cache (`fetch`; a pod is asked when its answer is
+//! older than one interval), decide with [`decide`](super::decide) (pure), write the
 //! Deployment's `spec.replicas` when the count changes and `status.autoscaling` when the
 //! decision does, both as `gantry-autoscaler`.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -18,14 +20,15 @@ use kube::{Client, ResourceExt};
 use super::decide::{Decision, History, Observation, PodLoad, Policy, reason};
 use super::fetch::{PodAnswer, fetch_loads};
 use super::target::{
-    Owner, POOL_KEY_PREFIX, Target, by_name, key, ready_pods, scale_up_requested_at,
+    Owner, POOL_KEY_PREFIX, Target, by_model, by_name, key, ready_pods, scale_up_requested_at,
 };
 use crate::context::Settings;
 use crate::metrics::Metrics;
 use crate::model::applied::controlled_by;
 use crate::model::validate::validate;
-use crate::node_report::NodeStatusSource;
+use crate::node_report::{NodeStatusSource, PodFacts};
 use crate::pool::admit;
+use crate::report_cache::Reports;
 use crate::write;
 use gantry_crd::names::{AUTOSCALER_FIELD_MANAGER, owned_name};
 use gantry_crd::{AutoscalingMode, AutoscalingStatus, Model, ModelPool};
@@ -65,6 +68,12 @@ impl ScaleError {
     }
 }
 
+/// A ready pod to read, with the number of the answer read from it last time.
+type ReadFrom = (PodFacts, u64);
+
+/// A pod's answer with its number in the report cache.
+type NumberedAnswer = (u64, PodAnswer);
+
 /// What one interval did for one Model (for logs and tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -80,7 +89,15 @@ pub struct Outcome {
 /// The autoscaler: histories per Model plus the means to observe and write.
 pub struct Autoscaler {
     client: Client,
+    /// Asks a pod whose cached answer is too old (with the autoscaler's own timeout).
     node_status: Arc<dyn NodeStatusSource>,
+    /// The node report cache the reconcilers read too.
+    reports: Arc<Reports>,
+    /// The oldest answer an interval uses: one interval.
+    max_age: Duration,
+    /// Per node pod (`namespace/name`), the number of the answer read last and when: an
+    /// interval takes only a newer one. Pods not read for ten intervals are forgotten.
+    last_read: HashMap<String, (u64, std::time::Instant)>,
     metrics: Arc<Metrics>,
     settings: Settings,
     /// Keyed by `namespace/name` (pools: `ModelPool/namespace/name`), with the uid: a
@@ -99,6 +116,9 @@ impl Autoscaler {
     ) -> Self {
         Autoscaler {
             client,
+            reports: Arc::new(Reports::new(node_status.clone())),
+            max_age: super::AutoscalerConfig::default().interval,
+            last_read: HashMap::new(),
             node_status,
             metrics,
             settings,
@@ -107,20 +127,30 @@ impl Autoscaler {
         }
     }
 
+    /// Read answers from `reports` (shared with the reconcilers) and take one at most
+    /// `max_age` old; a new autoscaler keeps a cache of its own and takes answers up to the
+    /// default interval old.
+    pub fn with_reports(mut self, reports: Arc<Reports>, max_age: Duration) -> Self {
+        self.reports = reports;
+        self.max_age = max_age;
+        self
+    }
+
     /// One interval over every Model: observe all (status fetches run concurrently), then
     /// decide and write Model by Model. A failed write is logged and counted; the other
     /// Models go on.
-    pub async fn tick<D: Borrow<Deployment>, P: Borrow<Pod>>(
+    pub async fn tick<M: Borrow<Model>, D: Borrow<Deployment>, P: Borrow<Pod>>(
         &mut self,
-        models: &[Model],
+        models: &[M],
         deployments: &[D],
         pods: &[P],
         now: Timestamp,
     ) -> Vec<Outcome> {
         let deployments = by_name(deployments);
+        let pods = by_model(pods);
         let mut targets = Vec::new();
         let mut hpa = Vec::new();
-        for model in models {
+        for model in models.iter().map(|m| -> &Model { m.borrow() }) {
             if model.metadata.deletion_timestamp.is_some() {
                 continue;
             }
@@ -140,7 +170,7 @@ impl Autoscaler {
                 hpa.push((model, deployment));
                 continue;
             }
-            let ready = ready_pods(pods, &valid);
+            let ready = ready_pods(&pods, &valid);
             let served = Some(valid.served_name.clone());
             targets.push(Target {
                 owner: Owner::Model(model),
@@ -150,7 +180,8 @@ impl Autoscaler {
                 served,
             });
         }
-        let live: std::collections::HashSet<String> = models.iter().map(key).collect();
+        let live: std::collections::HashSet<String> =
+            models.iter().map(|m| key(m.borrow())).collect();
         self.histories
             .retain(|k, _| k.starts_with(POOL_KEY_PREFIX) || live.contains(k));
         let mut outcomes = Vec::new();
@@ -184,6 +215,7 @@ impl Autoscaler {
         now: Timestamp,
     ) -> Vec<Outcome> {
         let deployments = by_name(deployments);
+        let pods = by_model(pods);
         let mut targets = Vec::new();
         for pool in pools {
             if pool.metadata.deletion_timestamp.is_some() {
@@ -199,7 +231,7 @@ impl Autoscaler {
             else {
                 continue;
             };
-            let ready = ready_pods(pods, &valid);
+            let ready = ready_pods(&pods, &valid);
             targets.push(Target {
                 owner: Owner::Pool(pool),
                 valid,
@@ -217,35 +249,61 @@ impl Autoscaler {
         outcomes
     }
 
-    /// Ask every target's ready pods for their load (concurrently), then decide and write
-    /// target by target.
+    /// Read every target's ready pods' load (asking, concurrently, those whose answer is too
+    /// old), then decide and write target by target.
     async fn observe_and_scale(
         &mut self,
         targets: Vec<Target<'_>>,
         now: Timestamp,
     ) -> Vec<Outcome> {
-        // The fetches own what they need (no borrow crosses the concurrent stream), and come
+        // The reads own what they need (no borrow crosses the concurrent stream), and come
         // back keyed by the target's index.
-        let source = self.node_status.clone();
-        type Ask = (usize, (String, String), Option<String>, Vec<String>);
-        let asks: Vec<Ask> = targets
+        let (source, reports, max_age) =
+            (self.node_status.clone(), self.reports.clone(), self.max_age);
+        let read = &self.last_read;
+        let asks: Vec<(usize, Option<String>, Vec<ReadFrom>)> = targets
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                let ips = t.ready.iter().map(|ip| (*ip).to_string()).collect();
-                let model = (t.valid.namespace.clone(), t.valid.name.clone());
-                (i, model, t.served.clone(), ips)
+                let pods = t
+                    .ready
+                    .iter()
+                    .map(|f| (f.clone(), read.get(&f.pod).map_or(0, |r| r.0)))
+                    .collect();
+                (i, t.served.clone(), pods)
             })
             .collect();
-        let mut answers: Vec<(usize, Vec<Option<PodAnswer>>)> =
-            futures::stream::iter(asks.into_iter().map(|(i, model, served, ips)| {
-                let source = source.clone();
-                async move { (i, fetch_loads(source, model, served, ips).await) }
+        let mut answers: Vec<(usize, Vec<Option<NumberedAnswer>>)> =
+            futures::stream::iter(asks.into_iter().map(|(i, served, pods)| {
+                let (source, reports) = (source.clone(), reports.clone());
+                async move { (i, fetch_loads(reports, source, served, pods, max_age).await) }
             }))
             .buffer_unordered(CONCURRENT_FETCHES)
             .collect()
             .await;
         answers.sort_by_key(|(i, _)| *i);
+        // Remember which answer each ready pod gave; forget pods long gone.
+        let now_instant = std::time::Instant::now();
+        let forget_after = self.max_age * 10;
+        self.last_read
+            .retain(|_, (_, at)| now_instant.duration_since(*at) < forget_after);
+        let last_read = &mut self.last_read;
+        let answers: Vec<(usize, Vec<Option<PodAnswer>>)> = answers
+            .into_iter()
+            .map(|(i, pods)| {
+                let answers = pods
+                    .into_iter()
+                    .zip(&targets[i].ready)
+                    .map(|(a, f)| {
+                        a.map(|(seq, answer)| {
+                            last_read.insert(f.pod.clone(), (seq, now_instant));
+                            answer
+                        })
+                    })
+                    .collect();
+                (i, answers)
+            })
+            .collect();
         let mut outcomes = Vec::new();
         for (t, (_, answers)) in targets.into_iter().zip(answers) {
             let pressure = match t.owner {
@@ -263,14 +321,14 @@ impl Autoscaler {
     /// because it restarted, counts nothing this interval).
     fn pressure_per_minute(
         &mut self,
-        ips: &[&str],
+        pods: &[PodFacts],
         answers: &[Option<PodAnswer>],
         now: Timestamp,
     ) -> f64 {
         let mut rate = 0.0;
-        for (ip, answer) in ips.iter().zip(answers) {
+        for (pod, answer) in pods.iter().zip(answers) {
             let Some(answer) = answer else { continue };
-            if let Some((then, before)) = self.pressure.get(*ip)
+            if let Some((then, before)) = self.pressure.get(&pod.ip)
                 && answer.pressure_total >= *before
             {
                 let minutes = (now.as_millisecond() - then.as_millisecond()) as f64 / 60_000.0;
@@ -279,7 +337,7 @@ impl Autoscaler {
                 }
             }
             self.pressure
-                .insert((*ip).to_string(), (now, answer.pressure_total));
+                .insert(pod.ip.clone(), (now, answer.pressure_total));
         }
         rate
     }

@@ -1,11 +1,14 @@
-//! The built-in autoscaler (beside the reconcile path), observation: what it asks each ready
-//! node pod every interval (`GET /v1/status`) — the queue and KV use of the model it scales, or
-//! of every model on a pool's pod, and the pod's memory pressure counter.
+//! The built-in autoscaler (beside the reconcile path), observation: what it reads of each
+//! ready node pod every interval — the queue and KV use of the model it scales, or of every
+//! model on a pool's pod, and the pod's memory pressure counter — from the node report cache,
+//! which asks the pod (`GET /v1/status`) when its answer is older than one interval.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::decide::PodLoad;
-use crate::node_report::{ModelRef, NodeStatusSource};
+use crate::node_report::{NodeStatusSource, PodFacts};
+use crate::report_cache::Reports;
 
 /// What one ready pod reported: its load, and (pools) its evictions plus refused loads so far.
 #[derive(Clone, Copy, Debug)]
@@ -14,20 +17,22 @@ pub(super) struct PodAnswer {
     pub(super) pressure_total: u64,
 }
 
-/// Ask every ready pod for its load: of the model `served`, or (a pool, `None`) of every
-/// model on it, with its memory pressure counter; `None` for a pod that stays silent.
+/// Every ready pod's load, at most `max_age` old and newer than the answer read last time
+/// (each pod with that answer's number): of the model `served`, or (a pool, `None`) of every
+/// model on it, with its memory pressure counter and the number of the answer read; `None` for
+/// a pod that stays silent.
 pub(super) async fn fetch_loads(
+    reports: Arc<Reports>,
     source: Arc<dyn NodeStatusSource>,
-    model: (String, String),
     served: Option<String>,
-    ips: Vec<String>,
-) -> Vec<Option<PodAnswer>> {
-    let (namespace, name) = (model.0.as_str(), model.1.as_str());
-    futures::future::join_all(ips.iter().map(|ip| {
-        let source = source.clone();
+    pods: Vec<(PodFacts, u64)>,
+    max_age: Duration,
+) -> Vec<Option<(u64, PodAnswer)>> {
+    futures::future::join_all(pods.iter().map(|(f, after)| {
+        let (reports, source) = (reports.clone(), source.clone());
         let served = served.as_deref();
         async move {
-            let status = source.fetch(ip, ModelRef { namespace, name }).await.ok()?;
+            let (seq, status) = reports.recent(source.as_ref(), f, max_age, *after).await?;
             let load = match served {
                 Some(served) => {
                     let entry = status.models.iter().find(|m| m.id == served)?;
@@ -44,10 +49,13 @@ pub(super) async fn fetch_loads(
                     PodLoad::from_queue(&sum)
                 }
             };
-            Some(PodAnswer {
-                load: load.with_devices(&status.devices),
-                pressure_total: pressure_total(&status),
-            })
+            Some((
+                seq,
+                PodAnswer {
+                    load: load.with_devices(&status.devices),
+                    pressure_total: pressure_total(&status),
+                },
+            ))
         }
     }))
     .await

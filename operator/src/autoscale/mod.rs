@@ -1,6 +1,7 @@
 //! The built-in autoscaler (beside the reconcile path, on the leader only): every interval it
-//! reads each Builtin-mode Model's ready node pods (`GET /v1/status`: waiting, running, KV
-//! use), decides a replica count ([`decide`], pure) and writes only two things, both under the
+//! reads each Builtin-mode Model's ready node pods' reports (`GET /v1/status`: waiting,
+//! running, KV use; from the node report cache the reconcilers share, at most one interval
+//! old), decides a replica count ([`decide`], pure) and writes only two things, both under the
 //! field manager `gantry-autoscaler`: the node Deployment's `spec.replicas` and the Model's
 //! `status.autoscaling`.
 //!
@@ -32,7 +33,8 @@ use kube::runtime::reflector::store::WriterDropped;
 use crate::context::Settings;
 use crate::metrics::Metrics;
 use crate::node_report::HttpNodeStatus;
-use crate::watch_cache::Caches;
+use crate::report_cache::Reports;
+use crate::watch_cache::{Caches, until_listed};
 use gantry_crd::{Model, ModelPool};
 
 pub use autoscaler::{Autoscaler, CONTROLLER, Outcome, ScaleError};
@@ -52,6 +54,15 @@ pub enum RunError {
     },
 }
 
+/// What the autoscaler reads, all shared with the controllers: the Model and ModelPool stores,
+/// the owned-object and node pod caches, and the node report cache.
+pub struct Sources {
+    pub models: Store<DeserializeGuard<Model>>,
+    pub pools: Store<DeserializeGuard<ModelPool>>,
+    pub caches: Caches,
+    pub reports: Arc<Reports>,
+}
+
 /// Runs [`Autoscaler::tick`] every interval over the controller's caches (Models, the
 /// operator's Deployments and node pods: the autoscaler keeps no copies of its own) until the
 /// task is aborted (the controller does so when it stops leading).
@@ -60,27 +71,39 @@ pub async fn run(
     config: AutoscalerConfig,
     settings: Settings,
     metrics: Arc<Metrics>,
-    models: Store<DeserializeGuard<Model>>,
-    pools: Store<DeserializeGuard<ModelPool>>,
-    caches: Caches,
+    sources: Sources,
 ) -> Result<(), RunError> {
+    let Sources {
+        models,
+        pools,
+        caches,
+        reports,
+    } = sources;
     let node_status = HttpNodeStatus::with_timeout(settings.node_port, config.metrics_timeout)
         .map_err(RunError::NodeStatusClient)?
         .with_install_token(settings.node_token.clone());
     let ended =
         |watch: &'static str| move |source: WriterDropped| RunError::WatchEnded { watch, source };
-    models.wait_until_ready().await.map_err(ended("Model"))?;
+    // The Model controller waits on this store too: see `until_listed`.
+    until_listed(&models).await.map_err(ended("Model"))?;
     caches
         .wait_until_ready()
         .await
         .map_err(ended("owned objects"))?;
     tracing::info!(interval_s = config.interval.as_secs(), "autoscaler running");
-    let mut autoscaler = Autoscaler::new(client, Arc::new(node_status), metrics, settings);
+    let mut autoscaler = Autoscaler::new(client, Arc::new(node_status), metrics, settings)
+        .with_reports(reports, config.interval);
     let mut ticks = tokio::time::interval(config.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let models = snapshot_models(&models);
+        // The stores' own objects, borrowed for the interval: no copy of a Model is made.
+        // (One that did not deserialize is the reconciler's to report.)
+        let model_state = models.state();
+        let models: Vec<&Model> = model_state
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .collect();
         let deployments = caches.deployments.state();
         let pods = caches.pods.state();
         autoscaler
@@ -95,13 +118,4 @@ pub async fn run(
             .tick_pools(&pools, &deployments, &pods, Timestamp::now())
             .await;
     }
-}
-
-/// Models that deserialized (a malformed one is the reconciler's to report).
-fn snapshot_models(store: &Store<DeserializeGuard<Model>>) -> Vec<Model> {
-    store
-        .state()
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok().cloned())
-        .collect()
 }

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::model::validate::ValidModel;
-use crate::node_report::reachable;
+use crate::node_report::{PodFacts, facts};
 use gantry_crd::names::{ANNOTATION_SCALE_UP_REQUESTED, LABEL_MODEL, LABEL_NAME, NODE_APP_NAME};
 use gantry_crd::{AutoscalingStatus, Model, ModelPool};
 
@@ -77,8 +77,8 @@ pub(super) struct Target<'a> {
     pub(super) owner: Owner<'a>,
     pub(super) valid: ValidModel,
     pub(super) deployment: &'a Deployment,
-    /// Ready node pods, with their IPs.
-    pub(super) ready: Vec<&'a str>,
+    /// Ready, reachable node pods: whom to ask.
+    pub(super) ready: Vec<PodFacts>,
     /// The model whose queue counts; `None`: every model on the pod (a pool).
     pub(super) served: Option<String>,
 }
@@ -111,17 +111,33 @@ pub(super) fn by_name<D: Borrow<Deployment>>(
         .collect()
 }
 
-/// IPs of the ready, reachable node pods labelled for `valid` (a Model or a pool template).
-pub(super) fn ready_pods<'a, P: Borrow<Pod>>(pods: &'a [P], valid: &ValidModel) -> Vec<&'a str> {
-    pods.iter()
-        .map(|p| -> &Pod { p.borrow() })
-        .filter(|p| p.namespace().as_deref() == Some(valid.namespace.as_str()))
-        .filter(|p| {
-            p.labels().get(LABEL_MODEL) == Some(&valid.name)
-                && p.labels().get(LABEL_NAME).map(String::as_str) == Some(NODE_APP_NAME)
-        })
+/// Node pods by namespace and the Model (or pool) they serve, from their labels: built once
+/// per interval, so finding a target's pods does not scan every pod.
+pub(super) fn by_model<P: Borrow<Pod>>(pods: &[P]) -> BTreeMap<(String, String), Vec<&Pod>> {
+    let mut out: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
+    for p in pods.iter().map(|p| -> &Pod { p.borrow() }) {
+        if p.labels().get(LABEL_NAME).map(String::as_str) != Some(NODE_APP_NAME) {
+            continue;
+        }
+        if let Some(model) = p.labels().get(LABEL_MODEL) {
+            out.entry((p.namespace().unwrap_or_default(), model.clone()))
+                .or_default()
+                .push(p);
+        }
+    }
+    out
+}
+
+/// The ready, reachable node pods labelled for `valid` (a Model or a pool template).
+pub(super) fn ready_pods(
+    pods: &BTreeMap<(String, String), Vec<&Pod>>,
+    valid: &ValidModel,
+) -> Vec<PodFacts> {
+    pods.get(&(valid.namespace.clone(), valid.name.clone()))
+        .into_iter()
+        .flatten()
         .filter(|p| is_ready(p))
-        .filter_map(reachable)
+        .filter_map(|p| facts(p))
         .collect()
 }
 

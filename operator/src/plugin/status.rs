@@ -265,7 +265,7 @@ pub async fn publish(
             action: c.type_.clone(),
             secondary: None,
         };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        if let Err(e) = ctx.recorder().publish(&event, &reference).await {
             tracing::warn!(plugin = %plugin.name_any(), error = %e, "cannot record event");
         }
         ctx.metrics.wrote(CONTROLLER, "Event", "create");

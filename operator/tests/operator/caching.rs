@@ -288,3 +288,78 @@ async fn a_status_only_change_of_the_deployment_costs_one_status_patch() {
     );
     assert!(recorded.iter().all(|r| r.method != Method::GET));
 }
+
+/// The autoscaler and the Model controller both wait for the Model store's first list: each
+/// must go on once it lists, whichever waited first (kube's own wait wakes only the last).
+#[tokio::test]
+async fn every_task_waiting_for_a_store_goes_on_once_it_lists() {
+    let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { watch_cache::until_listed(&store).await })
+        })
+        .collect();
+    // Let every waiter register before the list ends.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    writer.apply_watcher_event(&Event::Init);
+    let pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": "a", "namespace": "default"}}))
+            .expect("pod");
+    writer.apply_watcher_event(&Event::InitApply(pod));
+    writer.apply_watcher_event(&Event::InitDone);
+    for w in waiters {
+        let done = tokio::time::timeout(std::time::Duration::from_secs(5), w)
+            .await
+            .expect("a waiter still asleep 5 s after the store listed")
+            .expect("join");
+        assert!(done.is_ok());
+    }
+    assert_eq!(store.state().len(), 1);
+}
+
+/// A node pod that answered and then misses a status request or two (a timeout under load)
+/// keeps its last answer, for the reconciles and the autoscaler alike; the third failure in a
+/// row is what they see.
+#[tokio::test]
+async fn a_pod_that_misses_two_status_requests_keeps_its_last_answer() {
+    use gantry_operator::report_cache::Reports;
+    let answer = node_report("x", "gemma3", supported())
+        .remove("10.0.0.5")
+        .expect("report");
+    let source = Arc::new(crate::pool::Changing(std::sync::Mutex::new(
+        BTreeMap::from([("10.0.0.5".to_string(), answer.clone())]),
+    )));
+    let reports = Reports::new(source.clone());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "x-1", "namespace": "default", "uid": "u-1",
+                     "labels": {"gantry.dev/model": "x"}},
+        "status": {"phase": "Running", "podIP": "10.0.0.5"}}))
+    .expect("pod");
+    let facts = gantry_operator::node_report::facts(&pod).expect("reachable");
+    let long = std::time::Duration::from_secs(60);
+    let (first, status) = reports
+        .recent(source.as_ref(), &facts, long, 0)
+        .await
+        .expect("an answer");
+    assert_eq!(status, answer);
+    source.0.lock().expect("statuses").clear();
+    for miss in 1..=2 {
+        let (seq, kept) = reports
+            .recent(source.as_ref(), &facts, long, first)
+            .await
+            .unwrap_or_else(|| panic!("miss {miss}: the last answer is kept"));
+        assert_eq!((seq, &kept), (first, &answer), "miss {miss}");
+        let seen = reports.of(&[Arc::new(pod.clone())]).await;
+        assert_eq!(seen[0].status.as_ref().ok(), Some(&answer), "miss {miss}");
+    }
+    assert!(
+        reports
+            .recent(source.as_ref(), &facts, long, first)
+            .await
+            .is_none(),
+        "the third miss in a row is shown"
+    );
+    let seen = reports.of(&[Arc::new(pod)]).await;
+    assert!(seen[0].status.is_err());
+}

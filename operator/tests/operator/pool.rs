@@ -570,7 +570,7 @@ fn two_members_with_one_served_name_keep_the_older() {
 // --- The built-in autoscaler on pools -----------------------------------------------------
 
 /// Node statuses that the test changes between intervals (a pool's pressure is a rate).
-struct Changing(std::sync::Mutex<BTreeMap<String, NodeStatus>>);
+pub(crate) struct Changing(pub(crate) std::sync::Mutex<BTreeMap<String, NodeStatus>>);
 
 impl gantry_operator::node_report::NodeStatusSource for Changing {
     fn fetch<'a>(

@@ -105,9 +105,10 @@ pub async fn publish(
         .recent
         .wrote(STATUS_KIND, &ns, &model.name_any(), &digest);
     let reference = model.object_ref(&());
+    let recorder = ctx.recorder();
     for event in events(&previous, &status) {
         // Events are best effort: the status already says everything they say.
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        if let Err(e) = recorder.publish(&event, &reference).await {
             tracing::warn!(model = %model.name_any(), error = %e, "cannot record event");
         }
         ctx.metrics.wrote(CONTROLLER, "Event", "create");
