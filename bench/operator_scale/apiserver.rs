@@ -2,8 +2,7 @@
 //! pages), watch (from a resource version, label-selected, metadata-only when asked), get,
 //! server-side apply, merge patches, create, delete — with what a real apiserver adds to what
 //! it stores: resource versions, uids, `generation` bumped on spec changes, and `managedFields`
-//! entries per field manager (one per manager, operation and subresource, holding the field
-//! set of the manager's last apply in the FieldsV1 format). Events are stored and listed like
+//! entries per field manager (`fields`). Events are stored and listed like
 //! any object. A non-status write of a Deployment runs the Deployment controller stand-in
 //! (`cluster::sync_deployment`).
 
@@ -15,10 +14,12 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::cluster;
+use crate::fields::set_managed;
+use crate::nodes::NodeEndpoint;
 
 /// One resource collection: its objects and its event log (for watches that resume).
 #[derive(Default)]
@@ -39,40 +40,6 @@ pub struct Cluster {
     /// long list holds): pod IP → the served name its `/v1/status` reports (pods the kubelet
     /// stand-in started), and the requests it had.
     pub nodes: Arc<NodeEndpoint>,
-}
-
-#[derive(Default)]
-pub struct NodeEndpoint {
-    pub ips: Mutex<HashMap<String, String>>,
-    pub requests: std::sync::atomic::AtomicU64,
-}
-
-impl NodeEndpoint {
-    pub fn served(&self, ip: &str) -> Option<String> {
-        self.requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.ips
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(ip)
-            .cloned()
-    }
-
-    pub fn requests(&self) -> u64 {
-        self.requests.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Give the next free loopback IP to a pod serving `served`.
-    pub fn add(&self, served: String) -> String {
-        let mut ips = self
-            .ips
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let i = ips.len();
-        let ip = format!("127.{}.{}.{}", 1 + i / 62500, (i / 250) % 250, 1 + i % 250);
-        ips.insert(ip.clone(), served);
-        ip
-    }
 }
 
 pub type Shared = Arc<Mutex<Cluster>>;
@@ -150,116 +117,6 @@ fn labels_match(obj: &Value, selector: &str) -> bool {
 fn partial(obj: &Value) -> Value {
     json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
            "metadata": obj["metadata"]})
-}
-
-/// The key of a list item in a field set, as the apiserver derives it from the list's merge
-/// keys (`name` for containers, volumes, env, ports with a name; `type` for conditions; the
-/// port and protocol for unnamed ports); `None` for an atomic list.
-fn item_key(item: &Value) -> Option<String> {
-    let o = item.as_object()?;
-    let key = if let Some(name) = o.get("name") {
-        json!({"name": name})
-    } else if let Some(t) = o.get("type") {
-        json!({"type": t})
-    } else if let Some(port) = o.get("containerPort").or_else(|| o.get("port")) {
-        let field = if o.contains_key("containerPort") {
-            "containerPort"
-        } else {
-            "port"
-        };
-        json!({field: port, "protocol": o.get("protocol").cloned().unwrap_or(json!("TCP"))})
-    } else if let Some(uid) = o.get("uid") {
-        json!({"uid": uid})
-    } else {
-        return None;
-    };
-    Some(format!("k:{key}"))
-}
-
-/// The FieldsV1 field set of a value: every object key as `f:<key>`, list items by their
-/// merge key, a leaf as `{}`.
-pub fn fields_v1(v: &Value) -> Value {
-    let Value::Object(m) = v else {
-        return json!({});
-    };
-    let mut out = Map::new();
-    for (k, child) in m {
-        let set = match child {
-            Value::Object(o) if !o.is_empty() => {
-                let mut set = fields_v1(child);
-                set[".".to_string()] = json!({});
-                set
-            }
-            Value::Array(items) if items.iter().all(|i| item_key(i).is_some()) => {
-                let mut set = Map::new();
-                for item in items {
-                    let mut s = fields_v1(item);
-                    s[".".to_string()] = json!({});
-                    set.insert(item_key(item).unwrap_or_default(), s);
-                }
-                Value::Object(set)
-            }
-            _ => json!({}),
-        };
-        out.insert(format!("f:{k}"), set);
-    }
-    Value::Object(out)
-}
-
-/// The field set a manager claims with `config` (identity and type fields left out, as the
-/// apiserver does).
-fn claimed(config: &Value) -> Value {
-    let mut c = config.clone();
-    if let Some(o) = c.as_object_mut() {
-        o.remove("apiVersion");
-        o.remove("kind");
-    }
-    if let Some(m) = c.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in [
-            "name",
-            "namespace",
-            "uid",
-            "resourceVersion",
-            "generation",
-            "creationTimestamp",
-            "managedFields",
-        ] {
-            m.remove(k);
-        }
-        if m.is_empty() {
-            c.as_object_mut().map(|o| o.remove("metadata"));
-        }
-    }
-    fields_v1(&c)
-}
-
-/// Record that `manager` (with `operation`, on `subresource` or the main resource) now manages
-/// the fields of `config`: its entry is replaced, the others stay.
-pub fn set_managed(
-    obj: &mut Value,
-    manager: &str,
-    operation: &str,
-    sub: Option<&str>,
-    config: &Value,
-) {
-    let api_version = obj["apiVersion"].clone();
-    let mut entry = json!({"manager": manager, "operation": operation, "apiVersion": api_version,
-        "time": NOW, "fieldsType": "FieldsV1", "fieldsV1": claimed(config)});
-    if let Some(sub) = sub {
-        entry["subresource"] = json!(sub);
-    }
-    let entries = obj["metadata"]["managedFields"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let same = |e: &Value| {
-        e["manager"] == json!(manager)
-            && e["operation"] == json!(operation)
-            && e["subresource"].as_str() == sub
-    };
-    let mut kept: Vec<Value> = entries.into_iter().filter(|e| !same(e)).collect();
-    kept.push(entry);
-    obj["metadata"]["managedFields"] = Value::Array(kept);
 }
 
 /// The spec of an object, for the `generation` rule (a change anywhere but metadata and

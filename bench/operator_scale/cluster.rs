@@ -11,7 +11,8 @@ use std::hash::{Hash, Hasher};
 
 use serde_json::{Value, json};
 
-use crate::apiserver::{Cluster, NOW, key_of, set_managed};
+use crate::apiserver::{Cluster, NOW, key_of};
+use crate::fields::{set_managed, write_status};
 
 const DEPLOYMENTS: &str = "apps/v1/deployments";
 const REPLICA_SETS: &str = "apps/v1/replicasets";
@@ -137,14 +138,8 @@ fn new_pod(rs: &Value, n: u64) -> Value {
                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."}]}});
     let config = json!({"metadata": pod["metadata"], "spec": pod["spec"]});
     set_managed(&mut pod, CONTROLLER_MANAGER, "Update", None, &config);
-    let status = json!({"status": pod["status"]});
-    set_managed(
-        &mut pod,
-        "kube-scheduler",
-        "Update",
-        Some("status"),
-        &status,
-    );
+    let status = pod["status"].take();
+    write_status(&mut pod, "kube-scheduler", status);
     pod
 }
 
@@ -245,14 +240,7 @@ pub fn sync_deployment(c: &mut Cluster, key: &(String, String)) {
         "observedGeneration": rs["metadata"]["generation"]});
     if rs["spec"]["replicas"] != json!(replicas) || rs["status"] != rs_status {
         rs["spec"]["replicas"] = json!(replicas);
-        rs["status"] = rs_status.clone();
-        set_managed(
-            &mut rs,
-            CONTROLLER_MANAGER,
-            "Update",
-            Some("status"),
-            &json!({"status": rs_status}),
-        );
+        write_status(&mut rs, CONTROLLER_MANAGER, rs_status);
         c.upsert(REPLICA_SETS, rs);
     }
     // The Deployment: its revision, then its status.
@@ -281,14 +269,7 @@ pub fn sync_deployment(c: &mut Cluster, key: &(String, String)) {
         status["unavailableReplicas"] = json!(replicas - ready);
     }
     if d["status"] != status {
-        d["status"] = status.clone();
-        set_managed(
-            &mut d,
-            CONTROLLER_MANAGER,
-            "Update",
-            Some("status"),
-            &json!({"status": status}),
-        );
+        write_status(&mut d, CONTROLLER_MANAGER, status);
         c.upsert(DEPLOYMENTS, d);
     }
 }
@@ -370,14 +351,7 @@ pub fn start_pods(c: &mut Cluster) {
             "hostIPs": [{"ip": "10.0.0.1"}], "podIP": ip, "podIPs": [{"ip": ip}], "startTime": NOW,
             "conditions": conditions,
             "initContainerStatuses": init, "containerStatuses": containers});
-        pod["status"] = status.clone();
-        set_managed(
-            &mut pod,
-            "kubelet",
-            "Update",
-            Some("status"),
-            &json!({"status": status}),
-        );
+        write_status(&mut pod, "kubelet", status);
         let pod = c.upsert(PODS, pod);
         emit(
             c,

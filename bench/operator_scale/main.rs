@@ -24,6 +24,8 @@
 
 mod apiserver;
 mod cluster;
+mod fields;
+mod nodes;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -35,17 +37,14 @@ use std::time::{Duration, Instant};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use gantry_api::{
-    ArtifactState, ArtifactStatus, EngineVerdict, LoadState, LoadStatus, ModelStatus, NodeStatus,
-    QueueStatus,
-};
 use gantry_crd::names::{AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, owned_name};
 use gantry_crd::{EnginePlugin, Model};
 use gantry_operator::context::Settings;
 use gantry_operator::model::{build, resolve::resolve, validate::validate};
 use serde_json::{Value, json};
 
-use apiserver::{Cluster, Shared, key_of, lock, set_managed};
+use apiserver::{Cluster, Shared, key_of, lock};
+use fields::set_managed;
 
 /// Models in the cluster (`--models`, default 1,000).
 fn models() -> usize {
@@ -65,44 +64,6 @@ fn model(i: usize, template: &Value) -> Value {
     let config = m.clone();
     set_managed(&mut m, "kubectl-client-side-apply", "Update", None, &config);
     m
-}
-
-/// The node status document of model `served`, loaded and ready.
-fn node_status(served: &str) -> NodeStatus {
-    NodeStatus {
-        version: "0.1.0".into(),
-        backend: "cpu".into(),
-        ready: true,
-        draining: false,
-        plugins: Vec::new(),
-        models: vec![ModelStatus {
-            id: served.into(),
-            format: "gguf".into(),
-            architecture: Some("gemma3".into()),
-            verdict: Some(EngineVerdict::Supported {
-                plugin: "llama_cpp".into(),
-                version: "0.1.0".into(),
-            }),
-            artifact: ArtifactStatus {
-                state: ArtifactState::Ready,
-                bytes_done: 253_000_000,
-                bytes_total: 253_000_000,
-                bytes_per_second: 0.0,
-                message: None,
-            },
-            load: LoadStatus {
-                state: LoadState::Loaded,
-                plugin: Some("llama_cpp".into()),
-                ..Default::default()
-            },
-            queue: QueueStatus::default(),
-            devices: Vec::new(),
-            replicas: Vec::new(),
-            crashes: None,
-            engine_choice: None,
-        }],
-        ..NodeStatus::default()
-    }
 }
 
 fn yaml<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> T {
@@ -324,7 +285,7 @@ async fn main() {
                 let ip = host.split(':').next().unwrap_or_default();
                 let served = endpoint.served(ip);
                 match served {
-                    Some(served) => axum::Json(node_status(&served)).into_response(),
+                    Some(served) => axum::Json(nodes::node_status(&served)).into_response(),
                     None => StatusCode::NOT_FOUND.into_response(),
                 }
             }

@@ -366,11 +366,7 @@ where
     K: kube::Resource<DynamicType = ()> + serde::Serialize + Clone + 'static,
 {
     let state = store.state();
-    let bytes = state
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok())
-        .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
-        .sum();
+    let bytes = watch_cache::serialized_size(state.iter().filter_map(|g| g.0.as_ref().ok()));
     (name, state.len(), bytes)
 }
 

@@ -126,11 +126,19 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     let state = store.state();
-    let bytes = state
-        .iter()
-        .map(|o| serde_json::to_vec(o.as_ref()).map_or(0, |v| v.len()))
-        .sum();
-    (name, state.len(), bytes)
+    (
+        name,
+        state.len(),
+        serialized_size(state.iter().map(AsRef::as_ref)),
+    )
+}
+
+/// The serialized JSON size of `items`, together (the `gantry_operator_cache_bytes` measure).
+pub fn serialized_size<'a, T: Serialize + 'a>(items: impl IntoIterator<Item = &'a T>) -> usize {
+    items
+        .into_iter()
+        .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
+        .sum()
 }
 
 /// How often a task waiting for a store to list checks again (see [`until_listed`]).
