@@ -4,11 +4,15 @@
 //! triggers their watches send.
 
 mod autoscale;
+mod autoscale_interval;
 mod build;
 mod caching;
 mod cli;
 mod crds;
 mod deliver;
+mod deliver_plan;
+mod deliver_pod_state;
+mod deliver_pool;
 mod grammar;
 mod isolation;
 mod leader;
@@ -16,9 +20,15 @@ mod node_report;
 mod objects;
 mod plugin;
 mod pool;
+mod pool_admission;
+mod pool_autoscale;
 mod rbac;
 mod rbac_table;
 mod reconcile;
+mod reconcile_engine;
+mod reconcile_errors;
+mod reconcile_replicas;
+mod reconcile_secret;
 mod structural_schema;
 mod support;
 mod validate;

@@ -1,6 +1,6 @@
 //! ModelPool reconcile and pool members' status against a mock API server: the exact requests
-//! (method and path, in order) a pool reconcile makes as members join, leave or are refused,
-//! and what the members' status says.
+//! (method and path, in order) a pool reconcile makes as members join or leave, in the steady
+//! state and on deletion, and what the members' status says. Also the helpers the pool files use.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gantry_api::{LoadState, NodeStatus};
 use gantry_crd::{Model, ModelPool, ModelPoolStatus, ModelStatus};
 use gantry_operator::context::Settings;
-use gantry_operator::model::{self, validate::validate};
+use gantry_operator::model;
 use gantry_operator::pool::{self, admit};
 use http::Method;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -23,11 +23,11 @@ use crate::support::{
 };
 
 const POOL_UID: &str = "6a1e0c55-0000-4000-8000-0000000000b1";
-const POD_IP: &str = "10.0.0.5";
+pub(crate) const POD_IP: &str = "10.0.0.5";
 
 /// The docs example: the pool and its three members, as the apiserver hands them over (the
 /// members created one second apart, in file order).
-fn example() -> (ModelPool, Vec<Model>) {
+pub(crate) fn example() -> (ModelPool, Vec<Model>) {
     let path = repo_dir().join("docs/examples/modelpool-small.yaml");
     let docs = yaml_docs::<Value>(&path);
     let mut pool: ModelPool = serde_json::from_value(docs[0].clone()).expect("pool");
@@ -47,12 +47,12 @@ fn example() -> (ModelPool, Vec<Model>) {
     (pool, members)
 }
 
-fn created(i: usize) -> Time {
+pub(crate) fn created(i: usize) -> Time {
     Time(Timestamp::from_second(1_700_000_000 + i as i64).expect("time"))
 }
 
 /// One more member of the pool.
-fn member(name: &str, served: &str, memory: &str, i: usize) -> Model {
+pub(crate) fn member(name: &str, served: &str, memory: &str, i: usize) -> Model {
     serde_json::from_value(json!({
         "apiVersion": "gantry.dev/v1alpha1", "kind": "Model",
         "metadata": {"name": name, "namespace": "default", "uid": format!("member-{i}"),
@@ -67,7 +67,7 @@ fn member(name: &str, served: &str, memory: &str, i: usize) -> Model {
 
 /// A context whose stores hold `pool` and `members`, with the example plugins and `nodes`'
 /// status documents.
-fn pool_context(
+pub(crate) fn pool_context(
     pool: ModelPool,
     members: Vec<Model>,
     nodes: BTreeMap<String, NodeStatus>,
@@ -81,21 +81,21 @@ fn pool_context(
     )
 }
 
-async fn run_pool(
+pub(crate) async fn run_pool(
     pool: ModelPool,
     ctx: Arc<gantry_operator::context::Context>,
 ) -> Result<Action, model::Error> {
     pool::reconcile(Arc::new(DeserializeGuard(Ok(pool))), ctx).await
 }
 
-async fn run_model(
+pub(crate) async fn run_model(
     m: Model,
     ctx: Arc<gantry_operator::context::Context>,
 ) -> Result<Action, model::Error> {
     model::reconcile(Arc::new(DeserializeGuard(Ok(m))), ctx).await
 }
 
-fn pool_path(kind: &str) -> String {
+pub(crate) fn pool_path(kind: &str) -> String {
     match kind {
         "configmaps" | "services" => path("v1", "default", kind, "small-pool"),
         "deployments" => path("apps/v1", "default", kind, "small-pool"),
@@ -103,7 +103,7 @@ fn pool_path(kind: &str) -> String {
     }
 }
 
-fn pool_status_patch(pool: &ModelPool) -> Step {
+pub(crate) fn pool_status_patch(pool: &ModelPool) -> Step {
     Step::apply_status(
         format!(
             "{}/status",
@@ -113,7 +113,7 @@ fn pool_status_patch(pool: &ModelPool) -> Step {
     )
 }
 
-fn model_status_patch(m: &Model) -> Step {
+pub(crate) fn model_status_patch(m: &Model) -> Step {
     Step::apply_status(
         format!(
             "{}/status",
@@ -136,7 +136,7 @@ fn body<'a>(recorded: &'a [Recorded], suffix: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no PATCH of {suffix} in {recorded:#?}"))
 }
 
-fn status_of(recorded: &[Recorded]) -> Value {
+pub(crate) fn status_of(recorded: &[Recorded]) -> Value {
     recorded
         .iter()
         .find(|r| r.path.ends_with("/status"))
@@ -146,7 +146,7 @@ fn status_of(recorded: &[Recorded]) -> Value {
 }
 
 /// The objects a pool reconcile of `pool` with `members` builds: what a previous pass applied.
-fn built(
+pub(crate) fn built(
     pool: &ModelPool,
     members: &[Model],
 ) -> (gantry_operator::model::build::OwnedObjects, String) {
@@ -166,7 +166,7 @@ fn built(
 }
 
 /// Seed the cluster with the objects `built` returns, the Deployment ready with `replicas`.
-fn seed_live(
+pub(crate) fn seed_live(
     server: &mut ApiServer,
     o: &gantry_operator::model::build::OwnedObjects,
     replicas: i32,
@@ -188,7 +188,7 @@ fn seed_live(
 }
 
 /// A running pool pod, labelled as the Deployment's template labels its pods.
-fn pool_pod(o: &gantry_operator::model::build::OwnedObjects) -> Value {
+pub(crate) fn pool_pod(o: &gantry_operator::model::build::OwnedObjects) -> Value {
     let meta = o
         .deployment
         .spec
@@ -320,80 +320,6 @@ async fn adding_and_removing_a_member_patches_only_the_config_map() {
 }
 
 #[tokio::test]
-async fn a_member_that_cannot_fit_is_refused_with_its_reason_and_the_pool_is_untouched() {
-    let (pool, members) = example();
-    let (live, _) = built(&pool, &members);
-    // modelMemory is 2Gi: 90 % of it is 1,932,735,283 bytes; 3Gi can never load.
-    let big = member("big", "big-model", "3Gi", 3);
-    let mut all = members.clone();
-    all.push(big.clone());
-    let (ctx, mut server) = pool_context(pool.clone(), all.clone(), BTreeMap::new());
-    seed_live(&mut server, &live, 2);
-    // No object write: the config is what it was. Only the pool's status says why.
-    let server = server.run(vec![pool_status_patch(&pool)]);
-    run_pool(pool.clone(), ctx.clone())
-        .await
-        .expect("reconcile");
-    let recorded = finish(server).await;
-    let status = status_of(&recorded);
-    assert_eq!(status["modelCount"], 3);
-    assert_eq!(status["refused"][0]["name"], "big");
-    assert_eq!(status["refused"][0]["reason"], "DoesNotFit");
-    let message = status["refused"][0]["message"].as_str().expect("message");
-    assert!(
-        message.contains("spec.resources.memory (3221225472 bytes)"),
-        "{message}"
-    );
-    assert!(message.contains("1932735283 bytes"), "{message}");
-
-    // The member itself: Ready=False with the same reason, no objects of its own.
-    let (ctx, server) = pool_context(pool.clone(), all, BTreeMap::new());
-    let server = server.run(vec![model_status_patch(&big), Step::event("default")]);
-    run_model(big, ctx).await.expect("member reconcile");
-    let recorded = finish(server).await;
-    let status = status_of(&recorded);
-    let ready = condition(&status, "Ready");
-    assert_eq!(
-        (ready["status"].as_str(), ready["reason"].as_str()),
-        (Some("False"), Some("DoesNotFit"))
-    );
-    assert!(
-        ready["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("the ModelPool `small` refuses it"))
-    );
-    assert_eq!(status["pool"]["name"], "small");
-}
-
-#[tokio::test]
-async fn a_member_whose_format_no_allowed_engine_serves_is_refused() {
-    let (pool, mut members) = example();
-    members[2].spec.format = gantry_crd::ModelFormat::Safetensors;
-    members[2].spec.source.quantization = None;
-    let (ctx, server) = pool_context(pool.clone(), members.clone(), BTreeMap::new());
-    let server = server.run(vec![
-        Step::apply(pool_path("configmaps")),
-        Step::apply(pool_path("deployments")),
-        Step::apply(pool_path("deployments")).by("gantry-autoscaler"),
-        Step::apply(pool_path("services")),
-        Step::apply(pool_path("poddisruptionbudgets")),
-        pool_status_patch(&pool),
-    ]);
-    run_pool(pool, ctx).await.expect("reconcile");
-    let recorded = finish(server).await;
-    let status = status_of(&recorded);
-    assert_eq!(status["modelCount"], 2);
-    assert_eq!(status["refused"][0]["name"], "smollm2-135m");
-    assert_eq!(status["refused"][0]["reason"], "EngineUnresolved");
-    assert!(
-        status["refused"][0]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("llama-cpp-cpu")),
-        "{status}"
-    );
-}
-
-#[tokio::test]
 async fn a_steady_pool_makes_no_request_and_its_members_report_the_pods_that_hold_them() {
     let (mut pool, members) = example();
     let (live, hash) = built(&pool, &members);
@@ -510,65 +436,6 @@ async fn deleting_a_pool_makes_no_request_because_owner_references_cascade() {
     }
 }
 
-#[tokio::test]
-async fn a_member_of_a_pool_that_does_not_exist_is_refused() {
-    let (_, members) = example();
-    let m = members[0].clone();
-    let (ctx, server) = context_full(
-        Settings::default(),
-        example_plugins(),
-        BTreeMap::new(),
-        members,
-        vec![],
-    );
-    let server = server.run(vec![model_status_patch(&m), Step::event("default")]);
-    let action = run_model(m, ctx).await.expect("reconcile");
-    let recorded = finish(server).await;
-    assert_eq!(action, Action::await_change());
-    let status = status_of(&recorded);
-    assert_eq!(condition(&status, "Ready")["reason"], "PoolNotFound");
-    assert_eq!(condition(&status, "Degraded")["status"], "True");
-}
-
-#[test]
-fn a_member_may_not_shape_pods_or_bring_its_own_volume_or_secret() {
-    let (_, members) = example();
-    let mut m = members[0].clone();
-    m.spec.replicas = Some(gantry_crd::Replicas { min: 1, max: 3 });
-    m.spec.source.secret_ref = Some(gantry_crd::SecretKeyRef {
-        name: "hf".into(),
-        key: None,
-    });
-    let problems = validate(&m, &Settings::default()).expect_err("invalid");
-    let message = gantry_operator::model::validate::message(&problems);
-    assert!(
-        message.contains("spec.replicas: belongs to the ModelPool `small`"),
-        "{message}"
-    );
-    assert!(message.contains("spec.source.secretRef"), "{message}");
-    // Lazy loading is fine for a member (a dedicated Model refuses it).
-    let mut lazy = members[0].clone();
-    lazy.spec.load = gantry_crd::LoadPolicy::Lazy;
-    assert!(validate(&lazy, &Settings::default()).is_ok());
-}
-
-#[test]
-fn two_members_with_one_served_name_keep_the_older() {
-    let (pool, members) = example();
-    let settings = Settings::default();
-    let template = admit::template(&pool, &settings).expect("template");
-    let mut twin = member("twin", "gemma-3-270m-q8_0", "100Mi", 7);
-    twin.spec.architecture = Some("gemma3".into());
-    let mut all = members.clone();
-    all.push(twin);
-    let a = admit::admit(&pool, &template, &all, &[], &example_plugins(), &settings);
-    assert_eq!(a.members.len(), 3);
-    assert_eq!(a.refused[0].name, "twin");
-    assert_eq!(a.refused[0].reason, "ServedNameTaken");
-}
-
-// --- The built-in autoscaler on pools -----------------------------------------------------
-
 /// Node statuses that the test changes between intervals (a pool's pressure is a rate).
 pub(crate) struct Changing(pub(crate) std::sync::Mutex<BTreeMap<String, NodeStatus>>);
 
@@ -587,273 +454,4 @@ impl gantry_operator::node_report::NodeStatusSource for Changing {
             })
         })
     }
-}
-
-/// A pool pod's status: each `(served name, waiting, running)` and its pressure counters.
-fn pool_node(queues: &[(&str, u64, u64)], evictions: u64, refusals: u64) -> NodeStatus {
-    let mut base = node_report("x", "gemma3", supported())
-        .remove(POD_IP)
-        .expect("report");
-    let template = base.models[0].clone();
-    base.models = queues
-        .iter()
-        .map(|(id, waiting, running)| {
-            let mut m = template.clone();
-            m.id = (*id).to_string();
-            m.queue.waiting = *waiting;
-            m.queue.running = *running;
-            m
-        })
-        .collect();
-    base.memory = Some(gantry_api::MemoryStatus {
-        pool: "ram".into(),
-        limit_bytes: 2_147_483_648,
-        watermark_bytes: Some(1_932_735_283),
-        used_bytes: 1_500_000_000,
-        evictions_total: evictions,
-        refusals_total: refusals,
-    });
-    base
-}
-
-/// The example pool, autoscaled between 1 and 4 pods at 4 requests per pod.
-fn scaling_pool() -> (ModelPool, Vec<Model>) {
-    let (mut pool, members) = example();
-    pool.spec.replicas = Some(gantry_crd::Replicas { min: 1, max: 4 });
-    pool.spec.autoscaling = Some(gantry_crd::Autoscaling {
-        target_queue_depth: Some(4),
-        ..gantry_crd::Autoscaling::default()
-    });
-    (pool, members)
-}
-
-fn ready_pool_pod(
-    o: &gantry_operator::model::build::OwnedObjects,
-    name: &str,
-    ip: &str,
-) -> k8s_openapi::api::core::v1::Pod {
-    let mut pod = pool_pod(o);
-    pod["metadata"]["name"] = json!(name);
-    pod["status"] = json!({"phase": "Running", "podIP": ip,
-                           "conditions": [{"type": "Ready", "status": "True"}]});
-    serde_json::from_value(pod).expect("pod")
-}
-
-fn live_deployment(
-    o: &gantry_operator::model::build::OwnedObjects,
-    replicas: i32,
-) -> k8s_openapi::api::apps::v1::Deployment {
-    let mut d = o.deployment.clone();
-    d.spec.replicas = Some(replicas);
-    d
-}
-
-#[tokio::test]
-async fn a_pool_scales_on_the_summed_queue_of_all_its_members() {
-    let (pool, members) = scaling_pool();
-    let (o, _) = built(&pool, &members);
-    // Two pods; 11 requests spread over three members: 3 pods at 4 per pod.
-    let nodes = BTreeMap::from([
-        (
-            "10.0.0.5".to_string(),
-            pool_node(
-                &[("gemma-3-270m-q8_0", 3, 2), ("qwen2.5-0.5b-instruct", 1, 1)],
-                0,
-                0,
-            ),
-        ),
-        (
-            "10.0.0.6".to_string(),
-            pool_node(&[("smollm2-135m-instruct", 2, 2)], 0, 0),
-        ),
-    ]);
-    let (ctx, server) = pool_context(pool.clone(), members, BTreeMap::new());
-    let mut autoscaler = gantry_operator::autoscale::Autoscaler::new(
-        ctx.client.clone(),
-        Arc::new(Changing(std::sync::Mutex::new(nodes))),
-        ctx.metrics.clone(),
-        Settings::default(),
-    );
-    let server = server.run(vec![
-        Step::apply(pool_path("deployments")).by("gantry-autoscaler"),
-        Step::apply_status(
-            format!(
-                "{}/status",
-                path("gantry.dev/v1alpha1", "default", "modelpools", "small")
-            ),
-            serde_json::to_value(&pool).expect("json"),
-        )
-        .by("gantry-autoscaler"),
-    ]);
-    let pods = [
-        ready_pool_pod(&o, "small-pool-a", "10.0.0.5"),
-        ready_pool_pod(&o, "small-pool-b", "10.0.0.6"),
-    ];
-    let outcomes = autoscaler
-        .tick_pools(
-            std::slice::from_ref(&pool),
-            &[live_deployment(&o, 2)],
-            &pods,
-            created(0).0,
-        )
-        .await;
-    let recorded = finish(server).await;
-    assert_eq!(outcomes.len(), 1);
-    assert_eq!(outcomes[0].model, "ModelPool/default/small");
-    assert_eq!(outcomes[0].decision.desired, 3);
-    assert_eq!(outcomes[0].decision.reason, "ScaledUpQueueDepth");
-    assert_eq!(
-        recorded[0].body,
-        Some(json!({"apiVersion": "apps/v1", "kind": "Deployment",
-                    "metadata": {"name": "small-pool"}, "spec": {"replicas": 3}}))
-    );
-    let a = &recorded[1].body.as_ref().expect("status")["status"]["autoscaling"];
-    assert_eq!(a["reason"], "ScaledUpQueueDepth");
-    assert!(
-        a["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("11 requests")),
-        "{a}"
-    );
-}
-
-#[tokio::test]
-async fn evictions_and_refused_loads_add_a_pod_to_a_pool_with_a_light_queue() {
-    let (pool, members) = scaling_pool();
-    let (o, _) = built(&pool, &members);
-    let statuses = Arc::new(Changing(std::sync::Mutex::new(BTreeMap::from([(
-        "10.0.0.5".to_string(),
-        pool_node(&[("gemma-3-270m-q8_0", 0, 1)], 10, 2),
-    )]))));
-    let (ctx, server) = pool_context(pool.clone(), members, BTreeMap::new());
-    let mut autoscaler = gantry_operator::autoscale::Autoscaler::new(
-        ctx.client.clone(),
-        statuses.clone(),
-        ctx.metrics.clone(),
-        Settings::default(),
-    );
-    let status_path = format!(
-        "{}/status",
-        path("gantry.dev/v1alpha1", "default", "modelpools", "small")
-    );
-    let server = server.run(vec![
-        // First interval: one request on one pod, the counters read for the first time: steady.
-        Step::apply_status(
-            status_path.clone(),
-            serde_json::to_value(&pool).expect("json"),
-        )
-        .by("gantry-autoscaler"),
-        // 30 s later: 2 more evictions and 1 more refusal, 6 a minute: one pod more.
-        Step::apply(pool_path("deployments")).by("gantry-autoscaler"),
-        Step::apply_status(status_path, serde_json::to_value(&pool).expect("json"))
-            .by("gantry-autoscaler"),
-    ]);
-    let pods = [ready_pool_pod(&o, "small-pool-a", "10.0.0.5")];
-    let deployment = live_deployment(&o, 1);
-    let first = autoscaler
-        .tick_pools(
-            std::slice::from_ref(&pool),
-            std::slice::from_ref(&deployment),
-            &pods,
-            created(0).0,
-        )
-        .await;
-    assert_eq!(first[0].decision.desired, 1);
-    statuses.0.lock().expect("statuses").insert(
-        "10.0.0.5".to_string(),
-        pool_node(&[("gemma-3-270m-q8_0", 0, 1)], 12, 3),
-    );
-    let second = autoscaler
-        .tick_pools(
-            std::slice::from_ref(&pool),
-            std::slice::from_ref(&deployment),
-            &pods,
-            created(30).0,
-        )
-        .await;
-    let recorded = finish(server).await;
-    assert_eq!(second[0].decision.desired, 2);
-    assert_eq!(second[0].decision.reason, "ScaledUpMemoryPressure");
-    assert!(
-        second[0].decision.message.contains("memory pressure 6.0"),
-        "{}",
-        second[0].decision.message
-    );
-    assert_eq!(
-        recorded[1].body,
-        Some(json!({"apiVersion": "apps/v1", "kind": "Deployment",
-                    "metadata": {"name": "small-pool"}, "spec": {"replicas": 2}}))
-    );
-}
-
-#[test]
-fn a_pool_names_the_isolation_of_the_plugins_its_pods_mount_on_its_pod_hash() {
-    let (pool, members) = example();
-    let settings = Settings::default();
-    let render = |plugins: &[gantry_crd::EnginePlugin]| {
-        let template = admit::template(&pool, &settings).expect("template");
-        let a = admit::admit(&pool, &template, &members, &[], plugins, &settings);
-        admit::render(&pool, &a).expect("render")
-    };
-    let plain = render(&example_plugins());
-    let mut isolated = example_plugins();
-    isolated[0].spec.isolation = Some(gantry_api::config::Isolation::Process);
-    let rendered = render(&isolated);
-    let config: gantry_api::NodeConfig =
-        serde_yaml::from_str(&rendered.config.yaml).expect("config");
-    assert_eq!(
-        config.isolation.plugins,
-        BTreeMap::from([(
-            "llama_cpp".to_string(),
-            gantry_api::config::Isolation::Process
-        )])
-    );
-    assert!(!plain.config.yaml.contains("isolation"));
-    // Node-wide, opened once per plugin: on the pod template's hash, so the pods roll.
-    assert_ne!(rendered.pod_hash, plain.pod_hash);
-}
-
-#[test]
-fn the_pools_watermark_reaches_its_pods_and_decides_what_fits() {
-    let (mut pool, mut members) = example();
-    members.push(member("mid", "mid-model", "1500Mi", 3));
-    let settings = Settings::default();
-    let admit_all = |pool: &ModelPool| {
-        let template = admit::template(pool, &settings).expect("template");
-        admit::admit(
-            pool,
-            &template,
-            &members,
-            &[],
-            &example_plugins(),
-            &settings,
-        )
-    };
-    // 1500 MiB fits under 90 % of 2 GiB (1843 MiB) ...
-    let a = admit_all(&pool);
-    assert!(a.member("mid").is_some());
-    let config: gantry_api::NodeConfig =
-        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
-            .expect("config");
-    assert_eq!(config.scheduler.memory_watermark_percent, 90);
-    // ... not under 70 % (1434 MiB), and the pods are told 70.
-    pool.spec.memory_watermark_percent = Some(70);
-    let a = admit_all(&pool);
-    let refused = a.refusal("mid").expect("refused");
-    assert_eq!(refused.reason, "DoesNotFit");
-    assert!(refused.message.contains("70 %"), "{}", refused.message);
-    let rendered = admit::render(&pool, &a).expect("render");
-    let config: gantry_api::NodeConfig =
-        serde_yaml::from_str(&rendered.config.yaml).expect("config");
-    assert_eq!(config.scheduler.memory_watermark_percent, 70);
-    // A node-wide setting: on the pod template's hash, so the pods roll to read it.
-    let before = admit::render(&example().0, &admit_all(&example().0)).expect("render");
-    assert_ne!(rendered.pod_hash, before.pod_hash);
-    // Out of range: the pool is invalid.
-    pool.spec.memory_watermark_percent = Some(99 + 1);
-    let problems = admit::template(&pool, &settings).expect_err("invalid");
-    assert!(
-        gantry_operator::model::validate::message(&problems)
-            .contains("spec.memoryWatermarkPercent")
-    );
 }

@@ -1,0 +1,221 @@
+//! ModelPool admission (validate, admit and render steps of a pool reconcile): which members a
+//! pool takes and why it refuses the others, in its status and in the member's own, and the
+//! node-wide settings the render step puts on the pods' hash.
+
+use std::collections::BTreeMap;
+
+use gantry_crd::ModelPool;
+use gantry_operator::context::Settings;
+use gantry_operator::model::validate::validate;
+use gantry_operator::pool::admit;
+use kube::runtime::controller::Action;
+
+use crate::pool::{
+    built, example, member, model_status_patch, pool_context, pool_path, pool_status_patch,
+    run_model, run_pool, seed_live, status_of,
+};
+use crate::reconcile::example_plugins;
+use crate::support::{Step, condition, context_full, finish};
+
+#[tokio::test]
+async fn a_member_that_cannot_fit_is_refused_with_its_reason_and_the_pool_is_untouched() {
+    let (pool, members) = example();
+    let (live, _) = built(&pool, &members);
+    // modelMemory is 2Gi: 90 % of it is 1,932,735,283 bytes; 3Gi can never load.
+    let big = member("big", "big-model", "3Gi", 3);
+    let mut all = members.clone();
+    all.push(big.clone());
+    let (ctx, mut server) = pool_context(pool.clone(), all.clone(), BTreeMap::new());
+    seed_live(&mut server, &live, 2);
+    // No object write: the config is what it was. Only the pool's status says why.
+    let server = server.run(vec![pool_status_patch(&pool)]);
+    run_pool(pool.clone(), ctx.clone())
+        .await
+        .expect("reconcile");
+    let recorded = finish(server).await;
+    let status = status_of(&recorded);
+    assert_eq!(status["modelCount"], 3);
+    assert_eq!(status["refused"][0]["name"], "big");
+    assert_eq!(status["refused"][0]["reason"], "DoesNotFit");
+    let message = status["refused"][0]["message"].as_str().expect("message");
+    assert!(
+        message.contains("spec.resources.memory (3221225472 bytes)"),
+        "{message}"
+    );
+    assert!(message.contains("1932735283 bytes"), "{message}");
+
+    // The member itself: Ready=False with the same reason, no objects of its own.
+    let (ctx, server) = pool_context(pool.clone(), all, BTreeMap::new());
+    let server = server.run(vec![model_status_patch(&big), Step::event("default")]);
+    run_model(big, ctx).await.expect("member reconcile");
+    let recorded = finish(server).await;
+    let status = status_of(&recorded);
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("DoesNotFit"))
+    );
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the ModelPool `small` refuses it"))
+    );
+    assert_eq!(status["pool"]["name"], "small");
+}
+
+#[tokio::test]
+async fn a_member_whose_format_no_allowed_engine_serves_is_refused() {
+    let (pool, mut members) = example();
+    members[2].spec.format = gantry_crd::ModelFormat::Safetensors;
+    members[2].spec.source.quantization = None;
+    let (ctx, server) = pool_context(pool.clone(), members.clone(), BTreeMap::new());
+    let server = server.run(vec![
+        Step::apply(pool_path("configmaps")),
+        Step::apply(pool_path("deployments")),
+        Step::apply(pool_path("deployments")).by("gantry-autoscaler"),
+        Step::apply(pool_path("services")),
+        Step::apply(pool_path("poddisruptionbudgets")),
+        pool_status_patch(&pool),
+    ]);
+    run_pool(pool, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    let status = status_of(&recorded);
+    assert_eq!(status["modelCount"], 2);
+    assert_eq!(status["refused"][0]["name"], "smollm2-135m");
+    assert_eq!(status["refused"][0]["reason"], "EngineUnresolved");
+    assert!(
+        status["refused"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("llama-cpp-cpu")),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn a_member_of_a_pool_that_does_not_exist_is_refused() {
+    let (_, members) = example();
+    let m = members[0].clone();
+    let (ctx, server) = context_full(
+        Settings::default(),
+        example_plugins(),
+        BTreeMap::new(),
+        members,
+        vec![],
+    );
+    let server = server.run(vec![model_status_patch(&m), Step::event("default")]);
+    let action = run_model(m, ctx).await.expect("reconcile");
+    let recorded = finish(server).await;
+    assert_eq!(action, Action::await_change());
+    let status = status_of(&recorded);
+    assert_eq!(condition(&status, "Ready")["reason"], "PoolNotFound");
+    assert_eq!(condition(&status, "Degraded")["status"], "True");
+}
+
+#[test]
+fn a_member_may_not_shape_pods_or_bring_its_own_volume_or_secret() {
+    let (_, members) = example();
+    let mut m = members[0].clone();
+    m.spec.replicas = Some(gantry_crd::Replicas { min: 1, max: 3 });
+    m.spec.source.secret_ref = Some(gantry_crd::SecretKeyRef {
+        name: "hf".into(),
+        key: None,
+    });
+    let problems = validate(&m, &Settings::default()).expect_err("invalid");
+    let message = gantry_operator::model::validate::message(&problems);
+    assert!(
+        message.contains("spec.replicas: belongs to the ModelPool `small`"),
+        "{message}"
+    );
+    assert!(message.contains("spec.source.secretRef"), "{message}");
+    // Lazy loading is fine for a member (a dedicated Model refuses it).
+    let mut lazy = members[0].clone();
+    lazy.spec.load = gantry_crd::LoadPolicy::Lazy;
+    assert!(validate(&lazy, &Settings::default()).is_ok());
+}
+
+#[test]
+fn two_members_with_one_served_name_keep_the_older() {
+    let (pool, members) = example();
+    let settings = Settings::default();
+    let template = admit::template(&pool, &settings).expect("template");
+    let mut twin = member("twin", "gemma-3-270m-q8_0", "100Mi", 7);
+    twin.spec.architecture = Some("gemma3".into());
+    let mut all = members.clone();
+    all.push(twin);
+    let a = admit::admit(&pool, &template, &all, &[], &example_plugins(), &settings);
+    assert_eq!(a.members.len(), 3);
+    assert_eq!(a.refused[0].name, "twin");
+    assert_eq!(a.refused[0].reason, "ServedNameTaken");
+}
+
+#[test]
+fn a_pool_names_the_isolation_of_the_plugins_its_pods_mount_on_its_pod_hash() {
+    let (pool, members) = example();
+    let settings = Settings::default();
+    let render = |plugins: &[gantry_crd::EnginePlugin]| {
+        let template = admit::template(&pool, &settings).expect("template");
+        let a = admit::admit(&pool, &template, &members, &[], plugins, &settings);
+        admit::render(&pool, &a).expect("render")
+    };
+    let plain = render(&example_plugins());
+    let mut isolated = example_plugins();
+    isolated[0].spec.isolation = Some(gantry_api::config::Isolation::Process);
+    let rendered = render(&isolated);
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&rendered.config.yaml).expect("config");
+    assert_eq!(
+        config.isolation.plugins,
+        BTreeMap::from([(
+            "llama_cpp".to_string(),
+            gantry_api::config::Isolation::Process
+        )])
+    );
+    assert!(!plain.config.yaml.contains("isolation"));
+    // Node-wide, opened once per plugin: on the pod template's hash, so the pods roll.
+    assert_ne!(rendered.pod_hash, plain.pod_hash);
+}
+
+#[test]
+fn the_pools_watermark_reaches_its_pods_and_decides_what_fits() {
+    let (mut pool, mut members) = example();
+    members.push(member("mid", "mid-model", "1500Mi", 3));
+    let settings = Settings::default();
+    let admit_all = |pool: &ModelPool| {
+        let template = admit::template(pool, &settings).expect("template");
+        admit::admit(
+            pool,
+            &template,
+            &members,
+            &[],
+            &example_plugins(),
+            &settings,
+        )
+    };
+    // 1500 MiB fits under 90 % of 2 GiB (1843 MiB) ...
+    let a = admit_all(&pool);
+    assert!(a.member("mid").is_some());
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
+            .expect("config");
+    assert_eq!(config.scheduler.memory_watermark_percent, 90);
+    // ... not under 70 % (1434 MiB), and the pods are told 70.
+    pool.spec.memory_watermark_percent = Some(70);
+    let a = admit_all(&pool);
+    let refused = a.refusal("mid").expect("refused");
+    assert_eq!(refused.reason, "DoesNotFit");
+    assert!(refused.message.contains("70 %"), "{}", refused.message);
+    let rendered = admit::render(&pool, &a).expect("render");
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&rendered.config.yaml).expect("config");
+    assert_eq!(config.scheduler.memory_watermark_percent, 70);
+    // A node-wide setting: on the pod template's hash, so the pods roll to read it.
+    let before = admit::render(&example().0, &admit_all(&example().0)).expect("render");
+    assert_ne!(rendered.pod_hash, before.pod_hash);
+    // Out of range: the pool is invalid.
+    pool.spec.memory_watermark_percent = Some(99 + 1);
+    let problems = admit::template(&pool, &settings).expect_err("invalid");
+    assert!(
+        gantry_operator::model::validate::message(&problems)
+            .contains("spec.memoryWatermarkPercent")
+    );
+}
