@@ -1,6 +1,7 @@
 -- Argo CD health check for gantry.dev/ModelPool (resource.customizations.health.gantry.dev_ModelPool).
--- Reads the Ready condition the operator writes (crd/src/conditions.rs, docs/operator.md):
+-- Reads the conditions the operator writes (crd/src/conditions.rs, docs/operator.md):
 --   status not yet for this generation       -> Progressing
+--   Degraded=True                            -> Degraded (PluginUpdateHalted, ProgressDeadlineExceeded)
 --   Ready=False, reason InvalidSpec/ApplyFailed -> Degraded
 --   Ready=False, reason NoMembers             -> Suspended (no Model names the pool; no pod runs)
 --   Ready=True, some member refused           -> Degraded (status.refused says which and why)
@@ -23,8 +24,15 @@ if generation ~= nil and observed ~= nil and observed < generation then
 end
 
 local ready = nil
+local degraded = nil
 for _, c in ipairs(obj.status.conditions) do
   if c.type == "Ready" then ready = c end
+  if c.type == "Degraded" then degraded = c end
+end
+if degraded ~= nil and degraded.status == "True" then
+  hs.status = "Degraded"
+  hs.message = (degraded.reason or "") .. ": " .. (degraded.message or "")
+  return hs
 end
 if ready == nil then
   hs.status = "Progressing"

@@ -107,6 +107,10 @@ POOL_CASES = [
     ("apply refused", pool(cond("Ready", "False", reason("APPLY_FAILED"))), "Degraded"),
     ("old generation", pool(cond("Ready", "True", reason("READY")), observed=1), "Progressing"),
     ("no status yet", {"metadata": {"name": "p", "generation": 1}}, "Progressing"),
+    ("plugin delivery under way", pool(cond("Ready", "True", reason("READY")), cond("Progressing", "True", reason("PLUGIN_UPDATING")),
+                                       cond("Degraded", "False", reason("AS_EXPECTED"))), "Healthy"),
+    ("plugin delivery halted", pool(cond("Ready", "True", reason("READY")), cond("Progressing", "False", reason("PLUGIN_UPDATE_HALTED")),
+                                    cond("Degraded", "True", reason("PLUGIN_UPDATE_HALTED"), "plugin llama-cpp halted on 1 pod")), "Degraded"),
 ]
 
 
@@ -116,6 +120,8 @@ def test_modelpool_health(name, obj, want):
     assert hs["status"] == want, hs
     if name == "a member refused":
         assert "big: DoesNotFit" in hs["message"], hs
+    if name == "plugin delivery halted":
+        assert hs["message"].startswith("PluginUpdateHalted: plugin llama-cpp halted"), hs
 
 
 def test_the_lua_runtime_is_lua_5_1():
