@@ -7,6 +7,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use gantry_operator::cli::{Cli, error_chain, init_logging, run_blocking};
 
+/// jemalloc, with the options `.cargo/config.toml` builds it with (`JEMALLOC_SYS_WITH_MALLOC_CONF`):
+/// a burst of reconciles or node answers leaves glibc's malloc holding its peak, where jemalloc
+/// hands the pages back a second later (docs/operator.md, "Memory").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();

@@ -131,8 +131,11 @@ impl Reports {
     }
 
     /// The cached answer of a pod, if it is for this pod (uid) at this IP.
-    fn cached(&self, f: &PodFacts) -> Option<Entry> {
-        self.lock().get(&f.pod).filter(|e| e.is_for(f)).cloned()
+    fn cached(&self, f: &PodFacts) -> Option<Result<NodeStatus, ReportError>> {
+        self.lock()
+            .get(&f.pod)
+            .filter(|e| e.is_for(f))
+            .map(|e| e.status.clone())
     }
 
     /// Ask the pod now (through `source`) and store the answer; true when what is stored
@@ -170,34 +173,35 @@ impl Reports {
         (changed, status)
     }
 
-    /// The answer of a ready pod for the autoscaler, with its number: the stored one when the
-    /// pod answered less than `max_age` ago and the answer is newer than the reader's last
-    /// (`after`, its number), else the pod is asked now through `source` (a change is noticed
-    /// for the poller to trigger). A pod that fails to answer gives its kept answer (see
-    /// [`FAILURES_KEPT`]); `None`: it has none.
-    pub async fn recent(
+    /// What `read` takes of a ready pod's answer, for the autoscaler, with the answer's
+    /// number: of the stored one when the pod answered less than `max_age` ago and the answer
+    /// is newer than the reader's last (`after`, its number), else the pod is asked now
+    /// through `source` (a change is noticed for the poller to trigger). A pod that fails to
+    /// answer gives its kept answer (see [`FAILURES_KEPT`]); `None`: it has none. `read` runs
+    /// under the cache's lock, so nothing of the answer is copied but what it takes.
+    pub async fn recent<R>(
         &self,
         source: &dyn NodeStatusSource,
         f: &PodFacts,
         max_age: Duration,
         after: u64,
-    ) -> Option<(u64, NodeStatus)> {
-        if let Some(e) = self.cached(f)
-            && e.fetched.elapsed() < max_age
-            && e.failures == 0
-            && e.seq > after
-        {
-            return e.status.ok().map(|s| (e.seq, s));
+        read: impl FnOnce(&NodeStatus) -> R,
+    ) -> Option<(u64, R)> {
+        let fresh = self.lock().get(&f.pod).is_some_and(|e| {
+            e.is_for(f) && e.fetched.elapsed() < max_age && e.failures == 0 && e.seq > after
+        });
+        if !fresh {
+            let (changed, _) = self.refresh(source, f).await;
+            if changed {
+                self.noticed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(f.clone());
+            }
         }
-        let (changed, _) = self.refresh(source, f).await;
-        if changed {
-            self.noticed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(f.clone());
-        }
-        let e = self.cached(f)?;
-        e.status.ok().map(|s| (e.seq, s))
+        let entries = self.lock();
+        let e = entries.get(&f.pod).filter(|e| e.is_for(f))?;
+        e.status.as_ref().ok().map(|s| (e.seq, read(s)))
     }
 
     /// The pods whose answer changed outside the poller since the last call.
@@ -218,7 +222,7 @@ impl Reports {
             .filter_map(|p| node_report::facts(p))
             .map(|f| async move {
                 let status = match self.cached(&f) {
-                    Some(e) => e.status,
+                    Some(status) => status,
                     None => self.refresh(self.source.as_ref(), &f).await.1,
                 };
                 NodeReport {

@@ -39,7 +39,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -47,7 +47,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use crate::model::applied::{applied_hash, owns_replicas};
+use crate::model::applied::{OWNS_REPLICAS, applied_hash, owns_replicas};
 use gantry_crd::Model;
 use gantry_crd::names::{API_GROUP, LABEL_MODEL, LABEL_NAME};
 
@@ -340,7 +340,7 @@ pub fn trim_deployment(d: &mut Deployment) {
         .filter(|e| owns_replicas(e))
         .map(|e| ManagedFieldsEntry {
             manager: e.manager.clone(),
-            fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:replicas": {}}}))),
+            operation: Some(OWNS_REPLICAS.to_string()),
             ..ManagedFieldsEntry::default()
         })
         .collect();

@@ -174,7 +174,8 @@ impl Autoscaler {
             let served = Some(valid.served_name.clone());
             targets.push(Target {
                 owner: Owner::Model(model),
-                valid,
+                uid: valid.uid.clone(),
+                policy: Policy::of(&valid),
                 deployment,
                 ready,
                 served,
@@ -234,7 +235,8 @@ impl Autoscaler {
             let ready = ready_pods(&pods, &valid);
             targets.push(Target {
                 owner: Owner::Pool(pool),
-                valid,
+                uid: valid.uid.clone(),
+                policy: Policy::of(&valid),
                 deployment,
                 ready,
                 served: None,
@@ -365,14 +367,14 @@ impl Autoscaler {
         let entry = self
             .histories
             .entry(t.owner.key())
-            .or_insert_with(|| (t.valid.uid.clone(), resume(stored, current)));
-        if entry.0 != t.valid.uid {
-            *entry = (t.valid.uid.clone(), resume(stored, current));
+            .or_insert_with(|| (t.uid.clone(), resume(stored, current)));
+        if entry.0 != t.uid {
+            *entry = (t.uid.clone(), resume(stored, current));
         }
-        let decision = entry.1.decide(&Policy::of(&t.valid), &obs);
+        let decision = entry.1.decide(&t.policy, &obs);
         let mut scaled = false;
         if decision.desired != current {
-            let ns = t.valid.namespace.clone();
+            let ns = t.deployment.namespace().unwrap_or_default();
             let name = t.deployment.name_any();
             let api = Api::<Deployment>::namespaced(self.client.clone(), &ns);
             match write::apply_replicas(&api, &name, decision.desired, &self.metrics, CONTROLLER)

@@ -32,30 +32,32 @@ pub(super) async fn fetch_loads(
         let (reports, source) = (reports.clone(), source.clone());
         let served = served.as_deref();
         async move {
-            let (seq, status) = reports.recent(source.as_ref(), f, max_age, *after).await?;
-            let load = match served {
-                Some(served) => {
-                    let entry = status.models.iter().find(|m| m.id == served)?;
-                    PodLoad::from_queue(&entry.queue)
-                }
-                None => {
-                    let mut sum = gantry_api::QueueStatus::default();
-                    for m in &status.models {
-                        sum.waiting += m.queue.waiting;
-                        sum.running += m.queue.running;
-                        sum.kv_used_tokens += m.queue.kv_used_tokens;
-                        sum.kv_capacity_tokens += m.queue.kv_capacity_tokens;
+            let read = |status: &gantry_api::NodeStatus| {
+                let load = match served {
+                    Some(served) => {
+                        let entry = status.models.iter().find(|m| m.id == served)?;
+                        PodLoad::from_queue(&entry.queue)
                     }
-                    PodLoad::from_queue(&sum)
-                }
-            };
-            Some((
-                seq,
-                PodAnswer {
+                    None => {
+                        let mut sum = gantry_api::QueueStatus::default();
+                        for m in &status.models {
+                            sum.waiting += m.queue.waiting;
+                            sum.running += m.queue.running;
+                            sum.kv_used_tokens += m.queue.kv_used_tokens;
+                            sum.kv_capacity_tokens += m.queue.kv_capacity_tokens;
+                        }
+                        PodLoad::from_queue(&sum)
+                    }
+                };
+                Some(PodAnswer {
                     load: load.with_devices(&status.devices),
-                    pressure_total: pressure_total(&status),
-                },
-            ))
+                    pressure_total: pressure_total(status),
+                })
+            };
+            let (seq, answer) = reports
+                .recent(source.as_ref(), f, max_age, *after, read)
+                .await?;
+            Some((seq, answer?))
         }
     }))
     .await

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::decide::Policy;
 use crate::model::validate::ValidModel;
 use crate::node_report::{PodFacts, facts};
 use gantry_crd::names::{ANNOTATION_SCALE_UP_REQUESTED, LABEL_MODEL, LABEL_NAME, NODE_APP_NAME};
@@ -75,7 +76,12 @@ pub(super) const POOL_KEY_PREFIX: &str = "ModelPool/";
 /// One Model (or pool) to look at this interval.
 pub(super) struct Target<'a> {
     pub(super) owner: Owner<'a>,
-    pub(super) valid: ValidModel,
+    /// The Model's (or pool's) uid: a history kept for another object of the same name is
+    /// started over.
+    pub(super) uid: String,
+    /// What the spec asks of the autoscaler. Only this is kept of the validated spec: a
+    /// thousand validated Models held through an interval's requests cost megabytes.
+    pub(super) policy: Policy,
     pub(super) deployment: &'a Deployment,
     /// Ready, reachable node pods: whom to ask.
     pub(super) ready: Vec<PodFacts>,

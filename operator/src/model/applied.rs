@@ -26,11 +26,18 @@ pub fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
         .any(|r| r.uid == uid && r.controller == Some(true))
 }
 
-/// Whether a managed-fields entry owns a Deployment's `spec.replicas`.
+/// The `operation` of a managed-fields entry as the Deployment store keeps it
+/// (`watch_cache::trim_deployment`): the manager owns `spec.replicas`, and its field set,
+/// three JSON maps per entry (1.5 MB at 1,000 Deployments), is not kept.
+pub const OWNS_REPLICAS: &str = "gantry.dev/owns-spec.replicas";
+
+/// Whether a managed-fields entry owns a Deployment's `spec.replicas`: its field set says so,
+/// or it is the store's trimmed form of such an entry.
 pub fn owns_replicas(e: &ManagedFieldsEntry) -> bool {
-    e.fields_v1
-        .as_ref()
-        .and_then(|f| f.0.get("f:spec"))
-        .and_then(|spec| spec.get("f:replicas"))
-        .is_some()
+    e.operation.as_deref() == Some(OWNS_REPLICAS)
+        || e.fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:spec"))
+            .and_then(|spec| spec.get("f:replicas"))
+            .is_some()
 }

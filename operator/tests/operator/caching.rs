@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::channel::mpsc;
+use gantry_api::NodeStatus;
 use gantry_crd::ModelStatus;
 use gantry_operator::watch_cache::{self, Kind, ModelRef, RecentWrites};
 use http::Method;
@@ -157,8 +158,28 @@ fn trimmed_objects_keep_what_the_reconcile_reads_and_nothing_else() {
     // Replica ownership survives (the hand-over check); the template and other managers go.
     assert_eq!(
         v["metadata"]["managedFields"],
-        json!([{"manager": "gantry-autoscaler", "fieldsV1": {"f:spec": {"f:replicas": {}}}}])
+        json!([{"manager": "gantry-autoscaler", "operation": "gantry.dev/owns-spec.replicas"}])
     );
+    // The trimmed entry still reads as the owner of the replicas.
+    assert!(!gantry_operator::model::apply::operator_alone_owns_replicas(&d));
+    let mut alone = live_deployment("8");
+    alone
+        .metadata
+        .managed_fields
+        .iter_mut()
+        .flatten()
+        .for_each(|e| {
+            if e.manager.as_deref() == Some("gantry-autoscaler") {
+                e.manager = Some("gantry-operator".into());
+            }
+        });
+    assert!(gantry_operator::model::apply::operator_alone_owns_replicas(
+        &alone
+    ));
+    watch_cache::trim_deployment(&mut alone);
+    assert!(gantry_operator::model::apply::operator_alone_owns_replicas(
+        &alone
+    ));
     assert!(v["spec"]["template"]["spec"]["containers"].is_null(), "{v}");
     assert_eq!(v["spec"]["replicas"], 1);
     assert_eq!(v["status"]["readyReplicas"], 1);
@@ -339,14 +360,14 @@ async fn a_pod_that_misses_two_status_requests_keeps_its_last_answer() {
     let facts = gantry_operator::node_report::facts(&pod).expect("reachable");
     let long = std::time::Duration::from_secs(60);
     let (first, status) = reports
-        .recent(source.as_ref(), &facts, long, 0)
+        .recent(source.as_ref(), &facts, long, 0, NodeStatus::clone)
         .await
         .expect("an answer");
     assert_eq!(status, answer);
     source.0.lock().expect("statuses").clear();
     for miss in 1..=2 {
         let (seq, kept) = reports
-            .recent(source.as_ref(), &facts, long, first)
+            .recent(source.as_ref(), &facts, long, first, NodeStatus::clone)
             .await
             .unwrap_or_else(|| panic!("miss {miss}: the last answer is kept"));
         assert_eq!((seq, &kept), (first, &answer), "miss {miss}");
@@ -355,7 +376,7 @@ async fn a_pod_that_misses_two_status_requests_keeps_its_last_answer() {
     }
     assert!(
         reports
-            .recent(source.as_ref(), &facts, long, first)
+            .recent(source.as_ref(), &facts, long, first, NodeStatus::clone)
             .await
             .is_none(),
         "the third miss in a row is shown"
