@@ -13,11 +13,12 @@ use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::node_pod::NodePod;
 use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
@@ -500,7 +501,7 @@ fn start_watches(
             trigger,
         ),
         spawn_watch(
-            Api::<Pod>::all(c.clone()),
+            Api::<NodePod>::all(c.clone()),
             node_pods,
             w.pods,
             Kind {

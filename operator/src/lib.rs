@@ -21,6 +21,7 @@ pub mod leader;
 pub mod malformed;
 pub mod metrics;
 pub mod model;
+pub mod node_pod;
 pub mod node_report;
 pub mod plugin;
 pub mod pool;

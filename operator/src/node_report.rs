@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::node_pod::NodePod;
 use futures::future::BoxFuture;
 use gantry_api::{CrashStatus, NODE_STATUS_PATH, NodeStatus};
-use k8s_openapi::api::core::v1::Pod;
 
 use gantry_api::node_token::{InstallToken, NODE_TOKEN_HEADER};
 use gantry_crd::names::{ANNOTATION_CONFIG_HASH, LABEL_MODEL};
@@ -192,7 +192,7 @@ pub fn crash_is_recent(c: &CrashStatus) -> bool {
 }
 
 /// Running pods with an IP; the others cannot answer yet.
-pub fn reachable(pod: &Pod) -> Option<&str> {
+pub fn reachable(pod: &NodePod) -> Option<&str> {
     let status = pod.status.as_ref()?;
     if status.phase.as_deref() != Some("Running") || pod.metadata.deletion_timestamp.is_some() {
         return None;
@@ -215,7 +215,7 @@ pub struct PodFacts {
 }
 
 /// The facts of a reachable pod; `None` while it cannot answer.
-pub fn facts(pod: &Pod) -> Option<PodFacts> {
+pub fn facts(pod: &NodePod) -> Option<PodFacts> {
     let ip = reachable(pod)?.to_string();
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();

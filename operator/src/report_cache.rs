@@ -25,10 +25,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::node_pod::NodePod;
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use gantry_api::NodeStatus;
-use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -216,7 +216,7 @@ impl Reports {
 
     /// The reports of `pods` (those that can answer), sorted by pod name: cached answers as
     /// they are, pods never asked (or at a new IP) asked now, concurrently.
-    pub async fn of(&self, pods: &[Arc<Pod>]) -> Vec<NodeReport> {
+    pub async fn of(&self, pods: &[Arc<NodePod>]) -> Vec<NodeReport> {
         let asks = pods
             .iter()
             .filter_map(|p| node_report::facts(p))
@@ -312,7 +312,7 @@ fn settled(model: &Model) -> bool {
 /// The pods due for a new answer now, with the interval of each.
 fn due(
     reports: &Reports,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<NodePod>],
     settled_models: &HashSet<(String, String)>,
     config: &PollConfig,
 ) -> Vec<PodFacts> {
@@ -342,7 +342,7 @@ fn due(
 /// gone (the controllers stopped). One pass per second looks for pods that are due.
 pub async fn poll(
     reports: Arc<Reports>,
-    pods: Store<Pod>,
+    pods: Store<NodePod>,
     models: Store<DeserializeGuard<Model>>,
     config: PollConfig,
     mut model_trigger: mpsc::Sender<ModelRef>,

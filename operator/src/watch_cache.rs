@@ -13,9 +13,9 @@
 //!   and only when the reconcile may have to write it (see `model::read`).
 //! - Deployments: spec and pod template dropped (only `spec.replicas` is read), status kept,
 //!   managed fields reduced to the managers that own `spec.replicas` (the hand-over check).
-//! - Node pods: of the spec only the names and images of init and ephemeral containers (the
-//!   plugin versions an in-place delivery compares), status cut to phase, pod IP, the Ready
-//!   condition and the ephemeral containers' states.
+//! - Node pods: read into [`NodePod`], which holds of the spec only the names and images of
+//!   init and ephemeral containers (the plugin versions an in-place delivery compares) and of
+//!   the status the phase, pod IP, the Ready condition and the ephemeral containers' states.
 //!
 //! Every watch is label-selected (`app.kubernetes.io/managed-by=gantry-operator`, node pods
 //! also `app.kubernetes.io/name=gantry-node`), so objects of other controllers never reach a
@@ -33,10 +33,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerStatus, EphemeralContainer, PersistentVolumeClaim, Pod,
-    PodCondition, PodSpec, PodStatus, Service,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
@@ -48,6 +45,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
 use crate::model::applied::{OWNS_REPLICAS, applied_hash, owns_replicas};
+use crate::node_pod::NodePod;
 use gantry_crd::Model;
 use gantry_crd::names::{API_GROUP, LABEL_MODEL, LABEL_NAME};
 
@@ -67,7 +65,7 @@ pub struct Caches {
     pub pvcs: Store<Meta<PersistentVolumeClaim>>,
     pub network_policies: Store<Meta<NetworkPolicy>>,
     pub deployments: Store<Deployment>,
-    pub pods: Store<Pod>,
+    pub pods: Store<NodePod>,
     /// Objects this operator wrote whose watch event has not arrived yet.
     pub recent: Arc<RecentWrites>,
 }
@@ -81,7 +79,7 @@ pub struct Writers {
     pub pvcs: Writer<Meta<PersistentVolumeClaim>>,
     pub network_policies: Writer<Meta<NetworkPolicy>>,
     pub deployments: Writer<Deployment>,
-    pub pods: Writer<Pod>,
+    pub pods: Writer<NodePod>,
 }
 
 /// Empty caches and their writers.
@@ -208,8 +206,8 @@ impl Caches {
     }
 
     /// The node pods of Model `ns/model`, sorted by name.
-    pub fn node_pods(&self, ns: &str, model: &str) -> Vec<Arc<Pod>> {
-        let mut pods: Vec<Arc<Pod>> = self
+    pub fn node_pods(&self, ns: &str, model: &str) -> Vec<Arc<NodePod>> {
+        let mut pods: Vec<Arc<NodePod>> = self
             .pods
             .state()
             .into_iter()
@@ -357,62 +355,14 @@ pub fn trim_deployment(d: &mut Deployment) {
     }
 }
 
-/// A node pod as the reconcile, the autoscaler and the report poller read it.
-pub fn trim_pod(p: &mut Pod) {
+/// A node pod as the reconcile, the autoscaler and the report poller read it: of what
+/// [`NodePod`] holds, the metadata trimmed and only the `Ready` condition.
+pub fn trim_pod(p: &mut NodePod) {
     trim_meta(&mut p.metadata);
     p.metadata.owner_references = None;
-    p.spec = p.spec.take().and_then(|s| {
-        let init: Vec<Container> = s
-            .init_containers
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
-                image: c.image,
-                ..Container::default()
-            })
-            .collect();
-        let ephemeral: Vec<EphemeralContainer> = s
-            .ephemeral_containers
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| EphemeralContainer {
-                name: c.name,
-                image: c.image,
-                ..EphemeralContainer::default()
-            })
-            .collect();
-        (!init.is_empty() || !ephemeral.is_empty()).then(|| PodSpec {
-            init_containers: (!init.is_empty()).then_some(init),
-            ephemeral_containers: (!ephemeral.is_empty()).then_some(ephemeral),
-            ..PodSpec::default()
-        })
-    });
-    p.status = p.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        pod_ip: s.pod_ip,
-        ephemeral_container_statuses: s.ephemeral_container_statuses.map(|cs| {
-            cs.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    image: c.image,
-                    state: c.state,
-                    ..ContainerStatus::default()
-                })
-                .collect()
-        }),
-        conditions: s.conditions.map(|cs| {
-            cs.into_iter()
-                .filter(|c| c.type_ == "Ready")
-                .map(|c| PodCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..PodCondition::default()
-                })
-                .collect()
-        }),
-        ..PodStatus::default()
-    });
+    if let Some(cs) = p.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        cs.retain(|c| c.type_ == "Ready");
+    }
 }
 
 /// Drop what no reader of a Model needs from the Model store: managed fields and the
@@ -440,7 +390,7 @@ pub fn owner_model<K: Resource>(obj: &K) -> Option<ModelRef> {
 }
 
 /// The Model a node pod serves, from its `gantry.dev/model` label.
-pub fn pod_model(pod: &Pod) -> Option<ModelRef> {
+pub fn pod_model(pod: &NodePod) -> Option<ModelRef> {
     let ns = pod.metadata.namespace.as_deref()?;
     let model = pod.labels().get(LABEL_MODEL)?;
     Some(ObjectRef::new(model).within(ns))

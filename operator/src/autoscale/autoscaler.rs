@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::node_pod::NodePod;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -139,7 +139,7 @@ impl Autoscaler {
     /// One interval over every Model: observe all (status fetches run concurrently), then
     /// decide and write Model by Model. A failed write is logged and counted; the other
     /// Models go on.
-    pub async fn tick<M: Borrow<Model>, D: Borrow<Deployment>, P: Borrow<Pod>>(
+    pub async fn tick<M: Borrow<Model>, D: Borrow<Deployment>, P: Borrow<NodePod>>(
         &mut self,
         models: &[M],
         deployments: &[D],
@@ -208,7 +208,7 @@ impl Autoscaler {
 
     /// One interval over every ModelPool with a Deployment, as [`Autoscaler::tick`] for
     /// Models: the load is every model's on each pod, plus the pods' memory pressure.
-    pub async fn tick_pools<D: Borrow<Deployment>, P: Borrow<Pod>>(
+    pub async fn tick_pools<D: Borrow<Deployment>, P: Borrow<NodePod>>(
         &mut self,
         pools: &[ModelPool],
         deployments: &[D],

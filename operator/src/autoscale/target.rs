@@ -6,8 +6,8 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use crate::node_pod::NodePod;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -97,7 +97,7 @@ pub(super) fn key(model: &Model) -> String {
     )
 }
 
-fn is_ready(pod: &Pod) -> bool {
+fn is_ready(pod: &NodePod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -119,9 +119,11 @@ pub(super) fn by_name<D: Borrow<Deployment>>(
 
 /// Node pods by namespace and the Model (or pool) they serve, from their labels: built once
 /// per interval, so finding a target's pods does not scan every pod.
-pub(super) fn by_model<P: Borrow<Pod>>(pods: &[P]) -> BTreeMap<(String, String), Vec<&Pod>> {
-    let mut out: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
-    for p in pods.iter().map(|p| -> &Pod { p.borrow() }) {
+pub(super) fn by_model<P: Borrow<NodePod>>(
+    pods: &[P],
+) -> BTreeMap<(String, String), Vec<&NodePod>> {
+    let mut out: BTreeMap<(String, String), Vec<&NodePod>> = BTreeMap::new();
+    for p in pods.iter().map(|p| -> &NodePod { p.borrow() }) {
         if p.labels().get(LABEL_NAME).map(String::as_str) != Some(NODE_APP_NAME) {
             continue;
         }
@@ -136,7 +138,7 @@ pub(super) fn by_model<P: Borrow<Pod>>(pods: &[P]) -> BTreeMap<(String, String),
 
 /// The ready, reachable node pods labelled for `valid` (a Model or a pool template).
 pub(super) fn ready_pods(
-    pods: &BTreeMap<(String, String), Vec<&Pod>>,
+    pods: &BTreeMap<(String, String), Vec<&NodePod>>,
     valid: &ValidModel,
 ) -> Vec<PodFacts> {
     pods.get(&(valid.namespace.clone(), valid.name.clone()))

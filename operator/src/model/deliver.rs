@@ -27,6 +27,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ContainerState, EphemeralContainer, Pod};
+
+use crate::node_pod::{ContainerImage, NodePod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -112,9 +114,9 @@ const STUCK: [&str; 5] = [
 ];
 
 /// The ephemeral containers of `pod` that delivered `slot`, in order: `{slot}-u{n}`.
-fn deliveries<'p>(pod: &'p Pod, slot: &str) -> Vec<(usize, &'p EphemeralContainer)> {
+fn deliveries<'p>(pod: &'p NodePod, slot: &str) -> Vec<(usize, &'p ContainerImage)> {
     let prefix = format!("{}-u", slot_prefix(slot));
-    let mut out: Vec<(usize, &EphemeralContainer)> = pod
+    let mut out: Vec<(usize, &ContainerImage)> = pod
         .spec
         .iter()
         .flat_map(|s| s.ephemeral_containers.iter().flatten())
@@ -136,7 +138,10 @@ fn slot_prefix(slot: &str) -> &str {
 /// What `pod` last received for `slot`: the image, the state of the delivery's container
 /// (`None`: the init container, or no status yet) and the delivery's number (0: the init
 /// container).
-fn current<'p>(pod: &'p Pod, slot: &str) -> Option<(&'p str, Option<&'p ContainerState>, usize)> {
+fn current<'p>(
+    pod: &'p NodePod,
+    slot: &str,
+) -> Option<(&'p str, Option<&'p ContainerState>, usize)> {
     if let Some((n, c)) = deliveries(pod, slot).last() {
         let state = pod
             .status
@@ -209,7 +214,7 @@ fn copy_running(state: Option<&ContainerState>) -> bool {
 
 /// Where `pod` stands with `plugin` at `image`, given its node's report as of `now`.
 pub fn pod_state(
-    pod: &Pod,
+    pod: &NodePod,
     slot: &str,
     plugin: &EnginePlugin,
     report: Option<&NodeReport>,
@@ -386,11 +391,11 @@ pub async fn deliver<'a>(
     namespace: &str,
     slots: &[Slot<'a>],
     template: &BTreeMap<String, String>,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<NodePod>],
     reports: &[NodeReport],
     ctx: &Context,
 ) -> Result<Vec<DeliveryProgress>, DeliverError> {
-    let current_template = |p: &Pod| {
+    let current_template = |p: &NodePod| {
         let a = p.annotations();
         TEMPLATE_KEYS
             .iter()

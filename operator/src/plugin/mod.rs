@@ -9,7 +9,7 @@ pub mod status;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::node_pod::NodePod;
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
@@ -82,7 +82,7 @@ pub async fn reconcile_plugin(plugin: &EnginePlugin, ctx: &Context) -> Result<Ac
 
     // Read: the node pods (any namespace) whose template mounts this plugin.
     let name = plugin.name_any();
-    let mut mounting: Vec<Arc<Pod>> = ctx
+    let mut mounting: Vec<Arc<NodePod>> = ctx
         .caches
         .pods
         .state()

@@ -11,10 +11,10 @@ use gantry_operator::autoscale::Autoscaler;
 use gantry_operator::autoscale::decide::reason;
 use gantry_operator::context::Settings;
 use gantry_operator::model::{build, resolve::resolve, validate::validate};
+use gantry_operator::node_pod::NodePod;
 use gantry_operator::node_report::FixedNodeStatus;
 use http::Method;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use crate::autoscale::{INTERVAL, at};
@@ -43,7 +43,7 @@ fn live_deployment(m: &Model, replicas: i32) -> Deployment {
     d
 }
 
-fn ready_pod(m: &Model, name: &str, ip: &str) -> Pod {
+fn ready_pod(m: &Model, name: &str, ip: &str) -> NodePod {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default",

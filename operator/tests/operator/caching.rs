@@ -9,10 +9,10 @@ use futures::StreamExt;
 use futures::channel::mpsc;
 use gantry_api::NodeStatus;
 use gantry_crd::ModelStatus;
+use gantry_operator::node_pod::NodePod;
 use gantry_operator::watch_cache::{self, Kind, ModelRef, RecentWrites};
 use http::Method;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
@@ -49,7 +49,7 @@ fn deployment_kind() -> Kind<Deployment> {
     }
 }
 
-fn pod_kind() -> Kind<Pod> {
+fn pod_kind() -> Kind<NodePod> {
     Kind {
         name: "Pod",
         trim: watch_cache::trim_pod,
@@ -124,7 +124,7 @@ async fn a_deployment_change_wakes_its_model_only_when_the_reconcile_reads_it() 
 async fn a_relist_after_a_broken_watch_wakes_the_models_of_what_changed_or_vanished() {
     let m = example_model();
     let o = desired(&m, &example_plugins(), Some("gemma3"));
-    let pod = |name: &str, phase: &str| -> Pod {
+    let pod = |name: &str, phase: &str| -> NodePod {
         let mut p = running_pod(&m, &o);
         p["metadata"]["name"] = json!(name);
         p["metadata"]["uid"] = json!(format!("uid-{name}"));
@@ -191,7 +191,7 @@ fn trimmed_objects_keep_what_the_reconcile_reads_and_nothing_else() {
 
     let m = example_model();
     let o = desired(&m, &example_plugins(), Some("gemma3"));
-    let mut p: Pod = serde_json::from_value(running_pod(&m, &o)).expect("pod");
+    let mut p: NodePod = serde_json::from_value(running_pod(&m, &o)).expect("pod");
     p.metadata.annotations.get_or_insert_default().insert(
         "kubectl.kubernetes.io/restartedAt".into(),
         "2026-01-01T00:00:00Z".into(),
@@ -314,7 +314,7 @@ async fn a_status_only_change_of_the_deployment_costs_one_status_patch() {
 /// must go on once it lists, whichever waited first (kube's own wait wakes only the last).
 #[tokio::test]
 async fn every_task_waiting_for_a_store_goes_on_once_it_lists() {
-    let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+    let (store, mut writer) = kube::runtime::reflector::store::<NodePod>();
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let store = store.clone();
@@ -324,7 +324,7 @@ async fn every_task_waiting_for_a_store_goes_on_once_it_lists() {
     // Let every waiter register before the list ends.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     writer.apply_watcher_event(&Event::Init);
-    let pod: Pod =
+    let pod: NodePod =
         serde_json::from_value(json!({"metadata": {"name": "a", "namespace": "default"}}))
             .expect("pod");
     writer.apply_watcher_event(&Event::InitApply(pod));
@@ -352,7 +352,7 @@ async fn a_pod_that_misses_two_status_requests_keeps_its_last_answer() {
         BTreeMap::from([("10.0.0.5".to_string(), answer.clone())]),
     )));
     let reports = Reports::new(source.clone());
-    let pod: Pod = serde_json::from_value(json!({
+    let pod: NodePod = serde_json::from_value(json!({
         "metadata": {"name": "x-1", "namespace": "default", "uid": "u-1",
                      "labels": {"gantry.dev/model": "x"}},
         "status": {"phase": "Running", "podIP": "10.0.0.5"}}))
@@ -383,4 +383,88 @@ async fn a_pod_that_misses_two_status_requests_keeps_its_last_answer() {
     );
     let seen = reports.of(&[Arc::new(pod)]).await;
     assert!(seen[0].status.is_err());
+}
+
+/// The pod store reads pods as the API server sends them into `NodePod`: what the reconcile,
+/// the autoscaler and deliveries read arrives under the API's field names, the rest is never
+/// held, and the trimmed pod keeps only the `Ready` condition.
+#[test]
+fn a_node_pod_is_read_from_a_full_pod_document() {
+    let full = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gemma-node-0", "namespace": "default", "uid": "u-9",
+                     "labels": {"gantry.dev/model": "gemma", "app.kubernetes.io/name": "gantry-node",
+                                "pod-template-hash": "abc"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                          "uid": "u-rs", "controller": true}]},
+        "spec": {
+            "containers": [{"name": "node", "image": "gantry/node:1", "args": ["serve"],
+                            "resources": {"limits": {"memory": "4Gi"}},
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}}}],
+            "initContainers": [{"name": "plugin-llama-cpp", "image": "gantry/engine-llama-cpp:0.2",
+                                "command": ["/copy"], "volumeMounts": [{"name": "engines", "mountPath": "/e"}]}],
+            "ephemeralContainers": [{"name": "plugin-llama-cpp-u1", "image": "gantry/engine-llama-cpp:0.3",
+                                     "targetContainerName": "node"}],
+            "volumes": [{"name": "engines", "emptyDir": {}}],
+            "nodeName": "n1", "serviceAccountName": "gantry-node"
+        },
+        "status": {
+            "phase": "Running", "podIP": "10.0.0.9", "hostIP": "192.168.0.2",
+            "podIPs": [{"ip": "10.0.0.9"}],
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Initialized", "status": "True"},
+                           {"type": "Ready", "status": "True", "lastProbeTime": null,
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            "containerStatuses": [{"name": "node", "image": "gantry/node:1", "imageID": "x", "ready": true,
+                                   "restartCount": 0, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+            "ephemeralContainerStatuses": [{"name": "plugin-llama-cpp-u1", "image": "gantry/engine-llama-cpp:0.3",
+                                            "imageID": "y", "ready": false, "restartCount": 0,
+                                            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]
+        }
+    });
+    let mut pod: NodePod = serde_json::from_value(full).expect("a pod reads as a NodePod");
+    let facts = gantry_operator::node_report::facts(&pod).expect("running with an IP");
+    assert_eq!(facts.ip, "10.0.0.9");
+    assert_eq!(facts.model, "gemma");
+    let spec = pod.spec.as_ref().expect("spec");
+    let init = spec.init_containers.as_ref().expect("init containers");
+    assert_eq!(init[0].name, "plugin-llama-cpp");
+    assert_eq!(
+        init[0].image.as_deref(),
+        Some("gantry/engine-llama-cpp:0.2")
+    );
+    let eph = spec
+        .ephemeral_containers
+        .as_ref()
+        .expect("ephemeral containers");
+    assert_eq!(eph[0].image.as_deref(), Some("gantry/engine-llama-cpp:0.3"));
+    let status = pod.status.as_ref().expect("status");
+    let run = &status
+        .ephemeral_container_statuses
+        .as_ref()
+        .expect("states")[0];
+    assert_eq!(
+        run.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code),
+        Some(0)
+    );
+    watch_cache::trim_pod(&mut pod);
+    let v = serde_json::to_value(&pod).expect("json");
+    assert_eq!(
+        v["status"],
+        json!({"phase": "Running", "podIP": "10.0.0.9",
+               "conditions": [{"type": "Ready", "status": "True"}],
+               "ephemeralContainerStatuses": [{"name": "plugin-llama-cpp-u1",
+                                               "image": "gantry/engine-llama-cpp:0.3",
+                                               "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]})
+    );
+    assert_eq!(
+        v["spec"],
+        json!({"initContainers": [{"name": "plugin-llama-cpp", "image": "gantry/engine-llama-cpp:0.2"}],
+               "ephemeralContainers": [{"name": "plugin-llama-cpp-u1", "image": "gantry/engine-llama-cpp:0.3"}]})
+    );
+    assert!(v["metadata"]["ownerReferences"].is_null());
+    assert!(v["metadata"]["labels"]["pod-template-hash"].is_null());
 }

@@ -25,7 +25,7 @@ fn only_a_refusal_after_the_copy_finished_halts_a_delivery() {
     };
     let u1 = format!("{SLOT}-u1");
     let state_of = |pod_state_json: Value, refused_secs_ago: u64| {
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(node_pod(
+        let pod: gantry_operator::node_pod::NodePod = serde_json::from_value(node_pod(
             &live,
             "aaaaa",
             POD_IPS[0],
@@ -84,7 +84,7 @@ fn a_copy_sent_moments_ago_is_in_flight_whatever_the_cache_still_shows() {
     use gantry_operator::model::deliver::pod_state;
     let pulling =
         json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}});
-    let pod: k8s_openapi::api::core::v1::Pod =
+    let pod: gantry_operator::node_pod::NodePod =
         serde_json::from_value(two_pods([Some(pulling), None]).remove(0)).expect("pod");
     let plugins = plugins_at("0.2.0");
     let t0 = crate::support::t0();
@@ -105,7 +105,7 @@ fn no_copy_joins_one_on_its_way_nor_a_starting_pod_and_a_copy_is_done_only_once_
     let pod_with = |copy: Value, phase: &str| {
         let mut v = two_pods([Some(copy), None]).remove(0);
         v["status"]["phase"] = json!(phase);
-        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(v).expect("pod")
+        serde_json::from_value::<gantry_operator::node_pod::NodePod>(v).expect("pod")
     };
     let node_at = |version: &str, update| gantry_operator::node_report::NodeReport {
         pod: "default/gemma-3-270m-7c9d-aaaaa".into(),

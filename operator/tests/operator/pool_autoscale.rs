@@ -56,7 +56,7 @@ fn ready_pool_pod(
     o: &gantry_operator::model::build::OwnedObjects,
     name: &str,
     ip: &str,
-) -> k8s_openapi::api::core::v1::Pod {
+) -> gantry_operator::node_pod::NodePod {
     let mut pod = pool_pod(o);
     pod["metadata"]["name"] = json!(name);
     pod["status"] = json!({"phase": "Running", "podIP": ip,
