@@ -245,14 +245,15 @@ impl Reports {
     /// Answers held and their serialized JSON size (the `gantry_operator_cache_*` gauges).
     pub fn footprint(&self) -> (usize, usize) {
         let entries = self.lock();
-        let bytes = entries
+        let answers = crate::watch_cache::serialized_size(
+            entries.values().filter_map(|e| e.status.as_ref().ok()),
+        );
+        let failures: usize = entries
             .values()
-            .map(|e| match &e.status {
-                Ok(s) => serde_json::to_vec(s).map_or(0, |v| v.len()),
-                Err(e) => e.to_string().len(),
-            })
+            .filter_map(|e| e.status.as_ref().err())
+            .map(|e| e.to_string().len())
             .sum();
-        (entries.len(), bytes)
+        (entries.len(), answers + failures)
     }
 
     /// Pods in the cache.
@@ -381,8 +382,11 @@ pub async fn poll(
             .map(|f| {
                 let reports = reports.clone();
                 async move {
-                    let source = reports.source.clone();
-                    reports.refresh(source.as_ref(), &f).await.0.then_some(f)
+                    reports
+                        .refresh(reports.source.as_ref(), &f)
+                        .await
+                        .0
+                        .then_some(f)
                 }
             })
             .buffer_unordered(config.concurrency.max(1))
