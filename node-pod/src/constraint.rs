@@ -19,7 +19,9 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 
+mod digits;
 mod matcher;
+use digits::{DigitTokens, FractionBound};
 pub use matcher::Constraint;
 
 use crate::engine_host::ModelShared;
@@ -72,6 +74,7 @@ fn to_grammar(spec: &GrammarSpec) -> Result<TopLevelGrammar, String> {
 /// A model's compiled vocabulary: compiles grammars into matchers.
 pub struct Compiler {
     factory: ParserFactory,
+    digits: Arc<DigitTokens>,
 }
 
 impl Compiler {
@@ -111,6 +114,7 @@ impl Compiler {
             .chain(std::iter::once(&eos))
             .map(|&t| t as u32)
             .collect();
+        let digits = Arc::new(DigitTokens::new(&words));
         let trie = TokTrie::from(&TokRxInfo::new(vocab, eos as u32), &words).with_eos_tokens(&eog);
         // Gantry only asks for masks and feeds sampled tokens, so llguidance never needs the
         // model's real tokenizer; its greedy trie tokenizer covers what it tokenizes itself,
@@ -118,7 +122,7 @@ impl Compiler {
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self { factory, digits })
     }
 
     /// Compile one request's grammar; a grammar llguidance refuses (a malformed schema, an
@@ -140,7 +144,16 @@ impl Compiler {
         if let Some(e) = matcher.get_error() {
             return Err(refuse(e));
         }
-        Ok(Constraint::new(matcher))
+        // The fraction bound reads the output as JSON: only a schema's output is.
+        let bound = match (&req.spec, req.fraction_digits) {
+            (GrammarSpec::JsonSchema(_), Some(limit)) => Some(FractionBound::new(
+                limit,
+                self.digits.clone(),
+                self.factory.tok_env().clone(),
+            )),
+            _ => None,
+        };
+        Ok(Constraint::new(matcher, bound))
     }
 }
 

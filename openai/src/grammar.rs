@@ -23,5 +23,13 @@ pub enum GrammarSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConstraintRequest {
     pub spec: GrammarSpec,
+    /// At most this many digits after a number's decimal point, where a strict schema asks
+    /// for JSON (`validate/structured/strict.rs`). JSON Schema cannot say it (`multipleOf`
+    /// still admits trailing zeros), so the node's constraint enforces it on the mask.
+    pub fraction_digits: Option<u32>,
     pub field: String,
 }
+
+/// The fraction digits a strict schema's numbers may have: as many as the integer digits
+/// I-JSON allows (2^53 - 1 has 16), enough for any value an f64 holds near 1.
+pub const STRICT_FRACTION_DIGITS: u32 = 16;

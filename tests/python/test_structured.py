@@ -683,6 +683,21 @@ def test_vllm_extras_constrain_the_whole_output(client, model, extra, check):
     assert check(text), text
 
 
+def test_a_grammar_output_that_contains_the_end_of_turn_marker_is_not_cut(client):
+    """Gemma runs through the default ChatML template, whose `<|im_end|>` ends a plain reply
+    even when written as text. Under a grammar that text is part of the output (here forced
+    into it, as a 270M model once wrote it inside a tool call's string argument): the reply
+    must be the grammar's whole output, not the part before the marker."""
+    marked = "done<|im_end|>really"
+    for extra in ({"guided_choice": [marked]},
+                  {"guided_json": {"type": "object", "properties": {"s": {"const": marked}}, "required": ["s"]}}):
+        r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Answer."}],
+                                           max_tokens=48, temperature=0, extra_body=extra)
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", (extra, r.choices[0])
+        assert marked in text, (extra, text)
+
+
 # --- refusals ----------------------------------------------------------------------------------
 
 def chat(**kw):

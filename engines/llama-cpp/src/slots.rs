@@ -48,10 +48,11 @@ const SHARE_MIN_TAIL: usize = 32;
 /// sequence takes the free slot whose cached tokens share the longest prefix
 /// with its first prompt chunk and skips those tokens. When that prefix is only
 /// part of the warm slot's cells and an empty slot is free, the sequence takes
-/// the empty slot with the prefix's cells shared into it (llama.cpp's unified
-/// cache lets cells belong to several sequences), so the warm slot keeps its
-/// whole history for the sequence that continues it. Warm cells are evicted
-/// whenever the cache is full, so a release still gives its capacity back.
+/// the empty slot with the warm slot's cells copied into it and cut after the
+/// prefix (each slot has a KV stream of its own, and llama.cpp copies between
+/// streams whole), so the warm slot keeps its whole history for the sequence
+/// that continues it. Warm cells are evicted whenever the cache is full, so a
+/// release still gives its capacity back.
 pub(crate) struct Exec {
     pub(crate) ctx: ManuallyDrop<LlamaContext<'static>>,
     pub(crate) batch: LlamaBatch<'static>,
@@ -99,9 +100,8 @@ impl Exec {
         if keep_last && reuse == tokens.len() {
             reuse -= 1;
         }
-        // A sliding-window cache hands the cells that fell out of a sequence's window to
-        // other sequences (warm slots included), oldest first, so a warm slot may have lost
-        // its first cells. The prefix is still usable when the window its next token
+        // A sliding-window cache gives the cells that fell out of a sequence's window to its
+        // later tokens, oldest first, so a warm slot may have lost its first cells. The prefix is still usable when the window its next token
         // attends to lies above them: always for a continuation of the slot's whole history
         // (the cells inside the window of its next position are never handed out), and, as
         // llama-server decides, when the first cell left is below `reuse - n_swa`. Otherwise
@@ -120,7 +120,9 @@ impl Exec {
             let empty = self.free_slots[e].id;
             if self
                 .ctx
-                .copy_kv_cache_seq(slot.id, empty, Some(0), Some(reuse as u32))
+                // The whole stream: llama.cpp copies nothing less between streams. The cut
+                // below drops what the prefix does not cover.
+                .copy_kv_cache_seq(slot.id, empty, None, None)
                 .is_ok()
             {
                 let warm = std::mem::replace(&mut slot, self.free_slots.swap_remove(e));

@@ -6,10 +6,14 @@ use std::time::Instant;
 
 use llguidance::Matcher;
 
+use super::FractionBound;
+
 /// One request's grammar state: the scheduler asks it for the next mask and tells it each
 /// sampled token.
 pub struct Constraint {
     matcher: Matcher,
+    /// A strict schema's bound on a number's fraction digits (`digits.rs`).
+    bound: Option<FractionBound>,
     mask: Vec<u32>,
 }
 
@@ -22,9 +26,10 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    pub(super) fn new(matcher: Matcher) -> Self {
+    pub(super) fn new(matcher: Matcher, bound: Option<FractionBound>) -> Self {
         Self {
             matcher,
+            bound,
             mask: Vec::new(),
         }
     }
@@ -41,6 +46,9 @@ impl gantry_scheduler::Grammar for Constraint {
             .map_err(|e| format!("grammar: {e}"))?;
         self.mask.clear();
         self.mask.extend_from_slice(vob.as_slice());
+        if let Some(bound) = &mut self.bound {
+            bound.restrict(&mut self.mask);
+        }
         if self.mask.iter().all(|&w| w == 0) {
             return Err("grammar: no token can continue the output".into());
         }
@@ -56,7 +64,11 @@ impl gantry_scheduler::Grammar for Constraint {
     fn consume(&mut self, token: i32) -> Result<(), String> {
         self.matcher
             .consume_token(token as u32)
-            .map_err(|e| format!("grammar: {e}"))
+            .map_err(|e| format!("grammar: {e}"))?;
+        if let Some(bound) = &mut self.bound {
+            bound.consume(token as u32);
+        }
+        Ok(())
     }
 
     /// Whether the grammar is complete: nothing but the end of generation may follow.

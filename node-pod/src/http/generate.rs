@@ -45,7 +45,10 @@ pub async fn chat(state: AppState, body: Bytes) -> Response {
         let prompt = ready.tokenizer.encode_chat(&text, ready.shared.info())?;
         // The template's end-of-turn marker ends the reply even when the model writes it as
         // text rather than as its end-of-generation token (hidden, like any stop sequence).
+        // Not under a grammar: there the marker is text inside the output (a JSON string, say),
+        // cutting it there would break the output, and the grammar's end is the reply's end.
         if let Some(marker) = ready.template.end_of_turn()
+            && valid.params.constraint.is_none()
             && !valid.params.stop.iter().any(|s| s == marker)
         {
             valid.params.stop.push(marker.to_string());

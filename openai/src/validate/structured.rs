@@ -9,7 +9,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::grammar::{ConstraintRequest, GrammarSpec};
+use crate::grammar::{ConstraintRequest, GrammarSpec, STRICT_FRACTION_DIGITS};
 
 mod strict;
 pub use strict::close_objects;
@@ -65,6 +65,7 @@ fn response_format(v: Option<&Value>) -> Result<Option<ConstraintRequest>, ApiEr
         "text" => Ok(None),
         "json_object" => Ok(Some(ConstraintRequest {
             spec: GrammarSpec::JsonObject,
+            fraction_digits: None,
             field: "response_format".into(),
         })),
         "json_schema" => {
@@ -110,11 +111,13 @@ fn response_format(v: Option<&Value>) -> Result<Option<ConstraintRequest>, ApiEr
             check_schema_shape(&schema, field)?;
             let mut schema = schema;
             // Strict unless the request says `strict: false` (see `strict.rs`).
-            if js.get("strict") != Some(&Value::Bool(false)) {
+            let strict = js.get("strict") != Some(&Value::Bool(false));
+            if strict {
                 close_objects(&mut schema);
             }
             Ok(Some(ConstraintRequest {
                 spec: GrammarSpec::JsonSchema(schema),
+                fraction_digits: strict.then_some(STRICT_FRACTION_DIGITS),
                 field: field.into(),
             }))
         }
@@ -304,15 +307,25 @@ fn extra(field: &str, v: &Value) -> Result<ConstraintRequest, ApiError> {
         }
     };
     Ok(ConstraintRequest {
+        // The vLLM-style JSON extras are always strict (see `strict.rs`).
+        fraction_digits: matches!(spec, GrammarSpec::JsonSchema(_))
+            .then_some(STRICT_FRACTION_DIGITS),
         spec,
         field: field.into(),
     })
 }
 
+/// A declared tool: its name, its parameter schema (closed when strict) and whether it is
+/// strict (unless `strict: false`).
+struct Tool {
+    name: String,
+    params: Value,
+    strict: bool,
+}
+
 /// `tools`: each `{"type": "function", "function": {"name", "description"?, "parameters"?}}`.
-/// Returns each tool's name and parameter schema.
-fn tools(sent: Option<&[Value]>) -> Result<Vec<(String, Value)>, ApiError> {
-    let mut out: Vec<(String, Value)> = Vec::new();
+fn tools(sent: Option<&[Value]>) -> Result<Vec<Tool>, ApiError> {
+    let mut out: Vec<Tool> = Vec::new();
     for (i, t) in sent.unwrap_or_default().iter().enumerate() {
         let kind = t.get("type").and_then(Value::as_str);
         if kind != Some("function") {
@@ -341,7 +354,7 @@ fn tools(sent: Option<&[Value]>) -> Result<Vec<(String, Value)>, ApiError> {
                 ));
             }
         };
-        if out.iter().any(|(n, _)| *n == name) {
+        if out.iter().any(|t| t.name == name) {
             return Err(invalid(
                 format!("tools[{i}].function.name"),
                 format!(
@@ -362,24 +375,31 @@ fn tools(sent: Option<&[Value]>) -> Result<Vec<(String, Value)>, ApiError> {
         };
         check_schema_shape(&params, &field)?;
         let mut params = params;
-        match f.get("strict") {
+        let strict = match f.get("strict") {
             // Strict unless the tool says `strict: false` (see `strict.rs`).
-            None | Some(Value::Null) | Some(Value::Bool(true)) => close_objects(&mut params),
-            Some(Value::Bool(false)) => {}
+            None | Some(Value::Null) | Some(Value::Bool(true)) => {
+                close_objects(&mut params);
+                true
+            }
+            Some(Value::Bool(false)) => false,
             Some(_) => {
                 return Err(invalid(
                     format!("tools[{i}].function.strict"),
                     format!("`tools[{i}].function.strict` must be a boolean"),
                 ));
             }
-        }
-        out.push((name, params));
+        };
+        out.push(Tool {
+            name,
+            params,
+            strict,
+        });
     }
     Ok(out)
 }
 
 /// `tool_choice` against the tools sent.
-fn tool_choice(choice: Option<&Value>, names: &[(String, Value)]) -> Result<ToolMode, ApiError> {
+fn tool_choice(choice: Option<&Value>, names: &[Tool]) -> Result<ToolMode, ApiError> {
     let field = "tool_choice";
     let mode = match choice.filter(|v| !v.is_null()) {
         None if names.is_empty() => ToolMode::Off,
@@ -421,13 +441,13 @@ fn tool_choice(choice: Option<&Value>, names: &[(String, Value)]) -> Result<Tool
             field,
             "`tool_choice` is \"required\", but the request has no `tools`",
         )),
-        ToolMode::Named(n) if !names.iter().any(|(t, _)| t == n) => Err(invalid(
+        ToolMode::Named(n) if !names.iter().any(|t| t.name == *n) => Err(invalid(
             field,
             format!(
                 "`tool_choice` names the function {n:?}, which is not in `tools` ({})",
                 names
                     .iter()
-                    .map(|(t, _)| t.as_str())
+                    .map(|t| t.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -439,12 +459,12 @@ fn tool_choice(choice: Option<&Value>, names: &[(String, Value)]) -> Result<Tool
 /// The schema of Gantry's forced-call format, `[{"name": ..., "arguments": {...}}, ...]`:
 /// one alternative per tool, each tool's `$defs` moved to the root under a prefix so its
 /// references still resolve.
-fn calls_schema(tools: &[(String, Value)], parallel: bool) -> Value {
+fn calls_schema(tools: &[Tool], parallel: bool) -> Value {
     let mut defs = Map::new();
     let alternatives: Vec<Value> = tools
         .iter()
         .enumerate()
-        .map(|(i, (name, params))| {
+        .map(|(i, Tool { name, params, .. })| {
             let mut params = params.clone();
             hoist_defs(&mut params, &format!("t{i}_"), &mut defs);
             json!({
@@ -531,15 +551,16 @@ pub fn chat_output(
     }
     let declared = tools(tools_v)?;
     let mode = tool_choice(tool_choice_v, &declared)?;
+    // A forced call is strict when every tool it may call is (see `strict.rs`).
     let forced = match &mode {
         ToolMode::Named(n) => declared
             .iter()
-            .find(|(t, _)| t == n)
-            .map(|(_, params)| GrammarSpec::JsonSchema(params.clone())),
-        ToolMode::Required => Some(GrammarSpec::JsonSchema(calls_schema(
-            &declared,
-            parallel_tool_calls.unwrap_or(true),
-        ))),
+            .find(|t| t.name == *n)
+            .map(|t| (GrammarSpec::JsonSchema(t.params.clone()), t.strict)),
+        ToolMode::Required => Some((
+            GrammarSpec::JsonSchema(calls_schema(&declared, parallel_tool_calls.unwrap_or(true))),
+            declared.iter().all(|t| t.strict),
+        )),
         ToolMode::Off | ToolMode::Auto => None,
     };
     let constraint = match (forced, format.or(extra)) {
@@ -552,11 +573,12 @@ pub fn chat_output(
                 ),
             ));
         }
-        (Some(spec), None) => Some(ConstraintRequest {
+        (Some((spec, strict)), None) => Some(ConstraintRequest {
             spec,
+            fraction_digits: strict.then_some(STRICT_FRACTION_DIGITS),
             field: match &mode {
                 ToolMode::Named(n) => {
-                    let i = declared.iter().position(|(t, _)| t == n).unwrap_or(0);
+                    let i = declared.iter().position(|t| t.name == *n).unwrap_or(0);
                     format!("tools[{i}].function.parameters")
                 }
                 _ => "tools".into(),

@@ -6,8 +6,10 @@
 //! after another, until `max_tokens`. So, as OpenAI's strict function calling and xgrammar's
 //! strict mode do, every object a schema describes is closed unless the schema itself says how
 //! other keys are treated (`additionalProperties` or `unevaluatedProperties`, true or a
-//! schema). An integer without bounds gets I-JSON's (RFC 7493): within ±(2^53 - 1), at most 16
-//! digits, where a grammar would otherwise admit a digit run of any length. A request opts out
+//! schema). A number or integer without bounds gets I-JSON's (RFC 7493): within ±(2^53 - 1), at
+//! most 16 integer digits and no exponent, where a grammar would otherwise admit a digit run of
+//! any length; the digits after a decimal point are bounded by the node's mask instead
+//! (`ConstraintRequest::fraction_digits`: JSON Schema has no way to say it). A request opts out
 //! per schema with `strict: false` (`response_format.json_schema`, `tools[].function`), which
 //! keeps the permissive reading.
 
@@ -34,11 +36,12 @@ pub fn close_objects(schema: &mut Value) {
 /// The largest integer an I-JSON number holds exactly (2^53 - 1).
 const SAFE_INTEGER: i64 = 9_007_199_254_740_991;
 
-/// Whether `obj` describes an integer (alone or among its types).
-fn is_integer_schema(obj: &Map<String, Value>) -> bool {
+/// Whether `obj` describes a number or an integer (alone or among its types).
+fn is_numeric_schema(obj: &Map<String, Value>) -> bool {
+    let numeric = |t: &Value| t == "integer" || t == "number";
     match obj.get("type") {
-        Some(Value::String(t)) => t == "integer",
-        Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+        Some(t @ Value::String(_)) => numeric(t),
+        Some(Value::Array(ts)) => ts.iter().any(numeric),
         _ => false,
     }
 }
@@ -47,7 +50,7 @@ fn close(schema: &mut Value, this_level: bool) {
     let Some(obj) = schema.as_object_mut() else {
         return;
     };
-    if is_integer_schema(obj) {
+    if is_numeric_schema(obj) {
         if !obj.contains_key("minimum") && !obj.contains_key("exclusiveMinimum") {
             obj.insert("minimum".into(), json!(-SAFE_INTEGER));
         }
@@ -153,12 +156,14 @@ mod tests {
     }
 
     #[test]
-    fn integers_without_bounds_get_i_json_bounds_and_said_bounds_stay() {
+    fn numbers_without_bounds_get_i_json_bounds_and_said_bounds_stay() {
         let mut s = json!({"properties": {
             "n": {"type": "integer"},
             "m": {"type": ["integer", "null"], "minimum": 0},
             "x": {"type": "integer", "exclusiveMaximum": 10},
-            "f": {"type": "number"}
+            "f": {"type": "number"},
+            "g": {"type": ["number", "string"], "exclusiveMinimum": 0},
+            "s": {"type": "string"}
         }});
         close_objects(&mut s);
         assert_eq!(
@@ -176,10 +181,19 @@ mod tests {
         );
         assert_eq!(s.pointer("/properties/x/maximum"), None);
         assert_eq!(
-            s.pointer("/properties/f/maximum"),
-            None,
-            "floats are not bounded"
+            s.pointer("/properties/f/minimum"),
+            Some(&json!(-SAFE_INTEGER))
         );
+        assert_eq!(
+            s.pointer("/properties/f/maximum"),
+            Some(&json!(SAFE_INTEGER))
+        );
+        assert_eq!(s.pointer("/properties/g/minimum"), None, "said: kept");
+        assert_eq!(
+            s.pointer("/properties/g/maximum"),
+            Some(&json!(SAFE_INTEGER))
+        );
+        assert_eq!(s.pointer("/properties/s/maximum"), None, "not a number");
     }
 
     #[test]

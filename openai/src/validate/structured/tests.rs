@@ -221,3 +221,56 @@ fn schemas_are_strict_unless_the_request_says_strict_false() {
     let open = json!({"type": "object", "additionalProperties": true});
     assert_eq!(x(&open)["additionalProperties"], json!(true));
 }
+
+#[test]
+fn strict_constraints_bound_fraction_digits_and_permissive_ones_do_not() {
+    let schema = json!({"type": "object", "properties": {"x": {"type": "number"}}});
+    let digits = |o: OutputSpec| o.constraint.expect("constrained").fraction_digits;
+    let strict = Some(STRICT_FRACTION_DIGITS);
+    let rf = |strict: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}});
+    let x = Extras::default();
+    assert_eq!(
+        digits(chat_output(Some(&rf(Value::Null)), &x, None, None, None).expect("ok")),
+        strict
+    );
+    assert_eq!(
+        digits(chat_output(Some(&rf(json!(false))), &x, None, None, None).expect("ok")),
+        None
+    );
+    let json_object = json!({"type": "json_object"});
+    assert_eq!(
+        digits(chat_output(Some(&json_object), &x, None, None, None).expect("ok")),
+        None,
+        "any JSON: no schema to be strict about"
+    );
+    // A forced call is strict when every tool it may call is.
+    let mut open = tool("open", schema.clone());
+    open["function"]["strict"] = json!(false);
+    let tools = [tool("closed", schema.clone()), open];
+    let named = |n: &str| json!({"type": "function", "function": {"name": n}});
+    let call = |choice: &Value| chat_output(None, &x, Some(&tools), Some(choice), None);
+    assert_eq!(digits(call(&named("closed")).expect("ok")), strict);
+    assert_eq!(digits(call(&named("open")).expect("ok")), None);
+    assert_eq!(digits(call(&json!("required")).expect("ok")), None);
+    let only_closed = [tool("closed", schema.clone())];
+    let required = chat_output(None, &x, Some(&only_closed), Some(&json!("required")), None);
+    assert_eq!(digits(required.expect("ok")), strict);
+    // The JSON extra is strict; a regex says its own digits.
+    let extras = Extras {
+        guided_json: Some(&schema),
+        ..Extras::default()
+    };
+    assert_eq!(
+        digits(chat_output(None, &extras, None, None, None).expect("ok")),
+        strict
+    );
+    let rx = json!("[0-9]+\\.[0-9]+");
+    let extras = Extras {
+        guided_regex: Some(&rx),
+        ..Extras::default()
+    };
+    assert_eq!(
+        digits(chat_output(None, &extras, None, None, None).expect("ok")),
+        None
+    );
+}

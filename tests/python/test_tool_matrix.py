@@ -1,0 +1,196 @@
+"""Forced tool calls over seeds and tools: on both test models (Gemma 3 270M through the default
+ChatML template, SmolLM2-135M-Instruct through its own), against the node and the gateway, with
+the official `openai` client and with LangChain.
+
+Five tools of one to four parameters (strings with and without enums, numbers with and without
+bounds, a nested object, an array), written as most tools are: no `additionalProperties`. Each
+request declares the forced tool and one other, at temperature 1.0 with a seed; even seeds go
+to the node, odd ones through the gateway. Over 20 seeds x 5 tools per model, at least 99 %
+must end with `finish_reason: "tool_calls"` well inside `max_tokens` (three quarters of it);
+every call that ends must parse and validate against the tool's schema read strictly, so no
+key outside the schema ever appears.
+"""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+
+MODELS = ["gemma", "smollm2"]
+SEEDS = range(20)
+MAX_TOKENS = 128
+WELL_INSIDE = MAX_TOKENS * 3 // 4
+WEEKDAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+CURRENCIES = ["EUR", "USD", "JPY", "GBP"]
+
+# name: (parameters, description, the user's question)
+TOOLS = {
+    "get_time": (
+        {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 32}},
+         "required": ["timezone"]},
+        "Look up the current time in a timezone.",
+        "What time is it in Tokyo right now?"),
+    "get_weather": (
+        {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
+                                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+         "required": ["city"]},
+        "Current weather in a city.",
+        "Is it raining in Lisbon? Answer in celsius."),
+    "convert_currency": (
+        {"type": "object", "properties": {"amount": {"type": "number", "minimum": 0},
+                                          "from": {"type": "string", "enum": CURRENCIES},
+                                          "to": {"type": "string", "enum": CURRENCIES}},
+         "required": ["amount", "from", "to"]},
+        "Convert an amount of money between currencies.",
+        "How many yen are 120.50 euros?"),
+    "set_thermostat": (
+        {"type": "object",
+         "properties": {"room": {"type": "string", "enum": ["kitchen", "bedroom", "office"]},
+                        "temperature": {"type": "number"},
+                        "schedule": {"type": "object",
+                                     "properties": {"start_hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                                                    "end_hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+                                     "required": ["start_hour", "end_hour"]},
+                        "days": {"type": "array", "items": {"type": "string", "enum": WEEKDAYS}, "maxItems": 7}},
+         "required": ["room", "temperature"]},
+        "Set a room's thermostat, optionally on a schedule.",
+        "Keep the office at 21.5 degrees from 8 to 18 on weekdays."),
+    "search_places": (
+        {"type": "object",
+         "properties": {"query": {"type": "string", "maxLength": 48},
+                        "near": {"type": "object",
+                                 "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90},
+                                                "lon": {"type": "number", "minimum": -180, "maximum": 180}},
+                                 "required": ["lat", "lon"]},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
+         "required": ["query", "near"]},
+        "Find places near a point.",
+        "Find three coffee shops near 38.7223, -9.1393."),
+}
+NAMES = list(TOOLS)
+
+
+def spec(name):
+    params, description, _ = TOOLS[name]
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+def declared(name):
+    """The forced tool and the next one in the list."""
+    other = NAMES[(NAMES.index(name) + 1) % len(NAMES)]
+    return [spec(name), spec(other)]
+
+
+def closed(schema):
+    """The schema as the node reads it by default: every object closed."""
+    s = json.loads(json.dumps(schema))
+    stack = [s]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            stack.extend(node.get("properties", {}).values())
+            if isinstance(node.get("items"), dict):
+                stack.append(node["items"])
+    return s
+
+
+def fraction_digits(value):
+    """The longest run of digits after a decimal point in a parsed JSON value's numbers."""
+    if isinstance(value, dict):
+        return max((fraction_digits(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return max((fraction_digits(v) for v in value), default=0)
+    if isinstance(value, float):
+        return len(repr(value).partition(".")[2])
+    return 0
+
+
+def clients(node, gateway):
+    return [openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=180)
+            for base in (node, gateway)]
+
+
+def outcome(model, name, seed, choice, usage):
+    """(ended well inside the budget, the arguments if a call came back and parsed)."""
+    ended = choice.finish_reason == "tool_calls" and usage.completion_tokens <= WELL_INSIDE
+    calls = choice.message.tool_calls or []
+    if not calls:
+        return ended, None
+    assert len(calls) == 1 and calls[0].function.name == name, (model, name, seed, calls)
+    args = json.loads(calls[0].function.arguments)
+    return ended, args
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_forced_calls_over_twenty_seeds_and_five_tools(node, gateway, model):
+    via = clients(node, gateway)
+
+    def one(job):
+        name, seed = job
+        r = via[seed % 2].chat.completions.create(
+            model=model, messages=[{"role": "user", "content": TOOLS[name][2]}], tools=declared(name),
+            tool_choice={"type": "function", "function": {"name": name}}, max_tokens=MAX_TOKENS,
+            temperature=1.0, seed=seed)
+        return name, seed, r.choices[0], r.usage
+
+    jobs = [(name, seed) for name in NAMES for seed in SEEDS]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, jobs))
+    ended = 0
+    for name, seed, choice, usage in results:
+        ok, args = outcome(model, name, seed, choice, usage)
+        if choice.finish_reason == "tool_calls":
+            # Every call that ends parses, validates, and has no key the tool did not declare.
+            assert args is not None, (model, name, seed, choice)
+            jsonschema.validate(args, closed(TOOLS[name][0]))
+            assert fraction_digits(args) <= 16, (model, name, seed, args)
+        ended += ok
+    assert ended >= 0.99 * len(jobs), (model, ended, len(jobs),
+                                      [(n, s, c.finish_reason, u.completion_tokens) for n, s, c, u in results
+                                       if not outcome(model, n, s, c, u)[0]])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_langchain_bind_tools_forces_each_tool(node, gateway, model):
+    """LangChain's `bind_tools` with a forced tool (OpenAI-format tool dicts, as LangChain sends
+    them), four seeds per tool, alternating node and gateway."""
+    from langchain_openai import ChatOpenAI
+
+    failures = []
+    for name in NAMES:
+        for seed in range(4):
+            base = (node, gateway)[seed % 2]
+            llm = ChatOpenAI(base_url=f"{base}/v1", api_key="unused", model=model, temperature=1.0, seed=seed,
+                             max_retries=0, max_tokens=MAX_TOKENS, timeout=180)
+            ai = llm.bind_tools(declared(name), tool_choice=name).invoke(TOOLS[name][2])
+            assert ai.invalid_tool_calls == [], (model, name, seed, ai.invalid_tool_calls)
+            if ai.response_metadata.get("finish_reason") != "tool_calls":
+                failures.append((name, seed, ai.response_metadata))
+                continue
+            (call,) = ai.tool_calls
+            assert call["name"] == name
+            jsonschema.validate(call["args"], closed(TOOLS[name][0]))
+    # 20 calls: at most one may run out of budget (the 99 % above, rounded for 20).
+    assert len(failures) <= 1, failures
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output_through_the_gateway(gateway, model, method):
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Thermostat(BaseModel):
+        room: str = Field(max_length=16)
+        temperature: float = Field(ge=5, le=30)
+        days: list[str] = Field(max_length=7)
+
+    for seed in range(3):
+        llm = ChatOpenAI(base_url=f"{gateway}/v1", api_key="unused", model=model, temperature=1.0, seed=seed,
+                         max_retries=0, max_tokens=MAX_TOKENS, timeout=180)
+        got = llm.with_structured_output(Thermostat, method=method) \
+            .invoke("Keep the office at 21.5 degrees on weekdays.")
+        assert isinstance(got, Thermostat), (model, method, seed, got)
