@@ -4,19 +4,17 @@ ChatML template, installed by scripts/setup.sh) on the llama.cpp plugin, with th
 
 - Chat goes through the model's own template (its default system prompt included) and answers
   (a 135M model at 4 bits: a greeting, not general knowledge).
-- Forced tool calls of tools whose schemas leave other keys unsaid (the usual way tools are
-  written) end with `tool_calls` well inside `max_tokens`, parse, and use only declared keys,
-  over seeds; `response_format` answers validate.
+- `tool_choice: "required"` calls and `response_format` answers validate over seeds (forced
+  calls over 20 seeds x 5 tools on both models: test_tool_matrix.py).
 - A small agent loop (two tools, three turns: a call, the tool's result, the answer)
   completes through the gateway.
-- LangChain: `bind_tools` with a forced tool over seeds, `with_structured_output` in
-  `json_schema` and `function_calling` modes.
+- LangChain: `bind_tools` with a tool made from a Python signature, forced, over seeds
+  (`with_structured_output` in both modes on both models: test_tool_matrix.py).
 """
 import json
 
 import jsonschema
 import openai
-import pytest
 
 MODEL = "smollm2"
 WEATHER = {"type": "object",
@@ -63,24 +61,6 @@ def test_smollm2_chats_with_its_own_template(client):
     assert r.usage.prompt_tokens > 20, r.usage
 
 
-@pytest.mark.parametrize("tool", ["get_weather", "convert_currency"])
-def test_forced_calls_end_inside_the_budget_and_use_declared_keys(client, tool):
-    ask = [{"role": "user", "content": "What is the weather in Lisbon, and what are 120 euros in dollars?"}]
-    finished = 0
-    for seed in range(10):
-        r = client.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS,
-                                           tool_choice={"type": "function", "function": {"name": tool}},
-                                           max_tokens=96, temperature=1.0, seed=seed)
-        choice = r.choices[0]
-        assert choice.finish_reason == "tool_calls", (seed, choice)
-        assert r.usage.completion_tokens < 96, (seed, r.usage)
-        call = choice.message.tool_calls[0]
-        assert call.function.name == tool
-        jsonschema.validate(json.loads(call.function.arguments), closed(PARAMS[tool]))
-        finished += 1
-    assert finished == 10
-
-
 def test_required_calls_and_structured_output_validate(client):
     ask = [{"role": "user", "content": "Convert 15 dollars to yen."}]
     for seed in range(5):
@@ -94,6 +74,36 @@ def test_required_calls_and_structured_output_validate(client):
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a city."}],
                                            response_format=fmt, max_tokens=64, temperature=1.0, seed=seed)
         jsonschema.validate(json.loads(r.choices[0].message.content), closed(WEATHER))
+
+
+def test_the_hermes_parser_reads_the_calls_smollm2_writes_itself(client):
+    """SmolLM2's template has no tool support, so the node inlines the tools and asks for the
+    Hermes syntax (`<tool_call>...</tool_call>`), the family `Family::detect` gives it. The 135M
+    model does not write a call on its own in `tool_choice: "auto"` (none in 8 tries, none in 10
+    with two worked examples in the history: it answers in prose or imitates the tool's
+    response), so a Lark grammar (a vLLM-style extra) holds its output to the Hermes envelope
+    and the call's JSON; the auto parser must then find the call in what the model wrote,
+    plain and streamed alike."""
+    call = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": "get_weather"}, "arguments": closed(WEATHER)}}
+    grammar = 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(call)
+    for seed in range(3):
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Oslo?"}], tools=TOOLS,
+                  tool_choice="auto", max_tokens=64, temperature=0.7, seed=seed, extra_body={"guided_grammar": grammar})
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "tool_calls", (seed, r.choices[0])
+        assert not r.choices[0].message.content, (seed, r.choices[0].message.content)
+        (c,) = r.choices[0].message.tool_calls
+        assert c.function.name == "get_weather" and c.id.startswith("call_")
+        jsonschema.validate(json.loads(c.function.arguments), closed(WEATHER))
+        name, args, text = "", "", ""
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for ch in chunk.choices:
+                text += ch.delta.content or ""
+                for t in ch.delta.tool_calls or []:
+                    name += t.function.name or ""
+                    args += t.function.arguments or ""
+        assert (name, args, text) == (c.function.name, c.function.arguments, ""), seed
 
 
 def test_an_agent_loop_completes_through_the_gateway(gateway):
@@ -142,7 +152,7 @@ def test_langchain_bind_tools_with_a_forced_tool_over_seeds(node):
         """Current weather in a city."""
         return f"4 degrees {unit} in {city}"
 
-    for seed in range(10):
+    for seed in range(5):
         ai = chat_model(node, seed=seed, temperature=0.5).bind_tools([get_weather], tool_choice="get_weather") \
             .invoke("What is the weather in Oslo?")
         assert ai.invalid_tool_calls == [], (seed, ai.invalid_tool_calls)
@@ -151,17 +161,3 @@ def test_langchain_bind_tools_with_a_forced_tool_over_seeds(node):
         assert call["name"] == "get_weather"
         assert set(call["args"]) <= {"city", "unit"}, (seed, call["args"])
         assert isinstance(call["args"].get("city"), str), (seed, call["args"])
-
-
-@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
-def test_langchain_with_structured_output_in_both_modes(node, method):
-    from pydantic import BaseModel, Field
-
-    class City(BaseModel):
-        name: str = Field(max_length=24)
-        population: int = Field(ge=0, le=100_000_000)
-
-    for seed in range(3):
-        city = chat_model(node, seed=seed, temperature=1.0).with_structured_output(City, method=method) \
-            .invoke("Name a city and its population.")
-        assert isinstance(city, City), (seed, city)

@@ -495,6 +495,30 @@ def test_forced_calls_on_an_open_schema_use_only_the_declared_keys(client):
     assert r.choices[0].finish_reason in ("tool_calls", "length"), r.choices[0]
 
 
+def test_a_strict_number_stops_after_sixteen_fraction_digits_and_strict_false_does_not(client, http):
+    """A number's fraction has no bound JSON Schema can state; a strict schema gets one (16
+    digits, on the mask). The digits 1-9 and the point are biased up so Gemma writes digits for
+    as long as it may: 16 under the default, until `max_tokens` with `strict: false`."""
+    ids = lambda text: http.post("/v1/tokenize", {"model": "gemma", "content": text, "add_special": False})["tokens"]
+    bias = {str(t): 100 for t in ids("123456789") + ids(".")}
+    assert len(bias) == 10, bias   # one token per digit and one for the point
+    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "exclusiveMaximum": 1}},
+              "required": ["x"]}
+
+    def answer(strict):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+        r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "A number."}],
+                                           response_format=fmt, max_tokens=48, temperature=0, logit_bias=bias)
+        text = r.choices[0].message.content
+        return r.choices[0].finish_reason, text, len(re.search(r"\.(\d*)", text).group(1))
+
+    finish, text, digits = answer(True)
+    assert finish == "stop" and digits == 16, text
+    assert 0 <= json.loads(text)["x"] < 1
+    finish, text, digits = answer(False)
+    assert finish == "length" and digits > 30, text
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_streamed_tool_call_equals_the_plain_one_with_a_seed(client, model):
     tools = TOOLS_FOR[model]

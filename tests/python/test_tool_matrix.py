@@ -4,8 +4,10 @@ the official `openai` client and with LangChain.
 
 Five tools of one to four parameters (strings with and without enums, numbers with and without
 bounds, a nested object, an array), written as most tools are: no `additionalProperties`. Each
-request declares the forced tool and one other, at temperature 1.0 with a seed; even seeds go
-to the node, odd ones through the gateway. Over 20 seeds x 5 tools per model, at least 99 %
+request of the matrix declares the forced tool (LangChain's declare it and one other), at
+temperature 1.0 with a seed; even seeds go to the node, odd ones through the gateway. A seeded
+request evaluates its whole prompt (docs/node.md, "Reproducible sampling"), which is most of
+the time these tests take on two cores. Over 20 seeds x 5 tools per model, at least 99 %
 must end with `finish_reason: "tool_calls"` well inside `max_tokens` (three quarters of it);
 every call that ends must parse and validate against the tool's schema read strictly, so no
 key outside the schema ever appears.
@@ -131,7 +133,7 @@ def test_forced_calls_over_twenty_seeds_and_five_tools(node, gateway, model):
     def one(job):
         name, seed = job
         r = via[seed % 2].chat.completions.create(
-            model=model, messages=[{"role": "user", "content": TOOLS[name][2]}], tools=declared(name),
+            model=model, messages=[{"role": "user", "content": TOOLS[name][2]}], tools=[spec(name)],
             tool_choice={"type": "function", "function": {"name": name}}, max_tokens=MAX_TOKENS,
             temperature=1.0, seed=seed)
         return name, seed, r.choices[0], r.usage
@@ -156,12 +158,12 @@ def test_forced_calls_over_twenty_seeds_and_five_tools(node, gateway, model):
 @pytest.mark.parametrize("model", MODELS)
 def test_langchain_bind_tools_forces_each_tool(node, gateway, model):
     """LangChain's `bind_tools` with a forced tool (OpenAI-format tool dicts, as LangChain sends
-    them), four seeds per tool, alternating node and gateway."""
+    them), two seeds per tool, one to the node and one through the gateway."""
     from langchain_openai import ChatOpenAI
 
     failures = []
     for name in NAMES:
-        for seed in range(4):
+        for seed in range(2):
             base = (node, gateway)[seed % 2]
             llm = ChatOpenAI(base_url=f"{base}/v1", api_key="unused", model=model, temperature=1.0, seed=seed,
                              max_retries=0, max_tokens=MAX_TOKENS, timeout=180)
@@ -173,8 +175,8 @@ def test_langchain_bind_tools_forces_each_tool(node, gateway, model):
             (call,) = ai.tool_calls
             assert call["name"] == name
             jsonschema.validate(call["args"], closed(TOOLS[name][0]))
-    # 20 calls: at most one may run out of budget (the 99 % above, rounded for 20).
-    assert len(failures) <= 1, failures
+    # Ten calls: none may run out of budget (the 99 % above, for ten).
+    assert failures == [], failures
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -188,7 +190,7 @@ def test_langchain_with_structured_output_through_the_gateway(gateway, model, me
         temperature: float = Field(ge=5, le=30)
         days: list[str] = Field(max_length=7)
 
-    for seed in range(3):
+    for seed in range(2):
         llm = ChatOpenAI(base_url=f"{gateway}/v1", api_key="unused", model=model, temperature=1.0, seed=seed,
                          max_retries=0, max_tokens=MAX_TOKENS, timeout=180)
         got = llm.with_structured_output(Thermostat, method=method) \
