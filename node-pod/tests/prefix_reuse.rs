@@ -192,3 +192,53 @@ fn a_prompt_that_diverges_early_shares_the_prefix_and_the_warm_slot_keeps_its_hi
         generate_batched(&mut cold, std::slice::from_ref(&b), 8)
     );
 }
+
+#[test]
+fn a_seeded_sequence_clears_the_cache_of_an_idle_model_but_not_of_a_busy_one() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), &TinyModelSpec::default());
+    let plugin = llama_plugin(3, 512);
+    let (s, mut exec) = plugin.load_model(&desc("tiny", &path)).expect("load");
+    let a = s
+        .tokenize(
+            "A long shared system prompt about Paris. First?",
+            true,
+            false,
+        )
+        .expect("tok");
+    let b = s
+        .tokenize("Another prompt, for a seeded request.", true, false)
+        .expect("tok");
+    let mut cached = |prompt: &[i32]| {
+        let (seq, _) = step_new_sequence(&mut exec, prompt, false);
+        let n = exec.seq_cached_tokens(seq);
+        exec.seq_release(seq);
+        n
+    };
+    assert_eq!(cached(&a), Some(0), "cold");
+    assert_eq!(cached(&a), Some(a.len() as u64 - 1), "warm");
+    // A seeded (fresh) sequence while nothing else runs: the cache is cleared, so its cells
+    // land in the same places every time; `a`'s warm prefix is gone.
+    let (seeded, _) = step_new_sequence(&mut exec, &b, true);
+    exec.seq_release(seeded);
+    // (Only what `a` shares with the seeded prompt, its first token, is warm now.)
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count() as u64;
+    assert!(shared < 4, "the two prompts differ early");
+    let (seq, _) = step_new_sequence(&mut exec, &a, false);
+    assert_eq!(
+        exec.seq_cached_tokens(seq),
+        Some(shared),
+        "cleared by the seeded sequence"
+    );
+    // With that sequence still running, a seeded one leaves the warm slots alone.
+    let (seeded, _) = step_new_sequence(&mut exec, &b, true);
+    exec.seq_release(seeded);
+    exec.seq_release(seq);
+    let (again, _) = step_new_sequence(&mut exec, &a, false);
+    assert_eq!(
+        exec.seq_cached_tokens(again),
+        Some(a.len() as u64 - 1),
+        "a busy model keeps its warm prefixes"
+    );
+}

@@ -79,6 +79,22 @@ def wait_ready(base, proc, log, what, seconds=60):
     pytest.fail(f"{what} not ready in {seconds} s:\n{Path(log).read_text()}")
 
 
+def closed(schema):
+    """A JSON Schema as the node reads it by default (strict): every object that leaves other
+    keys unsaid closed (`additionalProperties: false`), for validating what came back."""
+    s = json.loads(json.dumps(schema))
+    stack = [s]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            stack.extend(node.get("properties", {}).values())
+            if isinstance(node.get("items"), dict):
+                stack.append(node["items"])
+    return s
+
+
 @pytest.fixture(scope="session")
 def node():
     node_bin = TARGET / "gantry-node"

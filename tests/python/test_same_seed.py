@@ -5,9 +5,10 @@ token count. The budgets are small on purpose, so most replies are cut by `max_t
 the middle of a multi-byte character or of a tool call's arguments: the last partial token must
 be handled the same way in both shapes.
 
-Each request runs alone (one after another), as docs/node.md's "Reproducible sampling" promises:
-a seeded request evaluates its whole prompt, and each llama.cpp slot has its own KV stream, so
-what other slots hold does not change its text.
+Each request runs alone (one after another), which is what docs/node.md's "Reproducible
+sampling" promises: a seeded request evaluates its whole prompt, and one that starts on an idle
+model clears the model's KV cache first, so what earlier requests left there does not change its
+text.
 """
 import openai
 import pytest

@@ -16,6 +16,8 @@ import json
 import jsonschema
 import openai
 
+from conftest import closed
+
 MODEL = "smollm2"
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 24},
@@ -35,19 +37,6 @@ TOOLS = [
                                       "parameters": CONVERT}},
 ]
 PARAMS = {"get_weather": WEATHER, "convert_currency": CONVERT}
-
-
-def closed(schema):
-    """The schema as the node reads it by default: every object closed."""
-    s = json.loads(json.dumps(schema))
-    stack = [s]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            stack.extend(node.get("properties", {}).values())
-    return s
 
 
 def test_smollm2_chats_with_its_own_template(client):

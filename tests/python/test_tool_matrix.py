@@ -19,6 +19,8 @@ import jsonschema
 import openai
 import pytest
 
+from conftest import closed
+
 MODELS = ["gemma", "smollm2"]
 SEEDS = range(20)
 MAX_TOKENS = 128
@@ -82,21 +84,6 @@ def declared(name):
     """The forced tool and the next one in the list."""
     other = NAMES[(NAMES.index(name) + 1) % len(NAMES)]
     return [spec(name), spec(other)]
-
-
-def closed(schema):
-    """The schema as the node reads it by default: every object closed."""
-    s = json.loads(json.dumps(schema))
-    stack = [s]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            stack.extend(node.get("properties", {}).values())
-            if isinstance(node.get("items"), dict):
-                stack.append(node["items"])
-    return s
 
 
 def fraction_digits(value):

@@ -1,7 +1,7 @@
 //! llama.cpp engine plugin (engine layer, below the engine host): runs GGUF models for the node.
 //!
 //! One llama.cpp context per loaded model, with one llama.cpp sequence slot
-//! per open Gantry sequence, each with a KV stream of its own. `step`
+//! per open Gantry sequence and a unified KV cache shared by all slots. `step`
 //! packs every entry's tokens into one `llama_batch`, decodes once and samples
 //! each sequence that asked for a token with its own sampler chain. Releasing
 //! a sequence removes its cells from the KV cache at once.

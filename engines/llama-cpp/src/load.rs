@@ -148,12 +148,7 @@ impl LlamaLoaded {
             .with_n_seq_max(max_seqs)
             .with_n_threads(to_i32(threads))
             .with_n_threads_batch(to_i32(threads))
-            // One KV stream per sequence slot, not one cache shared by all: a sequence's
-            // cells then lie in the same places whatever the other slots hold, so its
-            // attention sums in the same order and a seeded request samples the same tokens
-            // on a busy node as on an idle one (in a shared cache, where the cells land
-            // changed the rounding, and the text, of about one request in three).
-            .with_kv_unified(false)
+            .with_kv_unified(true)
             .with_no_perf(true);
         if embedding {
             cparams = cparams

@@ -48,11 +48,10 @@ const SHARE_MIN_TAIL: usize = 32;
 /// sequence takes the free slot whose cached tokens share the longest prefix
 /// with its first prompt chunk and skips those tokens. When that prefix is only
 /// part of the warm slot's cells and an empty slot is free, the sequence takes
-/// the empty slot with the warm slot's cells copied into it and cut after the
-/// prefix (each slot has a KV stream of its own, and llama.cpp copies between
-/// streams whole), so the warm slot keeps its whole history for the sequence
-/// that continues it. Warm cells are evicted whenever the cache is full, so a
-/// release still gives its capacity back.
+/// the empty slot with the prefix's cells shared into it (llama.cpp's unified
+/// cache lets cells belong to several sequences), so the warm slot keeps its
+/// whole history for the sequence that continues it. Warm cells are evicted
+/// whenever the cache is full, so a release still gives its capacity back.
 pub(crate) struct Exec {
     pub(crate) ctx: ManuallyDrop<LlamaContext<'static>>,
     pub(crate) batch: LlamaBatch<'static>,
@@ -68,7 +67,8 @@ impl Exec {
     /// Give `seq` a slot for a first chunk `tokens`; returns how many leading
     /// tokens its KV already holds. `keep_last` leaves the last token to be
     /// evaluated again when the caller needs its logits; `fresh` takes no
-    /// cached prefix at all (`GANTRY_STEP_FRESH`: reproducible sampling).
+    /// cached prefix at all (`GANTRY_STEP_FRESH`: reproducible sampling), and
+    /// on an idle model empties the cache first.
     pub(crate) fn bind(
         &mut self,
         seq: u64,
@@ -83,6 +83,18 @@ impl Exec {
                 .take_while(|(a, b)| a == b)
                 .count()
         };
+        // A seeded sequence on an otherwise idle model starts on an empty cache. In llama.cpp's
+        // unified cache, where its cells land (after other conversations' warm cells) changes
+        // the rounding of its attention, and at temperature > 0 its text: the same seeded
+        // request alone gave another text about one time in three. On a cleared cache (every
+        // cell free, the search for free cells back at the first) its cells always land in
+        // the same places. Freeing the warm slots one by one would not do: the search would
+        // go on from wherever it was. (A KV stream per slot would make this hold on a busy
+        // cache too, but cost a third of the throughput at 4 and 8 sequences on CPU.)
+        if fresh && !self.seqs.values().any(|s| s.slot.is_some()) {
+            self.ctx.clear_kv_cache();
+            self.free_slots.iter_mut().for_each(|f| f.tokens.clear());
+        }
         // Longest shared prefix wins; then an empty slot; then the least recently released.
         let best = (0..self.free_slots.len())
             .max_by_key(|&i| {
@@ -100,8 +112,9 @@ impl Exec {
         if keep_last && reuse == tokens.len() {
             reuse -= 1;
         }
-        // A sliding-window cache gives the cells that fell out of a sequence's window to its
-        // later tokens, oldest first, so a warm slot may have lost its first cells. The prefix is still usable when the window its next token
+        // A sliding-window cache hands the cells that fell out of a sequence's window to
+        // other sequences (warm slots included), oldest first, so a warm slot may have lost
+        // its first cells. The prefix is still usable when the window its next token
         // attends to lies above them: always for a continuation of the slot's whole history
         // (the cells inside the window of its next position are never handed out), and, as
         // llama-server decides, when the first cell left is below `reuse - n_swa`. Otherwise
@@ -120,9 +133,7 @@ impl Exec {
             let empty = self.free_slots[e].id;
             if self
                 .ctx
-                // The whole stream: llama.cpp copies nothing less between streams. The cut
-                // below drops what the prefix does not cover.
-                .copy_kv_cache_seq(slot.id, empty, None, None)
+                .copy_kv_cache_seq(slot.id, empty, Some(0), Some(reuse as u32))
                 .is_ok()
             {
                 let warm = std::mem::replace(&mut slot, self.free_slots.swap_remove(e));
