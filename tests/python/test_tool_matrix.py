@@ -168,7 +168,7 @@ def test_langchain_bind_tools_forces_each_tool(node, gateway, model):
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
-def test_langchain_with_structured_output_through_the_gateway(gateway, model, method):
+def test_langchain_with_structured_output_against_node_and_gateway(node, gateway, model, method):
     from langchain_openai import ChatOpenAI
     from pydantic import BaseModel, Field
 
@@ -177,8 +177,8 @@ def test_langchain_with_structured_output_through_the_gateway(gateway, model, me
         temperature: float = Field(ge=5, le=30)
         days: list[str] = Field(max_length=7)
 
-    for seed in range(2):
-        llm = ChatOpenAI(base_url=f"{gateway}/v1", api_key="unused", model=model, temperature=1.0, seed=seed,
+    for seed, base in enumerate((node, gateway)):
+        llm = ChatOpenAI(base_url=f"{base}/v1", api_key="unused", model=model, temperature=1.0, seed=seed,
                          max_retries=0, max_tokens=MAX_TOKENS, timeout=180)
         got = llm.with_structured_output(Thermostat, method=method) \
             .invoke("Keep the office at 21.5 degrees on weekdays.")
