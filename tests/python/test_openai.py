@@ -15,11 +15,12 @@ CAPITAL = "Question: What is the capital of France?\nAnswer:"
 
 def test_models_lists_every_model_with_its_template_source(client):
     models = {m.id: m for m in client.models.list().data}
-    assert set(models) == {"tiny", "tiny-emb", "gemma", "smollm2"}
+    assert set(models) == {"tiny", "tiny-emb", "gemma", "smollm2", "smollm2-native"}
     assert models["gemma"].owned_by == "gantry"
     # Gemma from PyPI is a base model without a template: the default is reported.
     assert models["gemma"].model_extra["chat_template"] == "default-chatml"
     assert models["tiny"].model_extra["chat_template"] == "model"
+    assert models["smollm2-native"].model_extra["chat_template"] == "model"
     # SmolLM2-Instruct carries its own (ChatML) template.
     assert models["smollm2"].model_extra["chat_template"] == "model"
 

@@ -150,3 +150,41 @@ def test_langchain_bind_tools_with_a_forced_tool_over_seeds(node):
         assert call["name"] == "get_weather"
         assert set(call["args"]) <= {"city", "unit"}, (seed, call["args"])
         assert isinstance(call["args"].get("city"), str), (seed, call["args"])
+
+
+# --- the native engine on the same model --------------------------------------------------------
+# scripts/setup.sh converts the GGUF to a Hugging Face directory (testkit/python/gguf_to_hf.py:
+# the Q4_1 weights dequantized to f32, the tokenizer as tokenizer.json); the node serves it with
+# the native engine as `smollm2-native`.
+
+NATIVE = "smollm2-native"
+
+
+def test_the_native_engine_tokenizes_smollm2_as_llama_cpp_does(http):
+    for text in ["Hello, world!", "café naïve 12345 3.14159", "東京の天気は？", "<|im_start|>user\nhi<|im_end|>\n",
+                 "def f(x):\n\treturn x**2  # 🙂", "  leading spaces and\r\nCRLF"]:
+        ids = [http.post("/v1/tokenize", {"model": m, "content": text, "add_special": False})["tokens"]
+               for m in (MODEL, NATIVE)]
+        assert ids[0] == ids[1], (text, ids)
+
+
+def test_the_native_engine_chats_calls_tools_and_answers_in_json_on_smollm2(client):
+    r = client.chat.completions.create(model=NATIVE, messages=[{"role": "user", "content": "Say hello."}],
+                                       max_tokens=40, temperature=0)
+    assert "hello" in r.choices[0].message.content.lower(), r.choices[0].message.content
+    assert r.usage.prompt_tokens > 20, "the template's own system prompt is part of the prompt"
+    ask = [{"role": "user", "content": "What is the weather in Lisbon, and what are 120 euros in dollars?"}]
+    for tool in PARAMS:
+        for seed in range(3):
+            r = client.chat.completions.create(model=NATIVE, messages=ask, tools=TOOLS,
+                                               tool_choice={"type": "function", "function": {"name": tool}},
+                                               max_tokens=96, temperature=1.0, seed=seed)
+            assert r.choices[0].finish_reason == "tool_calls", (tool, seed, r.choices[0])
+            call = r.choices[0].message.tool_calls[0]
+            assert call.function.name == tool
+            jsonschema.validate(json.loads(call.function.arguments), closed(PARAMS[tool]))
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": WEATHER}}
+    for seed in range(3):
+        r = client.chat.completions.create(model=NATIVE, messages=[{"role": "user", "content": "Name a city."}],
+                                           response_format=fmt, max_tokens=64, temperature=1.0, seed=seed)
+        jsonschema.validate(json.loads(r.choices[0].message.content), closed(WEATHER))
