@@ -14,7 +14,7 @@ use llguidance::toktrie::TokEnv;
 
 /// The tokens whose text starts with ASCII digits, and how many digits: built once per
 /// vocabulary (a few thousand tokens at most, so a restricted step walks only these).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DigitTokens(Vec<(u32, u8)>);
 
 impl DigitTokens {
@@ -36,7 +36,7 @@ impl DigitTokens {
 
 /// Where a JSON output stands for the bound: inside a string (just after a backslash or not),
 /// or in a number's fraction with this many digits so far.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default)]
 struct Lexer {
     in_string: bool,
     escaped: bool,
