@@ -24,12 +24,13 @@ leaves nothing that looks complete.
 import json
 import os
 import shutil
-import struct
 import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
+
+from hf_files import to_bf16_bits, write_safetensors
 
 ARCH = "gemma3"
 # llama.cpp's gemma3 graph: every 6th layer attends globally, the others over a sliding window
@@ -102,11 +103,6 @@ CHAT_TEMPLATE = (
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
-def to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """f32 -> bf16 bit patterns, round to nearest even (ggml_compute_fp32_to_bf16)."""
-    return gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), gguf.GGMLQuantizationType.BF16).view(np.uint16).reshape(a.shape)
-
-
 def from_bf16_bits(b: np.ndarray) -> np.ndarray:
     return (b.astype(np.uint32) << 16).view(np.float32)
 
@@ -114,26 +110,6 @@ def from_bf16_bits(b: np.ndarray) -> np.ndarray:
 def field(reader, key, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()
-
-
-def write_safetensors(path: Path, tensors: dict, metadata: dict) -> None:
-    """The safetensors format (an 8-byte little-endian header size, a JSON header, the data).
-
-    Written here because numpy has no bfloat16 dtype: the `safetensors` package's numpy API
-    cannot produce BF16 tensors without torch.
-    """
-    header = {"__metadata__": metadata}
-    offset = 0
-    for name, (dtype, shape, data) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + data.nbytes]}
-        offset += data.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for _, (_, _, data) in tensors.items():
-            f.write(np.ascontiguousarray(data).tobytes())
 
 
 def tokenizer_json(pieces, scores, types, bos, eos, unk):
@@ -290,7 +266,7 @@ def main(src: str, out_dir: str, out_gguf: str) -> None:
     }, indent=2) + "\n")
     with open(tmp_dir / "tokenizer.json", "w") as f:
         json.dump(tokenizer_json(pieces, scores, types, bos, eos, unk), f, ensure_ascii=False)
-    write_safetensors(tmp_dir / "model.safetensors", hf, {"format": "pt"})
+    write_safetensors(tmp_dir / "model.safetensors", [(n, *v) for n, v in hf.items()], {"format": "pt"})
 
     # The GGUF twin: original metadata (minus what the writer sets itself), BF16 matrices.
     tmp_gguf = out_gguf.with_name(out_gguf.name + ".partial")

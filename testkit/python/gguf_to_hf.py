@@ -16,7 +16,7 @@ compared on the same model:
   pre-tokenizer implied by tokenizer.ggml.pre; control tokens become special added tokens;
 * tokenizer_config.json (chat template, BOS/EOS) and generation_config.json (EOS ids).
 
-Only the standard library, numpy and the `gguf` package are used.
+Only the standard library, numpy, the `gguf` package and hf_files.py beside this file are used.
 
 Usage: python testkit/python/gguf_to_hf.py IN.gguf OUT_DIR [--dtype f32|bf16]
 
@@ -42,6 +42,8 @@ try:
     from gguf.quants import dequantize
 except ImportError:  # pragma: no cover - depends on the environment
     sys.exit("gguf_to_hf.py needs the `gguf` package (pip install gguf==0.19.0)")
+
+from hf_files import to_bf16_bits, write_safetensors
 
 CONVERTER_VERSION = 1
 MARKER = ".gguf_to_hf.json"
@@ -181,16 +183,6 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """Round f32 to bf16 (nearest, ties to even) and return the raw uint16 bits."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    nan = np.isnan(a)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
-    out = rounded.astype(np.uint16)
-    out[nan] = 0x7FC0
-    return out
-
-
 def tensor_array(t, n_heads: int, n_kv: int) -> np.ndarray:
     """Dequantize a GGUF tensor into an f32 array of the Hugging Face shape."""
     shape = tuple(int(d) for d in reversed([int(x) for x in t.shape]))
@@ -203,39 +195,24 @@ def tensor_array(t, n_heads: int, n_kv: int) -> np.ndarray:
     return np.ascontiguousarray(w)
 
 
-def write_safetensors(path: Path, tensors, cfg: dict, dtype: str) -> int:
-    """Stream the tensors into one safetensors file; returns its size in bytes."""
-    st_dtype, itemsize = {"f32": ("F32", 4), "bf16": ("BF16", 2)}[dtype]
-    plan = []  # (hf name, gguf tensor, hf shape)
+def write_weights(path: Path, tensors, cfg: dict, dtype: str) -> int:
+    """Every tensor, by Hugging Face name, into one safetensors file, each dequantized when its
+    turn comes; returns the file's size in bytes."""
+    st_dtype = {"f32": "F32", "bf16": "BF16"}[dtype]
+    n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def data(t):
+        w = tensor_array(t, n_heads, n_kv)
+        return to_bf16_bits(w) if dtype == "bf16" else w.astype("<f4", copy=False)
+
+    entries = []
     for t in tensors:
         name = hf_name(t.name)
-        if name is None:
-            continue
-        shape = [int(d) for d in reversed([int(x) for x in t.shape])]
-        plan.append((name, t, shape))
-    plan.sort(key=lambda p: p[0])
-    header = {"__metadata__": {"format": "pt", "source": "gguf"}}
-    offset = 0
-    for name, _, shape in plan:
-        n = itemsize * int(np.prod(shape))
-        header[name] = {"dtype": st_dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # keep the data section 8-byte aligned
-    n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    with open(path, "wb") as f:
-        f.write(len(head).to_bytes(8, "little"))
-        f.write(head)
-        for name, t, shape in plan:
-            w = tensor_array(t, n_heads, n_kv)
-            if list(w.shape) != shape:
-                sys.exit(f"{t.name}: dequantized shape {w.shape} != {shape}")
-            raw = to_bf16_bits(w) if dtype == "bf16" else w.astype("<f4", copy=False)
-            f.write(raw.tobytes())
-        size = f.tell()
-    if size != 8 + len(head) + offset:
-        sys.exit(f"{path}: wrote {size} bytes, expected {8 + len(head) + offset}")
-    return size
+        if name is not None:
+            shape = [int(d) for d in reversed([int(x) for x in t.shape])]
+            entries.append((name, st_dtype, shape, lambda t=t: data(t)))
+    entries.sort(key=lambda e: e[0])
+    return write_safetensors(path, entries, {"format": "pt", "source": "gguf"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,7 +403,7 @@ def convert(src: Path, out: Path, dtype: str) -> None:
     cfg = llama_config(meta, n_vocab, tied, dtype)
 
     tmp = out / "model.safetensors.tmp"
-    size = write_safetensors(tmp, reader.tensors, cfg, dtype)
+    size = write_weights(tmp, reader.tensors, cfg, dtype)
     os.replace(tmp, out / "model.safetensors")
     write_json(out / "config.json", cfg)
     write_json(out / "tokenizer.json", tokenizer_json(meta))

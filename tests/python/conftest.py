@@ -106,6 +106,31 @@ def closed(schema):
     return s
 
 
+def reply_parts(c, body):
+    """A chat completion's text, tool calls `[(name, arguments)]`, `finish_reason` and completion
+    tokens."""
+    r = c.chat.completions.create(**body)
+    ch = r.choices[0]
+    calls = [(t.function.name, t.function.arguments) for t in ch.message.tool_calls or []]
+    return ch.message.content or "", calls, ch.finish_reason, r.usage.completion_tokens
+
+
+def streamed_parts(c, body):
+    """The same, streamed (with the usage chunk) and reassembled from the deltas, to compare with
+    [`reply_parts`]."""
+    text, calls, finish, usage = "", {}, None, None
+    for chunk in c.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            for t in ch.delta.tool_calls or []:
+                name, args = calls.get(t.index, ("", ""))
+                calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
+            finish = ch.finish_reason or finish
+    return text, [calls[k] for k in sorted(calls)], finish, usage
+
+
 @pytest.fixture(scope="session")
 def node():
     node_bin = TARGET / "gantry-node"

@@ -13,6 +13,8 @@ text.
 import openai
 import pytest
 
+from conftest import reply_parts, streamed_parts
+
 PROMPTS = [
     "Tell me a short story about a fox.",
     "Write a haiku in Japanese about rain.",
@@ -63,27 +65,6 @@ def case(i):
     return body
 
 
-def plain(c, body):
-    r = c.chat.completions.create(**body)
-    ch = r.choices[0]
-    calls = [(t.function.name, t.function.arguments) for t in ch.message.tool_calls or []]
-    return ch.message.content or "", calls, ch.finish_reason, r.usage.completion_tokens
-
-
-def streamed(c, body):
-    text, calls, finish, usage = "", {}, None, None
-    for chunk in c.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}):
-        if chunk.usage is not None:
-            usage = chunk.usage.completion_tokens
-        for ch in chunk.choices:
-            text += ch.delta.content or ""
-            for t in ch.delta.tool_calls or []:
-                name, args = calls.get(t.index, ("", ""))
-                calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
-            finish = ch.finish_reason or finish
-    return text, [calls[k] for k in sorted(calls)], finish, usage
-
-
 @pytest.fixture(scope="module")
 def both(node, gateway):
     return [openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -95,7 +76,7 @@ def test_fifty_seeded_requests_stream_the_same_bytes_as_they_answer(both):
     for i in range(50):
         body = case(i)
         c = both[i % 3 == 2]   # a third through the gateway
-        p, s = plain(c, body), streamed(c, body)
+        p, s = reply_parts(c, body), streamed_parts(c, body)
         if p != s:
             differ.append((i, body["model"], p, s))
         cut += p[2] == "length"

@@ -16,7 +16,7 @@ import json
 import jsonschema
 import openai
 
-from conftest import closed
+from conftest import closed, streamed_parts
 
 MODEL = "smollm2"
 WEATHER = {"type": "object",
@@ -85,14 +85,8 @@ def test_the_hermes_parser_reads_the_calls_smollm2_writes_itself(client):
         (c,) = r.choices[0].message.tool_calls
         assert c.function.name == "get_weather" and c.id.startswith("call_")
         jsonschema.validate(json.loads(c.function.arguments), closed(WEATHER))
-        name, args, text = "", "", ""
-        for chunk in client.chat.completions.create(stream=True, **kw):
-            for ch in chunk.choices:
-                text += ch.delta.content or ""
-                for t in ch.delta.tool_calls or []:
-                    name += t.function.name or ""
-                    args += t.function.arguments or ""
-        assert (name, args, text) == (c.function.name, c.function.arguments, ""), seed
+        text, calls, finish, _ = streamed_parts(client, kw)
+        assert (text, calls, finish) == ("", [(c.function.name, c.function.arguments)], "tool_calls"), seed
 
 
 def test_an_agent_loop_completes_through_the_gateway(gateway):
