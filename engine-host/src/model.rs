@@ -46,6 +46,10 @@ pub(crate) trait ExecCalls: Send {
     fn step(&mut self, entries: &[StepEntry<'_>])
     -> Result<Vec<Option<SampledToken>>, EngineError>;
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
+    /// ABI 1.5 `seq_fork`; `Unsupported` when the plugin lacks it.
+    fn seq_fork(&mut self, src: u64) -> Result<u64, EngineError>;
+    /// ABI 1.5 `seq_truncate`; `Unsupported` when the plugin lacks it.
+    fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError>;
     /// `dims` is the model's embedding size, the first guess of the output length.
     fn embed(&mut self, tokens: &[i32], dims: usize) -> Result<Vec<f32>, EngineError>;
     /// The worker process under the calls (`process` isolation).
@@ -93,6 +97,11 @@ impl ModelShared {
     /// Whether the plugin applies allowed-token masks (`GANTRY_CAP_TOKEN_MASK`, ABI 1.2).
     pub fn supports_token_mask(&self) -> bool {
         self.calls.plugin().supports_token_mask()
+    }
+
+    /// Whether the plugin verifies drafted tokens in one step (`GANTRY_CAP_SPECULATE`, ABI 1.5).
+    pub fn supports_speculation(&self) -> bool {
+        self.calls.plugin().supports_speculation()
     }
 
     /// The worker process serving this model (`process` isolation).
@@ -179,6 +188,17 @@ impl ModelExec {
     /// the step that carried the first entry.
     pub fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
         self.calls.seq_cached_tokens(seq)
+    }
+
+    /// A new sequence holding what `src`'s KV holds (ABI 1.5); `Unsupported` from plugins
+    /// without it.
+    pub fn seq_fork(&mut self, src: u64) -> Result<u64, EngineError> {
+        self.calls.seq_fork(src)
+    }
+
+    /// Keep the first `n_keep` tokens of `seq` (ABI 1.5, for speculative decoding).
+    pub fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
+        self.calls.seq_truncate(seq, n_keep)
     }
 
     pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {

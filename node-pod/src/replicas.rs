@@ -24,6 +24,7 @@ impl Engine for PluginEngine {
             kv_capacity_tokens: info.kv_capacity_tokens,
             context_length: info.context_length,
             eog_tokens: info.eog_tokens.clone(),
+            speculation: self.0.shared().supports_speculation(),
         }
     }
     fn seq_open(&mut self) -> Result<u64, EngineError> {
@@ -40,6 +41,12 @@ impl Engine for PluginEngine {
     }
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
         self.0.seq_cached_tokens(seq)
+    }
+    fn seq_fork(&mut self, src: u64) -> Result<u64, EngineError> {
+        self.0.seq_fork(src)
+    }
+    fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
+        self.0.seq_truncate(seq, n_keep)
     }
     fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
         self.0.embed(tokens)

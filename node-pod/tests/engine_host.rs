@@ -126,6 +126,7 @@ fn each_validation_rule_refuses_with_the_specification_message() {
             sample: Some(&g),
             fresh: false,
             allowed: None,
+            sample_all: false,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(8));
@@ -262,6 +263,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
             sample: Some(&g),
             fresh: false,
             allowed: None,
+            sample_all: false,
         }])
         .expect_err("must fail");
     assert_eq!(err.status, Status::Internal);
@@ -283,6 +285,7 @@ fn a_panic_in_step_comes_back_as_internal_and_the_host_keeps_working() {
             sample: Some(&g),
             fresh: false,
             allowed: None,
+            sample_all: false,
         }])
         .expect("step");
     assert_eq!(out[0].as_ref().map(|t| t.token), Some(42));

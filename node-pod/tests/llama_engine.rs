@@ -99,6 +99,7 @@ fn seeded_sampling_repeats_for_the_same_seed_and_honours_logprobs() {
                     sample: Some(&s),
                     fresh: false,
                     allowed: None,
+                    sample_all: false,
                 }])
                 .expect("step")
                 .remove(0)
@@ -134,6 +135,7 @@ fn releasing_a_sequence_gives_its_kv_capacity_back() {
                     sample: None,
                     fresh: false,
                     allowed: None,
+                    sample_all: false,
                 }])?;
             }
             Ok(())

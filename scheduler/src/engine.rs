@@ -16,6 +16,9 @@ pub struct EngineLimits {
     pub context_length: u32,
     /// Tokens that end a generation.
     pub eog_tokens: Vec<i32>,
+    /// The engine samples at every position of an entry and truncates sequences (ABI 1.5
+    /// `GANTRY_CAP_SPECULATE`), so drafted tokens can be verified in one step.
+    pub speculation: bool,
 }
 
 /// One loaded engine instance, owned by its scheduler thread (TGI's `Backend`).
@@ -27,6 +30,20 @@ pub trait Engine: Send + 'static {
     /// One batched step; a sampled token for every entry that asked for one.
     fn step(&mut self, entries: &[StepEntry<'_>])
     -> Result<Vec<Option<SampledToken>>, EngineError>;
+    /// A new sequence whose KV holds what `src`'s holds (ABI 1.5 `seq_fork`), for `n` > 1;
+    /// `Unsupported` when the engine cannot (the prompt is then evaluated once per choice).
+    fn seq_fork(&mut self, _src: u64) -> Result<u64, EngineError> {
+        Err(EngineError::unsupported(
+            "the engine does not fork sequences",
+        ))
+    }
+    /// Keep the first `n_keep` tokens of `seq` (ABI 1.5 `seq_truncate`): drafted tokens the
+    /// verification rejected leave the KV cache.
+    fn seq_truncate(&mut self, _seq: u64, _n_keep: u64) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(
+            "the engine does not truncate sequences",
+        ))
+    }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
     fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError>;

@@ -51,6 +51,7 @@ impl<E: Engine> Scheduler<E> {
                     .as_deref()
                     .filter(|_| p.samples)
                     .map(|g| g.mask()),
+                sample_all: false,
             });
         }
         self.metrics.steps.inc();

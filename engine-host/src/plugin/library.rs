@@ -40,6 +40,15 @@ pub(super) struct Vtable {
     pub(super) unload_model: ffi::UnloadModelFn,
     /// ABI 1.4, optional: `None` when the plugin's table is older or leaves the slot empty.
     pub(super) seq_cached_tokens: Option<ffi::SeqCachedTokensFn>,
+    /// ABI 1.5, optional.
+    pub(super) seq_fork: Option<ffi::SeqForkFn>,
+    /// ABI 1.5, optional (required with `GANTRY_CAP_SPECULATE`).
+    pub(super) seq_truncate: Option<ffi::SeqTruncateFn>,
+}
+
+/// Whether a vtable of `size` bytes covers the slot at `offset` of type `T`.
+fn covers<T>(size: usize, offset: usize) -> bool {
+    size >= offset + size_of::<T>()
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -78,11 +87,27 @@ impl Vtable {
             step: v.step.ok_or_else(|| need("step"))?,
             embed: v.embed.ok_or_else(|| need("embed"))?,
             unload_model: v.unload_model.ok_or_else(|| need("unload_model"))?,
-            seq_cached_tokens: if size
-                >= std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_cached_tokens)
-                    + size_of::<Option<ffi::SeqCachedTokensFn>>()
-            {
+            seq_cached_tokens: if covers::<Option<ffi::SeqCachedTokensFn>>(
+                size,
+                std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_cached_tokens),
+            ) {
                 v.seq_cached_tokens
+            } else {
+                None
+            },
+            seq_fork: if covers::<Option<ffi::SeqForkFn>>(
+                size,
+                std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_fork),
+            ) {
+                v.seq_fork
+            } else {
+                None
+            },
+            seq_truncate: if covers::<Option<ffi::SeqTruncateFn>>(
+                size,
+                std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_truncate),
+            ) {
+                v.seq_truncate
             } else {
                 None
             },

@@ -255,11 +255,17 @@ impl ExecCalls for LocalModel {
                     ffi::GANTRY_STEP_SAMPLE
                 } else {
                     0
-                }) | (if e.fresh { ffi::GANTRY_STEP_FRESH } else { 0 }),
+                }) | (if e.fresh { ffi::GANTRY_STEP_FRESH } else { 0 })
+                    | (if e.sample_all && s.is_some() {
+                        ffi::GANTRY_STEP_SAMPLE_ALL
+                    } else {
+                        0
+                    }),
                 sampling: s.as_ref().map_or(std::ptr::null(), std::ptr::from_ref),
             })
             .collect();
-        let mut results = vec![ffi::gantry_step_result_t::default(); raw.len()];
+        let slots: usize = entries.iter().map(StepEntry::result_slots).sum();
+        let mut results = vec![ffi::gantry_step_result_t::default(); slots];
         let mut err = new_err();
         // SAFETY: `raw`, `samplings`, `biases` and `results` are valid and
         // outlive the call; `&mut self` keeps exec calls exclusive.
@@ -275,20 +281,52 @@ impl ExecCalls for LocalModel {
         if status != ffi::GANTRY_OK {
             return Err(read_err(status, &err));
         }
-        Ok(results
-            .into_iter()
-            .zip(entries)
-            .map(|(r, e)| {
-                e.sample.map(|_| SampledToken {
-                    token: r.token,
-                    logprob: r.logprob,
-                    top: r.top[..(r.n_top as usize).min(ffi::GANTRY_MAX_TOP_LOGPROBS)]
-                        .iter()
-                        .map(|t| (t.token, t.logprob))
-                        .collect(),
-                })
-            })
-            .collect())
+        let mut results = results.into_iter();
+        let mut out = Vec::with_capacity(slots);
+        for e in entries {
+            for r in results.by_ref().take(e.result_slots()) {
+                out.push(e.sample.map(|_| {
+                    SampledToken {
+                        token: r.token,
+                        logprob: r.logprob,
+                        top: r.top[..(r.n_top as usize).min(ffi::GANTRY_MAX_TOP_LOGPROBS)]
+                            .iter()
+                            .map(|t| (t.token, t.logprob))
+                            .collect(),
+                    }
+                }));
+            }
+        }
+        Ok(out)
+    }
+
+    fn seq_fork(&mut self, src: u64) -> Result<u64, EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.seq_fork.ok_or_else(|| {
+            EngineError::unsupported("the plugin is older than ABI 1.5 (no seq_fork)")
+        })?;
+        let mut seq = 0u64;
+        let mut err = new_err();
+        // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, src, &mut seq, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(seq)
+    }
+
+    fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.seq_truncate.ok_or_else(|| {
+            EngineError::unsupported("the plugin is older than ABI 1.5 (no seq_truncate)")
+        })?;
+        let mut err = new_err();
+        // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, seq, n_keep, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(())
     }
 
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {

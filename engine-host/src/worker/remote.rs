@@ -179,6 +179,18 @@ impl ExecCalls for RemoteExec {
         u64::try_from(n).ok()
     }
 
+    fn seq_fork(&mut self, src: u64) -> Result<u64, EngineError> {
+        let mut w = Writer::op(Op::SeqFork);
+        w.u64(src);
+        self.exec_call(&w.buf)?.u64()
+    }
+
+    fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
+        let mut w = Writer::op(Op::SeqTruncate);
+        w.u64(seq).u64(n_keep);
+        self.exec_call(&w.buf).map(|_| ())
+    }
+
     fn embed(&mut self, tokens: &[i32], _dims: usize) -> Result<Vec<f32>, EngineError> {
         let mut w = Writer::op(Op::Embed);
         w.i32s(tokens);
@@ -189,7 +201,7 @@ impl ExecCalls for RemoteExec {
         &mut self,
         entries: &[StepEntry<'_>],
     ) -> Result<Vec<Option<SampledToken>>, EngineError> {
-        let need = wire::step_request_size(entries).max(wire::step_reply_size(entries.len()));
+        let need = wire::step_request_size(entries).max(wire::step_reply_size(entries));
         if self.map.as_ref().is_none_or(|m| m.len() < need) {
             self.grow(need)?;
         }

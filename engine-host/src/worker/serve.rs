@@ -176,6 +176,14 @@ fn handle(
             let n = exec(state)?.seq_cached_tokens(r.u64()?);
             w.i64(n.and_then(|n| i64::try_from(n).ok()).unwrap_or(-1));
         }
+        Op::SeqFork => {
+            w.u64(exec(state)?.seq_fork(r.u64()?)?);
+        }
+        Op::SeqTruncate => {
+            let seq = r.u64()?;
+            let n_keep = r.u64()?;
+            exec(state)?.seq_truncate(seq, n_keep)?;
+        }
         Op::Embed => {
             let tokens = r.i32s()?;
             w.f32s(&exec(state)?.embed(&tokens)?);

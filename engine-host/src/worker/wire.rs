@@ -41,6 +41,10 @@ pub enum Op {
     Embed = 10,
     /// Map the shared-memory file at this path for this connection's steps.
     MapShm = 11,
+    /// ABI 1.5: a source sequence; the reply is the new one.
+    SeqFork = 12,
+    /// ABI 1.5: a sequence and the tokens it keeps.
+    SeqTruncate = 13,
 }
 
 impl Op {
@@ -58,6 +62,8 @@ impl Op {
             SeqCachedTokens,
             Embed,
             MapShm,
+            SeqFork,
+            SeqTruncate,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)
@@ -420,14 +426,16 @@ pub fn step_request_size(entries: &[StepEntry<'_>]) -> usize {
         .sum::<usize>()
 }
 
-/// Bytes a step reply for `n` entries takes, at most.
-pub fn step_reply_size(n: usize) -> usize {
+/// Bytes a step reply for these entries takes, at most.
+pub fn step_reply_size(entries: &[StepEntry<'_>]) -> usize {
+    let n: usize = entries.iter().map(StepEntry::result_slots).sum();
     4 + n * (1 + 4 + 4 + 4 + 8 * gantry_engine_abi::ffi::GANTRY_MAX_TOP_LOGPROBS)
 }
 
 const F_SAMPLE: u8 = 1;
 const F_FRESH: u8 = 2;
 const F_ALLOWED: u8 = 4;
+const F_SAMPLE_ALL: u8 = 8;
 
 /// Encode a step's entries (the host side).
 pub fn put_step(w: &mut Writer, entries: &[StepEntry<'_>]) {
@@ -442,6 +450,9 @@ pub fn put_step(w: &mut Writer, entries: &[StepEntry<'_>]) {
         }
         if e.allowed.is_some() {
             flags |= F_ALLOWED;
+        }
+        if e.sample_all {
+            flags |= F_SAMPLE_ALL;
         }
         w.u64(e.seq).u8(flags).i32s(e.tokens);
         if let Some(s) = e.sample {
@@ -474,6 +485,7 @@ pub struct OwnedEntry {
     pub sample: Option<Sampling>,
     pub fresh: bool,
     pub allowed: Option<Vec<u32>>,
+    pub sample_all: bool,
 }
 
 impl OwnedEntry {
@@ -484,6 +496,7 @@ impl OwnedEntry {
             sample: self.sample.as_ref(),
             fresh: self.fresh,
             allowed: self.allowed.as_deref(),
+            sample_all: self.sample_all,
         }
     }
 }
@@ -529,6 +542,7 @@ pub fn get_step(r: &mut Reader<'_>) -> Result<Vec<OwnedEntry>, EngineError> {
             sample,
             fresh: flags & F_FRESH != 0,
             allowed,
+            sample_all: flags & F_SAMPLE_ALL != 0,
         });
     }
     Ok(out)

@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.4.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.5.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -47,7 +47,8 @@
  * THREADING
  *   - `create`, `destroy`, `load_model` and `unload_model` on one engine are
  *     serialized by the host.
- *   - `seq_open`, `seq_release`, `step`, `embed` and `seq_cached_tokens` on one
+ *   - `seq_open`, `seq_release`, `step`, `embed`, `seq_cached_tokens`, `seq_fork` and
+ *     `seq_truncate` on one
  *     model are never called concurrently with each other (the host's scheduler
  *     owns them), but
  *     different models may be stepped concurrently from different threads.
@@ -75,7 +76,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 4
+#define GANTRY_ABI_MINOR 5
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -125,6 +126,9 @@ typedef uint32_t gantry_capability_t;
  * constrained (structured outputs, forced tool calls) is refused with a 400
  * naming the engine when its plugin lacks this bit, never answered unconstrained. */
 #define GANTRY_CAP_TOKEN_MASK 1u
+/* Since 1.5: `step` honours GANTRY_STEP_SAMPLE_ALL and `seq_truncate` is implemented, so
+ * the host may verify drafted tokens (speculative decoding) in one step. */
+#define GANTRY_CAP_SPECULATE 2u
 
 /* ---- opaque handles, allocated by the plugin ---- */
 typedef struct gantry_engine gantry_engine_t;
@@ -260,6 +264,15 @@ typedef struct gantry_sampling {
  * sets it on every entry of a request that asked for reproducible sampling (`seed`), so that
  * its numbers do not depend on what an earlier request left cached. A 1.0 plugin ignores it. */
 #define GANTRY_STEP_FRESH 2u
+/* Since 1.5, only for plugins that declare GANTRY_CAP_SPECULATE, always with
+ * GANTRY_STEP_SAMPLE: sample after EVERY token of the entry, not only after the last, as if
+ * the entry had been fed one token at a time (the sample after token i sees tokens 0..=i in
+ * KV). The entry then takes `n_tokens` consecutive slots of `results`, in token order; every
+ * other entry takes one. The host sets it only on entries whose sampling has no penalties and
+ * no `allowed_tokens` mask (a plugin may refuse those with GANTRY_UNSUPPORTED). The host then
+ * keeps the leading tokens whose samples matched the drafts and drops the rest with
+ * `seq_truncate`; each sample draws from the sequence's generator as any sample does. */
+#define GANTRY_STEP_SAMPLE_ALL 4u
 
 /* One sequence's share of a step: new tokens to feed (a prefill chunk or the
  * previous decode token) and whether to sample after them. Host-owned. */
@@ -276,8 +289,9 @@ typedef struct gantry_token_logprob {
     float logprob;
 } gantry_token_logprob_t;
 
-/* Result for one entry, in a host-allocated array parallel to the entries.
- * Written only for entries with GANTRY_STEP_SAMPLE. */
+/* Result for one entry, in a host-allocated array parallel to the entries (an entry with
+ * GANTRY_STEP_SAMPLE_ALL takes `n_tokens` slots, see above). Written only for entries with
+ * GANTRY_STEP_SAMPLE. */
 typedef struct gantry_step_result {
     int32_t token;
     float logprob; /* natural log probability under the model; NaN when not wanted */
@@ -364,6 +378,23 @@ typedef struct gantry_engine_vtable {
      * the sequence's first entry and before `seq_release`, so that it can count the prompt
      * tokens an engine actually evaluated. Infallible; must not block. */
     int64_t (*seq_cached_tokens)(gantry_model_t* model, uint64_t seq);
+
+    /* Since 1.5; optional (NULL, not covered by `struct_size`, or GANTRY_UNSUPPORTED: the host
+     * evaluates the prompt once per sequence instead). Open a new sequence `*out` whose KV
+     * holds exactly what `src`'s holds (the same tokens at the same positions), sharing or
+     * copying cells as the plugin likes; its own next entry continues after them. Sampler
+     * state is not copied: the new sequence's first sample starts its own (its own `seed`).
+     * `src` has been stepped and stays as it was. Fails with GANTRY_OOM_VRAM / OOM_RAM when no
+     * sequence or cell is free. Used for `n` > 1: the prompt is evaluated once. */
+    gantry_status_t (*seq_fork)(gantry_model_t* model, uint64_t src, uint64_t* out,
+                                gantry_error_t* err);
+
+    /* Since 1.5; required with GANTRY_CAP_SPECULATE. Keep the first `n_keep` tokens of `seq`'s
+     * KV and drop the rest, with the samples taken after the dropped tokens (a penalty's
+     * history forgets them); the next entry continues at position `n_keep`. `n_keep` is at
+     * most the tokens the sequence holds. */
+    gantry_status_t (*seq_truncate)(gantry_model_t* model, uint64_t seq, uint64_t n_keep,
+                                    gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 4;
+pub const GANTRY_ABI_MINOR: u32 = 5;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -46,10 +46,14 @@ pub const GANTRY_MODALITY_EMBEDDING: gantry_modality_t = 2;
 pub type gantry_capability_t = u32;
 /// Since ABI 1.2: `step` honours `gantry_sampling_t::allowed_tokens` (see the header).
 pub const GANTRY_CAP_TOKEN_MASK: gantry_capability_t = 1;
+/// Since ABI 1.5: `step` honours `GANTRY_STEP_SAMPLE_ALL` and `seq_truncate` works.
+pub const GANTRY_CAP_SPECULATE: gantry_capability_t = 2;
 
 pub const GANTRY_STEP_SAMPLE: u32 = 1;
 /// Since ABI 1.1: take no cached prefix for this entry's sequence (see the header).
 pub const GANTRY_STEP_FRESH: u32 = 2;
+/// Since ABI 1.5: sample after every token of this entry (see the header).
+pub const GANTRY_STEP_SAMPLE_ALL: u32 = 4;
 
 /// Opaque engine handle (plugin-allocated).
 #[repr(C)]
@@ -265,6 +269,16 @@ pub type EmbedFn = unsafe extern "C" fn(
 pub type UnloadModelFn = unsafe extern "C" fn(*mut gantry_model_t);
 /// Since 1.4: cached tokens of a sequence's first entry, or -1 when unknown.
 pub type SeqCachedTokensFn = unsafe extern "C" fn(*mut gantry_model_t, u64) -> i64;
+/// Since 1.5: a new sequence holding what `src`'s KV holds.
+pub type SeqForkFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    u64,
+    *mut u64,
+    *mut gantry_error_t,
+) -> gantry_status_t;
+/// Since 1.5: keep the first `n_keep` tokens of a sequence.
+pub type SeqTruncateFn =
+    unsafe extern "C" fn(*mut gantry_model_t, u64, u64, *mut gantry_error_t) -> gantry_status_t;
 
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
@@ -283,6 +297,10 @@ pub struct gantry_engine_vtable_t {
     pub unload_model: Option<UnloadModelFn>,
     /// Since 1.4; optional.
     pub seq_cached_tokens: Option<SeqCachedTokensFn>,
+    /// Since 1.5; optional.
+    pub seq_fork: Option<SeqForkFn>,
+    /// Since 1.5; required with `GANTRY_CAP_SPECULATE`.
+    pub seq_truncate: Option<SeqTruncateFn>,
 }
 
 #[repr(C)]

@@ -61,7 +61,8 @@ pub trait Model: Send + Sync + 'static {
     fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError>;
     fn seq_open(&self) -> Result<u64, EngineError>;
     fn seq_release(&self, seq: u64);
-    /// One forward pass. Returns one slot per entry: `Some` exactly for the
+    /// One forward pass. Returns one slot per entry (`tokens.len()` slots for an entry with
+    /// [`StepEntry::sample_all`], see [`StepEntry::result_slots`]): `Some` exactly for the
     /// entries that asked for a sample.
     fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError>;
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError>;
@@ -70,6 +71,21 @@ pub trait Model: Send + Sync + 'static {
     /// that carried the first entry. The default reports nothing, as a 1.3 plugin does.
     fn seq_cached_tokens(&self, _seq: u64) -> Option<u64> {
         None
+    }
+    /// A new sequence whose KV holds what `src`'s holds (since ABI 1.5, `seq_fork`); the host
+    /// uses it for `n` > 1, so a prompt is evaluated once. The default refuses, and the host
+    /// evaluates the prompt once per sequence instead.
+    fn seq_fork(&self, _src: u64) -> Result<u64, EngineError> {
+        Err(EngineError::unsupported(
+            "this engine does not fork sequences",
+        ))
+    }
+    /// Keep the first `n_keep` tokens of `seq` and forget the rest, with the samples taken
+    /// after them (since ABI 1.5, `seq_truncate`; required with `GANTRY_CAP_SPECULATE`).
+    fn seq_truncate(&self, _seq: u64, _n_keep: usize) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(
+            "this engine does not truncate sequences",
+        ))
     }
 }
 

@@ -246,6 +246,12 @@ impl EngineInfo {
     pub fn supports_token_mask(&self) -> bool {
         self.capabilities & ffi::GANTRY_CAP_TOKEN_MASK != 0
     }
+
+    /// The plugin samples at every position of an entry and truncates sequences
+    /// (`GANTRY_CAP_SPECULATE`, ABI 1.5): the host may verify drafted tokens.
+    pub fn supports_speculation(&self) -> bool {
+        self.capabilities & ffi::GANTRY_CAP_SPECULATE != 0
+    }
 }
 
 /// Engine-wide settings handed to `create`.
@@ -393,6 +399,21 @@ pub struct StepEntry<'a> {
     /// one bit per token (bit `t % 32` of word `t / 32`); `None` = every token. Only with
     /// `sample`, and only for plugins that declare `GANTRY_CAP_TOKEN_MASK`.
     pub allowed: Option<&'a [u32]>,
+    /// Since ABI 1.5 (`GANTRY_STEP_SAMPLE_ALL`, only with `sample`, only for plugins that
+    /// declare `GANTRY_CAP_SPECULATE`): sample after every token of `tokens`, not only the
+    /// last; the entry then takes `tokens.len()` consecutive result slots.
+    pub sample_all: bool,
+}
+
+impl StepEntry<'_> {
+    /// How many result slots this entry takes: `tokens.len()` with `sample_all`, else one.
+    pub fn result_slots(&self) -> usize {
+        if self.sample_all && self.sample.is_some() {
+            self.tokens.len()
+        } else {
+            1
+        }
+    }
 }
 
 /// Whether `token` is set in an allowed-token mask (see [`StepEntry::allowed`]); tokens past

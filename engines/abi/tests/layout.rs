@@ -156,7 +156,9 @@ fn rust_layout() -> Vec<(String, usize)> {
             step,
             embed,
             unload_model,
-            seq_cached_tokens
+            seq_cached_tokens,
+            seq_fork,
+            seq_truncate
         }
     );
     layout!(
@@ -263,6 +265,14 @@ fn header_constants_match_rust_constants() {
     );
     assert_eq!(define("GANTRY_STEP_SAMPLE"), GANTRY_STEP_SAMPLE.to_string());
     assert_eq!(define("GANTRY_STEP_FRESH"), GANTRY_STEP_FRESH.to_string());
+    assert_eq!(
+        define("GANTRY_STEP_SAMPLE_ALL"),
+        GANTRY_STEP_SAMPLE_ALL.to_string()
+    );
+    assert_eq!(
+        define("GANTRY_CAP_SPECULATE"),
+        GANTRY_CAP_SPECULATE.to_string()
+    );
     assert_eq!(
         define("GANTRY_CAP_TOKEN_MASK"),
         GANTRY_CAP_TOKEN_MASK.to_string()

@@ -369,6 +369,7 @@ fn one_batch(
                     sample: fin.then_some(&params[j]),
                     fresh: true,
                     allowed: None,
+                    sample_all: false,
                 })
                 .collect();
             let r = model.step(&steps_in).map_err(e)?;
@@ -393,6 +394,7 @@ fn one_batch(
                     sample: Some(&params[j]),
                     fresh: false,
                     allowed: None,
+                    sample_all: false,
                 })
                 .collect();
             let s0 = Instant::now();

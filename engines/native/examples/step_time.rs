@@ -68,6 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sample: Some(&greedy),
                 fresh: true,
                 allowed: None,
+                sample_all: false,
             })
             .collect();
         let t = Instant::now();
@@ -89,6 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     sample: Some(&greedy),
                     fresh: false,
                     allowed: None,
+                    sample_all: false,
                 })
                 .collect();
             let t = Instant::now();

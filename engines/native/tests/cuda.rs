@@ -217,6 +217,7 @@ fn gemma_on_cuda_answers_paris() {
                 sample: Some(&greedy),
                 fresh: false,
                 allowed: None,
+                sample_all: false,
             }])
             .expect("step");
         let t = r[0].as_ref().expect("sampled").token;

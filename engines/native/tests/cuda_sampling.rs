@@ -335,6 +335,7 @@ fn decode(
                 sample: Some(&params[i]),
                 fresh: true,
                 allowed: None,
+                sample_all: false,
             })
             .collect();
         let r = model.step(&entries).expect("step");

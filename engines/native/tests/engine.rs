@@ -68,6 +68,7 @@ fn gemma_tokenizes_like_llama_cpp_and_agrees_with_it_under_teacher_forcing() {
                 sample: Some(&greedy),
                 fresh: false,
                 allowed: None,
+                sample_all: false,
             };
             let x = ne
                 .step(&[entry(a)])

@@ -132,6 +132,7 @@ fn the_engine_reports_the_positions_its_shared_prefix_blocks_cover() {
             sample: Some(&greedy),
             fresh: false,
             allowed: None,
+            sample_all: false,
         }])
         .expect("step");
         let n = exec.seq_cached_tokens(seq);

@@ -105,6 +105,7 @@ pub fn bench(
                 sample: Some(&greedy),
                 fresh,
                 allowed: None,
+                sample_all: false,
             }])
             .map_err(|e| format!("step: {e}"))?
             .into_iter()

@@ -288,6 +288,7 @@ pub fn generate_batched(exec: &mut ModelExec, prompts: &[Vec<i32>], n: usize) ->
                 sample: Some(&g),
                 fresh: false,
                 allowed: None,
+                sample_all: false,
             })
             .collect();
         let res = exec.step(&entries).expect("step");
@@ -316,6 +317,7 @@ pub fn step_new_sequence(exec: &mut ModelExec, tokens: &[i32], fresh: bool) -> (
             sample: Some(&g),
             fresh,
             allowed: None,
+            sample_all: false,
         }])
         .expect("step");
     (seq, out[0].as_ref().expect("sampled").token)

@@ -16,13 +16,15 @@ fn a_step_survives_the_round_trip() {
             sample: None,
             fresh: true,
             allowed: None,
+            sample_all: false,
         },
         StepEntry {
             seq: 9,
-            tokens: &[42],
+            tokens: &[42, 43, 44],
             sample: Some(&s),
             fresh: false,
             allowed: Some(&mask),
+            sample_all: true,
         },
     ];
     let mut w = Writer::default();
@@ -33,20 +35,22 @@ fn a_step_survives_the_round_trip() {
     assert_eq!(back[0].seq, 7);
     assert_eq!(back[0].tokens, [1, 2, 3]);
     assert!(back[0].fresh && back[0].sample.is_none() && back[0].allowed.is_none());
+    assert!(!back[0].sample_all && back[1].sample_all);
     assert_eq!(back[1].sample.as_ref(), Some(&s));
     assert_eq!(back[1].allowed.as_deref(), Some(&mask[..]));
 
-    let results = vec![
-        None,
+    // The verifying entry takes one result per token (ABI 1.5 `GANTRY_STEP_SAMPLE_ALL`).
+    let token = |t: i32| {
         Some(SampledToken {
-            token: 11,
+            token: t,
             logprob: -0.25,
-            top: vec![(11, -0.25), (12, -2.0)],
-        }),
-    ];
+            top: vec![(t, -0.25), (12, -2.0)],
+        })
+    };
+    let results = vec![None, token(11), token(43), token(7)];
     let mut w = Writer::default();
     put_step_results(&mut w, &results);
-    assert!(w.buf.len() <= step_reply_size(2));
+    assert!(w.buf.len() <= step_reply_size(&entries));
     assert_eq!(
         get_step_results(&mut Reader::new(&w.buf)).expect("decodes"),
         results

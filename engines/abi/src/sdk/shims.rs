@@ -51,6 +51,8 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         embed: Some(shim_embed::<E::Model>),
         unload_model: Some(shim_unload_model::<E::Model>),
         seq_cached_tokens: Some(shim_seq_cached_tokens::<E::Model>),
+        seq_fork: Some(shim_seq_fork::<E::Model>),
+        seq_truncate: Some(shim_seq_truncate::<E::Model>),
     }
 }
 
@@ -350,17 +352,19 @@ unsafe extern "C" fn shim_step<M: Model>(
                     sample: s.as_ref(),
                     fresh: e.flags & ffi::GANTRY_STEP_FRESH != 0,
                     allowed,
+                    sample_all: e.flags & ffi::GANTRY_STEP_SAMPLE_ALL != 0,
                 });
             }
+            let slots: usize = safe.iter().map(StepEntry::result_slots).sum();
             let out = m.model.step(&safe)?;
-            if out.len() != raw.len() {
+            if out.len() != slots {
                 return Err(EngineError::internal(format!(
-                    "step returned {} results for {} entries",
+                    "step returned {} results for {} entries ({slots} result slots)",
                     out.len(),
                     raw.len()
                 )));
             }
-            if results.is_null() && n_entries > 0 {
+            if results.is_null() && slots > 0 {
                 return Err(EngineError::internal("step: null results"));
             }
             for (i, r) in out.into_iter().enumerate() {
@@ -375,6 +379,42 @@ unsafe extern "C" fn shim_step<M: Model>(
                 }
             }
             Ok(())
+        })
+    }
+}
+
+unsafe extern "C" fn shim_seq_fork<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    src: u64,
+    out: *mut u64,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle and host-owned out pointer per the header.
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            if out.is_null() {
+                return Err(EngineError::internal("seq_fork: null out"));
+            }
+            *out = m.model.seq_fork(src)?;
+            Ok(())
+        })
+    }
+}
+
+unsafe extern "C" fn shim_seq_truncate<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    seq: u64,
+    n_keep: u64,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle per the header.
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            let n = usize::try_from(n_keep)
+                .map_err(|_| EngineError::internal("seq_truncate: n_keep out of range"))?;
+            m.model.seq_truncate(seq, n)
         })
     }
 }

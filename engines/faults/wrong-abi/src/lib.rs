@@ -58,6 +58,8 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     embed: None,
     unload_model: None,
     seq_cached_tokens: None,
+    seq_fork: None,
+    seq_truncate: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {

@@ -104,6 +104,7 @@ pub fn generate(
                 sample: Some(&greedy),
                 fresh: false,
                 allowed: None,
+                sample_all: false,
             });
             who.push(i);
         }
