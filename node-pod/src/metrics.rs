@@ -37,6 +37,10 @@ pub struct Metrics {
     pub prompt_tokens_cached: IntCounterVec,
     pub prompt_tokens_evaluated: IntCounterVec,
     pub generation_tokens: IntCounterVec,
+    /// Speculative decoding: tokens drafted (prompt lookup) and, of those, the ones the
+    /// verification kept; their ratio is the acceptance rate.
+    pub speculative_draft_tokens: IntCounterVec,
+    pub speculative_accepted_tokens: IntCounterVec,
     pub requests: IntCounterVec,
     pub model_load_seconds: GaugeVec,
     pub response_cache_hits: IntCounterVec,
@@ -288,6 +292,18 @@ impl Metrics {
                 "Prompt tokens processed",
                 &m,
             ),
+            speculative_draft_tokens: counter(
+                &r,
+                "gantry_speculative_draft_tokens_total",
+                "Tokens drafted by prompt lookup and verified by the engine (speculative decoding)",
+                &m,
+            ),
+            speculative_accepted_tokens: counter(
+                &r,
+                "gantry_speculative_accepted_tokens_total",
+                "Drafted tokens the verification kept (accepted / drafted = acceptance rate)",
+                &m,
+            ),
             prompt_tokens_cached: counter(
                 &r,
                 "gantry_prompt_tokens_cached_total",
@@ -407,7 +423,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 39] = [
+        let collectors: [&dyn Collector; 41] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -423,6 +439,8 @@ impl Metrics {
             &self.prompt_tokens_cached,
             &self.prompt_tokens_evaluated,
             &self.generation_tokens,
+            &self.speculative_draft_tokens,
+            &self.speculative_accepted_tokens,
             &self.requests,
             &self.model_load_seconds,
             &self.response_cache_hits,
@@ -574,6 +592,8 @@ impl Metrics {
             prompt_tokens_cached: self.prompt_tokens_cached.with_label_values(&m),
             prompt_tokens_evaluated: self.prompt_tokens_evaluated.with_label_values(&m),
             generation_tokens: self.generation_tokens.with_label_values(&m),
+            draft_tokens: self.speculative_draft_tokens.with_label_values(&m),
+            accepted_tokens: self.speculative_accepted_tokens.with_label_values(&m),
             steps: self.steps.with_label_values(&m),
             step_tokens: self.step_tokens.with_label_values(&m),
             queue_seconds: self.queue_seconds.with_label_values(&m),

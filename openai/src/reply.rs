@@ -52,6 +52,7 @@ pub fn now_secs() -> u64 {
 }
 
 /// What every part of one reply repeats, and how the reply is shaped.
+#[derive(Clone)]
 pub struct Meta {
     pub id: String,
     pub created: u64,
@@ -64,6 +65,8 @@ pub struct Meta {
     pub stall: Duration,
     /// How the reply's text becomes tool calls.
     pub tools: ReplyTools,
+    /// The choice a stream's chunks belong to (`index`; 0 unless `n` > 1).
+    pub choice: u32,
 }
 
 impl Meta {
@@ -87,7 +90,7 @@ impl Meta {
                     "id": self.id, "object": "chat.completion.chunk", "created": self.created,
                     "model": self.model, "system_fingerprint": fingerprint(),
                     "choices": [{
-                        "index": 0, "delta": delta,
+                        "index": self.choice, "delta": delta,
                         "logprobs": logprob.map(|l| json!({"content": [chat_logprob(l)]})),
                         "finish_reason": finish,
                     }],
@@ -102,7 +105,7 @@ impl Meta {
                 json!({
                     "id": self.id, "object": "text_completion", "created": self.created,
                     "model": self.model, "system_fingerprint": fingerprint(),
-                    "choices": [{"index": 0, "text": delta_text, "logprobs": lp, "finish_reason": finish}],
+                    "choices": [{"index": self.choice, "text": delta_text, "logprobs": lp, "finish_reason": finish}],
                 })
             }
         }

@@ -77,6 +77,9 @@ macro_rules! request_with_common_fields {
             /// Gantry extension: request deadline in seconds (0 = none, within the model's maximum).
             #[serde(default)]
             pub timeout: Option<f64>,
+            /// Gantry extension: `false` opts this request out of speculative decoding.
+            #[serde(default)]
+            pub speculation: Option<bool>,
             #[serde(default)]
             pub response_format: Option<Value>,
             // vLLM-compatible output constraints (docs/structured-outputs.md).
@@ -113,6 +116,7 @@ macro_rules! request_with_common_fields {
                     min_p: self.min_p,
                     repetition_penalty: self.repetition_penalty,
                     timeout: self.timeout,
+                    speculation: self.speculation,
                 }
             }
 
@@ -149,6 +153,7 @@ pub struct Common<'a> {
     pub min_p: Option<f64>,
     pub repetition_penalty: Option<f64>,
     pub timeout: Option<f64>,
+    pub speculation: Option<bool>,
 }
 
 request_with_common_fields! {

@@ -90,7 +90,14 @@ pub struct ValidParams {
     pub seeded: bool,
     /// The grammar the output must follow (`response_format`, a forced tool call, an extra).
     pub constraint: Option<ConstraintRequest>,
+    /// Choices to generate (`n`), each from the same prompt.
+    pub n: u32,
+    /// Drafted tokens may be verified for this request (Gantry's `speculation`, default on).
+    pub speculate: bool,
 }
+
+/// The most choices one request may ask for (OpenAI's limit for `n`).
+pub const MAX_CHOICES: i64 = 128;
 
 fn range(field: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
     match v {
@@ -106,12 +113,11 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
     if c.model.trim().is_empty() {
         return Err(ApiError::invalid("model", "`model` must name a model"));
     }
-    if let Some(n) = c.n
-        && n != 1
-    {
-        return Err(ApiError::unsupported(
+    let n = c.n.unwrap_or(1);
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(ApiError::invalid(
             "n",
-            format!("`n` must be 1 (one choice per request), got {n}"),
+            format!("`n` must be within [1, {MAX_CHOICES}], got {n}"),
         ));
     }
     let temperature = range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(1.0);
@@ -232,6 +238,8 @@ fn common(c: &Common<'_>) -> Result<ValidParams, ApiError> {
         timeout,
         seeded: c.seed.is_some(),
         constraint: None,
+        n: n as u32,
+        speculate: c.speculation.unwrap_or(true),
     })
 }
 
@@ -476,12 +484,18 @@ pub fn completion(req: &CompletionRequest) -> Result<ValidCompletionRequest, Api
             "`echo: true` is not supported",
         ));
     }
+    // `best_of` > `n` would rank candidates the client never sees; equal to `n` it asks for
+    // nothing more than `n` does.
     if let Some(b) = req.best_of
         && b != 1
+        && b != i64::from(p.n)
     {
         return Err(ApiError::unsupported(
             "best_of",
-            format!("`best_of` must be 1, got {b}"),
+            format!(
+                "`best_of` must be 1 or equal to `n` ({}), got {b}: ranking more candidates than are returned is not supported",
+                p.n
+            ),
         ));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {

@@ -123,6 +123,25 @@ pub struct GenerateJob {
     pub events: mpsc::UnboundedSender<GenEvent>,
     /// A worker crash already interrupted it once (it is not retried twice).
     pub retried: bool,
+    /// The other choices of an `n` > 1 request, each with its own sampling, grammar and
+    /// channel. They start from this job's prompt once it is evaluated (ABI 1.5 `seq_fork`),
+    /// so the prompt is evaluated once; where the engine cannot fork, they run as jobs of
+    /// their own.
+    pub forks: Vec<GenerateJob>,
+    /// Drafted tokens may be verified for it (speculative decoding; a request can opt out).
+    pub speculate: bool,
+}
+
+impl GenerateJob {
+    /// Send `ev` to this job and to every fork still waiting inside it (an `n` > 1 request
+    /// that ends before its choices started); returns how many choices it reached.
+    pub fn send_all(&self, ev: GenEvent) -> usize {
+        for f in &self.forks {
+            let _ = f.events.send(ev.clone());
+        }
+        let _ = self.events.send(ev);
+        1 + self.forks.len()
+    }
 }
 
 /// An embedding request.

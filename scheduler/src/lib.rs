@@ -23,6 +23,7 @@
 //! drops the scheduler.
 
 pub mod batch;
+pub mod draft;
 mod engine;
 mod handle;
 mod job;
@@ -102,6 +103,8 @@ pub fn spawn<E: Engine>(
         model_figures,
         requeue: watch.requeue,
         crashed: None,
+        drafts: limits.speculation && settings.speculation.enabled(),
+        context_length: limits.context_length as usize,
     };
     let name = if replica == 0 {
         format!("sched-{model}")

@@ -18,6 +18,9 @@ pub struct SchedulerMetrics {
     pub prompt_tokens_cached: IntCounter,
     pub prompt_tokens_evaluated: IntCounter,
     pub generation_tokens: IntCounter,
+    /// `gantry_speculative_draft_tokens_total` / `_accepted_tokens_total`.
+    pub draft_tokens: IntCounter,
+    pub accepted_tokens: IntCounter,
     pub steps: IntCounter,
     pub step_tokens: Histogram,
     pub queue_seconds: Histogram,

@@ -12,6 +12,7 @@ use gantry_api::WorkerCrash;
 use gantry_engine_abi::{EngineError, Status};
 
 use crate::batch::{self, Capacity, Load, RunningSeq};
+use crate::draft::Speculation;
 use crate::engine::Engine;
 use crate::handle::{Figures, ModelFigures};
 use crate::job::{FinishReason, GenError, GenEvent, GenerateJob, Job, Requeue};
@@ -25,6 +26,8 @@ pub struct SchedulerSettings {
     pub prefill_chunk_tokens: usize,
     /// A step longer than this is an overrun (the watchdog acts).
     pub step_timeout: Duration,
+    /// Prompt-lookup drafting (used when the engine verifies drafts, ABI 1.5).
+    pub speculation: Speculation,
 }
 
 /// A sequence in the engine.
@@ -47,16 +50,55 @@ pub(crate) struct Running {
     pub(crate) queued: Duration,
     pub(crate) first_token_at: Option<Instant>,
     pub(crate) last_token_at: Option<Instant>,
+    /// The prompt's last token waits until the job's forks (`n` > 1) start from the rest.
+    pub(crate) hold_last: bool,
+    /// Leading positions shared with the sequence this one was forked from (not its own
+    /// cells in the admission count).
+    pub(crate) shared: usize,
+    /// The prompt, then every generated token (the pending one last): what prompt lookup
+    /// searches. Empty for a sequence that never drafts.
+    pub(crate) context: Vec<i32>,
 }
 
 impl Running {
+    pub(crate) fn new(job: GenerateJob, seq: u64, queued: Duration, drafts: bool) -> Running {
+        let stops = StopMatcher::new(job.stop.clone());
+        let context = if drafts {
+            job.prompt.clone()
+        } else {
+            Vec::new()
+        };
+        Running {
+            hold_last: !job.forks.is_empty() && job.prompt.len() >= 2,
+            job,
+            seq,
+            fed: 0,
+            cached: None,
+            next: None,
+            fed_decode: 0,
+            generated: 0,
+            utf8: Utf8Stream::default(),
+            stops,
+            queued,
+            first_token_at: None,
+            last_token_at: None,
+            shared: 0,
+            context,
+        }
+    }
+
     fn kv_tokens(&self) -> u64 {
-        (self.fed + self.fed_decode) as u64
+        (self.fed + self.fed_decode - self.shared) as u64
+    }
+
+    /// Positions the sequence holds in the engine.
+    pub(crate) fn positions(&self) -> usize {
+        self.fed + self.fed_decode
     }
 
     pub(crate) fn progress(&self) -> RunningSeq {
         RunningSeq {
-            prompt_tokens: self.job.prompt.len(),
+            prompt_tokens: self.job.prompt.len() - usize::from(self.hold_last),
             fed: self.fed,
             has_next: self.next.is_some(),
         }
@@ -79,6 +121,9 @@ pub(crate) struct Scheduler<E: Engine> {
     pub(crate) requeue: Option<Requeue>,
     /// The worker crash that ended this engine instance; every job after it fails at once.
     pub(crate) crashed: Option<WorkerCrash>,
+    /// The engine verifies drafts (ABI 1.5 `GANTRY_CAP_SPECULATE`) and drafting is on.
+    pub(crate) drafts: bool,
+    pub(crate) context_length: usize,
 }
 
 impl<E: Engine> Scheduler<E> {
@@ -190,9 +235,7 @@ impl<E: Engine> Scheduler<E> {
         let fail_all = |jobs: Vec<GenerateJob>| {
             for j in jobs {
                 self.metrics.finished("error");
-                let _ = j
-                    .events
-                    .send(GenEvent::Error(GenError::Crashed(crash.clone())));
+                j.send_all(GenEvent::Error(GenError::Crashed(crash.clone())));
             }
         };
         fail_all(fail);
@@ -229,7 +272,7 @@ impl<E: Engine> Scheduler<E> {
                 let queued = now - j.arrived;
                 metrics.queue_seconds.observe(queued.as_secs_f64());
                 metrics.finished(FinishReason::QueueTimeout.label());
-                let _ = j.events.send(GenEvent::Done {
+                j.send_all(GenEvent::Done {
                     reason: FinishReason::QueueTimeout,
                     prompt_tokens: j.prompt.len() as u32,
                     cached_tokens: None,
@@ -261,7 +304,7 @@ impl<E: Engine> Scheduler<E> {
         }
     }
 
-    fn load(&self) -> Load {
+    pub(crate) fn load(&self) -> Load {
         Load {
             sequences: self.running.len(),
             kv_tokens: self.running.iter().map(Running::kv_tokens).sum(),
@@ -285,33 +328,98 @@ impl<E: Engine> Scheduler<E> {
                     if let Some(job) = self.waiting.pop_front() {
                         self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
                         self.metrics.finished("error");
-                        let _ = job.events.send(GenEvent::Error(GenError::Engine(e)));
+                        job.send_all(GenEvent::Error(GenError::Engine(e)));
                     }
                     continue;
                 }
             };
-            let Some(job) = self.waiting.pop_front() else {
+            let Some(mut job) = self.waiting.pop_front() else {
                 break;
             };
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
             self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
             let queued = job.arrived.elapsed();
             self.metrics.queue_seconds.observe(queued.as_secs_f64());
-            let stops = StopMatcher::new(job.stop.clone());
-            self.running.push(Running {
-                job,
-                seq,
-                fed: 0,
-                cached: None,
-                next: None,
-                fed_decode: 0,
-                generated: 0,
-                utf8: Utf8Stream::default(),
-                stops,
-                queued,
-                first_token_at: None,
-                last_token_at: None,
-            });
+            if job.prompt.len() < 2 {
+                // Nothing to evaluate before the last token: every choice runs on its own.
+                let forks = std::mem::take(&mut job.forks);
+                self.wait_first(forks);
+            }
+            let drafts = self.drafts_for(&job);
+            self.running.push(Running::new(job, seq, queued, drafts));
+        }
+    }
+
+    /// Whether a job's sequence may draft: the model drafts, and the request neither opted
+    /// out nor needs what verification does not do (a grammar's masks, penalties).
+    pub(crate) fn drafts_for(&self, job: &GenerateJob) -> bool {
+        self.drafts && job.speculate && job.grammar.is_none() && !job.sampling.has_penalties()
+    }
+
+    /// Put jobs back at the head of the queue, in order (the choices of an `n` > 1 request
+    /// that could not start from its evaluated prompt).
+    pub(crate) fn wait_first(&mut self, jobs: Vec<GenerateJob>) {
+        self.figures
+            .waiting
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        for j in jobs.into_iter().rev() {
+            self.waiting.push_front(j);
+        }
+    }
+
+    /// Start the forks of every sequence whose prompt, but for its last token, is evaluated:
+    /// each gets a sequence that starts from those cells (ABI 1.5 `seq_fork`) and is fed the
+    /// last token itself. Forks beyond the free sequences, or on an engine that cannot fork,
+    /// go back to the head of the queue and evaluate their prompt alone.
+    pub(crate) fn start_forks(&mut self) {
+        let ready: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let r = &self.running[i];
+                r.hold_last && r.fed + 1 == r.job.prompt.len()
+            })
+            .collect();
+        for i in ready {
+            let forks = std::mem::take(&mut self.running[i].job.forks);
+            self.running[i].hold_last = false;
+            let (src, fed, cached, queued) = {
+                let r = &self.running[i];
+                (r.seq, r.fed, r.cached, r.queued)
+            };
+            let mut rest = Vec::new();
+            for job in forks {
+                if !rest.is_empty() || self.running.len() >= self.capacity.max_sequences {
+                    rest.push(job);
+                    continue;
+                }
+                match self.engine.seq_fork(src) {
+                    Ok(seq) => {
+                        let drafts = self.drafts_for(&job);
+                        let mut r = Running::new(job, seq, queued, drafts);
+                        r.hold_last = false;
+                        r.fed = fed;
+                        r.shared = fed;
+                        r.cached = cached;
+                        self.running.push(r);
+                    }
+                    Err(e) => {
+                        tracing::debug!(model = %self.metrics.model, error = %e, "no fork; the choice evaluates its prompt alone");
+                        rest.push(job);
+                    }
+                }
+            }
+            self.wait_first(rest);
+        }
+    }
+
+    /// Send a job's waiting forks the end their source got (its deadline, its failure).
+    pub(crate) fn end_forks(&self, job: &mut GenerateJob, end: &GenEvent) {
+        let label = match end {
+            GenEvent::Done { reason, .. } => reason.label(),
+            _ => "error",
+        };
+        for f in std::mem::take(&mut job.forks) {
+            self.metrics.finished(label);
+            let _ = f.events.send(end.clone());
         }
     }
 

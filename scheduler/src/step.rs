@@ -9,6 +9,7 @@ use std::time::Instant;
 use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
 
 use crate::batch::{Planned, plan_step};
+use crate::draft::{accepted, prompt_lookup};
 use crate::engine::Engine;
 use crate::job::{FinishReason, GenError, GenEvent, TokenLogprob};
 use crate::metrics::SchedulerMetrics;
@@ -17,6 +18,7 @@ use crate::text_stream::StopScan;
 
 impl<E: Engine> Scheduler<E> {
     pub(crate) fn step(&mut self) {
+        self.start_forks();
         let progress: Vec<_> = self.running.iter().map(Running::progress).collect();
         let plan = plan_step(&progress, self.settings.prefill_chunk_tokens);
         if plan.is_empty() {
@@ -25,15 +27,23 @@ impl<E: Engine> Scheduler<E> {
         if !self.compute_masks(&plan) {
             return; // a grammar failed: its request ended; plan again without it
         }
-        let decode_tokens: Vec<[i32; 1]> = plan
+        let drafts = self.drafts(&plan);
+        // What each decode entry feeds: its pending token, then its draft.
+        let decode_tokens: Vec<Vec<i32>> = plan
             .iter()
-            .filter(|p| p.prompt_tokens == 0)
-            .map(|p| [self.running[p.index].next.unwrap_or_default()])
+            .zip(&drafts)
+            .filter(|(p, _)| p.prompt_tokens == 0)
+            .map(|(p, d)| {
+                let mut t = Vec::with_capacity(1 + d.len());
+                t.push(self.running[p.index].next.unwrap_or_default());
+                t.extend_from_slice(d);
+                t
+            })
             .collect();
         let mut decode = decode_tokens.iter();
         let mut entries: Vec<StepEntry<'_>> = Vec::with_capacity(plan.len());
         let mut total = 0usize;
-        for p in &plan {
+        for (p, d) in plan.iter().zip(&drafts) {
             let r = &self.running[p.index];
             let tokens: &[i32] = match p.prompt_tokens {
                 0 => decode.next().map(|t| &t[..]).unwrap_or_default(),
@@ -51,7 +61,7 @@ impl<E: Engine> Scheduler<E> {
                     .as_deref()
                     .filter(|_| p.samples)
                     .map(|g| g.mask()),
-                sample_all: false,
+                sample_all: !d.is_empty(),
             });
         }
         self.metrics.steps.inc();
@@ -70,8 +80,11 @@ impl<E: Engine> Scheduler<E> {
             Err(e) => return self.fail_step(&plan, e),
         };
         let now = Instant::now();
+        let mut results = results.into_iter();
         let mut finished: Vec<(usize, FinishReason)> = Vec::new();
-        for (p, sampled) in plan.iter().zip(results) {
+        for (p, draft) in plan.iter().zip(&drafts) {
+            let sampled: Vec<Option<SampledToken>> =
+                results.by_ref().take(1 + draft.len()).collect();
             let r = &mut self.running[p.index];
             if p.prompt_tokens > 0 && r.fed == 0 {
                 // The prompt's first chunk ran: the engine now knows what it took from a cache.
@@ -86,16 +99,39 @@ impl<E: Engine> Scheduler<E> {
             r.fed += p.prompt_tokens;
             if p.prompt_tokens == 0 {
                 r.next = None;
-                r.fed_decode += 1;
+                r.fed_decode += 1 + draft.len();
             }
-            let Some(tok) = sampled else { continue };
+            let tokens: Vec<SampledToken> = sampled.into_iter().flatten().collect();
+            let emit = if draft.is_empty() {
+                tokens.len()
+            } else {
+                // Verification: the drafted tokens that matched, and the sample after them.
+                let ids: Vec<i32> = tokens.iter().map(|t| t.token).collect();
+                let kept = accepted(draft, &ids);
+                self.metrics.draft_tokens.inc_by(draft.len() as u64);
+                self.metrics.accepted_tokens.inc_by(kept as u64);
+                let dropped = draft.len() - kept;
+                if dropped > 0 {
+                    let keep = r.positions() - dropped;
+                    if let Err(e) = self.engine.seq_truncate(r.seq, keep as u64) {
+                        let _ = r.job.events.send(GenEvent::Error(GenError::Engine(e)));
+                        finished.push((p.index, FinishReason::Failed));
+                        continue;
+                    }
+                    r.fed_decode -= dropped;
+                }
+                (kept + 1).min(tokens.len())
+            };
             let out = Output {
                 engine: &self.engine,
                 metrics: &self.metrics,
                 eog: &self.eog,
             };
-            if let Some(reason) = out.on_token(r, tok, now) {
-                finished.push((p.index, reason));
+            for tok in tokens.into_iter().take(emit) {
+                if let Some(reason) = out.on_token(r, tok, now) {
+                    finished.push((p.index, reason));
+                    break;
+                }
             }
         }
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
@@ -103,6 +139,40 @@ impl<E: Engine> Scheduler<E> {
             let r = self.running.swap_remove(i);
             self.finish(r, reason);
         }
+        self.start_forks();
+    }
+
+    /// The draft of every decode entry of the plan (empty where it drafts nothing): prompt
+    /// lookup over the sequence's text, when the model verifies drafts, the request allows
+    /// it, few enough sequences decode, and the draft fits the request's `max_tokens`, the
+    /// context and the KV cells left.
+    fn drafts(&self, plan: &[Planned]) -> Vec<Vec<i32>> {
+        let spec = self.settings.speculation;
+        let decoding = plan.iter().filter(|p| p.prompt_tokens == 0).count();
+        let none = || vec![Vec::new(); plan.len()];
+        if !self.drafts || decoding > spec.max_batch {
+            return none();
+        }
+        let load = self.load();
+        let mut free = self
+            .capacity
+            .kv_tokens
+            .saturating_sub(load.kv_tokens + decoding as u64) as usize;
+        plan.iter()
+            .map(|p| {
+                let r = &self.running[p.index];
+                if p.prompt_tokens > 0 || r.context.is_empty() {
+                    return Vec::new();
+                }
+                let left =
+                    (r.job.max_tokens.saturating_sub(r.generated) as usize).saturating_sub(1);
+                let room = self.context_length.saturating_sub(r.positions() + 1);
+                let k = spec.draft_tokens.min(left).min(room).min(free);
+                let d = prompt_lookup(&r.context, spec.ngram_min, spec.ngram_max, k).to_vec();
+                free -= d.len();
+                d
+            })
+            .collect()
     }
 
     /// The header's rule: on a failed step the host releases the affected sequences.
@@ -114,10 +184,7 @@ impl<E: Engine> Scheduler<E> {
             let r = self.running.swap_remove(i);
             self.engine.seq_release(r.seq);
             self.metrics.finished("error");
-            let _ = r
-                .job
-                .events
-                .send(GenEvent::Error(GenError::Engine(e.clone())));
+            r.job.send_all(GenEvent::Error(GenError::Engine(e.clone())));
         }
     }
 
@@ -180,6 +247,22 @@ impl<E: Engine> Scheduler<E> {
     /// Flush held text, report usage, release the sequence.
     pub(crate) fn finish(&mut self, mut r: Running, reason: FinishReason) {
         self.engine.seq_release(r.seq);
+        if !r.job.forks.is_empty() {
+            // It ended before its forks started (deadline, failure): so do they.
+            let end = match reason {
+                FinishReason::Failed => GenEvent::Error(GenError::Engine(EngineError::internal(
+                    "another choice of this request failed before this one started",
+                ))),
+                reason => GenEvent::Done {
+                    reason,
+                    prompt_tokens: r.job.prompt.len() as u32,
+                    cached_tokens: None,
+                    completion_tokens: 0,
+                    queued: r.queued,
+                },
+            };
+            self.end_forks(&mut r.job, &end);
+        }
         if reason == FinishReason::Failed {
             self.metrics.finished(reason.label());
             return; // the error event was sent
@@ -277,6 +360,9 @@ impl<E: Engine> Output<'_, E> {
             return Some(FinishReason::Length);
         }
         r.next = Some(tok.token);
+        if !r.context.is_empty() {
+            r.context.push(tok.token);
+        }
         None
     }
 }

@@ -38,6 +38,8 @@ pub struct Generation {
     pub stall: Duration,
     /// The compiled grammar (see [`constrain`]), when the request constrains its output.
     pub constraint: Option<Box<Constraint>>,
+    /// The grammar of each other choice (`n` > 1): a grammar's state follows one output.
+    pub fork_constraints: Vec<Box<Constraint>>,
     /// How the reply's tool calls are read (chat requests with `tools`).
     pub tools: ReplyTools,
 }
@@ -50,17 +52,21 @@ pub async fn constrain(mut g: Generation) -> Result<Generation, ApiError> {
         return Ok(g);
     };
     let vocabulary = g.ready.vocabulary.clone();
-    let compiled = tokio::task::spawn_blocking(move || {
+    let n = g.params.n.max(1) as usize;
+    let mut compiled = tokio::task::spawn_blocking(move || {
         let compiler = vocabulary.compiler().map_err(|e| {
             ApiError::internal(format!(
                 "constrained decoding is unavailable for this model: {e}"
             ))
         })?;
-        compiler.compile(&req).map_err(ApiError::from)
+        (0..n)
+            .map(|_| compiler.compile(&req).map(Box::new).map_err(ApiError::from))
+            .collect::<Result<Vec<_>, ApiError>>()
     })
     .await
     .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))??;
-    g.constraint = Some(Box::new(compiled));
+    g.constraint = Some(compiled.remove(0));
+    g.fork_constraints = compiled;
     Ok(g)
 }
 
@@ -126,6 +132,7 @@ pub fn generation(
         deadline,
         stall: Duration::from_secs(sched.stall_timeout_seconds.max(1)),
         constraint: None,
+        fork_constraints: Vec::new(),
         tools: ReplyTools::Off,
     })
 }

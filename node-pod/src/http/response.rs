@@ -45,8 +45,10 @@ pub async fn respond(
         }
     };
     let guard = InflightGuard::new(state.node.clone());
-    // A constrained answer is not cached: the key does not describe the grammar.
-    let key = (state.node.cache.enabled() && p.constraint.is_none())
+    let n = p.params.n.max(1);
+    // A constrained answer is not cached: the key does not describe the grammar. Nor are
+    // several choices: the key does not count them.
+    let key = (state.node.cache.enabled() && p.constraint.is_none() && n == 1)
         .then(|| {
             CacheKey::for_request(
                 &p.model_id,
@@ -58,38 +60,26 @@ pub async fn respond(
             )
         })
         .flatten();
-    let source = match key.as_ref().and_then(|k| state.node.cache.get(k)) {
-        Some(events) => Events::Cached(events.into_iter()),
+    let sources = match key.as_ref().and_then(|k| state.node.cache.get(k)) {
+        Some(events) => vec![Events::Cached(events.into_iter())],
         None => {
-            let (tx, rx) = mpsc::unbounded_channel();
             let now = Instant::now();
-            let job = GenerateJob {
-                prompt: p.prompt.clone(),
-                max_tokens: p.max_tokens,
-                sampling: p.params.sampling.clone(),
-                stop: p.params.stop.clone(),
-                logprobs: p.params.logprobs,
-                deadline: p.deadline.map(|d| now + d),
-                fresh: p.params.seeded,
-                grammar: p
-                    .constraint
-                    .take()
-                    .map(|c| c as Box<dyn crate::scheduler::Grammar>),
-                arrived: now,
-                events: tx,
-                retried: false,
-            };
+            let (job, receivers) = jobs(&mut p, n, now);
             if let Err(e) = p.ready.scheduler.submit(Job::Generate(job)) {
                 let e = ApiError::from(e);
                 state.count(&p.model_id, flavor.endpoint(), e.status);
                 return e.into_response();
             }
-            Events::Live {
-                rx,
-                record: key.map(|k| (k, Vec::new())),
-                hard_deadline: p.deadline.map(|d| now + d + Duration::from_secs(2)),
-                peeked: None,
-            }
+            let mut record = key.map(|k| (k, Vec::new()));
+            receivers
+                .into_iter()
+                .map(|rx| Events::Live {
+                    rx,
+                    record: record.take(),
+                    hard_deadline: p.deadline.map(|d| now + d + Duration::from_secs(2)),
+                    peeked: None,
+                })
+                .collect()
         }
     };
     let meta = Meta {
@@ -102,20 +92,23 @@ pub async fn respond(
         max_tokens_given: p.params.max_tokens.is_some(),
         stall: p.stall,
         tools: p.tools.clone(),
+        choice: 0,
     };
     if p.params.stream {
-        // The status line waits for the first event: a request that never starts (its
-        // deadline passed in the queue, or the engine refused it) gets an HTTP error, not a
-        // 200 with an empty stream.
-        let mut source = source;
-        if let Err(e) = source.peek_first(meta.stall, &state, &meta).await {
-            state.count(&p.model_id, flavor.endpoint(), e.status);
-            return e.into_response();
+        // The status line waits for the first event of every choice: a request that never
+        // starts (its deadline passed in the queue, or the engine refused it) gets an HTTP
+        // error, not a 200 with an empty stream.
+        let mut sources = sources;
+        for source in &mut sources {
+            if let Err(e) = source.peek_first(meta.stall, &state, &meta).await {
+                state.count(&p.model_id, flavor.endpoint(), e.status);
+                return e.into_response();
+            }
         }
         state.count(&p.model_id, flavor.endpoint(), 200);
-        stream_response(state, meta, source, guard).into_response()
+        stream_response(state, meta, sources, guard).into_response()
     } else {
-        let resp = collect_response(&state, &meta, source).await;
+        let resp = collect_all(&state, &meta, sources).await;
         let code = match &resp {
             Ok(_) => 200,
             Err(e) => e.status,
@@ -129,6 +122,51 @@ pub async fn respond(
             Err(e) => e.into_response(),
         }
     }
+}
+
+/// The scheduler job of a request and the event channel of each of its `n` choices. Choice
+/// `i` > 0 is a fork of the job (its prompt evaluated once) with the seed `seed + i` and its
+/// own grammar, so a seeded request gives the same choices every time.
+fn jobs(
+    p: &mut Generation,
+    n: u32,
+    now: Instant,
+) -> (GenerateJob, Vec<mpsc::UnboundedReceiver<GenEvent>>) {
+    let mut receivers = Vec::with_capacity(n as usize);
+    let mut grammars = std::iter::once(p.constraint.take()).chain(
+        std::mem::take(&mut p.fork_constraints)
+            .into_iter()
+            .map(Some),
+    );
+    let mut choices: Vec<GenerateJob> = (0..n)
+        .map(|i| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            receivers.push(rx);
+            let mut sampling = p.params.sampling.clone();
+            sampling.seed = sampling.seed.wrapping_add(u64::from(i));
+            GenerateJob {
+                prompt: p.prompt.clone(),
+                max_tokens: p.max_tokens,
+                sampling,
+                stop: p.params.stop.clone(),
+                logprobs: p.params.logprobs,
+                deadline: p.deadline.map(|d| now + d),
+                fresh: p.params.seeded,
+                grammar: grammars
+                    .next()
+                    .flatten()
+                    .map(|c| c as Box<dyn crate::scheduler::Grammar>),
+                arrived: now,
+                events: tx,
+                retried: false,
+                forks: Vec::new(),
+                speculate: p.params.speculate,
+            }
+        })
+        .collect();
+    let mut job = choices.remove(0);
+    job.forks = choices;
+    (job, receivers)
 }
 
 /// Where a request's events come from.
@@ -315,12 +353,54 @@ async fn collect_response(
     }
 }
 
+/// Collect every choice (concurrently) into one body: the choices in order with their
+/// `index`, the prompt counted once and the completions summed, as OpenAI counts `n` > 1.
+/// The first choice that fails fails the request (the others are then cancelled).
+async fn collect_all(
+    state: &AppState,
+    meta: &Meta,
+    sources: Vec<Events>,
+) -> Result<(Value, bool), ApiError> {
+    let answers = futures::future::join_all(
+        sources
+            .into_iter()
+            .map(|s| collect_response(state, meta, s)),
+    )
+    .await;
+    let mut answers = answers.into_iter();
+    let (mut body, mut cut) = answers
+        .next()
+        .ok_or_else(|| ApiError::internal("a request without choices"))??;
+    let mut completion = body["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    for (i, answer) in answers.enumerate() {
+        let (v, c) = answer?;
+        cut |= c;
+        completion += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        let mut choice = v["choices"][0].clone();
+        choice["index"] = json!(i + 1);
+        if let Some(choices) = body["choices"].as_array_mut() {
+            choices.push(choice);
+        }
+    }
+    let prompt = body["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    body["usage"]["completion_tokens"] = json!(completion);
+    body["usage"]["total_tokens"] = json!(prompt + completion);
+    Ok((body, cut))
+}
+
+/// Usage of the choices of one stream (`n` > 1), summed for its last chunk.
+#[derive(Default)]
+struct Totals {
+    prompt: u32,
+    cached: Option<u32>,
+    completion: u32,
+}
+
 /// State carried from one SSE event to the next.
 struct StreamState {
     state: AppState,
     meta: Meta,
     source: Events,
-    _guard: InflightGuard,
     started: bool,
     seen_first: bool,
     done: bool,
@@ -329,6 +409,9 @@ struct StreamState {
     tools: Option<ToolReader>,
     /// Whether a tool call was streamed (the finish reason is then `tool_calls`).
     sent_call: bool,
+    /// One choice of several (`n` > 1): its usage goes here and the merged stream sends the
+    /// usage chunk and `[DONE]` once, after every choice ended.
+    shared: Option<std::sync::Arc<std::sync::Mutex<Totals>>>,
 }
 
 fn data(v: &Value) -> Event {
@@ -367,6 +450,14 @@ impl StreamState {
             c["choices"][0]["delta"] = d;
             out.push(data(&c));
         }
+    }
+
+    /// The stream's end: `[DONE]`, unless the merged stream of several choices sends it.
+    fn end(&mut self, out: &mut Vec<Event>) {
+        if self.shared.is_none() {
+            out.push(Event::default().data("[DONE]"));
+        }
+        self.done = true;
     }
 
     /// The events for the next step of the stream (empty = end).
@@ -431,7 +522,13 @@ impl StreamState {
                             Some(finish),
                         )));
                     }
-                    if self.meta.include_usage {
+                    if let Some(totals) = &self.shared {
+                        if let Ok(mut t) = totals.lock() {
+                            t.prompt = prompt_tokens;
+                            t.cached = t.cached.or(cached_tokens);
+                            t.completion += completion_tokens;
+                        }
+                    } else if self.meta.include_usage {
                         out.push(data(&self.meta.usage_chunk(
                             prompt_tokens,
                             cached_tokens,
@@ -444,14 +541,12 @@ impl StreamState {
                         tracing::info!(model = %self.meta.model, id = %self.meta.id, code = ?e.code, "the stream was cut by its deadline");
                         out.push(Event::default().data(e.body_json()));
                     }
-                    out.push(Event::default().data("[DONE]"));
-                    self.done = true;
+                    self.end(&mut out);
                 }
                 Next::Event(GenEvent::Error(e)) => {
                     let e = ApiError::from(e);
                     out.push(Event::default().data(e.body_json()));
-                    out.push(Event::default().data("[DONE]"));
-                    self.done = true;
+                    self.end(&mut out);
                 }
                 Next::Stalled => {
                     tracing::warn!(model = %self.meta.model, id = %self.meta.id, "no token within the stall limit; ending the stream");
@@ -465,8 +560,7 @@ impl StreamState {
                         deadline_exceeded(0)
                     };
                     out.push(Event::default().data(e.body_json()));
-                    out.push(Event::default().data("[DONE]"));
-                    self.done = true;
+                    self.end(&mut out);
                 }
                 Next::Closed => {
                     out.push(Event::default().data(
@@ -485,34 +579,65 @@ impl StreamState {
 fn stream_response(
     state: AppState,
     meta: Meta,
-    source: Events,
+    sources: Vec<Events>,
     guard: InflightGuard,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let tools = match meta.flavor {
-        Flavor::Chat => ToolReader::new(&meta.tools),
-        Flavor::Completion => None,
-    };
-    let mut st = StreamState {
-        state,
-        meta,
-        source,
-        _guard: guard,
-        started: false,
-        seen_first: false,
-        done: false,
-        text_len: 0,
-        tools: None,
-        sent_call: false,
-    };
-    st.tools = tools;
-    let events = stream::unfold(st, |mut st| async move {
-        let batch = st.advance().await;
-        if batch.is_empty() {
-            None
-        } else {
-            Some((stream::iter(batch.into_iter().map(Ok)), st))
+    let several = sources.len() > 1;
+    let totals = std::sync::Arc::new(std::sync::Mutex::new(Totals::default()));
+    let choices: Vec<_> = sources
+        .into_iter()
+        .enumerate()
+        .map(|(i, source)| {
+            let meta = Meta {
+                choice: i as u32,
+                ..meta.clone()
+            };
+            let st = StreamState {
+                state: state.clone(),
+                tools: match meta.flavor {
+                    Flavor::Chat => ToolReader::new(&meta.tools),
+                    Flavor::Completion => None,
+                },
+                meta,
+                source,
+                started: false,
+                seen_first: false,
+                done: false,
+                text_len: 0,
+                sent_call: false,
+                shared: several.then(|| totals.clone()),
+            };
+            stream::unfold(st, |mut st| async move {
+                let batch = st.advance().await;
+                if batch.is_empty() {
+                    None
+                } else {
+                    Some((stream::iter(batch.into_iter().map(Ok)), st))
+                }
+            })
+            .flatten()
+            .boxed()
+        })
+        .collect();
+    // Several choices interleave as their tokens come; once all ended, one usage chunk (if
+    // asked for) and `[DONE]`. The in-flight guard lives until then.
+    let tail = stream::once(async move {
+        let _guard = guard;
+        let mut out = Vec::new();
+        if several {
+            if meta.include_usage
+                && let Ok(t) = totals.lock()
+            {
+                out.push(Ok(data(&meta.usage_chunk(
+                    t.prompt,
+                    t.cached,
+                    t.completion,
+                ))));
+            }
+            out.push(Ok(Event::default().data("[DONE]")));
         }
+        stream::iter(out)
     })
     .flatten();
-    Sse::new(events)
+    Sse::new(stream::select_all(choices).chain(tail))
 }

@@ -417,6 +417,7 @@ impl Node {
         let settings = SchedulerSettings {
             prefill_chunk_tokens: sched.prefill_chunk_tokens as usize,
             step_timeout: std::time::Duration::from_secs(sched.step_timeout_seconds.max(1)),
+            speculation: speculation(&m.config.speculation),
         };
         let capacities: Vec<u64> = loaded
             .iter()
@@ -531,4 +532,18 @@ fn choose_template(
         bos,
         eos,
     )
+}
+
+/// A model's speculation settings as its scheduler takes them.
+fn speculation(c: &gantry_api::config::SpeculationConfig) -> crate::scheduler::draft::Speculation {
+    use gantry_api::config::SpeculationMethod;
+    match c.method {
+        SpeculationMethod::Off => crate::scheduler::draft::Speculation::OFF,
+        SpeculationMethod::PromptLookup => crate::scheduler::draft::Speculation {
+            draft_tokens: c.draft_tokens as usize,
+            ngram_min: c.ngram_min as usize,
+            ngram_max: c.ngram_max as usize,
+            max_batch: c.max_batch as usize,
+        },
+    }
 }

@@ -195,6 +195,8 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
             arrived: Instant::now(),
             events: tx,
             retried: true,
+            forks: Vec::new(),
+            speculate: true,
         };
         ready
             .scheduler

@@ -59,8 +59,8 @@ fn each_range_check_names_its_field_and_limit() {
         ),
         (
             "n",
-            serde_json::json!(2),
-            "`n` must be 1 (one choice per request), got 2",
+            serde_json::json!(129),
+            "`n` must be within [1, 128], got 129",
         ),
         (
             "top_logprobs",
