@@ -107,8 +107,32 @@ pub fn model_config(model: &ValidModel) -> ModelConfig {
             gantry_crd::LoadPolicy::Eager => gantry_api::LoadPolicy::Eager,
             gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
         },
+        speculation: speculation(model.engine_config.speculation.as_ref()),
         ..ModelConfig::default()
     }
+}
+
+/// A Model's `engineConfig.speculation` over the node's defaults.
+pub(crate) fn speculation(
+    s: Option<&gantry_crd::model::Speculation>,
+) -> gantry_api::config::SpeculationConfig {
+    use gantry_api::config::{SpeculationConfig, SpeculationMethod};
+    let mut c = SpeculationConfig::default();
+    let Some(s) = s else { return c };
+    let set = |field: &mut u32, v: Option<i32>| {
+        if let Some(v) = v.and_then(|v| u32::try_from(v).ok()) {
+            *field = v;
+        }
+    };
+    c.method = match s.method {
+        gantry_crd::model::SpeculationMethod::PromptLookup => SpeculationMethod::PromptLookup,
+        gantry_crd::model::SpeculationMethod::Off => SpeculationMethod::Off,
+    };
+    set(&mut c.draft_tokens, s.draft_tokens);
+    set(&mut c.ngram_min, s.ngram_min);
+    set(&mut c.ngram_max, s.ngram_max);
+    set(&mut c.max_batch, s.max_batch);
+    c
 }
 
 /// 16 hex digits of sha256: collisions between two versions of one object are not a concern.

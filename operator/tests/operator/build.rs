@@ -717,3 +717,23 @@ fn several_engines_for_a_known_architecture_are_all_mounted_and_the_nodes_measur
     );
     assert_eq!(s.engine_choice, Some(choice));
 }
+
+#[test]
+fn a_models_speculation_settings_reach_its_node_config_over_the_defaults() {
+    let mut m = fixture_model("cpu");
+    m.spec.engine_config.get_or_insert_default().speculation =
+        Some(gantry_crd::model::Speculation {
+            method: gantry_crd::model::SpeculationMethod::Off,
+            draft_tokens: Some(5),
+            ..Default::default()
+        });
+    let o = built_model(&m);
+    let config = &o.config_map.data.as_ref().expect("data")["models.yaml"];
+    let parsed: gantry_api::NodeConfig = serde_yaml::from_str(config).expect("node config parses");
+    let s = parsed.models[0].speculation;
+    assert_eq!(s.method, gantry_api::config::SpeculationMethod::Off);
+    assert_eq!((s.draft_tokens, s.ngram_min, s.ngram_max), (5, 2, 4));
+    // Without the block the node's defaults apply and nothing is rendered.
+    let plain = &built("cpu").config_map.data.expect("data")["models.yaml"];
+    assert!(!plain.contains("speculation"), "{plain}");
+}

@@ -12,7 +12,7 @@ use crate::support::{fixture_model, t0};
 type Mutation = fn(&mut Model);
 
 /// (what is wrong, how to break the CPU fixture, the field the failure must name)
-const CASES: [(&str, Mutation, &str); 25] = [
+const CASES: [(&str, Mutation, &str); 26] = [
     (
         "name that is not a DNS-1035 label",
         |m| m.metadata.name = Some("3-gemma".into()),
@@ -92,6 +92,17 @@ const CASES: [(&str, Mutation, &str); 25] = [
         "zero context length",
         |m| m.spec.engine_config.get_or_insert_default().context_length = Some(0),
         "spec.engineConfig.contextLength",
+    ),
+    (
+        "a shortest n-gram longer than the default longest",
+        |m| {
+            m.spec.engine_config.get_or_insert_default().speculation =
+                Some(gantry_crd::model::Speculation {
+                    ngram_min: Some(6),
+                    ..Default::default()
+                })
+        },
+        "spec.engineConfig.speculation.ngramMax",
     ),
     (
         "PVC cache without size",

@@ -190,6 +190,17 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             problems.push(Invalid::new(field, format!("must be >= 1, got {v}")));
         }
     }
+    // The settings the node will run, defaults filled in, checked as the node checks them.
+    let speculation = crate::model::node_config::speculation(engine_config.speculation.as_ref());
+    if let Some((field, reason)) = speculation.check() {
+        let field = match field {
+            "draftTokens" => "spec.engineConfig.speculation.draftTokens",
+            "ngramMin" => "spec.engineConfig.speculation.ngramMin",
+            "ngramMax" => "spec.engineConfig.speculation.ngramMax",
+            _ => "spec.engineConfig.speculation.maxBatch",
+        };
+        problems.push(Invalid::new(field, reason));
+    }
 
     let cache = spec.cache.clone().unwrap_or_default();
     if cache.type_ == CacheType::PersistentVolumeClaim && cache.size.is_none() {

@@ -1,0 +1,83 @@
+"""Speculative decoding (prompt lookup) through the official `openai` client, on both engines:
+at temperature 0 the text is the same with and without it, drafts are really verified (the
+node's `gantry_speculative_*_tokens_total` grow, and some drafted tokens are kept), a request
+can opt out (`speculation: false`, nothing is drafted for it), and a wrong value is a 400
+naming the field.
+
+Speculation is on by default in the test node (the models' configs say nothing), so every other
+suite runs with it too; `bench/speculation.py` measures what it gains.
+"""
+import re
+import urllib.request
+
+import openai
+import pytest
+
+MODELS = ["gemma", "smollm2", "smollm2-native"]
+TEXT = ("The comittee met on tuesday to discus the new budjet. Most members agred that the "
+        "libary needs more funding, but some argued that the park shoud come first.")
+CODE = ("def total(items):\n    result = 0\n    for item in items:\n"
+        "        result = result + item.price * item.quantity\n    return result\n")
+PROMPTS = [
+    f"Rewrite this paragraph with the spelling fixed:\n\n{TEXT}",
+    f"Copy this code and rename `total` to `order_total`:\n\n{CODE}",
+    f"Repeat this text word for word:\n\n{TEXT}",
+    "Write a short poem about the sea.",
+    "Explain what a compiler does.",
+]
+
+
+def counters(node, model):
+    with urllib.request.urlopen(f"{node}/metrics", timeout=30) as r:
+        text = r.read().decode()
+
+    def val(name):
+        m = re.search(rf'^{name}\{{model="{re.escape(model)}"\}} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return val("gantry_speculative_draft_tokens_total"), val("gantry_speculative_accepted_tokens_total")
+
+
+def greedy(client, model, prompt, **extra):
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=64,
+        temperature=0, extra_body=extra or None)
+    c = r.choices[0]
+    return c.message.content, c.finish_reason, r.usage.completion_tokens
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_greedy_text_is_the_same_with_and_without_speculation(client, node, model):
+    drafted0, accepted0 = counters(node, model)
+    for prompt in PROMPTS:
+        on = greedy(client, model, prompt)
+        off = greedy(client, model, prompt, speculation=False)
+        assert on == off, f"{model}: {prompt[:40]!r}\nwith:    {on}\nwithout: {off}"
+    drafted, accepted = counters(node, model)
+    assert drafted > drafted0, f"{model}: nothing was drafted"
+    assert accepted > accepted0, f"{model}: no drafted token was ever kept"
+    assert accepted - accepted0 <= drafted - drafted0
+
+
+@pytest.mark.parametrize("model", ["gemma", "smollm2-native"])
+def test_a_request_that_opts_out_drafts_nothing(client, node, model):
+    before = counters(node, model)
+    greedy(client, model, PROMPTS[2], speculation=False)
+    assert counters(node, model) == before
+
+
+def test_sampling_with_speculation_stays_seeded_and_streams_alike(client):
+    # Sampling verifies drafts too: a seeded request gives the same text plain and streamed.
+    body = dict(model="smollm2", messages=[{"role": "user", "content": PROMPTS[2]}],
+                max_tokens=48, temperature=0.7, seed=21)
+    plain = client.chat.completions.create(**body).choices[0].message.content
+    streamed = "".join(ch.choices[0].delta.content or ""
+                       for ch in client.chat.completions.create(**body, stream=True) if ch.choices)
+    assert plain == streamed
+
+
+def test_speculation_must_be_a_boolean(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, extra_body={"speculation": "sometimes"})
+    assert e.value.body["param"] == "speculation"
