@@ -6,7 +6,8 @@
 //! pass. The CPU backend (`cpu`) and the CUDA backend (`cuda`: cuBLAS for the linear layers,
 //! NVRTC kernels for the rest) implement the same trait and hand back the same logits; a
 //! backend that samples on its device ([`Backend::samples_on_device`], CUDA) also takes the
-//! step's sampling rows and hands back only the tokens. Both read the checkpoint's decoder
+//! step's sampling rows and hands back only the tokens (except in a step that verifies drafted
+//! tokens, ABI 1.5: that one takes [`Backend::forward`] and samples on the host). Both read the checkpoint's decoder
 //! stack through [`load_stack`], each into its own memory ([`TensorLoader`]).
 
 use gantry_engine_abi::{EngineError, SampledToken, Sampling};

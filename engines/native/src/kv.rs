@@ -12,6 +12,11 @@
 //! child block into a private block (copy on write: shared blocks are never written). Registered
 //! blocks whose last user left stay cached and are evicted least recently used first, only when
 //! a block is needed and the free list is empty.
+//!
+//! Forks and truncations (ABI 1.5: `n` > 1 and speculative decoding): a fork shares its
+//! source's full blocks and copies the partly filled last one; a truncation releases the blocks
+//! past the kept length and copies on write the block that now ends the sequence when another
+//! sequence reads it or the prefix cache indexes it. The unit tests are in `kv/tests.rs`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -324,6 +329,107 @@ impl BlockPool {
         }
     }
 
+    /// A new sequence holding what `src` holds (ABI 1.5 `seq_fork`): it shares `src`'s full
+    /// blocks (reference counted: a full block is never written again) and gets a private
+    /// copy of the partly filled last block, with the same tokens. All or nothing: `OomRam`
+    /// when no block is free for that copy. Returns the child and the copy the backend makes.
+    pub fn fork(&mut self, src: &SeqBlocks) -> Result<(SeqBlocks, Vec<BlockCopy>), EngineError> {
+        let bs = self.block_size;
+        let full = src.len / bs;
+        let partial = src.len % bs;
+        let mut copies = Vec::new();
+        // The copy first: nothing is shared when it does not fit.
+        let tail = if partial > 0 {
+            let dst = self.allocate().ok_or_else(|| {
+                EngineError::new(
+                    Status::OomRam,
+                    "the KV cache has no free block for a forked sequence's last block",
+                )
+            })?;
+            copies.push(BlockCopy {
+                src: src.table[full],
+                dst,
+                slots: partial,
+            });
+            Some(dst)
+        } else {
+            None
+        };
+        let mut table = Vec::with_capacity(full + 1);
+        for &b in &src.table[..full] {
+            self.retain(b);
+            table.push(b);
+        }
+        table.extend(tail);
+        let child = SeqBlocks {
+            table,
+            len: src.len,
+            tokens: src.tokens[..src.len].to_vec(),
+            hashes: src.hashes[..full].to_vec(),
+        };
+        Ok((child, copies))
+    }
+
+    /// Keep the first `n_keep` positions of a sequence (ABI 1.5 `seq_truncate`): the blocks
+    /// wholly past them are released, and the block that now ends the sequence, when it is
+    /// shared or registered in the prefix cache, is replaced by a private copy of its kept
+    /// slots (copy on write: the sequence writes on into it, and nobody else may see that).
+    /// All or nothing: `OomRam` when that copy has no block and the block is shared (a block
+    /// only the cache indexes is unregistered instead). Returns the copy the backend makes.
+    pub fn truncate(
+        &mut self,
+        seq: &mut SeqBlocks,
+        n_keep: usize,
+    ) -> Result<Vec<BlockCopy>, EngineError> {
+        let bs = self.block_size;
+        let n_keep = n_keep.min(seq.len);
+        let kept = n_keep.div_ceil(bs);
+        let partial = n_keep % bs;
+        let at = n_keep / bs;
+        let cow = partial > 0 && {
+            let b = seq.table[at] as usize;
+            self.refcount[b] > 1 || self.registered[b].is_some()
+        };
+        if cow
+            && self.refcount[seq.table[at] as usize] > 1
+            && self.available() == 0
+            && !seq.table[kept..]
+                .iter()
+                .any(|&b| self.refcount[b as usize] == 1)
+        {
+            return Err(EngineError::new(
+                Status::OomRam,
+                "the KV cache has no free block to copy a truncated sequence's shared last block",
+            ));
+        }
+        // Deepest first, as in `release`.
+        let dropped: Vec<BlockId> = seq.table.drain(kept..).collect();
+        for b in dropped.into_iter().rev() {
+            self.release_block(b);
+        }
+        seq.len = n_keep;
+        seq.tokens.truncate(n_keep);
+        seq.hashes.truncate(at);
+        let mut copies = Vec::new();
+        if cow {
+            let src = seq.table[at];
+            match self.allocate() {
+                Some(dst) => {
+                    copies.push(BlockCopy {
+                        src,
+                        dst,
+                        slots: partial,
+                    });
+                    seq.table[at] = dst;
+                    self.release_block(src);
+                }
+                // Checked above: only a block no other sequence reads gets here.
+                None => self.unregister(src),
+            }
+        }
+        Ok(copies)
+    }
+
     /// Forget every cached prefix nobody uses (their blocks become free).
     pub fn drop_cached(&mut self) {
         let idle: Vec<(u64, BlockId)> = self.evictable.iter().copied().collect();
@@ -336,110 +442,4 @@ impl BlockPool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(pool: &mut BlockPool, seq: &mut SeqBlocks, tokens: &[i32]) {
-        pool.grow(seq, tokens.len()).expect("grow");
-        pool.commit(seq, tokens);
-    }
-
-    #[test]
-    fn a_released_prefix_is_reused_block_by_block_and_copied_where_it_diverges() {
-        let mut pool = BlockPool::new(8, 4);
-        let mut a = SeqBlocks::default();
-        let prompt: Vec<i32> = (0..10).collect();
-        run(&mut pool, &mut a, &prompt);
-        assert_eq!(a.table.len(), 3);
-        let a_blocks = a.table.clone();
-        pool.release(&mut a);
-        // Two full blocks are cached, and the partial third as a copy source.
-        assert_eq!(pool.cached_idle(), 3);
-
-        // Same first 6 tokens, then different: 4 shared + 2 copied from the cached second block.
-        let mut b = SeqBlocks::default();
-        let other: Vec<i32> = vec![0, 1, 2, 3, 4, 5, 99, 98];
-        let (reused, copies) = pool.bind_prefix(&mut b, &other, other.len()).expect("bind");
-        assert_eq!(reused, 6);
-        assert_eq!(b.table[0], a_blocks[0]);
-        assert_eq!(copies.len(), 1);
-        assert_eq!(copies[0].src, a_blocks[1]);
-        assert_eq!(copies[0].slots, 2);
-        assert_ne!(b.table[1], a_blocks[1], "a shared block is never written");
-        pool.release(&mut b);
-
-        // The released partial block serves a prompt that continues the same prefix.
-        let mut c = SeqBlocks::default();
-        let (reused, copies) = pool
-            .bind_prefix(&mut c, &prompt, prompt.len() - 1)
-            .expect("bind");
-        assert_eq!(reused, 9);
-        assert_eq!(
-            copies,
-            vec![BlockCopy {
-                src: a_blocks[2],
-                dst: c.table[2],
-                slots: 1
-            }]
-        );
-    }
-
-    #[test]
-    fn the_last_token_is_left_to_evaluate_when_its_logits_are_needed() {
-        let mut pool = BlockPool::new(8, 4);
-        let mut a = SeqBlocks::default();
-        let prompt: Vec<i32> = (0..8).collect();
-        run(&mut pool, &mut a, &prompt);
-        pool.release(&mut a);
-        let mut b = SeqBlocks::default();
-        let (reused, copies) = pool
-            .bind_prefix(&mut b, &prompt, prompt.len() - 1)
-            .expect("bind");
-        assert_eq!(reused, 7);
-        assert_eq!(copies.len(), 1);
-        assert_eq!(copies[0].slots, 3);
-    }
-
-    #[test]
-    fn cached_blocks_are_evicted_least_recently_used_when_room_is_needed() {
-        let mut pool = BlockPool::new(4, 2);
-        let mut a = SeqBlocks::default();
-        run(&mut pool, &mut a, &[1, 2, 3, 4]);
-        pool.release(&mut a);
-        assert_eq!(pool.available(), 4);
-        let mut b = SeqBlocks::default();
-        run(&mut pool, &mut b, &[9, 9, 9, 9, 9, 9, 9, 9]);
-        assert_eq!(
-            pool.cached_idle(),
-            0,
-            "every cached block was taken for room"
-        );
-        assert!(pool.grow(&mut b, 1).is_err(), "full: an error, not a panic");
-        pool.release(&mut b);
-        let mut c = SeqBlocks::default();
-        let (reused, _) = pool.bind_prefix(&mut c, &[1, 2, 3, 4], 4).expect("bind");
-        assert_eq!(reused, 0, "the evicted prefix is gone");
-    }
-
-    #[test]
-    fn sharing_counts_references() {
-        let mut pool = BlockPool::new(6, 2);
-        let mut a = SeqBlocks::default();
-        run(&mut pool, &mut a, &[1, 2, 3, 4, 5]);
-        // While a still runs, b takes its full blocks.
-        let mut b = SeqBlocks::default();
-        let (reused, copies) = pool.bind_prefix(&mut b, &[1, 2, 3, 4, 7], 5).expect("bind");
-        assert_eq!((reused, copies.len()), (4, 0));
-        assert_eq!(b.table, a.table[..2].to_vec());
-        pool.release(&mut a);
-        assert_eq!(
-            pool.cached_idle(),
-            1,
-            "b still uses the full blocks; a's partial one is idle"
-        );
-        pool.release(&mut b);
-        assert_eq!(pool.cached_idle(), 3, "two full blocks and a's partial one");
-        pool.drop_cached();
-        assert_eq!(pool.available(), 6);
-    }
-}
+mod tests;

@@ -7,10 +7,14 @@
 //! weights and allocates the paged KV cache ([`cpu`] or [`cuda`], behind [`backend::Backend`],
 //! by the engine config's backend).
 //!
-//! Step: each entry's sequence is bound to its cached prefix on its first chunk ([`kv`]), gets
-//! the blocks its new tokens need (all or nothing: a step that does not fit fails before any KV
-//! changes), the backend runs every token of the batch in one forward pass, full blocks are
-//! registered for reuse, and each sampling entry draws its token ([`sampler`]).
+//! Step (`step.rs`): each entry's sequence is bound to its cached prefix on its first chunk
+//! ([`kv`]), gets the blocks its new tokens need, the backend runs the batch in one forward
+//! pass, and each sampling entry draws its token ([`sampler`]), or one after every token for
+//! an entry that verifies drafted tokens (ABI 1.5 speculative decoding).
+//!
+//! Sequences: `seq_fork` (ABI 1.5) opens a sequence sharing its source's full blocks and a
+//! private copy of its partly filled one; `seq_truncate` drops the positions past a length
+//! (copying on write a kept block that others read) and the samples taken after them.
 #![allow(unsafe_code)] // An engine crate: memory-mapped weights and SIMD kernels. Each block has a SAFETY note.
 
 pub mod backend;
@@ -19,6 +23,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod kv;
 pub mod sampler;
+mod step;
 pub mod tokenizer;
 pub mod weights;
 
@@ -33,7 +38,7 @@ use gantry_engine_abi::{
     SampledToken, Status, StepEntry,
 };
 
-use crate::backend::{Backend, SampleRow, StepInput};
+use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::kv::{BlockPool, SeqBlocks};
 use crate::sampler::SeqSampler;
@@ -62,7 +67,8 @@ impl Engine for NativeEngine {
         AbiBackend::Cpu
     };
     const DESCRIPTION: &'static str = "Hugging Face safetensors models in Rust (paged KV cache)";
-    const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK;
+    const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK
+        | gantry_engine_abi::ffi::GANTRY_CAP_SPECULATE;
 
     fn build_info() -> String {
         format!(
@@ -371,165 +377,68 @@ impl Model for NativeModel {
     }
 
     fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        self.run_step(entries)
+    }
+
+    fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
         let mut guard = self.exec();
         let ex = &mut *guard;
-        let ctx = self.info.context_length as usize;
-        // Check every entry before anything changes.
-        for e in entries {
-            let s = ex.seqs.get(&e.seq).ok_or_else(|| {
-                EngineError::internal(format!("step on unknown sequence {}", e.seq))
-            })?;
-            if e.sample.is_some() && e.tokens.is_empty() {
-                return Err(EngineError::internal(format!(
-                    "sequence {} asks for a sample without tokens",
-                    e.seq
-                )));
-            }
-            if s.blocks.len + e.tokens.len() > ctx {
-                return Err(EngineError::unsupported(format!(
-                    "sequence {} would hold {} tokens, its context is {ctx}",
-                    e.seq,
-                    s.blocks.len + e.tokens.len()
-                )));
-            }
-        }
-        // Bind new sequences to their cached prefix (copies happen now, while their sources
-        // are known to be alive).
-        let mut skip = vec![0usize; entries.len()];
-        for (i, e) in entries.iter().enumerate() {
-            let s = ex.seqs.get_mut(&e.seq).expect("checked above");
-            if s.cached.is_some() {
-                continue;
-            }
-            let limit = if e.fresh {
-                0
-            } else {
-                e.tokens.len() - usize::from(e.sample.is_some())
-            };
-            let (reused, copies) = ex.pool.bind_prefix(&mut s.blocks, e.tokens, limit)?;
-            ex.backend.copy_blocks(&copies);
-            skip[i] = reused;
-            s.cached = Some(reused);
-            self.log.log(
-                LogLevel::Debug,
-                &format!(
-                    "sequence {}: first prompt chunk of {} tokens, {reused} reused from the prefix cache, {} evaluated",
-                    e.seq,
-                    e.tokens.len(),
-                    e.tokens.len() - reused
-                ),
-            );
-        }
-        // All the blocks the step needs, or none.
-        let needed: usize = entries
-            .iter()
-            .zip(&skip)
-            .map(|(e, &k)| {
-                ex.pool
-                    .blocks_needed(&ex.seqs[&e.seq].blocks, e.tokens.len() - k)
-            })
-            .sum();
-        if needed > ex.pool.available() {
+        if ex.seqs.len() >= self.info.max_sequences as usize {
             return Err(EngineError::new(
                 Status::OomRam,
                 format!(
-                    "the KV cache is full: the step needs {needed} blocks, {} are free",
-                    ex.pool.available()
+                    "all {} sequence slots are in use: sequence {src} cannot be forked",
+                    self.info.max_sequences
                 ),
             ));
         }
-        for (e, &k) in entries.iter().zip(&skip) {
-            let s = ex.seqs.get_mut(&e.seq).expect("checked above");
-            ex.pool.grow(&mut s.blocks, e.tokens.len() - k)?;
+        let s = ex
+            .seqs
+            .get(&src)
+            .ok_or_else(|| EngineError::internal(format!("fork of unknown sequence {src}")))?;
+        if s.cached.is_none() {
+            return Err(EngineError::internal(format!(
+                "fork of sequence {src}, which has not been stepped"
+            )));
         }
-        // Every sampling sequence's state, made on its first sample.
-        for e in entries {
-            if let Some(params) = e.sample {
-                let s = ex.seqs.get_mut(&e.seq).expect("checked above");
-                s.sampler.get_or_insert_with(|| SeqSampler::new(params));
-            }
+        let (blocks, copies) = ex.pool.fork(&s.blocks)?;
+        ex.backend.copy_blocks(&copies);
+        let id = ex.next_id;
+        ex.next_id += 1;
+        ex.seqs.insert(
+            id,
+            Seq {
+                blocks,
+                // The child's first sample makes its own state from its own parameters.
+                sampler: None,
+                // Its first entry continues after the forked KV and is evaluated whole.
+                cached: Some(0),
+            },
+        );
+        Ok(id)
+    }
+
+    fn seq_truncate(&self, seq: u64, n_keep: usize) -> Result<(), EngineError> {
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        let s = ex
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| EngineError::internal(format!("truncate of unknown sequence {seq}")))?;
+        if n_keep > s.blocks.len {
+            return Err(EngineError::internal(format!(
+                "truncate of sequence {seq} to {n_keep} tokens: it holds {}",
+                s.blocks.len
+            )));
         }
-        // Flatten the batch.
-        let mut tokens = Vec::new();
-        let mut positions = Vec::new();
-        let mut seq_of = Vec::new();
-        let mut logits_rows = Vec::new();
-        let mut tables: Vec<&[u32]> = Vec::with_capacity(entries.len());
-        for (i, (e, &k)) in entries.iter().zip(&skip).enumerate() {
-            let s = &ex.seqs[&e.seq];
-            tables.push(&s.blocks.table);
-            for (j, &t) in e.tokens[k..].iter().enumerate() {
-                tokens.push(t);
-                positions.push(s.blocks.len + j);
-                seq_of.push(i);
-            }
-            if e.sample.is_some() {
-                logits_rows.push(tokens.len() - 1);
-            }
+        let dropped = s.blocks.len - n_keep;
+        let copies = ex.pool.truncate(&mut s.blocks, n_keep)?;
+        ex.backend.copy_blocks(&copies);
+        // The samples taken after the dropped positions are forgotten with them.
+        if let Some(sampler) = s.sampler.as_mut() {
+            sampler.forget(dropped);
         }
-        let input = StepInput {
-            tokens: &tokens,
-            positions: &positions,
-            seq_of: &seq_of,
-            tables: &tables,
-            logits_rows: &logits_rows,
-        };
-        // A backend that samples on its device hands back tokens (the sequences' sampling
-        // state goes in); otherwise logits come back and are sampled here.
-        let mut from_device = None;
-        let logits = if tokens.is_empty() {
-            Vec::new()
-        } else if ex.backend.samples_on_device() {
-            let rows: Vec<SampleRow<'_>> = entries
-                .iter()
-                .filter_map(|e| {
-                    let sampler = ex.seqs[&e.seq].sampler.as_ref()?;
-                    Some(SampleRow {
-                        params: e.sample?,
-                        allowed: e.allowed,
-                        generated: sampler.generated(),
-                        draw: sampler.generated().len() as u64,
-                    })
-                })
-                .collect();
-            from_device = Some(ex.backend.forward_sample(&input, &rows)?.into_iter());
-            Vec::new()
-        } else {
-            ex.backend.forward(&input)?
-        };
-        drop(tables);
-        let mut out = Vec::with_capacity(entries.len());
-        // Each sampled row in place: the step owns the logits, nothing reads them afterwards.
-        let mut logits = logits;
-        let mut rows = logits.chunks_exact_mut(self.vocab);
-        for (e, &k) in entries.iter().zip(&skip) {
-            let s = ex.seqs.get_mut(&e.seq).expect("checked above");
-            ex.pool.commit(&mut s.blocks, &e.tokens[k..]);
-            let Some(params) = e.sample else {
-                out.push(None);
-                continue;
-            };
-            let sampler = s.sampler.as_mut().ok_or_else(|| {
-                EngineError::internal("a sampling sequence without its sampler state")
-            })?;
-            let sampled = match from_device.as_mut() {
-                Some(tokens) => {
-                    let t = tokens
-                        .next()
-                        .ok_or_else(|| EngineError::internal("the backend sampled too few rows"))?;
-                    sampler.record(t.token);
-                    t
-                }
-                None => {
-                    let l = rows.next().ok_or_else(|| {
-                        EngineError::internal("the backend returned too few logits rows")
-                    })?;
-                    sampler.sample(l, params, e.allowed)?
-                }
-            };
-            out.push(Some(sampled));
-        }
-        Ok(out)
+        Ok(())
     }
 
     fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {

@@ -4,7 +4,9 @@
 //! bias, penalties over the tokens this sequence generated, then either argmax or top-k → top-p →
 //! min-p → temperature → a draw from the sequence's own seeded generator. Log-probabilities are
 //! those of the model's distribution after the mask (what the request may sample), before bias,
-//! penalties and temperature.
+//! penalties and temperature. A draft verification (ABI 1.5) samples several rows of one
+//! sequence in one step, in order, each recording its token before the next; a truncation
+//! forgets the samples taken after the positions it drops ([`SeqSampler::forget`]).
 
 use gantry_engine_abi::{EngineError, SampledToken, Sampling};
 use rand::rngs::StdRng;
@@ -34,6 +36,14 @@ impl SeqSampler {
     /// draw's counter.
     pub fn record(&mut self, token: i32) {
         self.generated.push(token);
+    }
+
+    /// Forget the last `n` samples (ABI 1.5 `seq_truncate` dropped the positions they were
+    /// taken after): the penalties no longer see them, and a device sampler's draw counter
+    /// steps back with them. The host generator's stream goes on where it was.
+    pub fn forget(&mut self, n: usize) {
+        let keep = self.generated.len().saturating_sub(n);
+        self.generated.truncate(keep);
     }
 
     /// Sample from `logits` (modified in place).
@@ -266,6 +276,23 @@ mod tests {
             ..sampling()
         };
         assert_eq!(s.sample(&mut [2.5, 2.0], &p, None).expect("s").token, 1);
+    }
+
+    #[test]
+    fn forgotten_samples_no_longer_count_for_the_penalties() {
+        let mut s = SeqSampler::new(&sampling());
+        let p = Sampling {
+            presence_penalty: 2.0,
+            ..sampling()
+        };
+        assert_eq!(s.sample(&mut [2.5, 2.0], &p, None).expect("s").token, 0);
+        assert_eq!(s.sample(&mut [2.0, 2.5], &p, None).expect("s").token, 1);
+        s.forget(1);
+        assert_eq!(s.generated(), &[0]);
+        // Token 1 is forgotten: only token 0 is penalized.
+        assert_eq!(s.sample(&mut [2.5, 1.0], &p, None).expect("s").token, 1);
+        s.forget(5);
+        assert!(s.generated().is_empty());
     }
 
     #[test]
