@@ -14,7 +14,7 @@
 # may lack what this one has.
 # `run` unpacks them, links the machine's CUDA libraries (scripts/cuda-libs.sh), and runs the
 # PHASES named (comma-separated; default all):
-#   tests     the CUDA tests with --include-ignored (tests/cuda.rs and tests/cuda_sampling.rs;
+#   tests     the CUDA tests with --include-ignored (tests/cuda.rs, tests/cuda_sampling.rs and the CUDA test of tests/speculation.rs;
 #             the real Gemma 3 270M test is skipped: no real weights travel)
 #   gemma     the native engine on Gemma 3 270M's shapes (random bf16 weights written by
 #             decode_bench, no download), c = 1, 8, 64, 256: native-gemma.json
@@ -47,8 +47,8 @@ pack)
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/gpu-pack}"
   cargo build --release --locked -p gantry-engine-native --example decode_bench >&2
   cargo test --release --locked -p gantry-engine-native --test cuda --test cuda_sampling \
-    --no-run --message-format=json > "$json"
-  for name in cuda cuda_sampling; do
+    --test speculation --no-run --message-format=json > "$json"
+  for name in cuda cuda_sampling speculation; do
     exe="$("$python" -c '
 import json, sys
 for line in open(sys.argv[1]):
@@ -60,7 +60,7 @@ for line in open(sys.argv[1]):
     strip -o "$dir/$name" "$exe"
   done
   strip -o "$dir/decode_bench" "$CARGO_TARGET_DIR/release/examples/decode_bench"
-  xz -f -T0 -6 "$dir/cuda" "$dir/cuda_sampling" "$dir/decode_bench"
+  xz -f -T0 -6 "$dir/cuda" "$dir/cuda_sampling" "$dir/speculation" "$dir/decode_bench"
   { echo "commit: $(git rev-parse HEAD)$(git diff --quiet || echo ' (with local changes)')"
     echo "RUSTFLAGS: $RUSTFLAGS"; } > "$dir/BUNDLE.txt"
   ls -l "$dir" >&2
@@ -81,7 +81,7 @@ mkdir -p "$work/bin"
 if ! nvidia-smi -L > "$out/nvidia-smi.txt" 2>&1; then
   log "no NVIDIA GPU here: nothing was checked"; exit 2
 fi
-for f in cuda cuda_sampling decode_bench; do
+for f in cuda cuda_sampling speculation decode_bench; do
   [ -x "$work/bin/$f" ] || { xz -dc "$dir/$f.xz" > "$work/bin/$f" && chmod +x "$work/bin/$f"; }
 done
 cp "$dir/BUNDLE.txt" "$out/bundle.txt" 2>/dev/null || true
@@ -95,6 +95,8 @@ if want tests; then
   if bounded 150 "$work/bin/cuda" --include-ignored --nocapture --skip gemma_on_cuda_answers_paris \
        > "$out/tests.txt" 2>&1 \
      && bounded 150 "$work/bin/cuda_sampling" --include-ignored --nocapture --test-threads 1 \
+       >> "$out/tests.txt" 2>&1 \
+     && bounded 120 "$work/bin/speculation" --ignored --nocapture on_cuda \
        >> "$out/tests.txt" 2>&1; then
     status tests passed
   else

@@ -5,13 +5,16 @@
 //! packs every entry's tokens into one `llama_batch`, decodes once and samples
 //! each sequence that asked for a token with its own sampler chain. Releasing
 //! a sequence removes its cells from the KV cache at once.
-#![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
-
 //!
-//! By job: `load.rs` (the GGUF file into a model and context), `slots.rs` (sequences and the
-//! warm slots of prefix reuse), `step.rs` (the batch, the decode, sampling the rows in
-//! parallel), `sampler.rs` (one row's sampler), `cpu.rs` and `logging.rs` (llama.cpp's CPU
-//! variants and log lines).
+//! ABI 1.5: `seq_fork` opens a sequence sharing its source's cells (a prompt evaluated once
+//! for `n` > 1); a step entry with `GANTRY_STEP_SAMPLE_ALL` verifies drafted tokens, sampled
+//! after each one, and `seq_truncate` drops the rejected ones (`GANTRY_CAP_SPECULATE`).
+//!
+//! By job: `load.rs` (the GGUF file into a model and context), `slots.rs` (sequences, the
+//! warm slots of prefix reuse, fork and truncate), `step.rs` (the batch, the decode, sampling
+//! the rows in parallel, verification entries), `sampler.rs` (one sequence's sampler),
+//! `cpu.rs` and `logging.rs` (llama.cpp's CPU variants and log lines).
+#![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
 
 mod cpu;
 mod load;
@@ -83,7 +86,8 @@ impl Engine for LlamaEngine {
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const BACKEND: Backend = BACKEND;
     const DESCRIPTION: &'static str = "GGUF models through llama.cpp";
-    const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK;
+    const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK
+        | gantry_engine_abi::ffi::GANTRY_CAP_SPECULATE;
 
     fn build_info() -> String {
         cpu::describe()
@@ -212,6 +216,14 @@ impl Model for LlamaLoaded {
 
     fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
         self.exec().seqs.get(&seq)?.cached.map(|n| n as u64)
+    }
+
+    fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
+        self.exec().fork(src, self.info.max_sequences as usize)
+    }
+
+    fn seq_truncate(&self, seq: u64, n_keep: usize) -> Result<(), EngineError> {
+        self.exec().truncate(seq, n_keep, self.n_batch)
     }
 
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {

@@ -8,7 +8,12 @@
 //! A chain whose first cut is top-k (no bias, no penalties before it) gets only the k
 //! best tokens as candidates, found by partial selection, instead of the whole vocabulary:
 //! the chain's top-k would keep the same ones. A row samples from its logits alone (no
-//! context), so the step samples its rows in parallel (`step.rs`).
+//! context), so the step samples its rows in parallel (`step.rs`); a verification entry
+//! (`GANTRY_STEP_SAMPLE_ALL`) samples its rows in order through the same chain.
+//!
+//! The chain is kept in two parts, the biases and penalties (`head`) and the cuts and draw
+//! (`tail`), so that `seq_truncate` can make the penalties forget the samples taken after
+//! the dropped tokens ([`SeqSampler::forget_after`]) without restarting the seeded draw.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -22,7 +27,23 @@ use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 
 pub(crate) enum SeqSampler {
     Argmax,
-    Chain(LlamaSampler),
+    Chain(Chain),
+}
+
+/// A sampler chain in two llama.cpp chains applied one after the other, which is what one
+/// chain of all their samplers does (`llama_sampler_chain_apply` / `_accept` run each
+/// sampler in turn); each part stays a chain so that a disabled sampler (llama.cpp's empty
+/// "?penalties", which has no `apply`) is skipped as a chain skips it.
+pub(crate) struct Chain {
+    /// Logit biases, then the penalties: the only part with history (the penalties').
+    head: LlamaSampler,
+    /// top-k, top-p, min-p, temperature and the seeded draw (or greedy).
+    tail: LlamaSampler,
+    /// With penalties: every sample the head accepted, with the position of the token it
+    /// followed, so that the head can be rebuilt without the samples `seq_truncate` drops.
+    seen: Option<Vec<(usize, i32)>>,
+    /// The penalties' window (`penalty_last_n`): the head's history holds no more.
+    last_n: usize,
 }
 
 // SAFETY: a llama_sampler is plain heap state with no thread affinity; it is
@@ -34,17 +55,17 @@ impl SeqSampler {
         if p.is_greedy() && !p.has_penalties() && p.logit_bias.is_empty() {
             return SeqSampler::Argmax;
         }
-        let mut chain = Vec::new();
+        let mut head = Vec::new();
         if !p.logit_bias.is_empty() {
             let biases: Vec<LlamaLogitBias> = p
                 .logit_bias
                 .iter()
                 .map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b))
                 .collect();
-            chain.push(LlamaSampler::logit_bias(n_vocab, &biases));
+            head.push(LlamaSampler::logit_bias(n_vocab, &biases));
         }
         if p.has_penalties() {
-            chain.push(LlamaSampler::penalties(
+            head.push(LlamaSampler::penalties(
                 n_vocab,
                 p.penalty_last_n,
                 p.repetition_penalty,
@@ -52,31 +73,39 @@ impl SeqSampler {
                 p.presence_penalty,
             ));
         }
+        let mut tail = Vec::new();
         if p.is_greedy() {
-            chain.push(LlamaSampler::greedy());
+            tail.push(LlamaSampler::greedy());
         } else {
             if p.top_k > 0 {
-                chain.push(LlamaSampler::top_k(p.top_k));
+                tail.push(LlamaSampler::top_k(p.top_k));
             }
             if p.top_p < 1.0 {
-                chain.push(LlamaSampler::top_p(p.top_p, 1));
+                tail.push(LlamaSampler::top_p(p.top_p, 1));
             }
             if p.min_p > 0.0 {
-                chain.push(LlamaSampler::min_p(p.min_p, 1));
+                tail.push(LlamaSampler::min_p(p.min_p, 1));
             }
-            chain.push(LlamaSampler::temp(p.temperature));
+            tail.push(LlamaSampler::temp(p.temperature));
             // llama.cpp seeds its RNG with 32 bits; fold the 64-bit seed.
-            chain.push(LlamaSampler::dist((p.seed ^ (p.seed >> 32)) as u32));
+            tail.push(LlamaSampler::dist((p.seed ^ (p.seed >> 32)) as u32));
         }
-        SeqSampler::Chain(LlamaSampler::chain_simple(chain))
+        SeqSampler::Chain(Chain {
+            head: LlamaSampler::chain_simple(head),
+            tail: LlamaSampler::chain_simple(tail),
+            seen: p.has_penalties().then(Vec::new),
+            last_n: usize::try_from(p.penalty_last_n).unwrap_or(0),
+        })
     }
 
-    /// Sample the next token from one row of logits. With an allowed-token mask (ABI 1.2),
-    /// disallowed tokens leave the distribution before the chain runs: biases, penalties,
-    /// top-k/p, temperature and the reported logprobs all see only the allowed tokens.
+    /// Sample the next token from one row of logits, the row of the token at position `after`
+    /// of the sequence. With an allowed-token mask (ABI 1.2), disallowed tokens leave the
+    /// distribution before the chain runs: biases, penalties, top-k/p, temperature and the
+    /// reported logprobs all see only the allowed tokens.
     pub(crate) fn sample(
         &mut self,
         raw: &[f32],
+        after: usize,
         p: &Sampling,
         allowed: Option<&[u32]>,
     ) -> Result<SampledToken, EngineError> {
@@ -90,17 +119,22 @@ impl SeqSampler {
         };
         let token = match self {
             SeqSampler::Argmax => argmax(logits),
-            SeqSampler::Chain(s) => {
+            SeqSampler::Chain(c) => {
                 // Only finite logits become candidates (a masked token's probability is 0, so
                 // leaving it out changes nothing but the work), and only the k best when the
                 // chain starts by cutting to them.
                 let mut cands = candidates(logits, top_k_first(p));
-                s.apply(&mut cands);
+                c.head.apply(&mut cands);
+                c.tail.apply(&mut cands);
                 let t = cands.selected_token().ok_or_else(|| {
                     EngineError::internal("the sampler chain selected no allowed token")
                 })?;
                 // Into the chain's history (penalties), as llama_sampler_sample does.
-                s.accept(t);
+                c.head.accept(t);
+                c.tail.accept(t);
+                if let Some(seen) = &mut c.seen {
+                    seen.push((after, t.0));
+                }
                 t.0
             }
         };
@@ -114,6 +148,25 @@ impl SeqSampler {
             logprob,
             top,
         })
+    }
+
+    /// Forget the samples taken after the tokens at positions `n_keep` and later (ABI 1.5
+    /// `seq_truncate`): the penalties' history is rebuilt from the samples kept. The seeded
+    /// draw goes on where it was (the header: each sample draws from the generator).
+    pub(crate) fn forget_after(&mut self, n_keep: usize) {
+        let SeqSampler::Chain(c) = self else { return };
+        let Some(seen) = &mut c.seen else { return };
+        if seen.last().is_none_or(|&(pos, _)| pos < n_keep) {
+            return;
+        }
+        seen.retain(|&(pos, _)| pos < n_keep);
+        // Only the biases and penalties reset (the biases have no state), then the window's
+        // samples go back in, in order.
+        c.head.reset();
+        let from = seen.len().saturating_sub(c.last_n);
+        for &(_, t) in &seen[from..] {
+            c.head.accept(LlamaToken(t));
+        }
     }
 }
 
@@ -277,9 +330,11 @@ mod tests {
                 panic!("a sampled request runs a chain")
             };
             let mut c = candidates(&logits, k);
-            chain.apply(&mut c);
+            chain.head.apply(&mut c);
+            chain.tail.apply(&mut c);
             let t = c.selected_token().expect("a token");
-            chain.accept(t);
+            chain.head.accept(t);
+            chain.tail.accept(t);
             t.0
         };
         for _ in 0..50 {
@@ -291,6 +346,32 @@ mod tests {
             ..p
         };
         assert_eq!(top_k_first(&biased), None);
+    }
+
+    #[test]
+    fn a_truncation_makes_the_penalties_forget_the_samples_it_drops() {
+        // Positive logits, token 0 best: a repetition penalty of 2 halves a repeated token's, so
+        // with a window of two samples greedy cycles through tokens 0, 1, 2.
+        let logits = [10.0f32, 9.0, 8.0, 1.0];
+        let p = Sampling {
+            repetition_penalty: 2.0,
+            penalty_last_n: 2,
+            ..Sampling::greedy()
+        };
+        let mut s = SeqSampler::new(&p, 4);
+        let sample =
+            |s: &mut SeqSampler, after| s.sample(&logits, after, &p, None).expect("sampled").token;
+        let first: Vec<i32> = (10..16).map(|pos| sample(&mut s, pos)).collect();
+        assert_eq!(first, [0, 1, 2, 0, 1, 2]);
+        // Keep the tokens before position 13: the samples after 10, 11 and 12 stay (their window,
+        // 1 and 2, penalised), so the sample after 13 is again what it was the first time.
+        s.forget_after(13);
+        assert_eq!(sample(&mut s, 13), first[3]);
+        s.forget_after(11);
+        assert_eq!(sample(&mut s, 11), first[1]);
+        // Keeping everything forgets nothing.
+        s.forget_after(12);
+        assert_eq!(sample(&mut s, 12), first[2]);
     }
 
     #[test]

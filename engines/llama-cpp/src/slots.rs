@@ -1,20 +1,24 @@
 //! llama.cpp engine, sequence slots (below the engine host's calls, beside `step.rs`): which
-//! llama.cpp sequence slot each open Gantry sequence holds, and the warm slots kept for prefix
-//! reuse.
+//! llama.cpp sequence slot each open Gantry sequence holds, the warm slots kept for prefix
+//! reuse, and forking and truncating sequences (ABI 1.5).
 //!
 //! A released sequence's cells stay in its slot. A new sequence takes the free slot whose
 //! cached tokens share the longest prefix with its first prompt chunk and skips those tokens
 //! ([`Exec::bind`]). Warm cells are evicted whenever the cache is full
-//! ([`Exec::evict_warm`]), so a release still gives its capacity back.
+//! ([`Exec::evict_warm`]), so a release still gives its capacity back. A fork takes a slot at
+//! once with its source's cells shared into it ([`Exec::fork`]); a truncation drops the cells
+//! of rejected drafts after a verification step ([`Exec::truncate`], which also says what a
+//! sliding-window cache does to them).
 
 use std::mem::ManuallyDrop;
 
 use gantry_engine_abi::EngineError;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
 
-use crate::logging;
 use crate::sampler::SeqSampler;
+use crate::{logging, oom};
 
 /// One open sequence: its llama.cpp slot, next position and sampler state.
 pub(crate) struct Seq {
@@ -203,6 +207,192 @@ impl Exec {
         }
     }
 
+    /// Open a sequence whose KV holds what `src`'s holds (ABI 1.5 `seq_fork`), bound at once
+    /// to a slot of its own: an empty one, else the least recently released warm one (its
+    /// cells go). `src`'s cells are shared into it, not copied (llama.cpp's unified cache lets
+    /// a cell belong to several slots), so a fork takes no KV room until the two diverge. The
+    /// new sequence has no sampler: its first sample builds its own, with its own seed.
+    pub(crate) fn fork(&mut self, src: u64, max: usize) -> Result<u64, EngineError> {
+        let s = self
+            .seqs
+            .get(&src)
+            .ok_or_else(|| EngineError::internal(format!("fork of unknown sequence {src}")))?;
+        let Some(from) = s.slot else {
+            return Err(EngineError::unsupported(format!(
+                "sequence {src} has not been stepped: its KV holds nothing to fork"
+            )));
+        };
+        let (n_past, history) = (s.n_past, s.history.clone());
+        if self.seqs.len() >= max {
+            return Err(oom(format!("all {max} sequence slots are in use")));
+        }
+        // Fewer than `max` sequences are open, so fewer than `max` slots are bound.
+        let best = (0..self.free_slots.len())
+            .max_by_key(|&i| {
+                let f = &self.free_slots[i];
+                (f.tokens.is_empty(), std::cmp::Reverse(f.released_at))
+            })
+            .ok_or_else(|| oom("no free sequence slot to fork into".to_string()))?;
+        let slot = self.free_slots.swap_remove(best).id;
+        let _ = self.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+        self.ctx
+            .copy_kv_cache_seq(from, slot, None, None)
+            .map_err(|e| EngineError::internal(format!("fork of sequence {src}: {e}")))?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(
+            id,
+            Seq {
+                slot: Some(slot),
+                n_past,
+                history,
+                sampler: None,
+                // Its first entry is evaluated whole: nothing of it comes from a cache.
+                cached: Some(0),
+            },
+        );
+        logging::debug(&format!(
+            "sequence {id}: forked from sequence {src} at {n_past} tokens"
+        ));
+        Ok(id)
+    }
+
+    /// Keep the first `n_keep` tokens of `seq` and drop the rest (ABI 1.5 `seq_truncate`),
+    /// with the samples taken after them (its penalties forget them). `n_batch` is the most
+    /// tokens one decode takes (see the window check below).
+    ///
+    /// Sliding-window caches (Gemma 2 and 3; Gemma 3 270M's window is 512 tokens). What the
+    /// vendored llama.cpp does (`src/llama-kv-cache.cpp`, `find_slot` and `apply_ubatch`): a
+    /// ubatch looking for cells takes, in scan order, any empty cell or any cell held by one
+    /// sequence only whose position is outside that sequence's window as of its *current*
+    /// last position (`is_masked_swa(n_swa, pos, seq_pos_max + 1)`), and then purges that
+    /// sequence's older positions too, to keep its cells contiguous; `seq_rm` brings nothing
+    /// back. After a verification adds k drafts to a sequence of n tokens (positions
+    /// `n..n + k`) and the truncation keeps `n_keep` (at least n), the cells at positions
+    /// `(n_keep - n_swa, n + k - n_swa]` count as outside the window, though position
+    /// `n_keep`, where the sequence goes on, still attends to them. So adding k tokens and
+    /// removing them CAN free cells inside the window of `n_keep`, when all of these hold:
+    /// the sequence held more than `n_swa` tokens with the drafts (`n + k > n_swa`; while the
+    /// whole sequence fits in the window nothing of it is
+    /// outside, and truncation is exact as with a full cache); a cell search runs between the
+    /// verification and the truncation (the host truncates right after the step, so only a
+    /// later ubatch of the same step: more than n_ubatch = 512 tokens, a verification beside
+    /// a prefill chunk); that search reaches those cells before the free ones; and the cells
+    /// are not shared with another slot (a fork's, a shared prefix's: never taken). This
+    /// plugin's contexts keep llama.cpp's default full-size SWA cache (`swa_full`, which
+    /// llama-cpp-2 does not set: as many cells as the whole context), whose scans meet free
+    /// cells before they wrap around to masked ones unless the cache is fragmented (on a
+    /// fresh cache the full-attention cache, as large, runs out first; steps built to provoke
+    /// the loss did not). Still: the step puts verification entries last in its batch
+    /// (in its last ubatch unless they straddle a ubatch boundary), and this checks that
+    /// every cell position `n_keep` attends to is there (a sequence's positions are
+    /// contiguous, so the first one left, `seq_pos_min`, must be at most
+    /// `n_keep + 1 - n_swa`). When some went, the kept tokens are evaluated again from
+    /// position 0: exact, at the cost of a prefill of `n_keep` tokens (a lost position's
+    /// window cells cannot be recomputed without the window before it, and so on back to the
+    /// first token).
+    pub(crate) fn truncate(
+        &mut self,
+        seq: u64,
+        n_keep: usize,
+        n_batch: usize,
+    ) -> Result<(), EngineError> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| EngineError::internal(format!("truncate of unknown sequence {seq}")))?;
+        let held = s.n_past as usize;
+        if n_keep > held {
+            return Err(EngineError::internal(format!(
+                "cannot keep {n_keep} tokens of sequence {seq}: it holds {held}"
+            )));
+        }
+        // Nothing to drop (an unbound sequence holds nothing, so it always ends here).
+        let Some(slot) = s.slot.filter(|_| n_keep < held) else {
+            return Ok(());
+        };
+        // Caches that cannot cut a sequence in the middle (recurrent and hybrid models)
+        // refuse, and are left as they were.
+        if !matches!(
+            self.ctx
+                .clear_kv_cache_seq(Some(slot as u32), Some(n_keep as u32), None),
+            Ok(true)
+        ) {
+            return Err(EngineError::unsupported(format!(
+                "this model's cache cannot drop the last tokens of sequence {seq} \
+                 (a recurrent or hybrid model)"
+            )));
+        }
+        s.n_past = n_keep as i32;
+        s.history.truncate(n_keep);
+        if let Some(sampler) = &mut s.sampler {
+            sampler.forget_after(n_keep);
+        }
+        let first = self.ctx.kv_cache_seq_pos_min(slot);
+        let needed = (n_keep + 1).saturating_sub(self.n_swa);
+        if self.n_swa == 0 || (0..=needed as i32).contains(&first) {
+            return Ok(());
+        }
+        logging::debug(&format!(
+            "sequence {seq}: window cells from {needed} lost (first left {first}), \
+             evaluating its {n_keep} kept tokens again"
+        ));
+        self.reevaluate(seq, slot, n_batch)
+    }
+
+    /// Evaluate `seq`'s kept tokens (its `history`) again into its slot from position 0, in
+    /// chunks of at most `n_batch`, without logits. On failure the sequence keeps what was
+    /// evaluated (its host releases it).
+    fn reevaluate(&mut self, seq: u64, slot: i32, n_batch: usize) -> Result<(), EngineError> {
+        let _ = self.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+        let history = self
+            .seqs
+            .get(&seq)
+            .map(|s| s.history.clone())
+            .unwrap_or_default();
+        let mut done = 0;
+        let mut result = Ok(());
+        for chunk in history.chunks(n_batch.max(1)) {
+            self.batch.clear();
+            for (i, &t) in chunk.iter().enumerate() {
+                result = self
+                    .batch
+                    .add(LlamaToken(t), (done + i) as i32, &[slot], false)
+                    .map_err(|e| EngineError::internal(format!("batch: {e}")));
+                if result.is_err() {
+                    break;
+                }
+            }
+            let mut evicted = false;
+            while result.is_ok() {
+                match self.ctx.decode(&mut self.batch) {
+                    Ok(()) => break,
+                    // Full: drop the warm cells of released sequences and try once more.
+                    Err(llama_cpp_2::DecodeError::NoKvCacheSlot)
+                        if !evicted && self.evict_warm() =>
+                    {
+                        evicted = true;
+                    }
+                    Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => {
+                        result = Err(oom("KV cache is full".to_string()));
+                    }
+                    Err(e) => {
+                        result = Err(EngineError::internal(format!("llama_decode failed: {e}")));
+                    }
+                }
+            }
+            if result.is_err() {
+                break;
+            }
+            done += chunk.len();
+        }
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            s.n_past = done as i32;
+            s.history.truncate(done);
+        }
+        result
+    }
+
     /// Forget every warm slot's cells; returns whether any were held.
     pub(crate) fn evict_warm(&mut self) -> bool {
         let mut any = false;
@@ -220,3 +410,118 @@ impl Exec {
 // SAFETY: a llama_context may be used from any thread as long as calls are not
 // concurrent; `Exec` is only reached through `LlamaLoaded::exec`'s mutex.
 unsafe impl Send for Exec {}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use gantry_engine_abi::sdk::{Engine, HostLog, Model};
+    use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor, Sampling, StepEntry};
+
+    use crate::LlamaEngine;
+
+    /// Gemma 3 270M, whose sliding-window layers attend to the last 512 positions
+    /// (scripts/fetch-model.sh; without it this fails with instructions).
+    fn gemma() -> PathBuf {
+        let p = std::env::var_os("GANTRY_GEMMA_GGUF")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
+            })
+            .expect("HOME or GANTRY_GEMMA_GGUF");
+        assert!(
+            p.is_file(),
+            "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
+            p.display()
+        );
+        p
+    }
+
+    #[test]
+    fn a_truncation_that_finds_window_cells_gone_evaluates_the_kept_tokens_again() {
+        let path = gemma();
+        let engine = LlamaEngine::create(
+            EngineConfig {
+                n_threads: 2,
+                max_batch_size: 1,
+                context_length: 1024,
+                ..EngineConfig::default()
+            },
+            HostLog::discard(),
+        )
+        .expect("engine");
+        let model = engine
+            .load_model(&ModelDescriptor {
+                model_id: "gemma".into(),
+                model_dir: path.parent().expect("dir").to_path_buf(),
+                primary_file: path.clone(),
+                format: Format::Gguf,
+                quantization: None,
+                mmproj: None,
+                context_length: 0,
+                max_sequences: 0,
+                device_ids: Vec::new(),
+            })
+            .expect("load gemma");
+        assert_eq!(model.exec().n_swa, 512, "Gemma 3's window");
+        let mut text = String::from("Notes on the rivers of France.");
+        let prompt = loop {
+            let p = model.tokenize(text.as_bytes(), true, false).expect("tok");
+            if p.len() >= 300 {
+                break p;
+            }
+            text.push_str(&format!(" The river {} flows past a town.", p.len()));
+        };
+        let g = Sampling::greedy();
+        let step = |seq, tokens: &[i32], all| {
+            let e = StepEntry {
+                seq,
+                tokens,
+                sample: Some(&g),
+                fresh: true,
+                allowed: None,
+                sample_all: all,
+            };
+            let out = model.step(&[e]).expect("step");
+            out.into_iter()
+                .map(|t| t.expect("sampled").token)
+                .collect::<Vec<_>>()
+        };
+        // The plain greedy continuation.
+        let seq = model.seq_open().expect("seq");
+        let mut want = step(seq, &prompt, false);
+        for _ in 0..8 {
+            let t = step(seq, &want[want.len() - 1..], false);
+            want.extend(t);
+        }
+        model.seq_release(seq);
+        // A verification whose second draft is wrong; then the cells of positions 0..100 go
+        // (from both caches, which a sliding-window cache never loses, but the check reads the
+        // same thing: the first position left is inside the window of the next one).
+        let seq = model.seq_open().expect("seq");
+        assert_eq!(step(seq, &prompt, false), want[..1]);
+        let wrong = (want[1] + 1) % 1000;
+        let got = step(seq, &[want[0], wrong, want[2]], true);
+        assert_eq!(got[0], want[1]);
+        let slot = model.exec().seqs[&seq].slot.expect("bound");
+        let cut = model
+            .exec()
+            .ctx
+            .clear_kv_cache_seq(Some(slot as u32), Some(0), Some(100));
+        assert_eq!(cut, Ok(true));
+        model.seq_truncate(seq, prompt.len() + 1).expect("truncate");
+        assert_eq!(
+            model.exec().ctx.kv_cache_seq_pos_min(slot),
+            0,
+            "evaluated again"
+        );
+        assert_eq!(model.exec().seqs[&seq].n_past as usize, prompt.len() + 1);
+        let mut next = got[0];
+        for (i, &w) in want[2..].iter().enumerate() {
+            next = step(seq, &[next], false)[0];
+            assert_eq!(next, w, "token {} after the truncation", i + 2);
+        }
+        model.seq_release(seq);
+    }
+}

@@ -4,8 +4,14 @@
 //! The batch: a new sequence is first bound to a slot (`slots.rs`), which may skip the prefix
 //! its warm cells hold; a step that finds the cache full drops the warm cells once and tries
 //! again. Sampling: each row's sampler (`sampler.rs`) reads its own logits and its own
-//! sequence's chain, so the rows of a step are sampled in parallel on up to the engine's
-//! thread count (a step's llama.cpp threads are idle by then), inline when one row samples.
+//! sequence's chain, so the sequences of a step are sampled in parallel on up to the engine's
+//! thread count (a step's llama.cpp threads are idle by then), inline when one samples.
+//!
+//! Verification (ABI 1.5 `GANTRY_STEP_SAMPLE_ALL`, speculative decoding): an entry of drafted
+//! tokens asks for the logits of every one of its tokens and is sampled after each, in order,
+//! through its sequence's one chain (one job per sequence, so sequences still sample in
+//! parallel); its samples fill `tokens.len()` consecutive result slots. The host then drops
+//! the rejected drafts with `seq_truncate` (`slots.rs`).
 
 use gantry_engine_abi::{EngineError, SampledToken, Sampling, StepEntry};
 use llama_cpp_2::token::LlamaToken;
@@ -13,19 +19,29 @@ use llama_cpp_2::token::LlamaToken;
 use crate::sampler::SeqSampler;
 use crate::{LlamaLoaded, oom};
 
-/// One row to sample: where its answer goes, its sequence and what it samples from.
+/// One sequence's rows to sample, in order: where its first answer goes, its sequence and
+/// what it samples from (each row with the position of the token whose logits it is).
 struct Job<'a> {
     out: usize,
     seq: u64,
-    logits: &'a [f32],
+    rows: Vec<(usize, &'a [f32])>,
     params: &'a Sampling,
     allowed: Option<&'a [u32]>,
     sampler: SeqSampler,
 }
 
-/// Sample every job, on up to `threads` threads; results in the jobs' order.
-fn sample_all(jobs: &mut [Job<'_>], threads: usize) -> Vec<Result<SampledToken, EngineError>> {
-    let run = |j: &mut Job<'_>| j.sampler.sample(j.logits, j.params, j.allowed);
+/// Sample every job's rows, the jobs on up to `threads` threads and each job's rows in order
+/// through its own chain; one result list per job, in the jobs' order.
+fn sample_jobs(
+    jobs: &mut [Job<'_>],
+    threads: usize,
+) -> Vec<Vec<Result<SampledToken, EngineError>>> {
+    let run = |j: &mut Job<'_>| {
+        j.rows
+            .iter()
+            .map(|&(after, logits)| j.sampler.sample(logits, after, j.params, j.allowed))
+            .collect::<Vec<_>>()
+    };
     let threads = threads.clamp(1, jobs.len().max(1));
     if threads == 1 {
         return jobs.iter_mut().map(run).collect();
@@ -47,12 +63,43 @@ fn sample_all(jobs: &mut [Job<'_>], threads: usize) -> Vec<Result<SampledToken, 
             .flat_map(|(n, h)| {
                 h.join().unwrap_or_else(|_| {
                     (0..n)
-                        .map(|_| Err(EngineError::internal("a sampling thread panicked")))
+                        .map(|_| vec![Err(EngineError::internal("a sampling thread panicked"))])
                         .collect()
                 })
             })
             .collect()
     })
+}
+
+/// Refuse a verification entry (`sample_all`) the plugin cannot sample exactly: before any
+/// KV changes, so a refused step leaves every sequence as it was.
+fn check_sample_all(e: &StepEntry<'_>, bound: bool, truncatable: bool) -> Result<(), EngineError> {
+    let Some(params) = e.sample.filter(|_| e.sample_all) else {
+        return Ok(());
+    };
+    let refuse = |why: &str| {
+        Err(EngineError::unsupported(format!(
+            "sequence {}: sampling after every token (GANTRY_STEP_SAMPLE_ALL) {why}",
+            e.seq
+        )))
+    };
+    if params.has_penalties() {
+        // Each row's penalties would have to see the samples of the rows before it as the
+        // tokens fed, which a verification does not feed.
+        return refuse("is not done with repetition, frequency or presence penalties");
+    }
+    if e.allowed.is_some() {
+        return refuse("is not done with an allowed-token mask");
+    }
+    if !truncatable {
+        // Its rejected drafts could not be dropped afterwards (`seq_truncate`).
+        return refuse("is not done on a recurrent or hybrid model");
+    }
+    if !bound {
+        // A first entry may skip a reused prefix (`slots.rs`), whose rows it has no logits of.
+        return refuse("needs a sequence already stepped; it verifies drafts, not a prompt");
+    }
+    Ok(())
 }
 
 impl LlamaLoaded {
@@ -64,8 +111,9 @@ impl LlamaLoaded {
         let mut guard = self.exec();
         let ex = &mut *guard;
         let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+        let slots: usize = entries.iter().map(StepEntry::result_slots).sum();
         if total == 0 {
-            return Ok(vec![None; entries.len()]);
+            return Ok(vec![None; slots]);
         }
         if total > self.n_batch {
             return Err(EngineError::internal(format!(
@@ -73,9 +121,9 @@ impl LlamaLoaded {
                 self.n_batch
             )));
         }
-        // How many leading tokens of each entry are already in KV (prefix reuse).
-        let mut skip = vec![0usize; entries.len()];
-        for (i, e) in entries.iter().enumerate() {
+        // Refusals first, before any sequence binds or any KV changes.
+        let truncatable = !(self.model.is_recurrent() || self.model.is_hybrid());
+        for e in entries {
             let s = ex.seqs.get(&e.seq).ok_or_else(|| {
                 EngineError::internal(format!("step on unknown sequence {}", e.seq))
             })?;
@@ -85,26 +133,44 @@ impl LlamaLoaded {
                     e.seq
                 )));
             }
-            if s.slot.is_none() {
+            check_sample_all(e, s.slot.is_some(), truncatable)?;
+        }
+        // How many leading tokens of each entry are already in KV (prefix reuse).
+        let mut skip = vec![0usize; entries.len()];
+        for (i, e) in entries.iter().enumerate() {
+            if ex.seqs.get(&e.seq).is_some_and(|s| s.slot.is_none()) {
                 skip[i] = ex.bind(e.seq, e.tokens, e.sample.is_some(), e.fresh)?;
             }
         }
+        // Verification entries go last in the batch, so that they are in its last ubatch: a
+        // later ubatch's cell search could take the window cells of their drafts' positions
+        // from a sliding-window cache (see `Exec::truncate`).
+        let verifies = |e: &StepEntry<'_>| e.sample.is_some() && e.sample_all;
+        let order: Vec<usize> = (0..entries.len())
+            .filter(|&i| !verifies(&entries[i]))
+            .chain((0..entries.len()).filter(|&i| verifies(&entries[i])))
+            .collect();
         let mut evicted = false;
         let logits_at = loop {
-            // Position in the batch whose logits each sampling entry reads.
-            let mut logits_at: Vec<Option<i32>> = Vec::with_capacity(entries.len());
+            // The batch rows whose logits each sampling entry reads (by entry): its last
+            // token's, or every token's for a verification entry.
+            let mut logits_at: Vec<Option<std::ops::Range<i32>>> = vec![None; entries.len()];
             ex.batch.clear();
-            for (e, &k) in entries.iter().zip(&skip) {
+            for &n in &order {
+                let (e, k) = (&entries[n], skip[n]);
                 let s = &ex.seqs[&e.seq];
                 let slot = s.slot.unwrap_or_default();
                 let last = e.tokens.len().saturating_sub(1);
+                let all = e.sample.is_some() && e.sample_all;
                 for (i, &t) in e.tokens.iter().enumerate().skip(k) {
-                    let want = e.sample.is_some() && i == last;
+                    let want = e.sample.is_some() && (all || i == last);
                     ex.batch
                         .add(LlamaToken(t), s.n_past + (i - k) as i32, &[slot], want)
                         .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
                 }
-                logits_at.push(e.sample.map(|_| ex.batch.n_tokens() - 1));
+                let end = ex.batch.n_tokens();
+                let rows = if all { e.tokens.len() - k } else { 1 };
+                logits_at[n] = e.sample.map(|_| end - rows as i32..end);
             }
             if ex.batch.n_tokens() == 0 {
                 break logits_at;
@@ -125,41 +191,56 @@ impl LlamaLoaded {
                 }
             }
         };
-        // Bookkeeping, then every sampled row: the rows whose sampler runs on the host are
-        // sampled in parallel (each row reads its own logits and its own sequence's chain).
-        let mut out: Vec<Option<SampledToken>> = vec![None; entries.len()];
+        // Bookkeeping, then every sampled row: the sequences whose sampler runs on the host are
+        // sampled in parallel (each reads its own logits and its own sequence's chain).
+        let mut out: Vec<Option<SampledToken>> = vec![None; slots];
         let mut jobs: Vec<Job<'_>> = Vec::new();
-        for (i, ((e, at), &k)) in entries.iter().zip(logits_at).zip(&skip).enumerate() {
+        let mut next_slot = 0;
+        for ((e, at), &k) in entries.iter().zip(logits_at).zip(&skip) {
+            let first_slot = next_slot;
+            next_slot += e.result_slots();
             let seq = ex
                 .seqs
                 .get_mut(&e.seq)
                 .ok_or_else(|| EngineError::internal("sequence vanished"))?;
-            seq.n_past += (e.tokens.len() - k) as i32;
+            // The position of the entry's first row: its rows are its last tokens.
+            let n_past = seq.n_past as usize + (e.tokens.len() - k);
+            seq.n_past = n_past as i32;
             seq.history.extend_from_slice(&e.tokens[k..]);
-            let (Some(params), Some(idx)) = (e.sample, at) else {
+            let (Some(params), Some(at)) = (e.sample, at) else {
                 continue;
             };
+            let first_pos = n_past - at.len();
             let sampler = seq
                 .sampler
                 .take()
                 .unwrap_or_else(|| SeqSampler::new(params, self.n_vocab));
             jobs.push(Job {
-                out: i,
+                out: first_slot,
                 seq: e.seq,
-                logits: ex.ctx.get_logits_ith(idx),
+                rows: at
+                    .enumerate()
+                    .map(|(r, idx)| (first_pos + r, ex.ctx.get_logits_ith(idx)))
+                    .collect(),
                 params,
                 allowed: e.allowed,
                 sampler,
             });
         }
-        let results = sample_all(&mut jobs, self.sample_threads);
-        for (j, r) in jobs.into_iter().zip(results) {
+        let results = sample_jobs(&mut jobs, self.sample_threads);
+        let mut failed = None;
+        for (j, rs) in jobs.into_iter().zip(results) {
             if let Some(seq) = ex.seqs.get_mut(&j.seq) {
                 seq.sampler = Some(j.sampler);
             }
-            out[j.out] = Some(r?);
+            for (slot, r) in out[j.out..].iter_mut().zip(rs) {
+                match r {
+                    Ok(t) => *slot = Some(t),
+                    Err(e) => failed = failed.or(Some(e)),
+                }
+            }
         }
-        Ok(out)
+        failed.map_or(Ok(out), Err)
     }
 
     /// A pooled embedding of `tokens` (embedding models), in a free slot for one pass.
@@ -236,7 +317,7 @@ mod tests {
                 .map(|(i, p)| Job {
                     out: i,
                     seq: i as u64,
-                    logits: &logits,
+                    rows: vec![(0, &logits[..])],
                     params: p,
                     allowed: None,
                     sampler: SeqSampler::new(p, 3000),
@@ -249,8 +330,9 @@ mod tests {
             // Three steps, so each sequence's chain carries its own state across them.
             for _ in 0..3 {
                 all.extend(
-                    sample_all(&mut j, threads)
+                    sample_jobs(&mut j, threads)
                         .into_iter()
+                        .flatten()
                         .map(|r| r.expect("sampled").token),
                 );
             }
