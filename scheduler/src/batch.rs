@@ -59,6 +59,9 @@ pub struct RunningSeq {
     pub fed: usize,
     /// Decoding, with a sampled token waiting to be fed back.
     pub has_next: bool,
+    /// `prompt_tokens` stops short of the prompt (its last token waits for the forks of an
+    /// `n` > 1 request): the chunk that completes them samples nothing.
+    pub held: bool,
 }
 
 impl RunningSeq {
@@ -98,7 +101,7 @@ pub fn plan_step(running: &[RunningSeq], prefill_budget: usize) -> Vec<Planned> 
             plan.push(Planned {
                 index,
                 prompt_tokens: n,
-                samples: r.fed + n == r.prompt_tokens,
+                samples: r.fed + n == r.prompt_tokens && !r.held,
             });
         }
     }
@@ -119,6 +122,7 @@ mod tests {
             prompt_tokens,
             fed,
             has_next: false,
+            held: false,
         }
     }
 
@@ -127,6 +131,7 @@ mod tests {
             prompt_tokens,
             fed: prompt_tokens,
             has_next: true,
+            held: false,
         }
     }
 
@@ -197,6 +202,7 @@ mod tests {
             prompt_tokens: 3,
             fed: 3,
             has_next: false,
+            held: false,
         };
         assert!(plan_step(&[waiting], 16).is_empty());
     }
@@ -215,6 +221,24 @@ mod tests {
             }
         }
         assert_eq!(chunks, vec![(8, false), (8, false), (4, true)]);
+    }
+
+    #[test]
+    fn a_held_prompt_is_fed_but_for_its_last_token_without_a_sample() {
+        // The first choice of an `n` > 1 request: its forks start from these cells, then
+        // every choice feeds the last token and samples.
+        let held = RunningSeq {
+            held: true,
+            ..prefill(9, 0)
+        };
+        assert_eq!(
+            plan_step(&[held], 16),
+            vec![Planned {
+                index: 0,
+                prompt_tokens: 9,
+                samples: false
+            }]
+        );
     }
 
     #[test]

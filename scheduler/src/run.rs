@@ -101,6 +101,7 @@ impl Running {
             prompt_tokens: self.job.prompt.len() - usize::from(self.hold_last),
             fed: self.fed,
             has_next: self.next.is_some(),
+            held: self.hold_last,
         }
     }
 }

@@ -39,9 +39,12 @@ def counters(node, model):
 
 
 def greedy(client, model, prompt, **extra):
+    # A `seed` makes the node evaluate the whole prompt (no prefix from a warm slot), so both
+    # runs start from the same numbers: a prefix evaluated in another batch shape can change a
+    # near tie at temperature 0 on its own, with or without speculation (docs/node.md).
     r = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=64,
-        temperature=0, extra_body=extra or None)
+        temperature=0, seed=0, extra_body=extra or None)
     c = r.choices[0]
     return c.message.content, c.finish_reason, r.usage.completion_tokens
 
