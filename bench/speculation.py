@@ -3,8 +3,10 @@
 
 One gantry-node serves Gemma 3 270M (Q4_K_M through the llama.cpp plugin by default, or the
 bf16 safetensors through the native engine with --native), 2 threads, 8 sequences, the
-response cache off so every request is generated. Two prompt sets, sent through the chat API at
-temperature 0:
+response cache off so every request is generated. Two prompt sets, sent as plain completions
+at temperature 0 with a `seed` (the test model is a base model; the seed makes both variants
+evaluate their prompt whole, as docs/node.md's reproducible sampling says, so their texts can be
+compared):
 
 - input-grounded: the reply copies much of the prompt (fix the spelling of a paragraph, extract
   sentences, edit code, reformat a list) — what prompt lookup drafts well;
@@ -66,34 +68,34 @@ NOTES = ("Alice joined the team in March. The server migration finished in April
          "new billing module. The office moved to the fourth floor in May. Alice led the security "
          "review. Carol fixed the login timeout bug. The team adopted weekly planning in June.")
 GROUNDED = [
-    f"Rewrite this paragraph with the spelling mistakes fixed. Change nothing else.\n\n{PARAGRAPH}",
-    f"Copy this code and rename the function `total` to `order_total` everywhere.\n\n{CODE}",
-    f"Add a docstring to each function of this code and return the whole code.\n\n{CODE}",
-    f"List every sentence of this text that mentions Alice, word for word.\n\n{NOTES}",
-    "Turn this list into a numbered list, keeping each line as it is:\n"
-    "- buy milk and eggs\n- call the plumber about the kitchen sink\n- send the quarterly report"
-    " to Dana\n- book the train tickets for the conference\n- renew the library card",
-    f"Repeat this text exactly, then say how many sentences it has.\n\n{NOTES}",
+    f"Original: {PARAGRAPH}\nThe same text with the spelling corrected: ",
+    f"Here is a Python module:\n\n{CODE}\nThe same module with `total` renamed to `order_total`:\n\n",
+    f"Here is a Python module:\n\n{CODE}\nThe same module with a docstring on each function:\n\n",
+    f"Notes: {NOTES}\nThe sentences of the notes that mention Alice, word for word: ",
+    "To do:\n- buy milk and eggs\n- call the plumber about the kitchen sink\n- send the quarterly "
+    "report to Dana\n- book the train tickets for the conference\n- renew the library card\n\n"
+    "The same list, numbered:\n1.",
+    f"Text: {NOTES}\nThe text again, copied exactly: ",
 ]
 OPEN = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain why the sky is blue to a ten-year-old.",
-    "Give me five ideas for a weekend trip in the mountains, with a sentence on each.",
-    "What are the pros and cons of working from home?",
-    "Describe a busy market in the morning.",
-    "Write a poem about autumn leaves.",
+    "Once upon a time, in a small village by the sea,",
+    "The history of the bicycle begins",
+    "Ten tips for a better night's sleep:\n1.",
+    "Dear diary, today",
+    "The main causes of the French Revolution were",
+    "A recipe for chocolate cake:\n",
 ]
 
 
 def chat(port, prompt, spec, max_tokens, timeout=600):
     body = {
-        "model": "gemma", "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True}, "speculation": spec,
+        "model": "gemma", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True}, "speculation": spec,
+        "seed": 0,
     }
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.monotonic()
-    c.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
         raise SystemExit(f"HTTP {r.status}: {r.read()[:500]!r}")
@@ -106,7 +108,7 @@ def chat(port, prompt, spec, max_tokens, timeout=600):
         if ev.get("usage"):
             tokens = ev["usage"]["completion_tokens"]
         for ch in ev.get("choices", []):
-            piece = ch.get("delta", {}).get("content")
+            piece = ch.get("text")
             if piece:
                 now = time.monotonic()
                 first = first or now
@@ -187,6 +189,9 @@ def main():
     ap.add_argument("--c8-seconds", type=float, default=40)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--draft-tokens", type=int, default=None, help="the model's speculation.draftTokens")
+    ap.add_argument("--max-batch", type=int, default=None, help="the model's speculation.maxBatch")
+    ap.add_argument("--sets", default="input_grounded,open_ended,c8")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.c8_seconds = 1, 10
@@ -194,8 +199,10 @@ def main():
     fmt = "safetensors" if a.native else "gguf"
     work = Path(tempfile.mkdtemp(prefix="gantry-spec-"))
     cfg = work / "node.yaml"
+    spec = {k: v for k, v in (("draftTokens", a.draft_tokens), ("maxBatch", a.max_batch)) if v}
+    spec_yaml = f", speculation: {json.dumps(spec)}" if spec else ""
     cfg.write_text(f"models:\n  - {{id: gemma, path: {model}, format: {fmt}, contextLength: 2048, "
-                   f"maxBatchSize: 8}}\nscheduler: {{responseCacheRamFraction: 0.0}}\n")
+                   f"maxBatchSize: 8{spec_yaml}}}\nscheduler: {{responseCacheRamFraction: 0.0}}\n")
     port = free_port()
     log = work / "node.log"
     proc = subprocess.Popen([a.node, "serve", "--config", cfg, "--listen", f"127.0.0.1:{port}",
@@ -212,16 +219,19 @@ def main():
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
             "max_tokens": a.max_tokens,
             "rounds": a.rounds,
-            "c1": {
-                "input_grounded": c1(port, GROUNDED, a.rounds, a.max_tokens),
-                "open_ended": c1(port, OPEN, a.rounds, a.max_tokens),
-            },
+            "speculation": spec or "defaults",
+            "c1": {},
         }
-        both = GROUNDED + OPEN
-        on = c8(port, both, a.c8_seconds, a.max_tokens, True)
-        off = c8(port, both, a.c8_seconds, a.max_tokens, False)
-        on2 = c8(port, both, a.c8_seconds, a.max_tokens, True)
-        result["c8"] = {"on_tok_s": (on + on2) / 2, "off_tok_s": off, "ratio": (on + on2) / 2 / off}
+        sets = a.sets.split(",")
+        for name, prompts in (("input_grounded", GROUNDED), ("open_ended", OPEN)):
+            if name in sets:
+                result["c1"][name] = c1(port, prompts, a.rounds, a.max_tokens)
+        if "c8" in sets:
+            both = GROUNDED + OPEN
+            on = c8(port, both, a.c8_seconds, a.max_tokens, True)
+            off = c8(port, both, a.c8_seconds, a.max_tokens, False)
+            on2 = c8(port, both, a.c8_seconds, a.max_tokens, True)
+            result["c8"] = {"on_tok_s": (on + on2) / 2, "off_tok_s": off, "ratio": (on + on2) / 2 / off}
     finally:
         proc.terminate()
         proc.wait(timeout=30)

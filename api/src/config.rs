@@ -197,7 +197,10 @@ impl Default for SpeculationConfig {
     fn default() -> Self {
         Self {
             method: SpeculationMethod::PromptLookup,
-            draft_tokens: 8,
+            // Four tokens a step: llama.cpp's CPU kernels for repacked weights take four
+            // columns at a time, so a verification of 4 costs little more than a decode
+            // while one of 3 or 5 costs two to three (bench/speculation.py, docs/benchmarks.md).
+            draft_tokens: 3,
             ngram_min: 2,
             ngram_max: 4,
             max_batch: 2,

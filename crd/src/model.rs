@@ -378,7 +378,7 @@ pub struct Speculation {
     /// `PromptLookup` (default) or `Off`.
     #[serde(default)]
     pub method: SpeculationMethod,
-    /// Most drafted tokens verified per sequence and step (default 8).
+    /// Most drafted tokens verified per sequence and step (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub draft_tokens: Option<i32>,
