@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::*;
@@ -278,24 +277,6 @@ fn a_load_over_the_memory_limit_is_refused_before_allocating() {
         "{}",
         err.message
     );
-}
-
-/// The real model. scripts/setup.sh provides it; without it this test fails
-/// with instructions rather than passing silently.
-fn gemma_path() -> PathBuf {
-    let p = std::env::var_os("GANTRY_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
-        })
-        .expect("HOME or GANTRY_GEMMA_GGUF");
-    assert!(
-        p.is_file(),
-        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
 }
 
 #[test]

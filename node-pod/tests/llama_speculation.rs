@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
 use gantry_engine_abi::{EngineError, SampledToken, Sampling, Status, StepEntry};
 use gantry_node::engine_host::{ModelExec, ModelShared};
@@ -186,28 +184,7 @@ fn check_forks(exec: &mut ModelExec, prompt: &[i32], n: usize) {
         matches!(err.status, Status::OomRam | Status::OomVram),
         "{err}"
     );
-    let mut feed: Vec<Vec<i32>> = vec![last.to_vec(); n];
-    let mut outs: Vec<Vec<i32>> = vec![Vec::new(); n];
-    for _ in 0..17 {
-        let entries: Vec<StepEntry<'_>> = seqs
-            .iter()
-            .zip(&feed)
-            .map(|(&seq, t)| StepEntry {
-                seq,
-                tokens: t,
-                sample: Some(&g),
-                fresh: false,
-                allowed: None,
-                sample_all: false,
-            })
-            .collect();
-        let res = exec.step(&entries).expect("step");
-        for (i, r) in res.into_iter().enumerate() {
-            let t = r.expect("sampled").token;
-            outs[i].push(t);
-            feed[i] = vec![t];
-        }
-    }
+    let outs = decode_together(exec, &seqs, vec![last.to_vec(); n], 17);
     for (i, out) in outs.iter().enumerate() {
         assert_eq!(out, &want, "sequence {i} (0 = the parent)");
     }
@@ -257,24 +234,6 @@ fn verification_is_refused_with_penalties_a_mask_or_before_the_prompt() {
     // The refused steps left the sequence as it was.
     assert_eq!(decode(&mut exec, seq, want[0], 5, &g), want[1..6]);
     exec.seq_release(seq);
-}
-
-/// Gemma 3 270M (scripts/fetch-model.sh; this fails with instructions rather than passing
-/// silently without it). Its sliding-window layers attend to the last 512 positions.
-fn gemma_path() -> PathBuf {
-    let p = std::env::var_os("GANTRY_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
-        })
-        .expect("HOME or GANTRY_GEMMA_GGUF");
-    assert!(
-        p.is_file(),
-        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
 }
 
 /// A prompt of at least `n` tokens.

@@ -271,13 +271,27 @@ pub fn tiny(dir: &Path, spec: &TinyModelSpec) -> PathBuf {
 
 /// Greedy-generate `n` tokens for each prompt, all sequences stepped together.
 pub fn generate_batched(exec: &mut ModelExec, prompts: &[Vec<i32>], n: usize) -> Vec<Vec<i32>> {
-    let g = Sampling::greedy();
     let seqs: Vec<u64> = prompts
         .iter()
         .map(|_| exec.seq_open().expect("seq_open"))
         .collect();
-    let mut outs: Vec<Vec<i32>> = vec![Vec::new(); prompts.len()];
-    let mut feed: Vec<Vec<i32>> = prompts.to_vec();
+    let outs = decode_together(exec, &seqs, prompts.to_vec(), n);
+    for s in seqs {
+        exec.seq_release(s);
+    }
+    outs
+}
+
+/// Step the open sequences `seqs` together `n` times, greedily: the first step feeds each its
+/// `feed`, every later one the token it sampled. Returns each sequence's `n` tokens.
+pub fn decode_together(
+    exec: &mut ModelExec,
+    seqs: &[u64],
+    mut feed: Vec<Vec<i32>>,
+    n: usize,
+) -> Vec<Vec<i32>> {
+    let g = Sampling::greedy();
+    let mut outs: Vec<Vec<i32>> = vec![Vec::new(); seqs.len()];
     for _ in 0..n {
         let entries: Vec<StepEntry<'_>> = seqs
             .iter()
@@ -298,10 +312,25 @@ pub fn generate_batched(exec: &mut ModelExec, prompts: &[Vec<i32>], n: usize) ->
             feed[i] = vec![t];
         }
     }
-    for s in seqs {
-        exec.seq_release(s);
-    }
     outs
+}
+
+/// The real Gemma 3 270M GGUF. scripts/setup.sh provides it; without it a test fails with
+/// instructions rather than passing silently.
+pub fn gemma_path() -> PathBuf {
+    let p = std::env::var_os("GANTRY_GEMMA_GGUF")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
+        })
+        .expect("HOME or GANTRY_GEMMA_GGUF");
+    assert!(
+        p.is_file(),
+        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
 }
 
 /// One greedy step of `tokens` as the first entry of a new sequence of `exec`: its id and the
