@@ -256,7 +256,7 @@ impl ExecCalls for LocalModel {
                 } else {
                     0
                 }) | (if e.fresh { ffi::GANTRY_STEP_FRESH } else { 0 })
-                    | (if e.sample_all && s.is_some() {
+                    | (if e.verifies() {
                         ffi::GANTRY_STEP_SAMPLE_ALL
                     } else {
                         0

@@ -406,9 +406,14 @@ pub struct StepEntry<'a> {
 }
 
 impl StepEntry<'_> {
-    /// How many result slots this entry takes: `tokens.len()` with `sample_all`, else one.
+    /// A verification entry: it samples after every token (`sample_all` with `sample`).
+    pub fn verifies(&self) -> bool {
+        self.sample_all && self.sample.is_some()
+    }
+
+    /// How many result slots this entry takes: `tokens.len()` when it verifies, else one.
     pub fn result_slots(&self) -> usize {
-        if self.sample_all && self.sample.is_some() {
+        if self.verifies() {
             self.tokens.len()
         } else {
             1

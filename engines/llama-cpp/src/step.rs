@@ -145,10 +145,9 @@ impl LlamaLoaded {
         // Verification entries go last in the batch, so that they are in its last ubatch: a
         // later ubatch's cell search could take the window cells of their drafts' positions
         // from a sliding-window cache (see `Exec::truncate`).
-        let verifies = |e: &StepEntry<'_>| e.sample.is_some() && e.sample_all;
         let order: Vec<usize> = (0..entries.len())
-            .filter(|&i| !verifies(&entries[i]))
-            .chain((0..entries.len()).filter(|&i| verifies(&entries[i])))
+            .filter(|&i| !entries[i].verifies())
+            .chain((0..entries.len()).filter(|&i| entries[i].verifies()))
             .collect();
         let mut evicted = false;
         let logits_at = loop {
@@ -161,7 +160,7 @@ impl LlamaLoaded {
                 let s = &ex.seqs[&e.seq];
                 let slot = s.slot.unwrap_or_default();
                 let last = e.tokens.len().saturating_sub(1);
-                let all = e.sample.is_some() && e.sample_all;
+                let all = e.verifies();
                 for (i, &t) in e.tokens.iter().enumerate().skip(k) {
                     let want = e.sample.is_some() && (all || i == last);
                     ex.batch

@@ -17,11 +17,6 @@ use crate::backend::{SampleRow, StepInput};
 use crate::sampler::SeqSampler;
 use crate::{Exec, NativeModel};
 
-/// Whether `e` wants a sample after every token (ABI 1.5 `GANTRY_STEP_SAMPLE_ALL`).
-fn samples_every_token(e: &StepEntry<'_>) -> bool {
-    e.sample_all && e.sample.is_some()
-}
-
 impl NativeModel {
     /// `Model::step`: see the module header.
     pub(crate) fn run_step(
@@ -41,7 +36,7 @@ impl NativeModel {
             }
             // Every token whose logits are wanted is evaluated: the last one for a sample, all
             // of them for a sample after every token.
-            let limit = if e.fresh || samples_every_token(e) {
+            let limit = if e.fresh || e.verifies() {
                 0
             } else {
                 e.tokens.len() - usize::from(e.sample.is_some())
@@ -99,14 +94,14 @@ impl NativeModel {
             let s = &ex.seqs[&e.seq];
             tables.push(&s.blocks.table);
             for (j, &t) in e.tokens[k..].iter().enumerate() {
-                if samples_every_token(e) {
+                if e.verifies() {
                     logits_rows.push(tokens.len());
                 }
                 tokens.push(t);
                 positions.push(s.blocks.len + j);
                 seq_of.push(i);
             }
-            if e.sample.is_some() && !samples_every_token(e) {
+            if e.sample.is_some() && !e.verifies() {
                 logits_rows.push(tokens.len() - 1);
             }
         }
@@ -121,8 +116,7 @@ impl NativeModel {
         // state goes in); otherwise logits come back and are sampled here. A step verifying
         // drafts samples several rows of one sequence in order, each seeing the samples before
         // it: it takes the host path.
-        let on_device =
-            ex.backend.samples_on_device() && !entries.iter().any(|e| samples_every_token(e));
+        let on_device = ex.backend.samples_on_device() && !entries.iter().any(StepEntry::verifies);
         let mut from_device = None;
         let logits = if tokens.is_empty() {
             Vec::new()
@@ -196,7 +190,7 @@ impl NativeModel {
                     e.seq
                 )));
             }
-            if samples_every_token(e) && e.allowed.is_some() {
+            if e.verifies() && e.allowed.is_some() {
                 return Err(EngineError::unsupported(format!(
                     "sequence {}: a sample after every token (draft verification) with an allowed-token mask",
                     e.seq
