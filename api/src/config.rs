@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::{Source, check_relative_file};
 
+mod speculation;
+pub use speculation::{SpeculationConfig, SpeculationMethod};
+
 /// Where the operator mounts the node's model config inside a node pod
 /// (`gantry-node serve --config ...`).
 pub const NODE_CONFIG_PATH: &str = "/etc/gantry/models.yaml";
@@ -164,84 +167,6 @@ pub struct ModelConfig {
     /// Speculative decoding; absent = prompt lookup with the defaults.
     #[serde(default, skip_serializing_if = "SpeculationConfig::is_default")]
     pub speculation: SpeculationConfig,
-}
-
-/// How a model speculates: drafts are verified in one engine step (ABI 1.5
-/// `GANTRY_CAP_SPECULATE`; an engine without it decodes one token per step whatever this says).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct SpeculationConfig {
-    /// `promptLookup` (drafts copied from the prompt and the text so far) or `off`.
-    pub method: SpeculationMethod,
-    /// Most drafted tokens verified per sequence and step (1-16).
-    pub draft_tokens: u32,
-    /// The shortest tail of the text whose earlier occurrence proposes a draft (1-8).
-    pub ngram_min: u32,
-    /// The longest tail tried first (`ngramMin`-8).
-    pub ngram_max: u32,
-    /// No drafts while more sequences than this decode together (the step is then bound by
-    /// compute, which drafts would add to).
-    pub max_batch: u32,
-}
-
-/// What proposes the drafts.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum SpeculationMethod {
-    #[default]
-    PromptLookup,
-    Off,
-}
-
-impl Default for SpeculationConfig {
-    fn default() -> Self {
-        Self {
-            method: SpeculationMethod::PromptLookup,
-            // Four tokens a step: llama.cpp's CPU kernels for repacked weights take four
-            // columns at a time, so a verification of 4 costs little more than a decode
-            // while one of 3 or 5 costs two to three (bench/speculation.py, docs/benchmarks.md).
-            draft_tokens: 3,
-            ngram_min: 2,
-            ngram_max: 4,
-            max_batch: 2,
-        }
-    }
-}
-
-impl SpeculationConfig {
-    pub fn is_default(&self) -> bool {
-        self == &Self::default()
-    }
-
-    /// The first setting out of its range: (field under `speculation`, reason).
-    pub fn check(&self) -> Option<(&'static str, String)> {
-        let within = |v: u32, lo: u32, hi: u32| (lo..=hi).contains(&v);
-        if !within(self.draft_tokens, 1, 16) {
-            return Some((
-                "draftTokens",
-                format!("must be within [1, 16], got {}", self.draft_tokens),
-            ));
-        }
-        if !within(self.ngram_min, 1, 8) {
-            return Some((
-                "ngramMin",
-                format!("must be within [1, 8], got {}", self.ngram_min),
-            ));
-        }
-        if !within(self.ngram_max, self.ngram_min, 8) {
-            return Some((
-                "ngramMax",
-                format!(
-                    "must be within [ngramMin = {}, 8], got {}",
-                    self.ngram_min, self.ngram_max
-                ),
-            ));
-        }
-        if self.max_batch == 0 {
-            return Some(("maxBatch", "must be >= 1".into()));
-        }
-        None
-    }
 }
 
 impl ModelConfig {
@@ -593,66 +518,6 @@ mod tests {
                 .to_string()
                 .contains("model store")
         );
-    }
-
-    #[test]
-    fn speculation_defaults_to_prompt_lookup_and_its_settings_are_bounded() {
-        let yaml = "models:\n  - {id: m, path: /m.gguf, format: gguf}\n";
-        let cfg: NodeConfig = serde_yaml::from_str(yaml).expect("parses");
-        assert_eq!(cfg.models[0].speculation, SpeculationConfig::default());
-        assert_eq!(
-            cfg.models[0].speculation.method,
-            SpeculationMethod::PromptLookup
-        );
-        let off = "models:\n  - {id: m, path: /m.gguf, format: gguf, speculation: {method: off}}\n";
-        let cfg: NodeConfig = serde_yaml::from_str(off).expect("parses");
-        assert_eq!(cfg.models[0].speculation.method, SpeculationMethod::Off);
-        // Rendered back, a default block is left out and a changed one kept.
-        assert!(
-            serde_yaml::to_string(&cfg)
-                .expect("renders")
-                .contains("method: off")
-        );
-        let cases = [
-            (
-                "draftTokens: 0",
-                "models[m].speculation.draftTokens",
-                "within [1, 16], got 0",
-            ),
-            (
-                "draftTokens: 17",
-                "models[m].speculation.draftTokens",
-                "got 17",
-            ),
-            (
-                "ngramMin: 0",
-                "models[m].speculation.ngramMin",
-                "within [1, 8], got 0",
-            ),
-            (
-                "{ngramMin: 3, ngramMax: 2}",
-                "models[m].speculation.ngramMax",
-                "within [ngramMin = 3, 8], got 2",
-            ),
-            (
-                "maxBatch: 0",
-                "models[m].speculation.maxBatch",
-                "must be >= 1",
-            ),
-        ];
-        for (block, field, reason) in cases {
-            let block = if block.starts_with('{') {
-                block.to_string()
-            } else {
-                format!("{{{block}}}")
-            };
-            let yaml = format!(
-                "models:\n  - {{id: m, path: /m.gguf, format: gguf, speculation: {block}}}\n"
-            );
-            let cfg: NodeConfig = serde_yaml::from_str(&yaml).expect("parses");
-            let e = cfg.validate().expect_err(block.as_str()).to_string();
-            assert!(e.contains(field) && e.contains(reason), "{block}: {e}");
-        }
     }
 
     #[test]
