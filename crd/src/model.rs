@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use super::schema::{conditions_schema, quantity_schema};
 
+mod speculation;
+pub use speculation::{Speculation, SpeculationMethod};
+
 /// `source.uri` pattern: one alternative per supported scheme.
 pub const SOURCE_URI_PATTERN: &str = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?|https://[^\s/]+(/\S*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S+|file:///\S+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$";
 /// OpenAI model ids as Gantry accepts them: no spaces or slashes-only names.
@@ -368,42 +371,6 @@ pub struct EngineConfig {
     /// text so far, verified in one engine step) where the engine supports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<Speculation>,
-}
-
-/// How a model speculates; every field defaults to the node's default.
-#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.ngramMin) || !has(self.ngramMax) || self.ngramMin <= self.ngramMax").message("speculation.ngramMin must not exceed ngramMax"))]
-pub struct Speculation {
-    /// `PromptLookup` (default) or `Off`.
-    #[serde(default)]
-    pub method: SpeculationMethod,
-    /// Most drafted tokens verified per sequence and step (default 3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16))]
-    pub draft_tokens: Option<i32>,
-    /// Shortest tail of the text looked up (default 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 8))]
-    pub ngram_min: Option<i32>,
-    /// Longest tail looked up, tried first (default 4).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 8))]
-    pub ngram_max: Option<i32>,
-    /// No drafts while more sequences than this decode together (default 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 4096))]
-    pub max_batch: Option<i32>,
-}
-
-/// What proposes the drafts.
-#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SpeculationMethod {
-    /// n-gram drafts from the request's own text.
-    #[default]
-    PromptLookup,
-    /// No speculation.
-    Off,
 }
 
 /// The volume node pods download weights into.

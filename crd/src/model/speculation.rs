@@ -1,0 +1,42 @@
+//! Custom resources, a Model's speculative decoding (`spec.engineConfig.speculation`; the
+//! operator checks it with the node's own ranges and renders it into the node config).
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How a model speculates; every field defaults to the node's default.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.ngramMin) || !has(self.ngramMax) || self.ngramMin <= self.ngramMax").message("speculation.ngramMin must not exceed ngramMax"))]
+pub struct Speculation {
+    /// `PromptLookup` (default) or `Off`.
+    #[serde(default)]
+    pub method: SpeculationMethod,
+    /// Most drafted tokens verified per sequence and step (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub draft_tokens: Option<i32>,
+    /// Shortest tail of the text looked up (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8))]
+    pub ngram_min: Option<i32>,
+    /// Longest tail looked up, tried first (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8))]
+    pub ngram_max: Option<i32>,
+    /// No drafts while more sequences than this decode together (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_batch: Option<i32>,
+}
+
+/// What proposes the drafts.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpeculationMethod {
+    /// n-gram drafts from the request's own text.
+    #[default]
+    PromptLookup,
+    /// No speculation.
+    Off,
+}
