@@ -22,7 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::{Source, check_relative_file};
 
+mod adapter;
 mod speculation;
+pub use adapter::{
+    ADAPTER_SEPARATOR, AdapterConfig, MAX_ADAPTERS, check_name as check_adapter_name,
+};
 pub use speculation::{SpeculationConfig, SpeculationMethod};
 
 /// Where the operator mounts the node's model config inside a node pod
@@ -167,6 +171,9 @@ pub struct ModelConfig {
     /// Speculative decoding; absent = prompt lookup with the defaults.
     #[serde(default, skip_serializing_if = "SpeculationConfig::is_default")]
     pub speculation: SpeculationConfig,
+    /// LoRA adapters served on top of this model, each under its own model id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<AdapterConfig>,
 }
 
 impl ModelConfig {
@@ -395,6 +402,25 @@ impl NodeConfig {
             }
             if let Some((field, reason)) = m.speculation.check() {
                 return invalid(format!("models[{}].speculation.{field}", m.id), reason);
+            }
+            if let Some((field, reason)) = adapter::check_list(&m.adapters) {
+                return invalid(format!("models[{}].{field}", m.id), reason);
+            }
+        }
+        // Every served id (models and adapters) names one thing.
+        let mut ids = std::collections::HashSet::new();
+        for m in &self.models {
+            ids.insert(m.id.clone());
+        }
+        for m in &self.models {
+            for a in &m.adapters {
+                let id = a.model_id(&m.id);
+                if !ids.insert(id.clone()) {
+                    return invalid(
+                        format!("models[{}].adapters[{}]", m.id, a.name),
+                        format!("serves as {id:?}, which another model or adapter already is"),
+                    );
+                }
             }
         }
         let s = &self.scheduler;

@@ -287,6 +287,54 @@ pub struct ModelStatus {
     /// engine supports it, or `engine` pins one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_choice: Option<EngineChoice>,
+    /// Its LoRA adapters (node config `adapters`), in config order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<AdapterStatus>,
+}
+
+/// One LoRA adapter of a model on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdapterStatus {
+    /// The adapter's name in the model's `adapters` list.
+    pub name: String,
+    /// The OpenAI model id it is served under (`<model>:<name>` or its `servedName`).
+    pub id: String,
+    /// `pending` (waiting for its base model or its download), `downloaded` (artifacts on
+    /// disk, not in memory), `loaded` (in the engine, requests use it at once), or `refused`
+    /// (download failed, or the engine refused it: `reason` says why; the base keeps serving).
+    pub state: AdapterState,
+    /// Stable label of a refusal: `download`, `unsupported` (the engine serves no adapters),
+    /// `mismatch` (wrong rank, shape or base model), `corrupt`, `memory`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail of a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// What it holds in memory while loaded (all replicas together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+/// Where one adapter stands on a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum AdapterState {
+    Pending,
+    Downloaded,
+    Loaded,
+    Refused,
+}
+
+impl AdapterState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdapterState::Pending => "pending",
+            AdapterState::Downloaded => "downloaded",
+            AdapterState::Loaded => "loaded",
+            AdapterState::Refused => "refused",
+        }
+    }
 }
 
 fn in_process() -> String {
