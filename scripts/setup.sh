@@ -16,7 +16,9 @@
 #     among them (GANTRY_NVRTC_LIB: the native engine's CUDA kernels compile here);
 #   - the chat-template corpus, the model's bf16 twins for the native engine (a safetensors
 #     directory and a BF16 GGUF), cargo-fuzz (scripts/fuzz.sh) and s3s-fs, a real
-#     S3-compatible server for the model store's tests.
+#     S3-compatible server for the model store's tests;
+#   - SmolLM2-135M-Instruct (Q4_1 GGUF), its f32 Hugging Face twin, and test LoRA adapters for
+#     it (GANTRY_SMOLLM2_ADAPTERS: PEFT and GGUF, good and bad, and a merged reference).
 #
 # Every part that does work says what it is doing and how long it took (on stderr). Prints
 # nothing on stdout but `export` lines, so callers can `eval` it:
@@ -158,6 +160,20 @@ if [ "$(cat "$smol_st/.made-by.sha256" 2>/dev/null)" != "$smol_want" ]; then
   done_part
 fi
 
+# Test LoRA adapters for SmolLM2 (no registry ships one): two random rank-8 adapters as PEFT
+# directories and GGUF LoRA files, the base with one of them merged in (the native engine's
+# reference), and adapters both engines must refuse; see the README.txt written beside them
+# (about 25 s, 600 MB; redone when the script or the f32 directory above changes).
+smol_lora="$cache/adapters/smollm2"
+smol_lora_script="$here/../testkit/python/smollm2_lora.py"
+smol_lora_want="$(cat "$smol_lora_script" "$smol_st/.made-by.sha256" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$smol_lora/.made-by.sha256" 2>/dev/null)" != "$smol_lora_want" ]; then
+  part "making SmolLM2 test LoRA adapters in $smol_lora"
+  "$venv/bin/python" "$smol_lora_script" "$smol_st" "$smol" "$smol_lora" >&2
+  echo "$smol_lora_want" > "$smol_lora/.made-by.sha256"
+  done_part
+fi
+
 # cargo-fuzz drives the parser fuzz targets in fuzz/ (scripts/fuzz.sh). Pinned,
 # so a new release cannot change the CI; about a minute to build on two cores.
 cargo_fuzz_version=0.13.2
@@ -173,6 +189,7 @@ echo "export GANTRY_GEMMA_ST_DIR='$gemma_st'"
 echo "export GANTRY_GEMMA_BF16_GGUF='$gemma_bf16'"
 echo "export GANTRY_SMOLLM2_GGUF='$smol'"
 echo "export GANTRY_SMOLLM2_ST_DIR='$smol_st'"
+echo "export GANTRY_SMOLLM2_ADAPTERS='$smol_lora'"
 echo "export GANTRY_TEMPLATES_DIR='$templates'"
 nvrtc="$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -n1)"
 echo "export GANTRY_NVRTC_LIB='$nvrtc'"
