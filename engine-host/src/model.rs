@@ -11,7 +11,9 @@
 use std::sync::Arc;
 
 use gantry_api::WorkerCrash;
-use gantry_engine_abi::{EngineError, EngineInfo, ModelInfo, SampledToken, StepEntry};
+use gantry_engine_abi::{
+    AdapterDescriptor, EngineError, EngineInfo, LoadedAdapter, ModelInfo, SampledToken, StepEntry,
+};
 
 /// The calls any thread may make at any time.
 pub(crate) trait SharedCalls: Send + Sync {
@@ -50,6 +52,12 @@ pub(crate) trait ExecCalls: Send {
     fn seq_fork(&mut self, src: u64) -> Result<u64, EngineError>;
     /// ABI 1.5 `seq_truncate`; `Unsupported` when the plugin lacks it.
     fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError>;
+    /// ABI 1.6 `adapter_load`; `Unsupported` when the plugin lacks it.
+    fn adapter_load(&mut self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError>;
+    /// ABI 1.6 `adapter_unload`; nothing when the plugin lacks it.
+    fn adapter_unload(&mut self, adapter: u64);
+    /// ABI 1.6 `seq_set_adapter`; `Unsupported` when the plugin lacks it.
+    fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError>;
     /// `dims` is the model's embedding size, the first guess of the output length.
     fn embed(&mut self, tokens: &[i32], dims: usize) -> Result<Vec<f32>, EngineError>;
     /// The worker process under the calls (`process` isolation).
@@ -102,6 +110,11 @@ impl ModelShared {
     /// Whether the plugin verifies drafted tokens in one step (`GANTRY_CAP_SPECULATE`, ABI 1.5).
     pub fn supports_speculation(&self) -> bool {
         self.calls.plugin().supports_speculation()
+    }
+
+    /// Whether the plugin loads LoRA adapters (`GANTRY_CAP_ADAPTERS`, ABI 1.6).
+    pub fn supports_adapters(&self) -> bool {
+        self.calls.plugin().supports_adapters()
     }
 
     /// The worker process serving this model (`process` isolation).
@@ -199,6 +212,28 @@ impl ModelExec {
     /// Keep the first `n_keep` tokens of `seq` (ABI 1.5, for speculative decoding).
     pub fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
         self.calls.seq_truncate(seq, n_keep)
+    }
+
+    /// Load a LoRA adapter next to the model (ABI 1.6); `Unsupported` from plugins without
+    /// `GANTRY_CAP_ADAPTERS`.
+    pub fn adapter_load(&mut self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        if !self.shared.supports_adapters() {
+            return Err(EngineError::unsupported(format!(
+                "engine `{}` serves no LoRA adapters",
+                self.shared.plugin_id()
+            )));
+        }
+        self.calls.adapter_load(desc)
+    }
+
+    /// Free an adapter no open sequence uses (ABI 1.6).
+    pub fn adapter_unload(&mut self, adapter: u64) {
+        self.calls.adapter_unload(adapter)
+    }
+
+    /// Run `seq` with `adapter` (0 = the base) from its first step on (ABI 1.6).
+    pub fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        self.calls.seq_set_adapter(seq, adapter)
     }
 
     pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {

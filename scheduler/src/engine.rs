@@ -3,7 +3,7 @@
 //! process or a test engine alike, and knows nothing of plugin loading.
 
 use gantry_api::WorkerCrash;
-use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
+use gantry_engine_abi::{AdapterDescriptor, EngineError, LoadedAdapter, SampledToken, StepEntry};
 
 /// The limits of one engine instance, fixed at load.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +42,20 @@ pub trait Engine: Send + 'static {
     fn seq_truncate(&mut self, _seq: u64, _n_keep: u64) -> Result<(), EngineError> {
         Err(EngineError::unsupported(
             "the engine does not truncate sequences",
+        ))
+    }
+    /// Load a LoRA adapter next to the model (ABI 1.6 `adapter_load`).
+    fn adapter_load(&mut self, _desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        Err(EngineError::unsupported(
+            "the engine serves no LoRA adapters",
+        ))
+    }
+    /// Free an adapter no sequence uses (ABI 1.6 `adapter_unload`).
+    fn adapter_unload(&mut self, _adapter: u64) {}
+    /// Run a freshly opened sequence with an adapter (ABI 1.6 `seq_set_adapter`).
+    fn seq_set_adapter(&mut self, _seq: u64, _adapter: u64) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(
+            "the engine serves no LoRA adapters",
         ))
     }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.

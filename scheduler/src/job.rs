@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gantry_api::WorkerCrash;
-use gantry_engine_abi::{EngineError, Sampling};
+use gantry_engine_abi::{AdapterDescriptor, EngineError, LoadedAdapter, Sampling};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::Grammar;
@@ -130,6 +130,9 @@ pub struct GenerateJob {
     pub forks: Vec<GenerateJob>,
     /// Drafted tokens may be verified for it (speculative decoding; a request can opt out).
     pub speculate: bool,
+    /// The LoRA adapter it runs with (its name in the model's `adapters`); `None` = the base
+    /// model. The node loads it into this replica ([`AdapterJob::Load`]) before it submits.
+    pub adapter: Option<Arc<str>>,
 }
 
 impl GenerateJob {
@@ -151,10 +154,27 @@ pub struct EmbedJob {
     pub reply: oneshot::Sender<Result<Vec<f32>, GenError>>,
 }
 
+/// A change to the LoRA adapters loaded into one replica's engine; it runs between steps.
+#[derive(Debug)]
+pub enum AdapterJob {
+    /// Load it under `name` (a name already loaded answers with what it holds).
+    Load {
+        name: Arc<str>,
+        desc: AdapterDescriptor,
+        reply: oneshot::Sender<Result<LoadedAdapter, GenError>>,
+    },
+    /// Unload it; refused (`false`) while a queued or running sequence uses it.
+    Unload {
+        name: Arc<str>,
+        reply: oneshot::Sender<bool>,
+    },
+}
+
 #[derive(Debug)]
 pub enum Job {
     Generate(GenerateJob),
     Embed(EmbedJob),
+    Adapter(AdapterJob),
 }
 
 /// Where a scheduler sends the jobs its worker's crash interrupted before their first token.

@@ -22,6 +22,7 @@
 //! [`GenError::Crashed`], and every later job is answered the same way until the node
 //! drops the scheduler.
 
+mod adapters;
 pub mod batch;
 pub mod draft;
 mod engine;
@@ -41,7 +42,7 @@ use std::time::Instant;
 pub use engine::{Engine, EngineLimits, Grammar, Overrun};
 pub use handle::{Figures, ModelFigures, SchedulerHandle};
 pub use job::{
-    EmbedJob, FinishReason, GenError, GenEvent, GenerateJob, Job, Requeue, TokenLogprob,
+    AdapterJob, EmbedJob, FinishReason, GenError, GenEvent, GenerateJob, Job, Requeue, TokenLogprob,
 };
 pub use metrics::SchedulerMetrics;
 pub use run::SchedulerSettings;
@@ -105,6 +106,7 @@ pub fn spawn<E: Engine>(
         crashed: None,
         drafts: limits.speculation && settings.speculation.enabled(),
         context_length: limits.context_length as usize,
+        adapters: Default::default(),
     };
     let name = if replica == 0 {
         format!("sched-{model}")

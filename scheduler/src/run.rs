@@ -125,6 +125,8 @@ pub(crate) struct Scheduler<E: Engine> {
     /// The engine verifies drafts (ABI 1.5 `GANTRY_CAP_SPECULATE`) and drafting is on.
     pub(crate) drafts: bool,
     pub(crate) context_length: usize,
+    /// The LoRA adapters loaded into the engine.
+    pub(crate) adapters: crate::adapters::Loaded,
 }
 
 impl<E: Engine> Scheduler<E> {
@@ -176,6 +178,12 @@ impl<E: Engine> Scheduler<E> {
                 Job::Embed(e) => {
                     let _ = e.reply.send(Err(GenError::Crashed(crash)));
                 }
+                Job::Adapter(crate::AdapterJob::Load { reply, .. }) => {
+                    let _ = reply.send(Err(GenError::Crashed(crash)));
+                }
+                Job::Adapter(crate::AdapterJob::Unload { reply, .. }) => {
+                    let _ = reply.send(true);
+                }
             }
             return;
         }
@@ -188,12 +196,16 @@ impl<E: Engine> Scheduler<E> {
                 let result = result.map_err(|err| self.failure(err));
                 let _ = e.reply.send(result);
             }
+            Job::Adapter(a) => {
+                self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+                self.adapter_job(a);
+            }
         }
     }
 
     /// What a failed engine call means for its job: the worker's crash when it died (every
     /// other job is then ended or handed back), else the engine's error.
-    fn failure(&mut self, err: EngineError) -> GenError {
+    pub(crate) fn failure(&mut self, err: EngineError) -> GenError {
         match self.check_crash().then(|| self.crashed.clone()).flatten() {
             Some(crash) => GenError::Crashed(crash),
             None => GenError::Engine(err),
@@ -338,6 +350,12 @@ impl<E: Engine> Scheduler<E> {
                 break;
             };
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+            if let Err(e) = self.set_adapter(seq, &job) {
+                self.engine.seq_release(seq);
+                self.metrics.finished("error");
+                job.send_all(GenEvent::Error(e));
+                continue;
+            }
             self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
             let queued = job.arrived.elapsed();
             self.metrics.queue_seconds.observe(queued.as_secs_f64());

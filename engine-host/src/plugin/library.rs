@@ -44,11 +44,10 @@ pub(super) struct Vtable {
     pub(super) seq_fork: Option<ffi::SeqForkFn>,
     /// ABI 1.5, optional (required with `GANTRY_CAP_SPECULATE`).
     pub(super) seq_truncate: Option<ffi::SeqTruncateFn>,
-}
-
-/// Whether a vtable of `size` bytes covers the slot at `offset` of type `T`.
-fn covers<T>(size: usize, offset: usize) -> bool {
-    size >= offset + size_of::<T>()
+    /// ABI 1.6, optional (required with `GANTRY_CAP_ADAPTERS`).
+    pub(super) adapter_load: Option<ffi::AdapterLoadFn>,
+    pub(super) adapter_unload: Option<ffi::AdapterUnloadFn>,
+    pub(super) seq_set_adapter: Option<ffi::SeqSetAdapterFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -74,6 +73,18 @@ impl Vtable {
         // read only where `size` covers it.
         let v = unsafe { &*vt };
         let need = |name: &str| OpenError::BadVtable(format!("missing function `{name}`"));
+        // A slot after ABI 1.0's: read only where the plugin's `struct_size` covers it.
+        macro_rules! later {
+            ($slot:ident) => {
+                if std::mem::offset_of!(ffi::gantry_engine_vtable_t, $slot) + size_of_val(&v.$slot)
+                    <= size
+                {
+                    v.$slot
+                } else {
+                    None
+                }
+            };
+        }
         Ok(Vtable {
             info: v.info.ok_or_else(|| need("info"))?,
             create: v.create.ok_or_else(|| need("create"))?,
@@ -87,30 +98,12 @@ impl Vtable {
             step: v.step.ok_or_else(|| need("step"))?,
             embed: v.embed.ok_or_else(|| need("embed"))?,
             unload_model: v.unload_model.ok_or_else(|| need("unload_model"))?,
-            seq_cached_tokens: if covers::<Option<ffi::SeqCachedTokensFn>>(
-                size,
-                std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_cached_tokens),
-            ) {
-                v.seq_cached_tokens
-            } else {
-                None
-            },
-            seq_fork: if covers::<Option<ffi::SeqForkFn>>(
-                size,
-                std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_fork),
-            ) {
-                v.seq_fork
-            } else {
-                None
-            },
-            seq_truncate: if covers::<Option<ffi::SeqTruncateFn>>(
-                size,
-                std::mem::offset_of!(ffi::gantry_engine_vtable_t, seq_truncate),
-            ) {
-                v.seq_truncate
-            } else {
-                None
-            },
+            seq_cached_tokens: later!(seq_cached_tokens),
+            seq_fork: later!(seq_fork),
+            seq_truncate: later!(seq_truncate),
+            adapter_load: later!(adapter_load),
+            adapter_unload: later!(adapter_unload),
+            seq_set_adapter: later!(seq_set_adapter),
         })
     }
 }

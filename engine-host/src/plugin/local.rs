@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use gantry_engine_abi::ffi;
 use gantry_engine_abi::{
-    EngineError, EngineInfo, ModelDescriptor, ModelInfo, SampledToken, StepEntry,
+    AdapterDescriptor, EngineError, EngineInfo, LoadedAdapter, ModelDescriptor, ModelInfo,
+    SampledToken, StepEntry,
 };
 
 use super::library::{
@@ -323,6 +324,56 @@ impl ExecCalls for LocalModel {
         let mut err = new_err();
         // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
         let status = unsafe { f(h.raw, seq, n_keep, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(())
+    }
+
+    fn adapter_load(&mut self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.adapter_load.ok_or_else(|| {
+            EngineError::unsupported("the plugin is older than ABI 1.6 (no adapter_load)")
+        })?;
+        let name = cstring(&desc.name);
+        let path = path_cstring(&desc.path);
+        let c = ffi::gantry_adapter_desc_t {
+            struct_size: size_of::<ffi::gantry_adapter_desc_t>() as u32,
+            name: name.as_ptr(),
+            path: path.as_ptr(),
+            format: desc.format.as_raw(),
+            scale: desc.scale,
+        };
+        let (mut id, mut bytes) = (0u64, 0u64);
+        let mut err = new_err();
+        // SAFETY: live handle; `c` and its strings outlive the call; `&mut self` keeps exec
+        // calls exclusive.
+        let status = unsafe { f(h.raw, &c, &mut id, &mut bytes, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        if id == 0 {
+            return Err(EngineError::internal("adapter_load returned id 0"));
+        }
+        Ok(LoadedAdapter { id, bytes })
+    }
+
+    fn adapter_unload(&mut self, adapter: u64) {
+        let h = &self.0;
+        if let Some(f) = h.plugin.vt.adapter_unload {
+            // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+            unsafe { f(h.raw, adapter) }
+        }
+    }
+
+    fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.seq_set_adapter.ok_or_else(|| {
+            EngineError::unsupported("the plugin is older than ABI 1.6 (no seq_set_adapter)")
+        })?;
+        let mut err = new_err();
+        // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, seq, adapter, err.as_mut()) };
         if status != ffi::GANTRY_OK {
             return Err(read_err(status, &err));
         }

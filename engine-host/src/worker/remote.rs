@@ -7,7 +7,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use gantry_engine_abi::{EngineError, EngineInfo, SampledToken, StepEntry};
+use gantry_engine_abi::{
+    AdapterDescriptor, EngineError, EngineInfo, LoadedAdapter, SampledToken, StepEntry,
+};
 
 use super::client::{NEXT, Worker, io_error, shm_dir};
 use super::wire::{self, Op, Reader, Writer};
@@ -188,6 +190,32 @@ impl ExecCalls for RemoteExec {
     fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
         let mut w = Writer::op(Op::SeqTruncate);
         w.u64(seq).u64(n_keep);
+        self.exec_call(&w.buf).map(|_| ())
+    }
+
+    fn adapter_load(&mut self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        let mut w = Writer::op(Op::AdapterLoad);
+        w.str(&desc.name)
+            .str(&desc.path.to_string_lossy())
+            .u32(desc.format.as_raw())
+            .f32(desc.scale);
+        let mut r = self.exec_call(&w.buf)?;
+        Ok(LoadedAdapter {
+            id: r.u64()?,
+            bytes: r.u64()?,
+        })
+    }
+
+    fn adapter_unload(&mut self, adapter: u64) {
+        let mut w = Writer::op(Op::AdapterUnload);
+        w.u64(adapter);
+        // A worker that is gone holds no adapter any more.
+        let _ = self.exec_call(&w.buf);
+    }
+
+    fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        let mut w = Writer::op(Op::SeqSetAdapter);
+        w.u64(seq).u64(adapter);
         self.exec_call(&w.buf).map(|_| ())
     }
 

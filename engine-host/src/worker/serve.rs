@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gantry_engine_abi::EngineError;
+use gantry_engine_abi::{AdapterDescriptor, EngineError, Format};
 
 use super::wire::{self, Op, Reader, Writer};
 use crate::{ModelExec, ModelShared, Plugin};
@@ -183,6 +183,23 @@ fn handle(
             let seq = r.u64()?;
             let n_keep = r.u64()?;
             exec(state)?.seq_truncate(seq, n_keep)?;
+        }
+        Op::AdapterLoad => {
+            let desc = AdapterDescriptor {
+                name: r.string()?,
+                path: r.string()?.into(),
+                format: Format::from_raw(r.u32()?)
+                    .ok_or_else(|| EngineError::internal("unknown adapter format"))?,
+                scale: r.f32()?,
+            };
+            let loaded = exec(state)?.adapter_load(&desc)?;
+            w.u64(loaded.id).u64(loaded.bytes);
+        }
+        Op::AdapterUnload => exec(state)?.adapter_unload(r.u64()?),
+        Op::SeqSetAdapter => {
+            let seq = r.u64()?;
+            let adapter = r.u64()?;
+            exec(state)?.seq_set_adapter(seq, adapter)?;
         }
         Op::Embed => {
             let tokens = r.i32s()?;

@@ -45,6 +45,12 @@ pub enum Op {
     SeqFork = 12,
     /// ABI 1.5: a sequence and the tokens it keeps.
     SeqTruncate = 13,
+    /// ABI 1.6: name, path, format, scale; the reply is the adapter's id and bytes.
+    AdapterLoad = 14,
+    /// ABI 1.6: an adapter id.
+    AdapterUnload = 15,
+    /// ABI 1.6: a sequence and its adapter.
+    SeqSetAdapter = 16,
 }
 
 impl Op {
@@ -64,6 +70,9 @@ impl Op {
             MapShm,
             SeqFork,
             SeqTruncate,
+            AdapterLoad,
+            AdapterUnload,
+            SeqSetAdapter,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)

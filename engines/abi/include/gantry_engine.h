@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.5.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.6.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -47,8 +47,8 @@
  * THREADING
  *   - `create`, `destroy`, `load_model` and `unload_model` on one engine are
  *     serialized by the host.
- *   - `seq_open`, `seq_release`, `step`, `embed`, `seq_cached_tokens`, `seq_fork` and
- *     `seq_truncate` on one
+ *   - `seq_open`, `seq_release`, `step`, `embed`, `seq_cached_tokens`, `seq_fork`,
+ *     `seq_truncate`, `adapter_load`, `adapter_unload` and `seq_set_adapter` on one
  *     model are never called concurrently with each other (the host's scheduler
  *     owns them), but
  *     different models may be stepped concurrently from different threads.
@@ -76,7 +76,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 5
+#define GANTRY_ABI_MINOR 6
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -129,6 +129,9 @@ typedef uint32_t gantry_capability_t;
 /* Since 1.5: `step` honours GANTRY_STEP_SAMPLE_ALL and `seq_truncate` is implemented, so
  * the host may verify drafted tokens (speculative decoding) in one step. */
 #define GANTRY_CAP_SPECULATE 2u
+/* Since 1.6: `adapter_load`, `adapter_unload` and `seq_set_adapter` are implemented, so
+ * sequences of one step may each run the base model or one of its LoRA adapters. */
+#define GANTRY_CAP_ADAPTERS 4u
 
 /* ---- opaque handles, allocated by the plugin ---- */
 typedef struct gantry_engine gantry_engine_t;
@@ -196,6 +199,19 @@ typedef struct gantry_model_desc {
     const int32_t* device_ids;
     size_t n_device_ids;
 } gantry_model_desc_t;
+
+/* Since 1.6: a LoRA adapter to load next to a model. Host-owned, valid during
+ * `adapter_load` only. */
+typedef struct gantry_adapter_desc {
+    uint32_t struct_size;
+    const char* name; /* the host's name for the adapter, for messages */
+    /* A GGUF LoRA file (GANTRY_FORMAT_GGUF: `general.type` = "adapter"), or a PEFT directory
+     * (GANTRY_FORMAT_SAFETENSORS: `adapter_config.json` and `adapter_model.safetensors`). */
+    const char* path;
+    gantry_format_t format;
+    /* Multiplies the adapter's own alpha / rank; 1.0 = as trained. */
+    float scale;
+} gantry_adapter_desc_t;
 
 /* Facts about a loaded model. Strings and arrays are owned by the plugin and
  * live until `unload_model`. A token id of -1 means "none". */
@@ -395,6 +411,28 @@ typedef struct gantry_engine_vtable {
      * most the tokens the sequence holds. */
     gantry_status_t (*seq_truncate)(gantry_model_t* model, uint64_t seq, uint64_t n_keep,
                                     gantry_error_t* err);
+
+    /* Since 1.6; required with GANTRY_CAP_ADAPTERS. Load a LoRA adapter for `model`: `*out` is
+     * a nonzero plugin-chosen id, `*bytes` the memory it holds. An adapter that does not fit
+     * the model (another architecture, a tensor whose shape disagrees with the base's, a
+     * target the model lacks, a rank of 0) is refused with GANTRY_LOAD_FAILED and a message
+     * naming the tensor and both shapes; an unreadable file with GANTRY_MODEL_CORRUPT; one
+     * that does not fit in memory with GANTRY_OOM_VRAM / OOM_RAM. A refusal leaves nothing
+     * allocated and the model serving as before. */
+    gantry_status_t (*adapter_load)(gantry_model_t* model, const gantry_adapter_desc_t* desc,
+                                    uint64_t* out, uint64_t* bytes, gantry_error_t* err);
+
+    /* Since 1.6; required with GANTRY_CAP_ADAPTERS. Free an adapter. No open sequence uses it
+     * (the host releases them first). Unloading an unknown id is a no-op. */
+    void (*adapter_unload)(gantry_model_t* model, uint64_t adapter);
+
+    /* Since 1.6; required with GANTRY_CAP_ADAPTERS. Run sequence `seq` with `adapter` (a
+     * loaded adapter's id; 0 = none, the base model). The host calls it after `seq_open` and
+     * before the sequence's first step; a forked sequence inherits its source's adapter.
+     * Entries of one step may name different adapters. KV computed under one adapter is
+     * never reused for a sequence under another (a warm prefix is keyed by the adapter). */
+    gantry_status_t (*seq_set_adapter)(gantry_model_t* model, uint64_t seq, uint64_t adapter,
+                                       gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 5;
+pub const GANTRY_ABI_MINOR: u32 = 6;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -48,6 +48,8 @@ pub type gantry_capability_t = u32;
 pub const GANTRY_CAP_TOKEN_MASK: gantry_capability_t = 1;
 /// Since ABI 1.5: `step` honours `GANTRY_STEP_SAMPLE_ALL` and `seq_truncate` works.
 pub const GANTRY_CAP_SPECULATE: gantry_capability_t = 2;
+/// Since ABI 1.6: `adapter_load`, `adapter_unload` and `seq_set_adapter` work.
+pub const GANTRY_CAP_ADAPTERS: gantry_capability_t = 4;
 
 pub const GANTRY_STEP_SAMPLE: u32 = 1;
 /// Since ABI 1.1: take no cached prefix for this entry's sequence (see the header).
@@ -119,6 +121,16 @@ pub struct gantry_model_desc_t {
     pub device_ids: *const i32,
     /// Since 1.3.
     pub n_device_ids: usize,
+}
+
+/// Since 1.6.
+#[repr(C)]
+pub struct gantry_adapter_desc_t {
+    pub struct_size: u32,
+    pub name: *const c_char,
+    pub path: *const c_char,
+    pub format: gantry_format_t,
+    pub scale: f32,
 }
 
 #[repr(C)]
@@ -279,6 +291,19 @@ pub type SeqForkFn = unsafe extern "C" fn(
 /// Since 1.5: keep the first `n_keep` tokens of a sequence.
 pub type SeqTruncateFn =
     unsafe extern "C" fn(*mut gantry_model_t, u64, u64, *mut gantry_error_t) -> gantry_status_t;
+/// Since 1.6: load a LoRA adapter next to a model.
+pub type AdapterLoadFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    *const gantry_adapter_desc_t,
+    *mut u64,
+    *mut u64,
+    *mut gantry_error_t,
+) -> gantry_status_t;
+/// Since 1.6: free an adapter.
+pub type AdapterUnloadFn = unsafe extern "C" fn(*mut gantry_model_t, u64);
+/// Since 1.6: run a sequence with an adapter (0 = the base model).
+pub type SeqSetAdapterFn =
+    unsafe extern "C" fn(*mut gantry_model_t, u64, u64, *mut gantry_error_t) -> gantry_status_t;
 
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
@@ -301,6 +326,12 @@ pub struct gantry_engine_vtable_t {
     pub seq_fork: Option<SeqForkFn>,
     /// Since 1.5; required with `GANTRY_CAP_SPECULATE`.
     pub seq_truncate: Option<SeqTruncateFn>,
+    /// Since 1.6; required with `GANTRY_CAP_ADAPTERS`.
+    pub adapter_load: Option<AdapterLoadFn>,
+    /// Since 1.6; required with `GANTRY_CAP_ADAPTERS`.
+    pub adapter_unload: Option<AdapterUnloadFn>,
+    /// Since 1.6; required with `GANTRY_CAP_ADAPTERS`.
+    pub seq_set_adapter: Option<SeqSetAdapterFn>,
 }
 
 #[repr(C)]

@@ -87,6 +87,21 @@ pub trait Model: Send + Sync + 'static {
             "this engine does not truncate sequences",
         ))
     }
+    /// Load a LoRA adapter (since ABI 1.6, `adapter_load`; required with
+    /// `GANTRY_CAP_ADAPTERS`). A mismatch with the base is `LoadFailed` naming the tensor.
+    fn adapter_load(&self, _desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        Err(EngineError::unsupported(
+            "this engine serves no LoRA adapters",
+        ))
+    }
+    /// Free an adapter no open sequence uses (since ABI 1.6).
+    fn adapter_unload(&self, _adapter: u64) {}
+    /// Run `seq` with `adapter` (0 = the base model) from its first step on (since ABI 1.6).
+    fn seq_set_adapter(&self, _seq: u64, _adapter: u64) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(
+            "this engine serves no LoRA adapters",
+        ))
+    }
 }
 
 /// The host's log callback, safe to call from any thread.

@@ -252,6 +252,12 @@ impl EngineInfo {
     pub fn supports_speculation(&self) -> bool {
         self.capabilities & ffi::GANTRY_CAP_SPECULATE != 0
     }
+
+    /// The plugin loads LoRA adapters and runs each sequence with one (`GANTRY_CAP_ADAPTERS`,
+    /// ABI 1.6).
+    pub fn supports_adapters(&self) -> bool {
+        self.capabilities & ffi::GANTRY_CAP_ADAPTERS != 0
+    }
 }
 
 /// Engine-wide settings handed to `create`.
@@ -298,6 +304,26 @@ pub struct ModelDescriptor {
     /// Since ABI 1.3: the devices the host placed the model on (first = main); empty =
     /// the engine config's `device_ids`.
     pub device_ids: Vec<i32>,
+}
+
+/// A LoRA adapter to load next to a model (ABI 1.6 `adapter_load`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdapterDescriptor {
+    /// The host's name for it, for messages.
+    pub name: String,
+    /// A GGUF LoRA file ([`Format::Gguf`]) or a PEFT directory ([`Format::Safetensors`]).
+    pub path: PathBuf,
+    pub format: Format,
+    /// Multiplies the adapter's own `alpha / rank`.
+    pub scale: f32,
+}
+
+/// What `adapter_load` returns: the plugin's id for the adapter and the memory it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadedAdapter {
+    /// Nonzero; 0 names the base model in `seq_set_adapter`.
+    pub id: u64,
+    pub bytes: u64,
 }
 
 /// Facts about a loaded model (`model_info`).

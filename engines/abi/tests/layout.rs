@@ -77,6 +77,16 @@ fn rust_layout() -> Vec<(String, usize)> {
     );
     layout!(
         rows,
+        gantry_adapter_desc_t {
+            struct_size,
+            name,
+            path,
+            format,
+            scale
+        }
+    );
+    layout!(
+        rows,
         gantry_model_info_t {
             struct_size,
             architecture,
@@ -158,7 +168,10 @@ fn rust_layout() -> Vec<(String, usize)> {
             unload_model,
             seq_cached_tokens,
             seq_fork,
-            seq_truncate
+            seq_truncate,
+            adapter_load,
+            adapter_unload,
+            seq_set_adapter
         }
     );
     layout!(

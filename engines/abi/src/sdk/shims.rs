@@ -53,6 +53,9 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         seq_cached_tokens: Some(shim_seq_cached_tokens::<E::Model>),
         seq_fork: Some(shim_seq_fork::<E::Model>),
         seq_truncate: Some(shim_seq_truncate::<E::Model>),
+        adapter_load: Some(shim_adapter_load::<E::Model>),
+        adapter_unload: Some(shim_adapter_unload::<E::Model>),
+        seq_set_adapter: Some(shim_seq_set_adapter::<E::Model>),
     }
 }
 
@@ -415,6 +418,62 @@ unsafe extern "C" fn shim_seq_truncate<M: Model>(
             let n = usize::try_from(n_keep)
                 .map_err(|_| EngineError::internal("seq_truncate: n_keep out of range"))?;
             m.model.seq_truncate(seq, n)
+        })
+    }
+}
+
+unsafe extern "C" fn shim_adapter_load<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    desc: *const ffi::gantry_adapter_desc_t,
+    out: *mut u64,
+    bytes: *mut u64,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle, host-owned descriptor and out pointers per the header.
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            if desc.is_null() || out.is_null() || bytes.is_null() {
+                return Err(EngineError::internal("adapter_load: null argument"));
+            }
+            let d = &*desc;
+            let path =
+                opt_str(d.path).ok_or_else(|| EngineError::internal("adapter_load: null path"))?;
+            let format = Format::from_raw(d.format).ok_or_else(|| {
+                EngineError::unsupported(format!("adapter format {} is unknown", d.format))
+            })?;
+            let loaded = m.model.adapter_load(&AdapterDescriptor {
+                name: opt_str(d.name).unwrap_or_default(),
+                path: path.into(),
+                format,
+                scale: d.scale,
+            })?;
+            *out = loaded.id;
+            *bytes = loaded.bytes;
+            Ok(())
+        })
+    }
+}
+
+unsafe extern "C" fn shim_adapter_unload<M: Model>(model: *mut ffi::gantry_model_t, adapter: u64) {
+    guarded_void(|| {
+        // SAFETY: live handle per the header.
+        if let Ok(m) = unsafe { model_ref::<M>(model) } {
+            m.model.adapter_unload(adapter);
+        }
+    });
+}
+
+unsafe extern "C" fn shim_seq_set_adapter<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    seq: u64,
+    adapter: u64,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle per the header.
+    unsafe {
+        guarded(err, || {
+            model_ref::<M>(model)?.model.seq_set_adapter(seq, adapter)
         })
     }
 }
