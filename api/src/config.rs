@@ -215,6 +215,11 @@ impl ModelConfig {
                 .is_some_and(|s| s.is_remote())
     }
 
+    /// Whether the model store downloads anything of this model: its artifacts or an adapter's.
+    pub fn downloads(&self) -> bool {
+        self.is_remote() || self.adapters.iter().any(AdapterConfig::is_remote)
+    }
+
     pub fn format(&self) -> Result<Format, ConfigError> {
         Format::parse(&self.format).ok_or_else(|| ConfigError::Invalid {
             field: format!("models[{}].format", self.id),

@@ -101,6 +101,10 @@ pub struct ServeArgs {
     /// Sequences decoded together for `--model`.
     #[arg(long, env = "GANTRY_MAX_BATCH_SIZE")]
     pub max_batch_size: Option<u32>,
+    /// A LoRA adapter of `--model`, as `NAME=PATH` (a GGUF LoRA for a GGUF model, a PEFT
+    /// directory for a safetensors one), served as `<model id>:NAME`; repeatable.
+    #[arg(long = "adapter", value_name = "NAME=PATH")]
+    pub adapters: Vec<String>,
     /// Request deadline in seconds (0 = none); overrides the config's default.
     #[arg(long, env = "GANTRY_REQUEST_TIMEOUT")]
     pub request_timeout: Option<u64>,
@@ -254,6 +258,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let m = &mut c.models[0];
             m.context_length = args.context_length.or(Some(crate::node::DEFAULT_CONTEXT));
             m.max_batch_size = args.max_batch_size;
+            for a in &args.adapters {
+                let (name, path) = a
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--adapter {a:?}: give NAME=PATH"))?;
+                m.adapters.push(gantry_api::config::AdapterConfig {
+                    name: name.into(),
+                    path: Some(path.into()),
+                    ..Default::default()
+                });
+            }
             args.overrides().apply(&mut c);
             c.validate()?;
             (c, None)
@@ -270,7 +284,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let plugins_dir = args.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
     let store_setup = args.store_setup();
-    let store = if config.models.iter().any(|m| m.is_remote()) {
+    let store = if config.models.iter().any(|m| m.downloads()) {
         Some(store_setup.store_for(&config)?)
     } else {
         None

@@ -171,35 +171,50 @@ async fn models(State(s): State<AppState>) -> Response {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs().saturating_sub(created));
-    let data: Vec<Value> = s
-        .node
-        .models()
-        .values()
-        .map(|m| {
-            let state = m.state();
-            let (ready, template, ctx, engine) = match &state {
-                ModelState::Ready(r) => (
-                    true,
-                    Some(r.template_source().as_str()),
-                    Some(r.scheduler.context_length()),
-                    Some(r.plugin.clone()),
-                ),
-                _ => (false, None, None, None),
-            };
-            json!({
-                "id": m.config.id,
-                "object": "model",
-                "created": created,
-                "owned_by": "gantry",
-                "format": m.format.as_str(),
-                "ready": ready,
-                "engine": engine,
-                "context_length": ctx,
-                "chat_template": template,
-            })
-        })
-        .collect();
+    let mut data: Vec<Value> = Vec::new();
+    for m in s.node.models().values() {
+        let base = models_entry(m, created);
+        // Each adapter is a model of its own, with its base as `parent` (as vLLM lists LoRA
+        // adapters), right after it.
+        let adapters = m.adapter_statuses();
+        let entries = adapters.into_iter().map(|a| {
+            let mut e = base.clone();
+            e["id"] = json!(a.id);
+            e["parent"] = json!(m.config.id);
+            e["adapter"] = json!({"name": a.name, "state": a.state.as_str(), "reason": a.reason});
+            e["ready"] =
+                json!(base["ready"] == json!(true) && a.state != gantry_api::AdapterState::Refused);
+            e
+        });
+        data.push(base.clone());
+        data.extend(entries);
+    }
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// One model's `/v1/models` entry.
+fn models_entry(m: &crate::node::ServedModel, created: u64) -> Value {
+    let state = m.state();
+    let (ready, template, ctx, engine) = match &state {
+        ModelState::Ready(r) => (
+            true,
+            Some(r.template_source().as_str()),
+            Some(r.scheduler.context_length()),
+            Some(r.plugin.clone()),
+        ),
+        _ => (false, None, None, None),
+    };
+    json!({
+        "id": m.config.id,
+        "object": "model",
+        "created": created,
+        "owned_by": "gantry",
+        "format": m.format.as_str(),
+        "ready": ready,
+        "engine": engine,
+        "context_length": ctx,
+        "chat_template": template,
+    })
 }
 
 async fn tokenize(State(s): State<AppState>, body: axum::body::Bytes) -> Response {

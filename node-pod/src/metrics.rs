@@ -57,6 +57,8 @@ pub struct Metrics {
     /// and the accounted use and limit per pool.
     pub model_unloads: IntCounterVec,
     pub model_load_refusals: IntCounterVec,
+    /// LoRA adapters (node/adapters.rs): loads, refusals and LRU evictions, per adapter id.
+    pub adapter_events: IntCounterVec,
     pub memory_used_bytes: GaugeVec,
     pub memory_limit_bytes: GaugeVec,
     /// Time from arrival to admission (or to the deadline, for a request that never left the queue).
@@ -378,6 +380,12 @@ impl Metrics {
                 "Models unloaded (reason: ram_watermark/vram_watermark, the memory policy; config_removed/config_changed, a config reload)",
                 &["model", "reason"],
             ),
+            adapter_events: counter(
+                &r,
+                "gantry_adapter_events_total",
+                "LoRA adapter loads (event: loaded), refusals by the engine or the download (refused) and unloads by the memory policy (evicted)",
+                &["adapter", "event"],
+            ),
             model_load_refusals: counter(
                 &r,
                 "gantry_model_load_refusals_total",
@@ -423,7 +431,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 41] = [
+        let collectors: [&dyn Collector; 42] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -453,6 +461,7 @@ impl Metrics {
             &self.constraint_batch_seconds,
             &self.model_unloads,
             &self.model_load_refusals,
+            &self.adapter_events,
             &self.memory_used_bytes,
             &self.memory_limit_bytes,
             &self.queue_seconds,

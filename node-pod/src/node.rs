@@ -16,6 +16,7 @@
 //! snapshot of the map with [`Node::models`] and keep the models they found for as long as
 //! they need them; a reload swaps the map and retires what left it.
 
+mod adapters;
 mod crash;
 pub mod engine_choice;
 mod lifecycle;
@@ -42,6 +43,7 @@ use crate::template::{ChatTemplate, TemplateSource};
 use crate::tokenizer::Tokenizer;
 use gantry_api::config::{LoadPolicy, ModelConfig, NodeConfig};
 
+pub use adapters::{AdapterLease, ServedAdapter};
 pub use crash::CrashRecord;
 pub use lifecycle::Unavailable;
 pub use reload::{ModelDiff, ReloadError, ReloadReport, node_wide_changes};
@@ -122,6 +124,8 @@ pub struct ServedModel {
     pub crashes: Mutex<CrashRecord>,
     /// How the engine was chosen among several that support the model (`/v1/status`).
     pub engine_choice: RwLock<Option<gantry_api::EngineChoice>>,
+    /// Its LoRA adapters, in config order (node/adapters.rs).
+    pub adapters: Vec<Arc<ServedAdapter>>,
 }
 
 impl ServedModel {
@@ -148,6 +152,11 @@ impl ServedModel {
             retired: AtomicBool::new(false),
             crashes: Mutex::new(CrashRecord::default()),
             engine_choice: RwLock::new(None),
+            adapters: config
+                .adapters
+                .iter()
+                .map(|a| Arc::new(ServedAdapter::new(a, &config.id)))
+                .collect(),
         }
     }
 
@@ -417,10 +426,12 @@ impl Node {
         if m.started.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.fetch_adapters(m);
         if m.download.is_some() {
             self.spawn_fetch(m.clone());
         } else {
             self.inspect_and_load(m);
+            self.warm_adapters(m);
         }
     }
 
@@ -465,10 +476,12 @@ impl Node {
             match store.fetch(&req, &progress).await {
                 Ok(fetched) => {
                     let _ = m.fetched.set(fetched);
-                    let blocking = tokio::task::spawn_blocking(move || node.inspect_and_load(&m));
+                    let (n, mm) = (node.clone(), m.clone());
+                    let blocking = tokio::task::spawn_blocking(move || n.inspect_and_load(&mm));
                     if let Err(e) = blocking.await {
                         tracing::error!(error = %e, "inspecting a downloaded model failed");
                     }
+                    node.warm_adapters(&m);
                 }
                 Err(e) => {
                     tracing::error!(target: "gantry::alert", model = %m.config.id, source = %source, reason = e.metric_label(), "cannot fetch the model's artifacts: {e}");

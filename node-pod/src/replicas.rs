@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gantry_api::WorkerCrash;
-use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
+use gantry_engine_abi::{AdapterDescriptor, EngineError, LoadedAdapter, SampledToken, StepEntry};
 use gantry_scheduler::{
-    Engine, EngineLimits, GenerateJob, Job, ModelFigures, Overrun, SchedulerHandle,
+    AdapterJob, Engine, EngineLimits, GenError, GenerateJob, Job, ModelFigures, Overrun,
+    SchedulerHandle,
 };
 
 use crate::engine_host::{ModelExec, ModelShared};
@@ -47,6 +48,15 @@ impl Engine for PluginEngine {
     }
     fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
         self.0.seq_truncate(seq, n_keep)
+    }
+    fn adapter_load(&mut self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        self.0.adapter_load(desc)
+    }
+    fn adapter_unload(&mut self, adapter: u64) {
+        self.0.adapter_unload(adapter)
+    }
+    fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        self.0.seq_set_adapter(seq, adapter)
     }
     fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
         self.0.embed(tokens)
@@ -88,6 +98,8 @@ pub struct EngineReplicas {
     replicas: Vec<EngineReplica>,
     next: AtomicU64,
     pub figures: Arc<ModelFigures>,
+    /// The LoRA adapters loaded into every replica, by name, with what they hold in all.
+    adapters: std::sync::Mutex<std::collections::HashMap<Arc<str>, u64>>,
 }
 
 impl EngineReplicas {
@@ -103,7 +115,78 @@ impl EngineReplicas {
             replicas,
             next: AtomicU64::new(0),
             figures,
+            adapters: Default::default(),
         })
+    }
+
+    fn loaded_adapters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<Arc<str>, u64>> {
+        self.adapters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What adapter `name` holds in all replicas, when every replica has it loaded.
+    pub fn adapter_bytes(&self, name: &str) -> Option<u64> {
+        self.loaded_adapters().get(name).copied()
+    }
+
+    /// The adapters loaded now.
+    pub fn adapter_names(&self) -> Vec<Arc<str>> {
+        self.loaded_adapters().keys().cloned().collect()
+    }
+
+    /// Load adapter `name` into every replica (each scheduler runs it between two steps); what
+    /// it holds in all. A replica that refuses it leaves none holding it.
+    pub async fn load_adapter(
+        &self,
+        name: &Arc<str>,
+        desc: &gantry_engine_abi::AdapterDescriptor,
+    ) -> Result<u64, GenError> {
+        let mut total = 0;
+        let mut done = Vec::new();
+        for r in &self.replicas {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job = Job::Adapter(AdapterJob::Load {
+                name: name.clone(),
+                desc: desc.clone(),
+                reply: tx,
+            });
+            let result = match r.scheduler.submit(job) {
+                Ok(()) => rx.await.unwrap_or_else(|_| {
+                    Err(GenError::Engine(EngineError::internal(
+                        "the model's scheduler stopped during the adapter load",
+                    )))
+                }),
+                Err(e) => Err(GenError::Engine(e)),
+            };
+            match result {
+                Ok(loaded) => {
+                    total += loaded.bytes;
+                    done.push(r);
+                }
+                Err(e) => {
+                    for r in done {
+                        let _ = unload_one(r, name).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.loaded_adapters().insert(name.clone(), total);
+        Ok(total)
+    }
+
+    /// Unload adapter `name` from every replica; `false` (and nothing unloaded where it is
+    /// busy) while a queued or running sequence uses it.
+    pub async fn unload_adapter(&self, name: &Arc<str>) -> bool {
+        let mut all = true;
+        for r in &self.replicas {
+            all &= unload_one(r, name).await;
+        }
+        if all {
+            self.loaded_adapters().remove(name);
+        }
+        all
     }
 
     fn next(&self) -> &SchedulerHandle {
@@ -126,12 +209,14 @@ impl EngineReplicas {
         self.replicas[0].scheduler.context_length
     }
 
-    /// What the engines report holding, all replicas together.
+    /// What the engines report holding, all replicas together, their adapters included.
     pub fn bytes_used(&self) -> u64 {
+        let adapters: u64 = self.loaded_adapters().values().sum();
         self.replicas
             .iter()
             .map(|r| r.shared.info().bytes_used)
-            .sum()
+            .sum::<u64>()
+            + adapters
     }
 
     /// Nothing queued or running on any replica.
@@ -149,5 +234,18 @@ impl EngineReplicas {
 
     pub fn is_empty(&self) -> bool {
         self.replicas.is_empty()
+    }
+}
+
+/// Unload an adapter from one replica's engine; `false` while it is in use there.
+async fn unload_one(r: &EngineReplica, name: &Arc<str>) -> bool {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = Job::Adapter(AdapterJob::Unload {
+        name: name.clone(),
+        reply: tx,
+    });
+    match r.scheduler.submit(job) {
+        Ok(()) => rx.await.unwrap_or(true),
+        Err(_) => true, // a stopped scheduler holds nothing
     }
 }

@@ -187,15 +187,15 @@ mod tests {
     #[test]
     fn rules_name_the_field_and_the_limit() {
         assert_eq!(check_list(&[adapter("pirate")]), None);
-        let bad = check_list(&[adapter("Pirate")]).unwrap();
+        let bad = check_list(&[adapter("Pirate")]).expect("refused");
         assert_eq!(bad.0, "adapters[Pirate].name");
         assert!(bad.1.contains("DNS label"), "{}", bad.1);
-        let twice = check_list(&[adapter("a"), adapter("a")]).unwrap();
+        let twice = check_list(&[adapter("a"), adapter("a")]).expect("refused");
         assert_eq!(twice, ("adapters[a].name".into(), "appears twice".into()));
         let mut scaled = adapter("s");
         scaled.scale = Some(0.0);
         assert_eq!(
-            check_list(&[scaled]).unwrap(),
+            check_list(&[scaled]).expect("refused"),
             (
                 "adapters[s].scale".into(),
                 "must be within (0, 16], got 0".into()
@@ -203,14 +203,14 @@ mod tests {
         );
         let mut both = adapter("b");
         both.source = Some("hf://org/repo".into());
-        assert_eq!(check_list(&[both]).unwrap().0, "adapters[b].source");
+        assert_eq!(check_list(&[both]).expect("refused").0, "adapters[b].source");
         let mut neither = adapter("n");
         neither.path = None;
-        assert_eq!(check_list(&[neither]).unwrap().0, "adapters[n].source");
+        assert_eq!(check_list(&[neither]).expect("refused").0, "adapters[n].source");
         let many: Vec<_> = (0..=MAX_ADAPTERS)
             .map(|i| adapter(&format!("a{i}")))
             .collect();
-        assert!(check_list(&many).unwrap().1.contains("at most 64"));
+        assert!(check_list(&many).expect("refused").1.contains("at most 64"));
     }
 
     #[test]

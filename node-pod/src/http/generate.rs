@@ -3,7 +3,7 @@
 //!
 //! Each handler reads as the request path (docs/architecture.md walks it):
 //! parse (`openai.rs`) → validate (`validate.rs`) → the ready model
-//! (`Node::ready_model`) → chat template (`template`) → tokenize
+//! (`Node::ready_model`) and the adapter the model id names (`Node::adapter_lease`) → chat template (`template`) → tokenize
 //! (`tokenizer.rs`) → model limits and the grammar (`limits.rs`) → cache, scheduler and the
 //! response or SSE stream (`response.rs`). Every step's failure is an
 //! `ApiError`, answered by `response::respond`.
@@ -25,6 +25,7 @@ pub async fn chat(state: AppState, body: Bytes) -> Response {
         let req: ChatRequest = openai::parse(&body)?;
         let mut valid = validate::chat(&req)?;
         let (m, ready) = state.node.ready_model(&valid.model).await?;
+        let adapter = state.node.adapter_lease(&m, &ready, &valid.model).await?;
         // A template without tool support gets the tools and the tool history as plain text.
         let inlined = (!ready.template.handles_tools()
             && inline_tools::uses_tools(&valid.messages, valid.tools.as_deref()))
@@ -64,6 +65,7 @@ pub async fn chat(state: AppState, body: Bytes) -> Response {
             sched,
             &m,
             ready,
+            adapter,
             PromptTokens::Encoded(prompt),
             "messages",
             valid.params,
@@ -80,6 +82,7 @@ pub async fn completion(state: AppState, body: Bytes) -> Response {
         let req: CompletionRequest = openai::parse(&body)?;
         let valid = validate::completion(&req)?;
         let (m, ready) = state.node.ready_model(&valid.model).await?;
+        let adapter = state.node.adapter_lease(&m, &ready, &valid.model).await?;
         let prompt = match &valid.prompt {
             ValidPrompt::Text(t) => {
                 PromptTokens::Encoded(ready.tokenizer.encode_prompt(t, ready.shared.info())?)
@@ -87,7 +90,7 @@ pub async fn completion(state: AppState, body: Bytes) -> Response {
             ValidPrompt::Tokens(ids) => PromptTokens::Sent(ids),
         };
         let sched = &state.node.config.scheduler;
-        let g = limits::generation(sched, &m, ready, prompt, "prompt", valid.params)?;
+        let g = limits::generation(sched, &m, ready, adapter, prompt, "prompt", valid.params)?;
         limits::constrain(g).await
     }
     .await;

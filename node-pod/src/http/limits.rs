@@ -42,6 +42,9 @@ pub struct Generation {
     pub fork_constraints: Vec<Box<Constraint>>,
     /// How the reply's tool calls are read (chat requests with `tools`).
     pub tools: ReplyTools,
+    /// The LoRA adapter the request named, held until its last token (`model_id` is then
+    /// the adapter's id).
+    pub adapter: Option<crate::node::AdapterLease>,
 }
 
 /// Compile the request's grammar (if any) against the model's vocabulary, off the async
@@ -70,12 +73,14 @@ pub async fn constrain(mut g: Generation) -> Result<Generation, ApiError> {
     Ok(g)
 }
 
-/// Check a generation request against its model. `prompt_field` is the request field a
-/// context-length refusal names (`messages` for chat, `prompt` for completions).
+/// Check a generation request against its model (and `adapter`, the LoRA adapter its model id
+/// names). `prompt_field` is the request field a context-length refusal names (`messages` for
+/// chat, `prompt` for completions).
 pub fn generation(
     sched: &SchedulerConfig,
     m: &ServedModel,
     ready: Arc<ReadyModel>,
+    adapter: Option<crate::node::AdapterLease>,
     prompt: PromptTokens<'_>,
     prompt_field: &'static str,
     params: ValidParams,
@@ -124,7 +129,9 @@ pub fn generation(
     )?;
     let deadline = deadline_for(m, sched, params.timeout)?;
     Ok(Generation {
-        model_id: m.config.id.clone(),
+        model_id: adapter
+            .as_ref()
+            .map_or_else(|| m.config.id.clone(), |a| a.id().to_string()),
         ready,
         prompt,
         params,
@@ -134,6 +141,7 @@ pub fn generation(
         constraint: None,
         fork_constraints: Vec::new(),
         tools: ReplyTools::Off,
+        adapter,
     })
 }
 

@@ -162,6 +162,7 @@ fn jobs(
                 retried: false,
                 forks: Vec::new(),
                 speculate: p.params.speculate,
+                adapter: p.adapter.as_ref().map(|a| a.name()),
             }
         })
         .collect();

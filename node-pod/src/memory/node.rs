@@ -36,7 +36,7 @@ impl Node {
     }
 
     /// The pool a model's weights and KV live in on this node.
-    fn pool(&self) -> Pool {
+    pub(crate) fn pool(&self) -> Pool {
         Pool::of(self.engine_config.backend)
     }
 
@@ -376,7 +376,7 @@ impl Node {
     }
 
     /// What the loaded models hold, per pool.
-    fn held_now(&self) -> Bytes {
+    pub(crate) fn held_now(&self) -> Bytes {
         let mut used = Bytes::default();
         for r in self.residents() {
             used.vram = used.vram.saturating_add(r.held.vram);

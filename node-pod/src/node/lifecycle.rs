@@ -69,8 +69,10 @@ impl Node {
         if self.draining.load(Ordering::SeqCst) {
             return Err(Unavailable::Draining);
         }
+        // A model id, or one of its adapters' ids (the adapter itself: `adapter_lease`).
         let m = self
-            .model(id)
+            .resolve(id)
+            .map(|(m, _)| m)
             .filter(|m| !m.is_retired())
             .ok_or_else(|| Unavailable::Unknown(id.to_string()))?;
         let id = id.to_string();
@@ -98,7 +100,10 @@ impl Node {
                     return Err(Unavailable::Unknown(id));
                 }
                 match m.state() {
-                    ModelState::Ready(r) => Ok((m, r)),
+                    ModelState::Ready(r) => {
+                        self.warm_adapters(&m);
+                        Ok((m, r))
+                    }
                     // Refused by the memory policy or the engine: 507 with OOM_RAM/OOM_VRAM.
                     ModelState::Idle => Err(match m.memory.refusal() {
                         Some(r) => Unavailable::Refused(r),

@@ -197,6 +197,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
             retried: true,
             forks: Vec::new(),
             speculate: true,
+            adapter: None,
         };
         ready
             .scheduler

@@ -150,7 +150,7 @@ impl Node {
         let old = self.models();
         let diff = ModelDiff::between(old.values().map(|m| &m.config), &new.models);
         let mut restart_required = node_wide_changes(&self.config, &new);
-        if new.models.iter().any(|m| m.is_remote())
+        if new.models.iter().any(|m| m.downloads())
             && self.store.get().is_none()
             && let Some(setup) = &self.store_setup
         {

@@ -204,6 +204,7 @@ impl Node {
                 .unwrap_or_else(|p| p.into_inner())
                 .status(std::time::Instant::now()),
             engine_choice: m.engine_choice.read().ok().and_then(|c| c.clone()),
+            adapters: m.adapter_statuses(),
         }
     }
 }
