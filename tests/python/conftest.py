@@ -47,6 +47,17 @@ def _smollm2() -> Path:
     return p
 
 
+def _smollm2_adapters() -> Path:
+    p = Path(os.environ.get("GANTRY_SMOLLM2_ADAPTERS", Path.home() / ".cache/gantry/adapters/smollm2"))
+    if not (p / "pirate.gguf").is_file():
+        pytest.fail(f"SmolLM2 test adapters not found at {p}: run scripts/setup.sh test (scripts/test.sh does)")
+    return p
+
+
+def _adapters(names_paths) -> str:
+    return "[" + ", ".join(f"{{name: {n}, path: {p}}}" for n, p in names_paths) + "]"
+
+
 def _smollm2_st() -> Path:
     p = Path(os.environ.get("GANTRY_SMOLLM2_ST_DIR",
                             Path.home() / ".cache/gantry/models/smollm2-135m-instruct-f32"))
@@ -142,13 +153,21 @@ def node():
     subprocess.run([testkit, "tiny-gguf", "--out", work / "tiny.gguf"], check=True)
     subprocess.run([testkit, "tiny-gguf", "--out", work / "tiny-emb.gguf", "--embedding"], check=True)
     config = work / "node.yaml"
+    lora = _smollm2_adapters()
+    # LoRA adapters (test_adapters.py): two good ones and the ones each engine must refuse.
+    gguf_adapters = _adapters([("pirate", lora / "pirate.gguf"), ("formal", lora / "formal.gguf"),
+                               ("bad-shape", lora / "bad-shape.gguf"), ("other-base", lora / "other-base.gguf")])
+    peft_adapters = _adapters([("pirate", lora / "pirate"), ("formal", lora / "formal"),
+                               ("bad-shape", lora / "bad-shape"), ("bad-target", lora / "bad-target")])
     config.write_text(
         "models:\n"
         f"  - {{id: tiny, path: {work / 'tiny.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 8}}\n"
         f"  - {{id: tiny-emb, path: {work / 'tiny-emb.gguf'}, format: gguf, contextLength: 512, maxBatchSize: 2}}\n"
         f"  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 1024, maxBatchSize: 4}}\n"
-        f"  - {{id: smollm2, path: {_smollm2()}, format: gguf, contextLength: 2048, maxBatchSize: 4}}\n"
-        f"  - {{id: smollm2-native, path: {_smollm2_st()}, format: safetensors, contextLength: 2048, maxBatchSize: 2}}\n"
+        f"  - {{id: smollm2, path: {_smollm2()}, format: gguf, contextLength: 2048, maxBatchSize: 4,\n"
+        f"      adapters: {gguf_adapters}}}\n"
+        f"  - {{id: smollm2-native, path: {_smollm2_st()}, format: safetensors, contextLength: 2048, maxBatchSize: 2,\n"
+        f"      adapters: {peft_adapters}}}\n"
         "scheduler: {responseCacheRamFraction: 0.0}\n"
     )
     port = _free_port()
