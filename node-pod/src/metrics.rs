@@ -13,6 +13,11 @@ use prometheus::{
     core::{AtomicF64, GenericGaugeVec},
 };
 
+mod epp;
+
+pub use epp::EPP_METRIC_NAMES;
+use epp::EppGauges;
+
 pub type GaugeVec = GenericGaugeVec<AtomicF64>;
 
 #[derive(Clone)]
@@ -77,60 +82,6 @@ pub struct Metrics {
     pub edge: std::sync::Arc<gantry_edge::EdgeMetrics>,
     /// The endpoint picker's series (vLLM names), one sample each for the whole node.
     epp: EppGauges,
-}
-
-/// The endpoint picker's default series, node-wide.
-#[derive(Clone)]
-struct EppGauges {
-    waiting: prometheus::Gauge,
-    running: prometheus::Gauge,
-    kv_usage: prometheus::Gauge,
-    kv_usage_legacy: prometheus::Gauge,
-    cache_config: GaugeVec,
-}
-
-/// The endpoint picker's metric names (vLLM's), in the order they are registered.
-pub const EPP_METRIC_NAMES: [&str; 5] = [
-    "vllm:num_requests_waiting",
-    "vllm:num_requests_running",
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "vllm:cache_config_info",
-];
-
-impl EppGauges {
-    #[allow(clippy::expect_used)] // static definitions
-    fn new(r: &Registry) -> Self {
-        let g = |name: &str, help: &str| {
-            let g = prometheus::Gauge::with_opts(Opts::new(name, help)).expect("valid gauge");
-            r.register(Box::new(g.clone())).expect("unique gauge");
-            g
-        };
-        EppGauges {
-            waiting: g(
-                EPP_METRIC_NAMES[0],
-                "Requests queued on this node, all models (endpoint picker)",
-            ),
-            running: g(
-                EPP_METRIC_NAMES[1],
-                "Requests generating on this node, all models (endpoint picker)",
-            ),
-            kv_usage: g(
-                EPP_METRIC_NAMES[2],
-                "Fraction of this node's KV cache in use, 0 to 1 (endpoint picker)",
-            ),
-            kv_usage_legacy: g(
-                EPP_METRIC_NAMES[3],
-                "Same as vllm:kv_cache_usage_perc, under the name older endpoint pickers read",
-            ),
-            cache_config: gauge(
-                r,
-                EPP_METRIC_NAMES[4],
-                "KV cache geometry for the endpoint picker: block_size 1 (token-granular cells), num_gpu_blocks = KV cells, all models",
-                &["block_size", "num_gpu_blocks"],
-            ),
-        }
-    }
 }
 
 fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -484,23 +435,6 @@ impl Metrics {
         names
     }
 
-    /// Sum of a per-model gauge's samples, and the samples by model.
-    fn per_model(g: &GaugeVec) -> Vec<(String, f64)> {
-        g.collect()
-            .iter()
-            .flat_map(|f| f.get_metric().iter())
-            .map(|m| {
-                let model = m
-                    .get_label()
-                    .iter()
-                    .find(|l| l.name() == "model")
-                    .map(|l| l.value().to_string())
-                    .unwrap_or_default();
-                (model, m.get_gauge().get_value())
-            })
-            .collect()
-    }
-
     /// Count a generation the HTTP side ended (the stall timer) under `reason`.
     pub fn finished_by_http(&self, model: &str, reason: &str) {
         self.finished.with_label_values(&[model, reason]).inc();
@@ -508,33 +442,12 @@ impl Metrics {
 
     /// Recompute the endpoint picker's node-wide series from the per-model ones.
     fn refresh_epp(&self) {
-        let sum = |g: &GaugeVec| Self::per_model(g).iter().map(|(_, v)| v).sum::<f64>();
-        self.epp.waiting.set(sum(&self.requests_waiting));
-        self.epp.running.set(sum(&self.requests_running));
-        let capacity = Self::per_model(&self.kv_cache_capacity_tokens);
-        let usage = Self::per_model(&self.kv_cache_usage);
-        let total: f64 = capacity.iter().map(|(_, c)| c).sum();
-        let used: f64 = capacity
-            .iter()
-            .map(|(model, c)| {
-                usage
-                    .iter()
-                    .find(|(m, _)| m == model)
-                    .map_or(0.0, |(_, u)| u * c)
-            })
-            .sum();
-        let frac = if total > 0.0 {
-            (used / total).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        self.epp.kv_usage.set(frac);
-        self.epp.kv_usage_legacy.set(frac);
-        self.epp.cache_config.reset();
-        self.epp
-            .cache_config
-            .with_label_values(&["1", &format!("{}", total as u64)])
-            .set(1.0);
+        self.epp.refresh(
+            &self.requests_waiting,
+            &self.requests_running,
+            &self.kv_cache_capacity_tokens,
+            &self.kv_cache_usage,
+        );
     }
 
     /// Drop the gauge series of a model this node no longer serves (a config reload removed
