@@ -14,6 +14,7 @@ use gantry_engine_abi::{EngineError, SampledToken, Sampling};
 
 use crate::config::ModelConfig;
 use crate::kv::BlockCopy;
+use crate::lora::{AdapterRun, LoraWeights};
 use crate::weights::Weights;
 
 /// One step's tokens, flattened across sequences.
@@ -26,6 +27,9 @@ pub struct StepInput<'a> {
     pub tables: &'a [&'a [u32]],
     /// Token indices whose logits are wanted, in the order the rows come back.
     pub logits_rows: &'a [usize],
+    /// Runs of consecutive tokens whose sequences run under a LoRA adapter (ABI 1.6); empty
+    /// when every sequence runs the base model.
+    pub adapters: &'a [AdapterRun],
 }
 
 /// One sampled row of a step, for a backend that samples on its device: what the request
@@ -66,6 +70,22 @@ pub trait Backend: Send {
     fn bytes_used(&self) -> u64;
     /// One line for logs and the build report.
     fn describe(&self) -> String;
+    /// Whether this backend runs LoRA adapters (ABI 1.6); the refusal says why not. Asked
+    /// before an adapter's files are read.
+    fn runs_adapters(&self) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(
+            "this backend of the native engine does not run LoRA adapters",
+        ))
+    }
+    /// Take adapter `id` (its rows come as [`StepInput::adapters`] from now on); the bytes it
+    /// holds. A refusal keeps nothing.
+    fn adapter_load(&mut self, _id: u64, _lora: LoraWeights) -> Result<u64, EngineError> {
+        Err(self.runs_adapters().err().unwrap_or_else(|| {
+            EngineError::internal("this backend declares adapters but does not load them")
+        }))
+    }
+    /// Free adapter `id` (unknown: nothing happens).
+    fn adapter_unload(&mut self, _id: u64) {}
 }
 
 /// One decoder layer's tensors as a backend holds them: `V` a norm vector, `L` a linear layer.

@@ -13,6 +13,11 @@
 //! blocks whose last user left stay cached and are evicted least recently used first, only when
 //! a block is needed and the free list is empty.
 //!
+//! LoRA adapters (ABI 1.6): K/V computed under an adapter differs from the base's for the same
+//! tokens, so a sequence's chain starts from a root of its adapter ([`SeqBlocks::adapter`]; the
+//! base's root is the same for every base sequence). Blocks of one adapter are found only by
+//! sequences of that adapter; base sequences still share among themselves.
+//!
 //! Forks and truncations (ABI 1.5: `n` > 1 and speculative decoding): a fork shares its
 //! source's full blocks and copies the partly filled last one; a truncation releases the blocks
 //! past the kept length and copies on write the block that now ends the sequence when another
@@ -45,6 +50,17 @@ fn chain_hash(parent: u64, tokens: &[i32]) -> u64 {
     h.finish()
 }
 
+/// Where the chain of a sequence under `adapter` starts (0 = the base model: [`ROOT`]).
+fn root_of(adapter: u64) -> u64 {
+    if adapter == 0 {
+        ROOT
+    } else {
+        // Never a block's hash in practice: a chain hash of two "tokens" (every registered
+        // block holds `block_size` of them), and a parent hash is compared before any reuse.
+        chain_hash(ROOT, &[adapter as i32, (adapter >> 32) as i32])
+    }
+}
+
 struct Registered {
     hash: u64,
     parent: u64,
@@ -61,6 +77,15 @@ pub struct SeqBlocks {
     pub tokens: Vec<i32>,
     /// Hash of each full block of `table`, in order (the chain a next block hangs from).
     hashes: Vec<u64>,
+    /// The LoRA adapter the K/V is computed under (0 = the base model): the chain's root, so
+    /// a prefix is only ever reused under the adapter that computed it.
+    pub adapter: u64,
+}
+
+impl SeqBlocks {
+    fn root(&self) -> u64 {
+        root_of(self.adapter)
+    }
 }
 
 pub struct BlockPool {
@@ -176,7 +201,7 @@ impl BlockPool {
             && self.registered[last as usize].is_none()
         {
             let parent = if full == 0 {
-                ROOT
+                seq.root()
             } else {
                 seq.hashes[full - 1]
             };
@@ -215,7 +240,8 @@ impl BlockPool {
         let bs = self.block_size;
         let limit = limit.min(tokens.len());
         // Full registered blocks along the chain.
-        let mut parent = ROOT;
+        let root = seq.root();
+        let mut parent = root;
         let mut full: Vec<(BlockId, u64)> = Vec::new();
         let mut at = 0;
         while at + bs <= tokens.len() {
@@ -242,7 +268,7 @@ impl BlockPool {
         let mut reused = take * bs;
         let mut copies = Vec::new();
         // The block after them: a head copied from a matching block, privately.
-        let parent = if take == 0 { ROOT } else { full[take - 1].1 };
+        let parent = if take == 0 { root } else { full[take - 1].1 };
         let want = (limit - reused).min(bs);
         if want > 0 {
             let rest = &tokens[reused..];
@@ -309,7 +335,11 @@ impl BlockPool {
         seq.len += tokens.len();
         while seq.hashes.len() < seq.len / bs {
             let i = seq.hashes.len();
-            let parent = if i == 0 { ROOT } else { seq.hashes[i - 1] };
+            let parent = if i == 0 {
+                seq.root()
+            } else {
+                seq.hashes[i - 1]
+            };
             let chunk = &seq.tokens[i * bs..(i + 1) * bs];
             let h = chain_hash(parent, chunk);
             seq.hashes.push(h);
@@ -366,6 +396,8 @@ impl BlockPool {
             len: src.len,
             tokens: src.tokens[..src.len].to_vec(),
             hashes: src.hashes[..full].to_vec(),
+            // A fork continues under its source's adapter (its KV was computed so).
+            adapter: src.adapter,
         };
         Ok((child, copies))
     }

@@ -15,6 +15,10 @@
 //! Sequences: `seq_fork` (ABI 1.5) opens a sequence sharing its source's full blocks and a
 //! private copy of its partly filled one; `seq_truncate` drops the positions past a length
 //! (copying on write a kept block that others read) and the samples taken after them.
+//!
+//! Adapters ([`lora`], ABI 1.6): PEFT LoRA adapters loaded beside the model; each sequence runs
+//! the base or one adapter, and one step mixes them (the CPU backend applies them per run of
+//! rows; the CUDA backend refuses them at load).
 #![allow(unsafe_code)] // An engine crate: memory-mapped weights and SIMD kernels. Each block has a SAFETY note.
 
 pub mod backend;
@@ -22,6 +26,7 @@ pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod kv;
+pub mod lora;
 pub mod sampler;
 mod step;
 pub mod tokenizer;
@@ -34,8 +39,8 @@ use std::sync::{Arc, Mutex};
 use gantry_engine_abi::ffi::GANTRY_MODALITY_COMPLETION;
 use gantry_engine_abi::sdk::{Engine, HostLog, Model};
 use gantry_engine_abi::{
-    Backend as AbiBackend, EngineConfig, EngineError, Format, LogLevel, ModelDescriptor, ModelInfo,
-    SampledToken, Status, StepEntry,
+    AdapterDescriptor, Backend as AbiBackend, EngineConfig, EngineError, Format, LoadedAdapter,
+    LogLevel, ModelDescriptor, ModelInfo, SampledToken, Status, StepEntry,
 };
 
 use crate::backend::Backend;
@@ -67,8 +72,10 @@ impl Engine for NativeEngine {
         AbiBackend::Cpu
     };
     const DESCRIPTION: &'static str = "Hugging Face safetensors models in Rust (paged KV cache)";
+    /// Adapters: the CPU backend runs them; a model on the CUDA backend refuses them at load.
     const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK
-        | gantry_engine_abi::ffi::GANTRY_CAP_SPECULATE;
+        | gantry_engine_abi::ffi::GANTRY_CAP_SPECULATE
+        | gantry_engine_abi::ffi::GANTRY_CAP_ADAPTERS;
 
     fn build_info() -> String {
         format!(
@@ -136,6 +143,10 @@ struct Exec {
     pool: BlockPool,
     seqs: HashMap<u64, Seq>,
     next_id: u64,
+    /// Loaded LoRA adapters' names by id (the backend holds their weights).
+    adapters: HashMap<u64, String>,
+    /// The next adapter id: never reused, since the prefix cache keys blocks by it.
+    next_adapter: u64,
 }
 
 pub struct NativeModel {
@@ -144,6 +155,8 @@ pub struct NativeModel {
     info: ModelInfo,
     vocab: usize,
     log: HostLog,
+    /// The model's hyper-parameters (adapters are checked against its shapes).
+    config: ModelConfig,
 }
 
 fn read_optional(path: &Path) -> Option<Vec<u8>> {
@@ -302,11 +315,14 @@ impl NativeModel {
                 pool,
                 seqs: HashMap::new(),
                 next_id: 1,
+                adapters: HashMap::new(),
+                next_adapter: 1,
             }),
             tokenizer,
             info,
             vocab: mc.vocab,
             log,
+            config: mc,
         })
     }
 
@@ -443,6 +459,18 @@ impl Model for NativeModel {
 
     fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
         self.exec().seqs.get(&seq)?.cached.map(|n| n as u64)
+    }
+
+    fn adapter_load(&self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        self.load_adapter(desc)
+    }
+
+    fn adapter_unload(&self, adapter: u64) {
+        self.unload_adapter(adapter);
+    }
+
+    fn seq_set_adapter(&self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        self.set_seq_adapter(seq, adapter)
     }
 
     fn embed(&self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {

@@ -10,10 +10,15 @@
 //! of its tokens; its rows are sampled in order with the sequence's sampler, each sample
 //! recorded before the next, as if the tokens had been fed one per step. The results are flat:
 //! one slot per entry, `tokens.len()` for a `sample_all` entry.
+//!
+//! LoRA adapters (ABI 1.6): the flattened rows of consecutive entries whose sequences run the
+//! same adapter form one run ([`crate::lora::AdapterRun`]); the backend adds each run's update
+//! to its rows only. Base entries form no run.
 
 use gantry_engine_abi::{EngineError, LogLevel, SampledToken, Status, StepEntry};
 
 use crate::backend::{SampleRow, StepInput};
+use crate::lora::{AdapterRun, push_run};
 use crate::sampler::SeqSampler;
 use crate::{Exec, NativeModel};
 
@@ -90,9 +95,11 @@ impl NativeModel {
         let mut seq_of = Vec::new();
         let mut logits_rows = Vec::new();
         let mut tables: Vec<&[u32]> = Vec::with_capacity(entries.len());
+        let mut adapters: Vec<AdapterRun> = Vec::new();
         for (i, (e, &k)) in entries.iter().zip(&skip).enumerate() {
             let s = &ex.seqs[&e.seq];
             tables.push(&s.blocks.table);
+            let start = tokens.len();
             for (j, &t) in e.tokens[k..].iter().enumerate() {
                 if e.verifies() {
                     logits_rows.push(tokens.len());
@@ -104,6 +111,7 @@ impl NativeModel {
             if e.sample.is_some() && !e.verifies() {
                 logits_rows.push(tokens.len() - 1);
             }
+            push_run(&mut adapters, start..tokens.len(), s.blocks.adapter);
         }
         let input = StepInput {
             tokens: &tokens,
@@ -111,6 +119,7 @@ impl NativeModel {
             seq_of: &seq_of,
             tables: &tables,
             logits_rows: &logits_rows,
+            adapters: &adapters,
         };
         // A backend that samples on its device hands back tokens (the sequences' sampling
         // state goes in); otherwise logits come back and are sampled here. A step verifying

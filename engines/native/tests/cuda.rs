@@ -8,14 +8,17 @@
 //! On a machine with an NVIDIA GPU (`scripts/gpu-check.sh` runs them with `--ignored`; they are
 //! listed as ignored everywhere else, never as passed): the CUDA and CPU backends give the same
 //! logits on every tiny architecture, prompt and decode steps through the paged cache, and the
-//! real Gemma 3 270M answers " Paris" on the GPU.
+//! real Gemma 3 270M answers " Paris" on the GPU; a LoRA adapter is refused there (ABI 1.6: the
+//! CPU backend runs them), never served as the base.
 #![allow(unsafe_code)] // An engine crate's test: opens NVRTC by path (libloading); SAFETY noted.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use gantry_engine_abi::sdk::{Engine, HostLog, Model};
-use gantry_engine_abi::{Backend as AbiBackend, EngineConfig, Sampling, StepEntry};
+use gantry_engine_abi::{
+    AdapterDescriptor, Backend as AbiBackend, EngineConfig, Format, Sampling, Status, StepEntry,
+};
 use gantry_engine_native::backend::{Backend, StepInput};
 use gantry_engine_native::cpu::CpuBackend;
 use gantry_engine_native::cuda::{self, CudaBackend, KERNEL_NAMES};
@@ -109,6 +112,7 @@ fn two_steps(b: &mut dyn Backend) -> Vec<Vec<f32>> {
             seq_of: &seq_of,
             tables: &tables,
             logits_rows: &[t0.len() - 1, tokens.len() - 1],
+            adapters: &[],
         })
         .expect("prompt step");
     let decode = b
@@ -118,6 +122,7 @@ fn two_steps(b: &mut dyn Backend) -> Vec<Vec<f32>> {
             seq_of: &[0, 1],
             tables: &tables,
             logits_rows: &[0, 1],
+            adapters: &[],
         })
         .expect("decode step");
     vec![prompt, decode]
@@ -179,6 +184,38 @@ fn cuda_and_cpu_backends_agree_on_every_tiny_architecture() {
             }
         }
     }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it"]
+fn a_model_on_cuda_refuses_lora_adapters_instead_of_answering_with_the_base() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_hf(dir.path(), HfFamily::Llama, 0).expect("write");
+    let engine = NativeEngine::create(
+        EngineConfig {
+            backend: AbiBackend::Cuda,
+            ..EngineConfig::default()
+        },
+        HostLog::discard(),
+    )
+    .expect("cuda engine");
+    let model = engine
+        .load_model(&st_desc("tiny", dir.path()))
+        .expect("load on the GPU");
+    let err = model
+        .adapter_load(&AdapterDescriptor {
+            name: "any".into(),
+            path: dir.path().join("adapter"),
+            format: Format::Safetensors,
+            scale: 1.0,
+        })
+        .expect_err("the CUDA backend runs no adapters yet");
+    assert_eq!(err.status, Status::Unsupported);
+    assert!(
+        err.message.contains("LoRA adapters run on the CPU backend of the native engine; CUDA support is not built yet"),
+        "{}",
+        err.message
+    );
 }
 
 #[test]

@@ -5,11 +5,14 @@
 //! layers are one matrix product for the whole batch); attention reads each token's own
 //! sequence through its block table. The final norm and the output projection run only for the
 //! tokens whose logits are sampled. Work runs on the engine's own thread pool (threads from the
-//! engine config).
+//! engine config). LoRA adapters (ABI 1.6) add their low-rank updates after each targeted
+//! projection's product, to the rows of their sequences only ([`lora`]).
 
+pub mod lora;
 pub mod matmul;
 pub mod ops;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use gantry_engine_abi::{EngineError, Status};
@@ -17,6 +20,7 @@ use gantry_engine_abi::{EngineError, Status};
 use crate::backend::{Backend, StepInput, TensorLoader, load_stack};
 use crate::config::{Activation, ModelConfig};
 use crate::kv::BlockCopy;
+use crate::lora::{LoraWeights, Target};
 use crate::weights::{TensorInfo, Weights};
 use matmul::Linear;
 use ops::{AttnShape, AttnTokens, LayerKv};
@@ -36,6 +40,8 @@ pub struct CpuBackend {
     block_size: usize,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
+    /// Loaded LoRA adapters by id, f32.
+    adapters: HashMap<u64, LoraWeights>,
 }
 
 /// Tensor loading with shape checks; errors name the tensor.
@@ -125,6 +131,7 @@ impl CpuBackend {
             block_size,
             pool,
             threads,
+            adapters: HashMap::new(),
         })
     }
 
@@ -181,6 +188,7 @@ impl CpuBackend {
         let mut g = vec![0.0f32; t * ff];
         let mut u = vec![0.0f32; t * ff];
         let bs = self.block_size;
+        let mut lora = lora::Runs::new(input.adapters, &self.adapters)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let kind = &cfg.layers[li];
             ops::rms_norm(
@@ -193,6 +201,9 @@ impl CpuBackend {
             layer.q.forward(w, &hbuf, t, &mut q, &mut scratch);
             layer.k.forward(w, &hbuf, t, &mut k, &mut scratch);
             layer.v.forward(w, &hbuf, t, &mut v, &mut scratch);
+            lora.apply(li, Target::Q, &hbuf, &mut q);
+            lora.apply(li, Target::K, &hbuf, &mut k);
+            lora.apply(li, Target::V, &hbuf, &mut v);
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 ops::rms_norm_inplace(&mut q, qn, cfg.rms_eps, cfg.norm_plus_one);
                 ops::rms_norm_inplace(&mut k, kn, cfg.rms_eps, cfg.norm_plus_one);
@@ -220,6 +231,7 @@ impl CpuBackend {
             };
             ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
             layer.o.forward(w, &att, t, &mut o, &mut scratch);
+            lora.apply(li, Target::O, &att, &mut o);
             if let Some(n) = &layer.post_attn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
@@ -234,11 +246,14 @@ impl CpuBackend {
             );
             layer.gate.forward(w, &hbuf, t, &mut g, &mut scratch);
             layer.up.forward(w, &hbuf, t, &mut u, &mut scratch);
+            lora.apply(li, Target::Gate, &hbuf, &mut g);
+            lora.apply(li, Target::Up, &hbuf, &mut u);
             match cfg.activation {
                 Activation::Silu => ops::silu_mul(&mut g, &u),
                 Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
             }
             layer.down.forward(w, &g, t, &mut o, &mut scratch);
+            lora.apply(li, Target::Down, &g, &mut o);
             if let Some(n) = &layer.post_ffn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
@@ -303,7 +318,22 @@ impl Backend for CpuBackend {
             })
             .sum::<u64>()
             + self.lm_head.owned_bytes();
-        self.weights.mapped_bytes() + owned + kv
+        let adapters: u64 = self.adapters.values().map(LoraWeights::bytes).sum();
+        self.weights.mapped_bytes() + owned + kv + adapters
+    }
+
+    fn runs_adapters(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn adapter_load(&mut self, id: u64, lora: LoraWeights) -> Result<u64, EngineError> {
+        let bytes = lora.bytes();
+        self.adapters.insert(id, lora);
+        Ok(bytes)
+    }
+
+    fn adapter_unload(&mut self, id: u64) {
+        self.adapters.remove(&id);
     }
 
     fn describe(&self) -> String {

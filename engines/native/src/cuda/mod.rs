@@ -430,6 +430,7 @@ impl CudaBackend {
             seq_of: &seq_of,
             tables: &tables,
             logits_rows: &logits_rows,
+            adapters: &[],
         };
         let p = self.stage(&input, rows, None)?;
         // SAFETY: the logits buffer holds at least n rows of the vocabulary (stage grew it).
@@ -453,10 +454,17 @@ impl CudaBackend {
     }
 }
 
+/// Why this backend runs no LoRA adapters (ABI 1.6): it refuses them at load, honestly.
+const NO_ADAPTERS: &str =
+    "LoRA adapters run on the CPU backend of the native engine; CUDA support is not built yet";
+
 impl Backend for CudaBackend {
     fn forward(&mut self, input: &StepInput<'_>) -> Result<Vec<f32>, EngineError> {
         if let Some(e) = self.copy_failed.take() {
             return Err(EngineError::internal(e));
+        }
+        if !input.adapters.is_empty() {
+            return Err(EngineError::unsupported(NO_ADAPTERS));
         }
         let p = self.stage(input, &[], None)?;
         self.encode(&Shape {
@@ -486,6 +494,9 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<SampledToken>, EngineError> {
         if let Some(e) = self.copy_failed.take() {
             return Err(EngineError::internal(e));
+        }
+        if !input.adapters.is_empty() {
+            return Err(EngineError::unsupported(NO_ADAPTERS));
         }
         if rows.len() != input.logits_rows.len() {
             return Err(EngineError::internal(
@@ -533,6 +544,10 @@ impl Backend for CudaBackend {
 
     fn bytes_used(&self) -> u64 {
         self.model.bytes + self.kv_bytes + self.bufs.bytes
+    }
+
+    fn runs_adapters(&self) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(NO_ADAPTERS))
     }
 
     fn describe(&self) -> String {

@@ -268,6 +268,7 @@ mod tests {
             seq_of: &[0, 1],
             tables: &tables,
             logits_rows: &[0, 1],
+            adapters: &[],
         };
         let greedy = Sampling::greedy();
         let biased = Sampling {

@@ -244,3 +244,52 @@ fn a_truncation_without_a_free_block_refuses_a_shared_block_and_unregisters_a_ca
     pool.drop_cached();
     assert_eq!(pool.available(), 2);
 }
+
+#[test]
+fn a_prefix_is_reused_only_under_the_adapter_that_computed_it() {
+    let mut pool = BlockPool::new(16, 4);
+    let prompt: Vec<i32> = (0..10).collect();
+    // Under adapter 7: two full blocks and a partial one cached.
+    let mut a = SeqBlocks {
+        adapter: 7,
+        ..SeqBlocks::default()
+    };
+    run(&mut pool, &mut a, &prompt);
+    pool.release(&mut a);
+    assert_eq!(pool.cached_idle(), 3);
+    // The base finds none of it, neither the full blocks nor the partial copy source.
+    let mut b = SeqBlocks::default();
+    let (reused, copies) = pool
+        .bind_prefix(&mut b, &prompt, prompt.len() - 1)
+        .expect("bind");
+    assert_eq!((reused, copies.len()), (0, 0));
+    run(&mut pool, &mut b, &prompt);
+    pool.release(&mut b);
+    // Another adapter neither.
+    let mut c = SeqBlocks {
+        adapter: 8,
+        ..SeqBlocks::default()
+    };
+    let (reused, _) = pool
+        .bind_prefix(&mut c, &prompt, prompt.len() - 1)
+        .expect("bind");
+    assert_eq!(reused, 0);
+    pool.release(&mut c);
+    // The same adapter takes its own blocks; a second base sequence takes the base's.
+    for adapter in [7, 0] {
+        let mut d = SeqBlocks {
+            adapter,
+            ..SeqBlocks::default()
+        };
+        let (reused, _) = pool
+            .bind_prefix(&mut d, &prompt, prompt.len() - 1)
+            .expect("bind");
+        assert_eq!(reused, 9, "adapter {adapter}");
+        // A fork keeps the adapter, so its blocks chain from the same root.
+        let (child, _) = pool.fork(&d).expect("fork");
+        assert_eq!(child.adapter, adapter);
+        let mut child = child;
+        pool.release(&mut child);
+        pool.release(&mut d);
+    }
+}
