@@ -2,20 +2,27 @@
 //!
 //! One llama.cpp context per loaded model, with one llama.cpp sequence slot
 //! per open Gantry sequence and a unified KV cache shared by all slots. `step`
-//! packs every entry's tokens into one `llama_batch`, decodes once and samples
-//! each sequence that asked for a token with its own sampler chain. Releasing
+//! packs every entry's tokens into one `llama_batch` (one per LoRA adapter in use),
+//! decodes it once and samples each sequence that asked for a token with its own
+//! sampler chain. Releasing
 //! a sequence removes its cells from the KV cache at once.
 //!
 //! ABI 1.5: `seq_fork` opens a sequence sharing its source's cells (a prompt evaluated once
 //! for `n` > 1); a step entry with `GANTRY_STEP_SAMPLE_ALL` verifies drafted tokens, sampled
 //! after each one, and `seq_truncate` drops the rejected ones (`GANTRY_CAP_SPECULATE`).
 //!
+//! ABI 1.6: GGUF LoRA adapters (`GANTRY_CAP_ADAPTERS`), checked against the model's tensors and
+//! loaded through llama.cpp; each sequence runs one adapter or the base, and a step decodes
+//! its entries in one batch per adapter, since llama.cpp sets adapters per context.
+//!
 //! By job: `load.rs` (the GGUF file into a model and context), `slots.rs` (sequences, the
-//! warm slots of prefix reuse, fork and truncate), `step.rs` (the batch, the decode, sampling
-//! the rows in parallel, verification entries), `sampler.rs` (one sequence's sampler),
-//! `cpu.rs` and `logging.rs` (llama.cpp's CPU variants and log lines).
+//! warm slots of prefix reuse, fork and truncate), `step.rs` (the batches, the decodes,
+//! sampling the rows in parallel, verification entries), `adapters.rs` (LoRA adapters),
+//! `sampler.rs` (one sequence's sampler), `cpu.rs` and `logging.rs` (llama.cpp's CPU variants
+//! and log lines).
 #![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
 
+mod adapters;
 mod cpu;
 mod load;
 mod logging;
@@ -23,13 +30,15 @@ mod sampler;
 mod slots;
 mod step;
 
+use std::collections::HashMap;
 use std::mem::ManuallyDrop;
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use gantry_engine_abi::sdk::{Engine, HostLog, Model};
 use gantry_engine_abi::{
-    Backend, EngineConfig, EngineError, Format, LogLevel, ModelDescriptor, ModelInfo, SampledToken,
-    Status, StepEntry,
+    AdapterDescriptor, Backend, EngineConfig, EngineError, Format, LoadedAdapter, LogLevel,
+    ModelDescriptor, ModelInfo, SampledToken, Status, StepEntry,
 };
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
@@ -87,7 +96,8 @@ impl Engine for LlamaEngine {
     const BACKEND: Backend = BACKEND;
     const DESCRIPTION: &'static str = "GGUF models through llama.cpp";
     const CAPABILITIES: u32 = gantry_engine_abi::ffi::GANTRY_CAP_TOKEN_MASK
-        | gantry_engine_abi::ffi::GANTRY_CAP_SPECULATE;
+        | gantry_engine_abi::ffi::GANTRY_CAP_SPECULATE
+        | gantry_engine_abi::ffi::GANTRY_CAP_ADAPTERS;
 
     fn build_info() -> String {
         cpu::describe()
@@ -136,6 +146,9 @@ pub struct LlamaLoaded {
     embedding: bool,
     /// Threads that sample a step's rows (the engine's thread count).
     sample_threads: usize,
+    /// The GGUF file, and its tensors' shapes once an adapter needs them (`adapters.rs`).
+    path: PathBuf,
+    base_tensors: OnceLock<Result<HashMap<String, Vec<u64>>, String>>,
 }
 
 impl Drop for LlamaLoaded {
@@ -144,6 +157,8 @@ impl Drop for LlamaLoaded {
         // SAFETY: the context borrows the model, so it must go first; it is
         // dropped exactly once, here.
         unsafe { ManuallyDrop::drop(&mut exec.ctx) };
+        // Adapters next: freeing one unregisters it from its model, which must still be there.
+        exec.adapters.clear();
         // SAFETY: `model` came from Box::leak in `load`; the context that
         // borrowed it is gone and nothing else holds the reference.
         drop(unsafe { Box::from_raw(std::ptr::from_ref(self.model).cast_mut()) });
@@ -228,6 +243,18 @@ impl Model for LlamaLoaded {
 
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
         self.run_embed(tokens)
+    }
+
+    fn adapter_load(&self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        self.load_adapter(desc)
+    }
+
+    fn adapter_unload(&self, adapter: u64) {
+        self.exec().unload_adapter(adapter);
+    }
+
+    fn seq_set_adapter(&self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        self.exec().set_seq_adapter(seq, adapter)
     }
 }
 

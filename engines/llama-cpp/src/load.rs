@@ -4,7 +4,7 @@
 
 use std::mem::ManuallyDrop;
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use gantry_engine_abi::ffi::{GANTRY_MODALITY_COMPLETION, GANTRY_MODALITY_EMBEDDING};
 use gantry_engine_abi::sdk::HostLog;
@@ -225,11 +225,15 @@ impl LlamaLoaded {
                         id,
                         tokens: Vec::new(),
                         released_at: 0,
+                        adapter: 0,
                     })
                     .collect(),
                 next_id: 1,
                 clock: 0,
                 n_swa,
+                adapters: Default::default(),
+                next_adapter: 1,
+                active_adapter: 0,
             }),
             model,
             info,
@@ -245,6 +249,8 @@ impl LlamaLoaded {
             } else {
                 1
             },
+            path: path.clone(),
+            base_tensors: OnceLock::new(),
         })
     }
 }

@@ -63,12 +63,37 @@ pub(crate) fn route_to_host(host: HostLog) -> Registration {
     Registration(id)
 }
 
-/// A line of the engine's own at debug level, to the newest live host logger.
-pub(crate) fn debug(line: &str) {
+/// A line of the engine's own at `level`, to the newest live host logger.
+fn own_line(level: LogLevel, line: &str) {
     let hosts = router().hosts.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, host)) = hosts.last() {
-        host.log(LogLevel::Debug, line);
+        host.log(level, line);
     }
+}
+
+/// A line of the engine's own at debug level.
+pub(crate) fn debug(line: &str) {
+    own_line(LogLevel::Debug, line);
+}
+
+/// A line of the engine's own at warning level.
+pub(crate) fn warn(line: &str) {
+    own_line(LogLevel::Warn, line);
+}
+
+thread_local! {
+    /// The error lines llama.cpp logs on this thread while `capture_errors` runs.
+    static CAPTURED: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f` and return what it returns with the error lines llama.cpp logged on this thread
+/// meanwhile (they still go to the host too). For calls that fail with a null and say why only
+/// in the log, such as `llama_adapter_lora_init`.
+pub(crate) fn capture_errors<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let out = f();
+    let lines = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (out, lines)
 }
 
 fn level_of(level: ggml_log_level) -> Option<LogLevel> {
@@ -100,6 +125,13 @@ unsafe extern "C" fn on_log(level: ggml_log_level, text: *const c_char, user: *m
             let line: String = pending.1.drain(..=nl).collect();
             let line = line.trim_end();
             if !line.is_empty() {
+                if pending.0 == LogLevel::Error {
+                    CAPTURED.with(|c| {
+                        if let Some(lines) = c.borrow_mut().as_mut() {
+                            lines.push(line.to_string());
+                        }
+                    });
+                }
                 let hosts = router.hosts.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some((_, host)) = hosts.last() {
                     host.log(pending.0, line);

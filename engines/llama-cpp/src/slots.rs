@@ -9,6 +9,10 @@
 //! once with its source's cells shared into it ([`Exec::fork`]); a truncation drops the cells
 //! of rejected drafts after a verification step ([`Exec::truncate`], which also says what a
 //! sliding-window cache does to them).
+//!
+//! Adapters (ABI 1.6): a sequence runs one adapter (or the base) from its first step on, a fork
+//! runs its source's, and a warm slot remembers the adapter its cells were computed under: a
+//! new sequence takes a warm prefix only from a slot of its own adapter.
 
 use std::mem::ManuallyDrop;
 
@@ -17,6 +21,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use crate::adapters::LoraAdapter;
 use crate::sampler::SeqSampler;
 use crate::{logging, oom};
 
@@ -31,6 +36,8 @@ pub(crate) struct Seq {
     /// Leading tokens of the first chunk taken from a warm slot (ABI 1.4 `seq_cached_tokens`);
     /// set by `bind`.
     pub(crate) cached: Option<usize>,
+    /// The LoRA adapter it runs (ABI 1.6 `seq_set_adapter`); 0 = the base model.
+    pub(crate) adapter: u64,
 }
 
 /// A llama.cpp sequence slot no open sequence holds. Its KV may still hold
@@ -39,6 +46,8 @@ pub(crate) struct FreeSlot {
     pub(crate) id: i32,
     pub(crate) tokens: Vec<i32>,
     pub(crate) released_at: u64,
+    /// The adapter `tokens`' cells were computed under (0 = the base model).
+    pub(crate) adapter: u64,
 }
 
 /// A warm slot whose history goes on longer than this past a new sequence's prefix is shared
@@ -65,6 +74,11 @@ pub(crate) struct Exec {
     pub(crate) clock: u64,
     /// The model's attention window (`<arch>.attention.sliding_window`); 0 = none.
     pub(crate) n_swa: usize,
+    /// Loaded LoRA adapters by id (`adapters.rs`), the next id, and the one the context runs
+    /// now (0 = none).
+    pub(crate) adapters: std::collections::HashMap<u64, LoraAdapter>,
+    pub(crate) next_adapter: u64,
+    pub(crate) active_adapter: u64,
 }
 
 impl Exec {
@@ -80,8 +94,17 @@ impl Exec {
         keep_last: bool,
         fresh: bool,
     ) -> Result<usize, EngineError> {
-        let common = |cached: &[i32]| {
-            cached
+        let adapter = self
+            .seqs
+            .get(&seq)
+            .ok_or_else(|| EngineError::internal("binding an unknown sequence"))?
+            .adapter;
+        // KV computed under another adapter (or the base) is no prefix of this sequence's.
+        let common = |f: &FreeSlot| {
+            if f.adapter != adapter {
+                return 0;
+            }
+            f.tokens
                 .iter()
                 .zip(tokens)
                 .take_while(|(a, b)| a == b)
@@ -105,14 +128,14 @@ impl Exec {
                 let f = &self.free_slots[i];
                 (
                     // A fresh sequence takes no prefix: it spares the warm slots.
-                    if fresh { 0 } else { common(&f.tokens) },
+                    if fresh { 0 } else { common(f) },
                     f.tokens.is_empty(),
                     std::cmp::Reverse(f.released_at),
                 )
             })
             .ok_or_else(|| EngineError::internal("no free slot to bind a sequence"))?;
         let mut slot = self.free_slots.swap_remove(best);
-        let mut reuse = if fresh { 0 } else { common(&slot.tokens) };
+        let mut reuse = if fresh { 0 } else { common(&slot) };
         if keep_last && reuse == tokens.len() {
             reuse -= 1;
         }
@@ -187,6 +210,7 @@ impl Exec {
                 history: Vec::new(),
                 sampler: None,
                 cached: None,
+                adapter: 0,
             },
         );
         Some(id)
@@ -203,6 +227,7 @@ impl Exec {
                 id,
                 tokens: s.history,
                 released_at: self.clock,
+                adapter: s.adapter,
             });
         }
     }
@@ -222,7 +247,7 @@ impl Exec {
                 "sequence {src} has not been stepped: its KV holds nothing to fork"
             )));
         };
-        let (n_past, history) = (s.n_past, s.history.clone());
+        let (n_past, history, adapter) = (s.n_past, s.history.clone(), s.adapter);
         if self.seqs.len() >= max {
             return Err(oom(format!("all {max} sequence slots are in use")));
         }
@@ -249,6 +274,8 @@ impl Exec {
                 sampler: None,
                 // Its first entry is evaluated whole: nothing of it comes from a cache.
                 cached: Some(0),
+                // The shared cells were computed under the source's adapter.
+                adapter,
             },
         );
         logging::debug(&format!(
@@ -345,14 +372,20 @@ impl Exec {
     /// evaluated (its host releases it).
     fn reevaluate(&mut self, seq: u64, slot: i32, n_batch: usize) -> Result<(), EngineError> {
         let _ = self.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
-        let history = self
+        let (history, adapter) = self
             .seqs
             .get(&seq)
-            .map(|s| s.history.clone())
+            .map(|s| (s.history.clone(), s.adapter))
             .unwrap_or_default();
         let mut done = 0;
-        let mut result = Ok(());
-        for chunk in history.chunks(n_batch.max(1)) {
+        // Under the adapter its cells were computed with.
+        let mut result = self.use_adapter(adapter);
+        let chunks = if result.is_ok() {
+            history.as_slice()
+        } else {
+            &[]
+        };
+        for chunk in chunks.chunks(n_batch.max(1)) {
             self.batch.clear();
             for (i, &t) in chunk.iter().enumerate() {
                 result = self
@@ -407,8 +440,9 @@ impl Exec {
     }
 }
 
-// SAFETY: a llama_context may be used from any thread as long as calls are not
-// concurrent; `Exec` is only reached through `LlamaLoaded::exec`'s mutex.
+// SAFETY: a llama_context (and a LoRA adapter, which only contexts and its free read) may be
+// used from any thread as long as calls are not concurrent; `Exec` is only reached through
+// `LlamaLoaded::exec`'s mutex.
 unsafe impl Send for Exec {}
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! llama.cpp engine, the step (below the engine host's `step`): every entry's new tokens in
-//! one `llama_batch`, one `llama_decode`, then each sampled row.
+//! one `llama_batch` per adapter, one `llama_decode` each, then each sampled row.
 //!
 //! The batch: a new sequence is first bound to a slot (`slots.rs`), which may skip the prefix
 //! its warm cells hold; a step that finds the cache full drops the warm cells once and tries
@@ -7,16 +7,26 @@
 //! sequence's chain, so the sequences of a step are sampled in parallel on up to the engine's
 //! thread count (a step's llama.cpp threads are idle by then), inline when one samples.
 //!
+//! Adapters (ABI 1.6): llama.cpp applies a LoRA adapter to the whole context, so the entries
+//! are grouped by the adapter their sequence runs, and each group is decoded on its own under
+//! its adapter (the base first, then by adapter id) and sampled before the next group's decode
+//! overwrites the logits. A step whose entries all run one adapter decodes once, as before;
+//! a mixed step pays one decode and, for each adapter switch, llama.cpp's graph reservation.
+//!
 //! Verification (ABI 1.5 `GANTRY_STEP_SAMPLE_ALL`, speculative decoding): an entry of drafted
 //! tokens asks for the logits of every one of its tokens and is sampled after each, in order,
 //! through its sequence's one chain (one job per sequence, so sequences still sample in
 //! parallel); its samples fill `tokens.len()` consecutive result slots. The host then drops
 //! the rejected drafts with `seq_truncate` (`slots.rs`).
 
+use std::collections::BTreeMap;
+use std::ops::Range;
+
 use gantry_engine_abi::{EngineError, SampledToken, Sampling, StepEntry};
 use llama_cpp_2::token::LlamaToken;
 
 use crate::sampler::SeqSampler;
+use crate::slots::Exec;
 use crate::{LlamaLoaded, oom};
 
 /// One sequence's rows to sample, in order: where its first answer goes, its sequence and
@@ -102,6 +112,79 @@ fn check_sample_all(e: &StepEntry<'_>, bound: bool, truncatable: bool) -> Result
     Ok(())
 }
 
+/// The entries of one step that run one adapter: decoded together, sampled before the next
+/// group's decode overwrites the context's logits.
+struct Group<'a> {
+    /// 0 = the base model.
+    adapter: u64,
+    /// Indices into the step's entries, ascending.
+    members: &'a [usize],
+    /// By entry: leading tokens already in KV, and where its results go.
+    skip: &'a [usize],
+    first_slot: &'a [usize],
+}
+
+/// Decode `group`'s new tokens under its adapter, in one `llama_decode` (retried once after
+/// dropping the warm cells when the cache is full). Returns, aligned with `group.members`, the
+/// batch rows whose logits each sampling entry reads: its last token's, or every token's for a
+/// verification entry.
+fn decode_group(
+    ex: &mut Exec,
+    entries: &[StepEntry<'_>],
+    group: &Group<'_>,
+) -> Result<Vec<Option<Range<i32>>>, EngineError> {
+    // Verification entries go last in the batch, so that they are in its last ubatch: a
+    // later ubatch's cell search could take the window cells of their drafts' positions
+    // from a sliding-window cache (see `Exec::truncate`, whose check also covers the decodes
+    // of the groups after this one).
+    let order: Vec<usize> = (0..group.members.len())
+        .filter(|&m| !entries[group.members[m]].verifies())
+        .chain((0..group.members.len()).filter(|&m| entries[group.members[m]].verifies()))
+        .collect();
+    let mut evicted = false;
+    loop {
+        let mut logits_at: Vec<Option<Range<i32>>> = vec![None; group.members.len()];
+        ex.batch.clear();
+        for &m in &order {
+            let n = group.members[m];
+            let (e, k) = (&entries[n], group.skip[n]);
+            let s = &ex.seqs[&e.seq];
+            let slot = s.slot.unwrap_or_default();
+            let last = e.tokens.len().saturating_sub(1);
+            let all = e.verifies();
+            for (i, &t) in e.tokens.iter().enumerate().skip(k) {
+                let want = e.sample.is_some() && (all || i == last);
+                ex.batch
+                    .add(LlamaToken(t), s.n_past + (i - k) as i32, &[slot], want)
+                    .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+            }
+            let end = ex.batch.n_tokens();
+            let rows = if all { e.tokens.len() - k } else { 1 };
+            logits_at[m] = e.sample.map(|_| end - rows as i32..end);
+        }
+        if ex.batch.n_tokens() == 0 {
+            return Ok(logits_at);
+        }
+        // Switching adapters costs llama.cpp a graph reservation: only when a decode needs it.
+        ex.use_adapter(group.adapter)?;
+        match ex.ctx.decode(&mut ex.batch) {
+            Ok(()) => return Ok(logits_at),
+            // Full: drop the warm cells of released sequences and try once more.
+            Err(llama_cpp_2::DecodeError::NoKvCacheSlot) if !evicted && ex.evict_warm() => {
+                evicted = true;
+            }
+            Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => {
+                return Err(oom("KV cache is full".to_string()));
+            }
+            Err(other) => {
+                return Err(EngineError::internal(format!(
+                    "llama_decode failed: {other}"
+                )));
+            }
+        }
+    }
+}
+
 impl LlamaLoaded {
     /// One engine step (see the module header).
     pub(crate) fn run_step(
@@ -142,62 +225,53 @@ impl LlamaLoaded {
                 skip[i] = ex.bind(e.seq, e.tokens, e.sample.is_some(), e.fresh)?;
             }
         }
-        // Verification entries go last in the batch, so that they are in its last ubatch: a
-        // later ubatch's cell search could take the window cells of their drafts' positions
-        // from a sliding-window cache (see `Exec::truncate`).
-        let order: Vec<usize> = (0..entries.len())
-            .filter(|&i| !entries[i].verifies())
-            .chain((0..entries.len()).filter(|&i| entries[i].verifies()))
+        // Where each entry's results go, in the entries' order.
+        let first_slot: Vec<usize> = entries
+            .iter()
+            .scan(0, |next, e| {
+                let at = *next;
+                *next += e.result_slots();
+                Some(at)
+            })
             .collect();
-        let mut evicted = false;
-        let logits_at = loop {
-            // The batch rows whose logits each sampling entry reads (by entry): its last
-            // token's, or every token's for a verification entry.
-            let mut logits_at: Vec<Option<std::ops::Range<i32>>> = vec![None; entries.len()];
-            ex.batch.clear();
-            for &n in &order {
-                let (e, k) = (&entries[n], skip[n]);
-                let s = &ex.seqs[&e.seq];
-                let slot = s.slot.unwrap_or_default();
-                let last = e.tokens.len().saturating_sub(1);
-                let all = e.verifies();
-                for (i, &t) in e.tokens.iter().enumerate().skip(k) {
-                    let want = e.sample.is_some() && (all || i == last);
-                    ex.batch
-                        .add(LlamaToken(t), s.n_past + (i - k) as i32, &[slot], want)
-                        .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
-                }
-                let end = ex.batch.n_tokens();
-                let rows = if all { e.tokens.len() - k } else { 1 };
-                logits_at[n] = e.sample.map(|_| end - rows as i32..end);
-            }
-            if ex.batch.n_tokens() == 0 {
-                break logits_at;
-            }
-            match ex.ctx.decode(&mut ex.batch) {
-                Ok(()) => break logits_at,
-                // Full: drop the warm cells of released sequences and try once more.
-                Err(llama_cpp_2::DecodeError::NoKvCacheSlot) if !evicted && ex.evict_warm() => {
-                    evicted = true;
-                }
-                Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => {
-                    return Err(oom("KV cache is full".to_string()));
-                }
-                Err(other) => {
-                    return Err(EngineError::internal(format!(
-                        "llama_decode failed: {other}"
-                    )));
-                }
-            }
-        };
-        // Bookkeeping, then every sampled row: the sequences whose sampler runs on the host are
-        // sampled in parallel (each reads its own logits and its own sequence's chain).
+        // One decode per adapter, the base first, then by adapter id: a fixed order, since
+        // where a group's cells land in the cache depends on the groups decoded before it.
+        let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let adapter = ex.seqs.get(&e.seq).map_or(0, |s| s.adapter);
+            groups.entry(adapter).or_default().push(i);
+        }
         let mut out: Vec<Option<SampledToken>> = vec![None; slots];
+        let mut failed = None;
+        for (adapter, members) in &groups {
+            let group = Group {
+                adapter: *adapter,
+                members,
+                skip: &skip,
+                first_slot: &first_slot,
+            };
+            let logits_at = decode_group(ex, entries, &group)?;
+            if let Err(e) = self.sample_group(ex, entries, &group, &logits_at, &mut out) {
+                failed = failed.or(Some(e));
+            }
+        }
+        failed.map_or(Ok(out), Err)
+    }
+
+    /// The bookkeeping of a decoded group's entries, then its sampled rows: the sequences whose
+    /// sampler runs on the host are sampled in parallel (each reads its own logits and its own
+    /// sequence's chain). The first sampling error, after every row was tried.
+    fn sample_group(
+        &self,
+        ex: &mut Exec,
+        entries: &[StepEntry<'_>],
+        group: &Group<'_>,
+        logits_at: &[Option<Range<i32>>],
+        out: &mut [Option<SampledToken>],
+    ) -> Result<(), EngineError> {
         let mut jobs: Vec<Job<'_>> = Vec::new();
-        let mut next_slot = 0;
-        for ((e, at), &k) in entries.iter().zip(logits_at).zip(&skip) {
-            let first_slot = next_slot;
-            next_slot += e.result_slots();
+        for (&n, at) in group.members.iter().zip(logits_at) {
+            let (e, k) = (&entries[n], group.skip[n]);
             let seq = ex
                 .seqs
                 .get_mut(&e.seq)
@@ -206,7 +280,7 @@ impl LlamaLoaded {
             let n_past = seq.n_past as usize + (e.tokens.len() - k);
             seq.n_past = n_past as i32;
             seq.history.extend_from_slice(&e.tokens[k..]);
-            let (Some(params), Some(at)) = (e.sample, at) else {
+            let (Some(params), Some(at)) = (e.sample, at.clone()) else {
                 continue;
             };
             let first_pos = n_past - at.len();
@@ -215,7 +289,7 @@ impl LlamaLoaded {
                 .take()
                 .unwrap_or_else(|| SeqSampler::new(params, self.n_vocab));
             jobs.push(Job {
-                out: first_slot,
+                out: group.first_slot[n],
                 seq: e.seq,
                 rows: at
                     .enumerate()
@@ -239,7 +313,7 @@ impl LlamaLoaded {
                 }
             }
         }
-        failed.map_or(Ok(out), Err)
+        failed.map_or(Ok(()), Err)
     }
 
     /// A pooled embedding of `tokens` (embedding models), in a free slot for one pass.
@@ -276,10 +350,14 @@ impl LlamaLoaded {
                 .add(LlamaToken(t), i as i32, &[slot], true)
                 .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
         }
+        // Embeddings are the base model's.
         let result = ex
-            .ctx
-            .decode(&mut ex.batch)
-            .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
+            .use_adapter(0)
+            .and_then(|()| {
+                ex.ctx
+                    .decode(&mut ex.batch)
+                    .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
+            })
             .and_then(|()| {
                 ex.ctx
                     .embeddings_seq_ith(slot)
