@@ -77,6 +77,7 @@ pub fn node_status(served: &str) -> NodeStatus {
             replicas: Vec::new(),
             crashes: None,
             engine_choice: None,
+            adapters: Vec::new(),
         }],
         ..NodeStatus::default()
     }

@@ -19,9 +19,10 @@ pub use engine_plugin::{
     MAX_VERSION_ROWS, Modality, MountStrategy, PendingUpdate, PluginVersion,
 };
 pub use model::{
-    Autoscaling, AutoscalingMode, AutoscalingStatus, Cache, CacheAccessMode, CacheType,
-    CandidateRejection, DownloadStatus, EngineConfig, LoadPolicy, Model, ModelFormat,
-    ModelResources, ModelSource, ModelSpec, ModelStatus, PoolPlacement, ReplicaStatus, Replicas,
-    ResolvedEngine, Rollout, RolloutStrategy, Scheduling, SecretKeyRef,
+    Adapter, AdapterSource, AdapterState, AdapterStatus, Autoscaling, AutoscalingMode,
+    AutoscalingStatus, Cache, CacheAccessMode, CacheType, CandidateRejection, DownloadStatus,
+    EngineConfig, LoadPolicy, Model, ModelFormat, ModelResources, ModelSource, ModelSpec,
+    ModelStatus, PoolPlacement, ReplicaStatus, Replicas, ResolvedEngine, Rollout, RolloutStrategy,
+    Scheduling, SecretKeyRef,
 };
 pub use pool::{ModelPool, ModelPoolSpec, ModelPoolStatus, PoolMember, PoolPod, PoolRefusal};

@@ -74,6 +74,40 @@ impl GatewayError {
         }
     }
 
+    /// 404 for `<model>:<name>` of a model that serves no adapter `name`: the same error as
+    /// an unknown model, saying which adapters the model has.
+    pub fn adapter_not_found(id: &str, base: &str, name: &str, adapters: &[String]) -> Self {
+        let known = if adapters.is_empty() {
+            "it serves no adapters".to_string()
+        } else {
+            format!("its adapters: {}", adapters.join(", "))
+        };
+        GatewayError {
+            message: format!(
+                "The model `{id}` does not exist: the model `{base}` has no adapter `{name}` ({known})"
+            ),
+            ..Self::model_not_found(id)
+        }
+    }
+
+    /// 400 for an adapter every replica of its model refused (a wrong rank or base model, an
+    /// engine without adapters, a failed download): retrying will not help until the Model's
+    /// spec or its node changes.
+    pub fn adapter_refused(id: &str, base: &str, reason: Option<&str>, message: &str) -> Self {
+        GatewayError {
+            param: Some("model"),
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "adapter_refused",
+                format!(
+                    "the adapter `{id}` of the model `{base}` cannot serve: every replica refused it ({}: {message}); see the Model's status.adapters",
+                    reason.unwrap_or("refused")
+                ),
+            )
+        }
+    }
+
     /// 404 for a path the gateway does not serve.
     pub fn no_route() -> Self {
         Self::new(

@@ -1,7 +1,8 @@
 //! Kubernetes discovery (feeds the routing table in a cluster): reflectors on Models and on the
 //! EndpointSlices of the Services the operator creates, folded into one snapshot per change.
 //!
-//! A Model's id is `spec.servedName` or its name; its replicas are the endpoints of the
+//! A Model's id is `spec.servedName` or its name, and each of its `spec.adapters` is served as
+//! its `servedName` or `<id>:<name>` by the same replicas; its replicas are the endpoints of the
 //! EndpointSlices labelled `kubernetes.io/service-name=<owned_name(model)>` in its namespace
 //! (for a pool member, `<pool_object_name(spec.pool)>`: the pool's pods serve it),
 //! on the port named `http`, ready per the slice's `conditions.ready`. A Model whose status says
@@ -116,8 +117,10 @@ pub fn routes_from(
             endpoints.sort();
             endpoints.dedup_by(|a, b| a.0 == b.0);
             let replicas = m.spec.replicas.clone().unwrap_or_default();
+            let id = m.spec.served_name.clone().unwrap_or_else(|| name.clone());
             ModelSpec {
-                id: m.spec.served_name.clone().unwrap_or_else(|| name.clone()),
+                adapters: m.spec.adapters.iter().map(|a| a.model_id(&id)).collect(),
+                id,
                 endpoints,
                 min_replicas: replicas.min,
                 max_replicas: replicas.max,

@@ -3,9 +3,10 @@
 //!
 //! Request path: [`router()`] (the gateway's HTTP routes, sharing one [`GatewayState`]) →
 //! [`proxy`] (auth from [`auth`], body, `model`, routing key from [`affinity`]) →
-//! [`route_table`] (the key's last replica from [`placement`] or its place on the ring, within a
-//! load bound, else the least loaded; held while none is ready, asking [`scale`] for one)
-//! → upstream node → response relayed unbuffered. Discovery feeds [`route_table`]:
+//! [`route_table`] (the model or LoRA adapter `model` names; the key's last replica from
+//! [`placement`] or its place on the ring, within a load bound, else the least loaded; held
+//! while none is ready, asking [`scale`] for one) → upstream node → response relayed
+//! unbuffered. `GET /v1/models` is [`models`]. Discovery feeds [`route_table`]:
 //! [`kube_source`] (Models + EndpointSlices reflectors) in a cluster, [`static_source`] (a YAML
 //! file) elsewhere; [`probe`] polls every replica's `/v1/status` for readiness and queue depth.
 //! The gateway keeps no state worth electing a leader for: replicas run active-active.
@@ -22,6 +23,7 @@ pub mod error;
 pub mod hash;
 pub mod kube_source;
 pub mod metrics;
+pub mod models;
 pub mod placement;
 pub mod probe;
 pub mod proxy;

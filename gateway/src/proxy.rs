@@ -1,6 +1,7 @@
 //! The proxied OpenAI routes (the gateway's request path): auth → body (size-limited) →
-//! `model` → route → replica (held while none is ready) → upstream call (retried on another
-//! replica before the first response byte) → response relayed chunk by chunk.
+//! `model` → route (a model, or a LoRA adapter of one: [`RouteTable::resolve`]) → replica
+//! (held while none is ready) → upstream call (retried on another replica before the first
+//! response byte) → response relayed chunk by chunk.
 //!
 //! The upstream body is never buffered: each chunk the node writes is handed to the client's
 //! connection as it arrives. When the client goes away, the server drops the relayed body and
@@ -26,7 +27,7 @@ use gantry_api::node_token::NODE_TOKEN_HEADER;
 use crate::affinity::{RouteKey, route_key};
 use crate::auth::Caller;
 use crate::error::GatewayError;
-use crate::route_table::{Lease, ModelRoute, NoReplica};
+use crate::route_table::{Lease, ModelRoute, NoReplica, Target};
 use crate::state::GatewayState;
 
 /// Longest `Retry-After` honoured when skipping a replica that answered 503.
@@ -121,22 +122,66 @@ impl Drop for Held<'_> {
     }
 }
 
-/// A replica for `id`, holding the request while none is ready (scale from zero, a restart)
-/// up to the hold timeout and within the held-request bounds. Returns the lease and the time
-/// spent held.
+/// What one request is for: the model id it named, the model whose replicas serve it, and the
+/// adapter of that model when it named one.
+#[derive(Clone, Copy, Debug)]
+struct Served<'a> {
+    /// The requested id (metrics and messages).
+    id: &'a str,
+    /// The base model's id (its route).
+    model: &'a str,
+    adapter: Option<&'a str>,
+}
+
+impl Served<'_> {
+    fn route(&self, state: &GatewayState) -> Result<Arc<ModelRoute>, GatewayError> {
+        state
+            .table
+            .get(self.model)
+            .ok_or_else(|| GatewayError::model_not_found(self.id))
+    }
+
+    /// The error for a pick that found no replica for good.
+    fn refused(&self, route: &ModelRoute, why: NoReplica) -> Option<GatewayError> {
+        match (why, self.adapter) {
+            (NoReplica::Failed, _) => Some(failed(self.id)),
+            (NoReplica::AdapterRefused, Some(adapter)) => {
+                let report = route
+                    .adapter_reports(adapter)
+                    .into_iter()
+                    .find(|a| a.state == gantry_api::AdapterState::Refused);
+                Some(GatewayError::adapter_refused(
+                    self.id,
+                    self.model,
+                    report.as_ref().and_then(|a| a.reason.as_deref()),
+                    report
+                        .as_ref()
+                        .and_then(|a| a.message.as_deref())
+                        .unwrap_or("the node refused it"),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A replica for `served`, holding the request while none is ready (scale from zero, a
+/// restart) up to the hold timeout and within the held-request bounds. Returns the lease and
+/// the time spent held.
 async fn acquire(
     state: &GatewayState,
-    id: &str,
+    served: Served<'_>,
     key: Option<RouteKey>,
 ) -> Result<(Lease, Duration), GatewayError> {
-    let route = state
-        .table
-        .get(id)
-        .ok_or_else(|| GatewayError::model_not_found(id))?;
-    match pick(state, &route, &[], key) {
+    let id = served.id;
+    let route = served.route(state)?;
+    match pick(state, &route, served, &[], key) {
         Ok(lease) => return Ok((lease, Duration::ZERO)),
-        Err(NoReplica::Failed) => return Err(failed(id)),
-        Err(NoReplica::NoneReady) => {}
+        Err(why) => {
+            if let Some(e) = served.refused(&route, why) {
+                return Err(e);
+            }
+        }
     }
     // Hold, within bounds.
     let s = &state.settings;
@@ -162,7 +207,7 @@ async fn acquire(
             state.scale.request(id, route.spec.target.clone());
         }
         changed.borrow_and_update();
-        match pick(state, &route, &[], key) {
+        match pick(state, &route, served, &[], key) {
             Ok(lease) => {
                 let waited = start.elapsed();
                 state
@@ -172,8 +217,11 @@ async fn acquire(
                     .observe(waited.as_secs_f64());
                 return Ok((lease, waited));
             }
-            Err(NoReplica::Failed) => return Err(failed(id)),
-            Err(NoReplica::NoneReady) => {}
+            Err(why) => {
+                if let Some(e) = served.refused(&route, why) {
+                    return Err(e);
+                }
+            }
         }
         let now = Instant::now();
         if now >= deadline {
@@ -193,28 +241,30 @@ async fn acquire(
         // Wake on any table change, and at least every scale-up interval to ask again.
         let wait = (deadline - now).min(crate::scale::SCALE_UP_MIN_INTERVAL);
         let _ = tokio::time::timeout(wait, changed.changed()).await;
-        route = state
-            .table
-            .get(id)
-            .ok_or_else(|| GatewayError::model_not_found(id))?;
+        route = served.route(state)?;
     }
 }
 
-/// The table's pick by `key` under the gateway's load factor, counted by rule.
+/// The table's pick by `key` under the gateway's load factor, counted by rule under the
+/// requested id (an adapter's own).
 fn pick(
     state: &GatewayState,
     route: &ModelRoute,
+    served: Served<'_>,
     exclude: &[String],
     key: Option<RouteKey>,
 ) -> Result<Lease, NoReplica> {
-    let (lease, rule) =
-        state
-            .table
-            .pick_keyed(route, exclude, key, state.settings.affinity.bound)?;
+    let (lease, rule) = state.table.pick_served(
+        route,
+        served.adapter,
+        exclude,
+        key,
+        state.settings.affinity.bound,
+    )?;
     state
         .metrics
         .routed
-        .with_label_values(&[route.spec.id.as_str(), rule.as_str()])
+        .with_label_values(&[served.id, rule.as_str()])
         .inc();
     Ok(lease)
 }
@@ -307,13 +357,46 @@ async fn forward(
     {
         return Err(GatewayError::forbidden(&id));
     }
-    if state.table.get(&id).is_none() {
-        return Err(GatewayError::model_not_found(&id));
-    }
-    // A known model from here on: label metrics with it (unknown ids would grow the series).
+    // Exact ids first (a model's, then an adapter's), then `<model>:<name>`.
+    let (model, adapter) = match state.table.resolve(&id) {
+        Target::Model(route) => (route.spec.id.clone(), None),
+        Target::Adapter { route, id: adapter } => {
+            if let Some(refusal) = route.refusal(&adapter) {
+                return Err(GatewayError::adapter_refused(
+                    &id,
+                    &route.spec.id,
+                    refusal.reason.as_deref(),
+                    refusal.message.as_deref().unwrap_or("the node refused it"),
+                ));
+            }
+            (route.spec.id.clone(), Some(adapter))
+        }
+        Target::UnknownAdapter { route, name } => {
+            // Only the adapters this caller may use are named.
+            let usable: Vec<String> = route
+                .adapter_ids()
+                .into_iter()
+                .filter(|a| caller.as_ref().is_none_or(|c| c.may_use(a)))
+                .collect();
+            return Err(GatewayError::adapter_not_found(
+                &id,
+                &route.spec.id,
+                &name,
+                &usable,
+            ));
+        }
+        Target::NotFound => return Err(GatewayError::model_not_found(&id)),
+    };
+    let served = Served {
+        id: &id,
+        model: &model,
+        adapter: adapter.as_deref(),
+    };
+    // A known model or adapter from here on: label metrics with it (unknown ids would grow
+    // the series).
     model_label.push_str(&id);
     let key = route_key(&bytes, headers, &state.settings.affinity);
-    let (mut lease, held) = acquire(state, &id, key).await?;
+    let (mut lease, held) = acquire(state, served, key).await?;
     let mut tried: Vec<String> = Vec::new();
     let mut delays = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(20))
@@ -372,8 +455,8 @@ async fn forward(
         drop(lease);
         let next = state
             .table
-            .get(&id)
-            .and_then(|route: Arc<ModelRoute>| pick(state, &route, &tried, key).ok());
+            .get(&model)
+            .and_then(|route: Arc<ModelRoute>| pick(state, &route, served, &tried, key).ok());
         let delay = delays.next();
         match (next, delay) {
             (Some(l), Some(d)) => {
@@ -458,52 +541,6 @@ fn relay_unleased(
         .overhead
         .observe((before_send + answered_at.elapsed()).as_secs_f64());
     out
-}
-
-/// `GET /v1/models`: the models that serve now or can scale up, and that the caller may use.
-pub async fn models(State(state): State<Arc<GatewayState>>, headers: HeaderMap) -> Response {
-    let caller = match authenticate(&state, &headers) {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
-    let snapshot = state.table.snapshot();
-    let mut ids: Vec<&String> = snapshot
-        .iter()
-        .filter(|(id, route)| route.listable() && caller.as_ref().is_none_or(|c| c.may_use(id)))
-        .map(|(id, _)| id)
-        .collect();
-    ids.sort();
-    let data: Vec<serde_json::Value> = ids
-        .into_iter()
-        .filter_map(|id| snapshot.get(id).map(|route| model_card(id, route)))
-        .collect();
-    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
-}
-
-/// One `/v1/models` entry: OpenAI's fields, then what the Model's replicas report (the same
-/// fields a node's own `/v1/models` has, where its status carries them).
-fn model_card(id: &str, route: &crate::route_table::ModelRoute) -> serde_json::Value {
-    let reports: Vec<gantry_api::ModelStatus> = route
-        .replicas
-        .iter()
-        .filter_map(|r| r.reported(id))
-        .collect();
-    let loaded: Vec<&gantry_api::ModelStatus> = reports
-        .iter()
-        .filter(|m| m.load.state == gantry_api::LoadState::Loaded)
-        .collect();
-    let any = loaded.first().copied().or(reports.first());
-    serde_json::json!({
-        "id": id,
-        "object": "model",
-        "created": route.spec.created,
-        "owned_by": "gantry",
-        "format": any.map(|m| m.format.clone()),
-        "architecture": any.and_then(|m| m.architecture.clone()),
-        "engine": loaded.first().and_then(|m| m.load.plugin.clone()),
-        "ready": !loaded.is_empty(),
-        "replicas_ready": loaded.len(),
-    })
 }
 
 #[cfg(test)]

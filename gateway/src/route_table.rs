@@ -7,7 +7,8 @@
 //! [`RouteTable::replace`]; replicas are kept by base URL across snapshots so their counters
 //! survive. The prober updates each [`Replica`]'s liveness and queue depth (`replica.rs`);
 //! every change wakes the requests held for a model with no ready replica. The pick,
-//! [`RouteTable::pick_keyed`], is in `pick.rs`.
+//! [`RouteTable::pick_keyed`], is in `pick.rs`; what a request's `model` names (a model, or a
+//! LoRA adapter of one), [`RouteTable::resolve`], is in `adapter.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,11 +22,13 @@ use tokio::sync::watch;
 use crate::affinity::Ring;
 use crate::placement::{Placements, model_hash};
 
+mod adapter;
 mod pick;
 mod replica;
 #[cfg(test)]
 mod tests;
 
+pub use adapter::Target;
 pub use pick::{Lease, NoReplica, Rule};
 pub use replica::{PROBE_MISSES_DOWN, Replica};
 
@@ -56,6 +59,9 @@ pub struct ModelSpec {
     /// The token the Model's node pods require (`X-Gantry-Node-Token`); `None`: the table's
     /// default (the install token, for static endpoints) or none at all.
     pub node_token: Option<ModelToken>,
+    /// The model ids of its LoRA adapters the source declares (a Model's `spec.adapters`);
+    /// the replicas' reports (`models[].adapters[].id`) add any others they serve.
+    pub adapters: Vec<String>,
 }
 
 /// A model's routing entry.

@@ -1,6 +1,7 @@
 //! The gateway's own HTTP routes (the entry of the request path): the proxied OpenAI routes
-//! of [`crate::proxy`], `/healthz`, `/readyz` (discovery has synced) and `/metrics`, inside the
-//! edge layers (connection limits, body limit) shared with the node.
+//! of [`crate::proxy`], `/v1/models` ([`crate::models`]), `/healthz`, `/readyz` (discovery has
+//! synced) and `/metrics`, inside the edge layers (connection limits, body limit) shared with
+//! the node.
 //!
 //! Not the route table (model id to replicas): that is [`crate::route_table`].
 
@@ -12,14 +13,14 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
-use crate::proxy;
 use crate::state::GatewayState;
+use crate::{models, proxy};
 
 /// The gateway's router over `state`.
 pub fn router(state: Arc<GatewayState>) -> Router {
     let max_body = state.settings.max_body_bytes;
     let routes = Router::new()
-        .route("/v1/models", get(proxy::models))
+        .route("/v1/models", get(models::list))
         .route(
             "/v1/chat/completions",
             post(|s, h, b| proxy::proxy(s, "/v1/chat/completions", h, b)),

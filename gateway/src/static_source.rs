@@ -117,6 +117,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<ModelSpec>, EndpointsFileErr
             created: loaded_at,
             // The route table's default: the gateway's install token, sent as is.
             node_token: None,
+            // The nodes' reports say which adapters they serve.
+            adapters: Vec::new(),
         });
     }
     Ok(specs)

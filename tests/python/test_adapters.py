@@ -84,8 +84,10 @@ def test_each_adapter_answers_with_its_own_text(client, base):
 
 @pytest.mark.parametrize("base", ENGINES)
 def test_a_batch_mixing_base_and_two_adapters_gives_each_its_own_text(client, base):
-    models = [base, f"{base}:pirate", f"{base}:formal"]
-    jobs = [(m, p) for p in PROMPTS for m in models]
+    # One sequence per adapter: llama.cpp's CPU kernels for the f32 adapter tensors round
+    # differently for one row and for several, which two sequences of one adapter in a step
+    # would make a difference of (docs/node.md, LoRA adapters).
+    jobs = [(m, PROMPTS[0]) for m in (base, f"{base}:pirate", f"{base}:formal")]
     alone = {job: greedy(client, *job) for job in jobs}
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         together = dict(zip(jobs, pool.map(lambda job: greedy(client, *job), jobs)))

@@ -203,10 +203,16 @@ mod tests {
         );
         let mut both = adapter("b");
         both.source = Some("hf://org/repo".into());
-        assert_eq!(check_list(&[both]).expect("refused").0, "adapters[b].source");
+        assert_eq!(
+            check_list(&[both]).expect("refused").0,
+            "adapters[b].source"
+        );
         let mut neither = adapter("n");
         neither.path = None;
-        assert_eq!(check_list(&[neither]).expect("refused").0, "adapters[n].source");
+        assert_eq!(
+            check_list(&[neither]).expect("refused").0,
+            "adapters[n].source"
+        );
         let many: Vec<_> = (0..=MAX_ADAPTERS)
             .map(|i| adapter(&format!("a{i}")))
             .collect();

@@ -3,15 +3,20 @@
 //! counts it as outstanding there until the response is relayed or dropped.
 //!
 //! Candidates are the usable replicas that report the model loaded when any does, else all
-//! usable ones; a model none has loaded goes where there is the most room. A keyed request
-//! follows its placement ([`crate::placement`]) or the hash ring within the load [`Bound`];
-//! anything else goes to the least loaded.
+//! usable ones; a model none has loaded goes where there is the most room. A request for a
+//! LoRA adapter goes to its base model's replicas, never to one that refused the adapter, and
+//! to those that report the adapter loaded when any does. A keyed request follows its
+//! placement ([`crate::placement`]) or the hash ring within the load [`Bound`]; anything else
+//! goes to the least loaded.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use gantry_api::AdapterState;
+
 use crate::affinity::{Bound, KeyKind, RouteKey};
+use crate::placement::model_hash;
 
 use super::{ModelRoute, Replica, RouteTable};
 
@@ -58,6 +63,8 @@ pub enum NoReplica {
     NoneReady,
     /// The Model is marked failed.
     Failed,
+    /// Every usable replica refused the requested adapter.
+    AdapterRefused,
 }
 
 impl RouteTable {
@@ -91,19 +98,44 @@ impl RouteTable {
         key: Option<RouteKey>,
         bound: Bound,
     ) -> Result<(Lease, Rule), NoReplica> {
+        self.pick_served(route, None, exclude, key, bound)
+    }
+
+    /// [`Self::pick_keyed`] for the model of `route` or, with `adapter`, for that adapter of
+    /// it: a replica that refused the adapter is no candidate; among the rest, those that
+    /// report it loaded are preferred (they have the base model loaded too), else those with
+    /// the base model loaded. An adapter's routing keys are placed apart from its base model's:
+    /// its prompts' cache entries are its own.
+    pub fn pick_served(
+        &self,
+        route: &ModelRoute,
+        adapter: Option<&str>,
+        exclude: &[String],
+        key: Option<RouteKey>,
+        bound: Bound,
+    ) -> Result<(Lease, Rule), NoReplica> {
         if route.spec.failed {
             return Err(NoReplica::Failed);
         }
         let now = Instant::now();
         let n = route.replicas.len();
-        let usable: Vec<bool> = route
+        let id = &route.spec.id;
+        let live: Vec<bool> = route
             .replicas
             .iter()
             .map(|r| r.usable(now) && !exclude.iter().any(|e| *e == r.url))
             .collect();
+        let adapter_state = |i: usize| adapter.and_then(|a| route.replicas[i].adapter_state(id, a));
+        let usable: Vec<bool> = (0..n)
+            .map(|i| live[i] && adapter_state(i) != Some(AdapterState::Refused))
+            .collect();
         let count = usable.iter().filter(|u| **u).count();
         if count == 0 {
-            return Err(NoReplica::NoneReady);
+            return Err(if live.iter().any(|l| *l) {
+                NoReplica::AdapterRefused
+            } else {
+                NoReplica::NoneReady
+            });
         }
         let lease = |r: &Arc<Replica>| {
             r.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -116,10 +148,17 @@ impl RouteTable {
         } else {
             0
         };
-        let id = &route.spec.id;
-        let warm: Vec<bool> = (0..n)
+        let base_warm: Vec<bool> = (0..n)
             .map(|i| usable[i] && route.replicas[i].has_loaded(id))
             .collect();
+        let adapter_warm: Vec<bool> = (0..n)
+            .map(|i| base_warm[i] && adapter_state(i) == Some(AdapterState::Loaded))
+            .collect();
+        let warm = if adapter_warm.iter().any(|w| *w) {
+            adapter_warm
+        } else {
+            base_warm
+        };
         let any_warm = warm.iter().any(|w| *w);
         // A model its replicas list but none has loaded (a pool's cold model): it loads where
         // there is the most room; on a tie, the least load, then in turn.
@@ -147,7 +186,7 @@ impl RouteTable {
             let total: u64 = cands.iter().map(|&i| loads[i]).sum();
             let min = cands.iter().map(|&i| loads[i]).min().unwrap_or(0);
             let within = |i: usize| !bound.over(loads[i], total, min, cands.len());
-            let model = route.model_hash;
+            let model = adapter.map_or(route.model_hash, model_hash);
             let mut placements = self.placements.lock().unwrap_or_else(|e| e.into_inner());
             let placed = placements
                 .get(model, key.hash, now)

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderValue;
-use gantry_api::LoadState;
+use gantry_api::{AdapterState, LoadState};
 
 use super::RouteTable;
 
@@ -81,6 +81,47 @@ impl Replica {
             .lock()
             .ok()
             .and_then(|r| r.iter().find(|m| m.id == id).cloned())
+    }
+
+    /// The node's last report on the adapter served as `adapter` of model `model`.
+    pub fn adapter(&self, model: &str, adapter: &str) -> Option<gantry_api::AdapterStatus> {
+        self.reported.lock().ok().and_then(|r| {
+            r.iter()
+                .find(|m| m.id == model)?
+                .adapters
+                .iter()
+                .find(|a| a.id == adapter)
+                .cloned()
+        })
+    }
+
+    /// Whether the node's last report lists `adapter` among model `model`'s adapters.
+    pub(super) fn lists_adapter(&self, model: &str, adapter: &str) -> bool {
+        self.adapter_state(model, adapter).is_some()
+    }
+
+    /// The adapter's state in the node's last report, if it lists it.
+    pub(super) fn adapter_state(&self, model: &str, adapter: &str) -> Option<AdapterState> {
+        self.reported.lock().ok().and_then(|r| {
+            r.iter()
+                .find(|m| m.id == model)?
+                .adapters
+                .iter()
+                .find(|a| a.id == adapter)
+                .map(|a| a.state)
+        })
+    }
+
+    /// The ids of model `model`'s adapters in the node's last report, in its order.
+    pub(super) fn adapter_ids(&self, model: &str) -> Vec<String> {
+        self.reported
+            .lock()
+            .ok()
+            .and_then(|r| {
+                let m = r.iter().find(|m| m.id == model)?;
+                Some(m.adapters.iter().map(|a| a.id.clone()).collect())
+            })
+            .unwrap_or_default()
     }
 
     /// The value of `X-Gantry-Node-Token` for this node, if it requires one.

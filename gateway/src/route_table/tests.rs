@@ -25,6 +25,7 @@ fn spec(id: &str, urls: &[&str]) -> ModelSpec {
         target: None,
         created: 0,
         node_token: None,
+        adapters: Vec::new(),
     }
 }
 
@@ -233,6 +234,7 @@ fn listed(id: &str, state: LoadState) -> gantry_api::ModelStatus {
         replicas: Vec::new(),
         crashes: None,
         engine_choice: None,
+        adapters: Vec::new(),
     }
 }
 
@@ -415,4 +417,141 @@ fn failed_and_down_models_are_not_picked() {
         t.pick(&t.get("m").expect("m"), &[]).err(),
         Some(NoReplica::Failed)
     );
+}
+
+/// A node's report on model `id`, loaded, with its adapters `(id, name, state)`.
+fn with_adapters(
+    id: &str,
+    adapters: &[(&str, &str, gantry_api::AdapterState)],
+) -> gantry_api::ModelStatus {
+    gantry_api::ModelStatus {
+        adapters: adapters
+            .iter()
+            .map(|(id, name, state)| gantry_api::AdapterStatus {
+                name: name.to_string(),
+                id: id.to_string(),
+                state: *state,
+                reason: (*state == gantry_api::AdapterState::Refused).then(|| "mismatch".into()),
+                message: (*state == gantry_api::AdapterState::Refused)
+                    .then(|| "rank 16 does not fit the base model".into()),
+                bytes: None,
+            })
+            .collect(),
+        ..listed(id, LoadState::Loaded)
+    }
+}
+
+#[test]
+fn a_request_id_resolves_to_a_model_first_then_an_adapter_then_model_colon_name() {
+    use gantry_api::AdapterState::Loaded;
+    let t = RouteTable::new(true);
+    let mut m = spec("m", &["http://a"]);
+    // Declared by the source (a Model's spec.adapters): known before any report.
+    m.adapters = vec!["m:declared".into()];
+    t.replace(vec![m, spec("m:x", &["http://b"])]);
+    let route = t.get("m").expect("m");
+    t.probed(
+        replica(&route, "http://a"),
+        true,
+        0,
+        vec![with_adapters(
+            "m",
+            &[
+                ("m:pirate", "pirate", Loaded),
+                ("bot", "legal", Loaded),
+                ("m:x", "x", Loaded),
+            ],
+        )],
+        0,
+    );
+    let target = |id: &str| match t.resolve(id) {
+        Target::Model(r) => format!("model {}", r.spec.id),
+        Target::Adapter { route, id } => format!("adapter {id} of {}", route.spec.id),
+        Target::UnknownAdapter { route, name } => format!("no adapter {name} of {}", route.spec.id),
+        Target::NotFound => "not found".into(),
+    };
+    assert_eq!(target("m"), "model m");
+    // A model id holding `:` is that model, even where an adapter claims the same id.
+    assert_eq!(target("m:x"), "model m:x");
+    assert_eq!(target("m:pirate"), "adapter m:pirate of m");
+    // An adapter's own servedName, which need not hold its base's id at all.
+    assert_eq!(target("bot"), "adapter bot of m");
+    assert_eq!(target("m:declared"), "adapter m:declared of m");
+    assert_eq!(target("m:nope"), "no adapter nope of m");
+    assert_eq!(target("m:x:nope"), "no adapter nope of m:x");
+    assert_eq!(target("other:pirate"), "not found");
+    assert_eq!(target("gamma"), "not found");
+    assert_eq!(
+        route.adapter_ids(),
+        ["bot", "m:declared", "m:pirate", "m:x"]
+    );
+}
+
+#[test]
+fn an_adapter_goes_to_a_replica_that_has_it_loaded_and_never_to_one_that_refused_it() {
+    use gantry_api::AdapterState::{Downloaded, Loaded, Refused};
+    let t = RouteTable::new(true);
+    t.replace(vec![spec("m", &["http://a", "http://b", "http://c"])]);
+    let route = t.get("m").expect("m");
+    // a has the adapter loaded but is the busiest; b has its files; c refused it.
+    for (url, waiting, state) in [
+        ("http://a", 4, Loaded),
+        ("http://b", 0, Downloaded),
+        ("http://c", 0, Refused),
+    ] {
+        t.probed(
+            replica(&route, url),
+            true,
+            waiting,
+            vec![with_adapters("m", &[("m:pirate", "pirate", state)])],
+            0,
+        );
+    }
+    for key in [
+        None,
+        Some(prefix_key("Arr, matey")),
+        Some(prefix_key("Ahoy")),
+    ] {
+        let (l, _) = t
+            .pick_served(&route, Some("m:pirate"), &[], key, SLACK3)
+            .expect("pick");
+        assert_eq!(l.replica.url, "http://a", "{key:?}");
+    }
+    // The base model itself goes by load as before: not to busy a.
+    let (l, rule) = t.pick_served(&route, None, &[], None, EXACT).expect("pick");
+    assert_ne!(l.replica.url, "http://a");
+    assert_eq!(rule, Rule::LeastLoad);
+    drop(l);
+    // a gone: the adapter loads where its files are, never on c.
+    for _ in 0..3 {
+        let (l, _) = t
+            .pick_served(&route, Some("m:pirate"), &["http://a".into()], None, EXACT)
+            .expect("pick");
+        assert_eq!(l.replica.url, "http://b");
+    }
+    assert!(route.refusal("m:pirate").is_none(), "a and b serve it");
+    // Refused everywhere: no replica, and the route says why.
+    t.probed(
+        replica(&route, "http://b"),
+        true,
+        0,
+        vec![with_adapters("m", &[("m:pirate", "pirate", Refused)])],
+        0,
+    );
+    assert_eq!(
+        t.pick_served(&route, Some("m:pirate"), &["http://a".into()], None, EXACT)
+            .err(),
+        Some(NoReplica::AdapterRefused)
+    );
+    t.probed(
+        replica(&route, "http://a"),
+        true,
+        0,
+        vec![with_adapters("m", &[("m:pirate", "pirate", Refused)])],
+        0,
+    );
+    let refusal = route.refusal("m:pirate").expect("refused everywhere");
+    assert_eq!(refusal.reason.as_deref(), Some("mismatch"));
+    // The base model still serves on all three.
+    assert!(t.pick_served(&route, None, &[], None, EXACT).is_ok());
 }

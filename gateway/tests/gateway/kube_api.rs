@@ -295,3 +295,32 @@ fn pool_members_share_their_pools_pods_token_and_deployment() {
         );
     }
 }
+
+#[test]
+fn a_models_spec_adapters_route_to_its_pods_before_any_pod_reports_them() {
+    let mut m = fixture_model();
+    m.spec.adapters = serde_json::from_value(json!([
+        {"name": "pirate", "source": {"uri": "hf://org/pirate-lora"}},
+        {"name": "legal", "source": {"uri": "pvc://loras/legal"}, "servedName": "legal-bot"},
+    ]))
+    .expect("adapters");
+    let slices: Vec<Arc<EndpointSlice>> = vec![Arc::new(
+        serde_json::from_value(slice("default", "gemma-3-270m", &[("10.0.0.7", None)]))
+            .expect("slice"),
+    )];
+    let specs = routes_from(&[Arc::new(m)], &slices, None);
+    assert_eq!(specs[0].adapters, ["gemma-3-270m:pirate", "legal-bot"]);
+    let table = RouteTable::new(true);
+    table.replace(specs);
+    for id in ["gemma-3-270m:pirate", "legal-bot"] {
+        match table.resolve(id) {
+            gantry_gateway::route_table::Target::Adapter { route, id: adapter } => {
+                assert_eq!(
+                    (route.spec.id.as_str(), adapter.as_str()),
+                    ("gemma-3-270m", id)
+                );
+            }
+            other => panic!("{id} resolved to {other:?}"),
+        }
+    }
+}

@@ -4,8 +4,10 @@
 //!
 //! Needs `cargo build --release --workspace --all-targets` first (the node binary and the
 //! plugin are read from the build output), which scripts/test.sh does. `kube_api` needs no
-//! node: it checks discovery and the scale-up request against a mock API server.
+//! node: it checks discovery and the scale-up request against a mock API server; nor does
+//! `adapters`, whose fake nodes report fixed adapter states.
 
+mod adapters;
 mod kube_api;
 mod support;
 

@@ -13,11 +13,11 @@
 //! the first report names the architecture, and changing a plugin's isolation changes the hash
 //! and rolls the pods (the node opens a plugin once, in the mode it started with).
 
-use gantry_api::config::IsolationConfig;
+use gantry_api::config::{AdapterConfig, IsolationConfig};
 use gantry_api::{ModelConfig, NodeConfig};
 use sha2::{Digest, Sha256};
 
-use crate::model::validate::ValidModel;
+use crate::model::validate::{ValidAdapter, ValidModel};
 use gantry_crd::EnginePlugin;
 use gantry_crd::names::NODE_CACHE_DIR;
 
@@ -108,7 +108,22 @@ pub fn model_config(model: &ValidModel) -> ModelConfig {
             gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
         },
         speculation: speculation(model.engine_config.speculation.as_ref()),
+        adapters: model.adapters.iter().map(adapter_config).collect(),
         ..ModelConfig::default()
+    }
+}
+
+/// One adapter's entry in its model's `adapters`: its source as the base's is given (a
+/// `pvc://` claim as the mounted `file:///models/claim/path`), never a credential (the pod's
+/// environment carries the base's, which every download uses).
+pub fn adapter_config(a: &ValidAdapter) -> AdapterConfig {
+    AdapterConfig {
+        name: a.name.clone(),
+        path: None,
+        source: Some(a.node_uri.clone()),
+        files: a.files.clone(),
+        scale: a.scale,
+        served_name: a.served_name.clone(),
     }
 }
 

@@ -68,6 +68,7 @@ pub fn template(pool: &ModelPool, settings: &Settings) -> Result<ValidModel, Vec
             cache: spec.cache.clone(),
             load: LoadPolicy::Eager,
             pool: None,
+            adapters: Vec::new(),
         },
         status: None,
     };
@@ -265,14 +266,21 @@ pub fn admit(
                 continue;
             }
         }
-        if served.contains(&valid.served_name) {
+        // The pool's pods serve every member's id and each of its adapters' ids: one node
+        // config, in which every id names one thing.
+        let ids: Vec<&String> = std::iter::once(&valid.served_name)
+            .chain(valid.adapters.iter().map(|a| &a.id))
+            .collect();
+        if let Some(taken) = ids.iter().find(|id| served.contains(id.as_str())) {
+            let what = if *taken == &valid.served_name {
+                "served name"
+            } else {
+                "adapter id"
+            };
             out.refused.push(refusal(
                 &name,
                 reason::SERVED_NAME_TAKEN,
-                format!(
-                    "served name {:?} is already served by an older member of the pool",
-                    valid.served_name
-                ),
+                format!("{what} {taken:?} is already served by an older member of the pool"),
             ));
             continue;
         }
@@ -302,6 +310,7 @@ pub fn admit(
             continue;
         }
         served.insert(valid.served_name.clone());
+        served.extend(valid.adapters.iter().map(|a| a.id.clone()));
         out.members.push(Member {
             name,
             valid,

@@ -79,6 +79,7 @@ fn node_with_queue(served: &str, waiting: u64, running: u64) -> NodeStatus {
             replicas: Vec::new(),
             crashes: None,
             engine_choice: None,
+            adapters: Vec::new(),
         }],
         ..NodeStatus::default()
     }

@@ -298,3 +298,71 @@ fn admission_ties_each_rollout_knob_to_its_strategy() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn admission_keeps_adapter_ids_apart_from_each_other_and_from_the_model() {
+    let crd = Model::crd();
+    let model = example("model-gemma-3-270m.yaml");
+    let adapters = |a: Value| with(model.clone(), "/spec/adapters", a);
+    let ok = adapters(json!([
+        {"name": "pirate", "source": {"uri": "hf://org/pirate"}, "scale": 0.5},
+        {"name": "legal", "source": {"uri": "pvc://loras/legal"}, "servedName": "legal-bot"},
+    ]));
+    assert_eq!(cel_errors(&crd, &ok, None), Vec::<String>::new());
+    let twice = adapters(json!([
+        {"name": "a", "source": {"uri": "hf://org/a"}, "servedName": "bot"},
+        {"name": "b", "source": {"uri": "hf://org/b"}, "servedName": "bot"},
+    ]));
+    let errors = cel_errors(&crd, &twice, None);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("servedName must be unique among the adapters")),
+        "{errors:?}"
+    );
+    let base = adapters(json!([
+        {"name": "a", "source": {"uri": "hf://org/a"}, "servedName": "gemma-3-270m"},
+    ]));
+    let errors = cel_errors(&crd, &base, None);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("must not be the Model's spec.servedName")),
+        "{errors:?}"
+    );
+    for (scale, ok) in [
+        (json!(1), true),
+        (json!(0.5), true),
+        (json!(16), true),
+        (json!(0), false),
+    ] {
+        let m = adapters(json!([{"name": "a", "source": {"uri": "hf://org/a"}, "scale": scale}]));
+        let errors = cel_errors(&crd, &m, None);
+        assert_eq!(errors.is_empty(), ok, "scale {scale}: {errors:?}");
+        if !ok {
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.contains("scale must be greater than 0")),
+                "{errors:?}"
+            );
+        }
+    }
+    // The schema half: a list map keyed by name (one entry per name), at most 64 entries, and
+    // a scale within [0, 16] (the rule above excludes 0).
+    let schema = generate::schema_of(&crd);
+    let list = &schema["properties"]["spec"]["properties"]["adapters"];
+    assert_eq!(
+        (
+            &list["x-kubernetes-list-type"],
+            &list["x-kubernetes-list-map-keys"],
+            &list["maxItems"]
+        ),
+        (&json!("map"), &json!(["name"]), &json!(64))
+    );
+    let scale = &list["items"]["properties"]["scale"];
+    assert_eq!(
+        (&scale["minimum"], &scale["maximum"]),
+        (&json!(0.0), &json!(16.0))
+    );
+}

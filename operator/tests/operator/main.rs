@@ -3,6 +3,7 @@
 //! the autoscaler's decisions on recorded metric series, and the controller's caches and the
 //! triggers their watches send.
 
+mod adapters;
 mod autoscale;
 mod autoscale_interval;
 mod build;

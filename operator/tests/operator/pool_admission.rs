@@ -149,6 +149,53 @@ fn two_members_with_one_served_name_keep_the_older() {
 }
 
 #[test]
+fn a_member_whose_adapter_id_an_older_member_serves_is_refused_and_adapters_render() {
+    let (pool, mut members) = example();
+    let settings = Settings::default();
+    let template = admit::template(&pool, &settings).expect("template");
+    members[0].spec.adapters = serde_json::from_value(serde_json::json!([
+        {"name": "pirate", "source": {"uri": "hf://org/pirate"}, "servedName": "pirate-bot"},
+    ]))
+    .expect("adapters");
+    // A younger member whose adapter takes the older member's adapter id.
+    let mut late = member("late", "late-model", "100Mi", 7);
+    late.spec.adapters = serde_json::from_value(serde_json::json!([
+        {"name": "copy", "source": {"uri": "hf://org/copy"}, "servedName": "pirate-bot"},
+    ]))
+    .expect("adapters");
+    let mut all = members.clone();
+    all.push(late);
+    let a = admit::admit(&pool, &template, &all, &[], &example_plugins(), &settings);
+    assert_eq!(a.members.len(), 3);
+    assert_eq!(
+        (
+            a.refused[0].name.as_str(),
+            a.refused[0].reason.as_str(),
+            a.refused[0].message.as_str()
+        ),
+        (
+            "late",
+            "ServedNameTaken",
+            "adapter id \"pirate-bot\" is already served by an older member of the pool"
+        )
+    );
+    // The admitted member's adapter is in the pool's one node config.
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
+            .expect("config");
+    let served = members[0].spec.served_name.clone().expect("served name");
+    let entry = config
+        .models
+        .iter()
+        .find(|m| m.id == served)
+        .expect("member");
+    assert_eq!(entry.adapters[0].model_id(&entry.id), "pirate-bot");
+    config
+        .validate()
+        .expect("the node accepts the pool's config");
+}
+
+#[test]
 fn a_pool_names_the_isolation_of_the_plugins_its_pods_mount_on_its_pod_hash() {
     let (pool, members) = example();
     let settings = Settings::default();

@@ -22,7 +22,7 @@ use crate::support::{
     repo_dir, yaml_docs,
 };
 
-const POD_IP: &str = "10.0.0.5";
+pub(crate) const POD_IP: &str = "10.0.0.5";
 
 /// The docs example, as the apiserver would hand it over.
 pub(crate) fn example_model() -> Model {
@@ -186,6 +186,7 @@ pub(crate) fn node_report(
             replicas: Vec::new(),
             crashes: None,
             engine_choice: None,
+            adapters: Vec::new(),
         }],
         ..NodeStatus::default()
     };

@@ -60,6 +60,9 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     seq_cached_tokens: None,
     seq_fork: None,
     seq_truncate: None,
+    adapter_load: None,
+    adapter_unload: None,
+    seq_set_adapter: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {

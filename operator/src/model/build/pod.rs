@@ -121,6 +121,25 @@ pub fn pod_spec(
         });
         node_mounts.push(mount(SOURCE, &format!("{NODE_MODELS_DIR}/{claim}"), true));
     }
+    // Each other claim an adapter's `pvc://` source names, once, the same way: the adapter's
+    // node URI points at `/models/<claim>/...`.
+    let mut claims: Vec<&str> = model.source.claim.iter().map(String::as_str).collect();
+    for claim in model.adapters.iter().filter_map(|a| a.claim.as_deref()) {
+        if claims.contains(&claim) {
+            continue;
+        }
+        claims.push(claim);
+        let name = format!("{SOURCE}-{}", claims.len());
+        volumes.push(Volume {
+            name: name.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.to_string(),
+                read_only: Some(true),
+            }),
+            ..Volume::default()
+        });
+        node_mounts.push(mount(&name, &format!("{NODE_MODELS_DIR}/{claim}"), true));
+    }
 
     // Engine selection never hands over two plugins with the same engine id and backend, so
     // each plugin gets its own `/opt/gantry/engines/{engineId}/{gpuBackend}` directory.
@@ -207,9 +226,14 @@ pub fn pod_spec(
         ));
     }
     // The token never enters the ConfigMap: only a reference to the Secret reaches the pod.
+    // It is the pod's one source credential: adapters may only name the same Secret (validate
+    // step), so an adapter on Hugging Face or S3 gets it the way a base model there would.
+    let hugging_face =
+        model.source.is_hugging_face() || model.adapters.iter().any(|a| a.is_hugging_face());
+    let s3 = model.source.is_s3() || model.adapters.iter().any(|a| a.is_s3());
     if let Some((secret, key)) = &model.source.secret {
         env.push(env_from_secret("GANTRY_SOURCE_TOKEN", secret, key));
-        if model.source.is_hugging_face() {
+        if hugging_face {
             env.push(env_from_secret("HF_TOKEN", secret, key));
         }
     }
@@ -217,7 +241,7 @@ pub fn pod_spec(
     // (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`,
     // `AWS_ENDPOINT_URL`, `AWS_REGION`): the whole Secret is exposed as environment.
     let env_from = match &model.source.secret {
-        Some((secret, _)) if model.source.is_s3() => Some(vec![EnvFromSource {
+        Some((secret, _)) if s3 => Some(vec![EnvFromSource {
             secret_ref: Some(SecretEnvSource {
                 name: secret.clone(),
                 optional: Some(false),

@@ -10,9 +10,10 @@
 //!
 //! This file holds the step's write ([`publish`], with its Events); the pure fold is in `fold`
 //! (the whole status, an invalid spec), `rollout` (the Deployment's rollout and the in-place
-//! deliveries, which the pool's fold shares) and `reports` (the node reports' part), over the
-//! [`Facts`] of `facts`.
+//! deliveries, which the pool's fold shares), `reports` (the node reports' part) and
+//! `adapters` (each LoRA adapter's state on the pods), over the [`Facts`] of `facts`.
 
+mod adapters;
 pub mod facts;
 pub mod fold;
 mod reports;

@@ -9,11 +9,13 @@
 //! `InvalidSpec` condition message, and the reconcile waits for a change.
 //!
 //! This file holds the entry ([`validate`]) and what it returns; the checks of one part of the
-//! spec each live in a child: `source` (the URI, files and Secret), `scaling` (autoscaling and
+//! spec each live in a child: `source` (the URI, files and Secret), `adapter` (the LoRA
+//! adapters: names, scales, sources, served ids), `scaling` (autoscaling and
 //! rollout defaults and ranges), `pool_member` (what a pool member may not set), `grammar`
 //! (Kubernetes quantity and name grammars), and `invalid` (one problem, and the message they
 //! make together).
 
+mod adapter;
 mod grammar;
 mod invalid;
 mod pool_member;
@@ -24,6 +26,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use crate::context::Settings;
+use adapter::validate_adapters;
 use gantry_crd::{
     Cache, CacheType, EngineConfig, GpuBackend, LoadPolicy, Model, ModelFormat, Replicas,
     Scheduling,
@@ -33,6 +36,7 @@ use pool_member::check_pool_member;
 use scaling::{validate_autoscaling, validate_rollout};
 use source::validate_source;
 
+pub use adapter::ValidAdapter;
 pub use grammar::{is_dns1035_label, is_quantity, is_resource_name, quantity_bytes};
 pub use invalid::{Invalid, message};
 pub use scaling::{
@@ -71,6 +75,8 @@ pub struct ValidModel {
     pub load: LoadPolicy,
     /// `spec.pool`: the ModelPool whose pods serve this Model instead of its own.
     pub pool: Option<String>,
+    /// `spec.adapters`, in spec order.
+    pub adapters: Vec<ValidAdapter>,
     /// The object the owned objects belong to: the Model itself, or the ModelPool for the
     /// template the pool reconcile builds its pods from (`pool::admit::template`).
     pub owner: Owner,
@@ -116,6 +122,8 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             None
         }
     };
+
+    let adapters = validate_adapters(&spec.adapters, &served_name, source.as_ref(), &mut problems);
 
     // A GPU count selects the `cuda` backend for engine selection; 0 means CPU.
     let resources = spec.resources.clone().unwrap_or_default();
@@ -220,7 +228,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
         ));
     }
     if let Some(pool) = &spec.pool {
-        check_pool_member(model, pool, source.as_ref(), &mut problems);
+        check_pool_member(model, pool, source.as_ref(), &adapters, &mut problems);
     }
     // A Model's node pods serve that one model, and a node loads lazily only
     // when it serves several (it refuses the config otherwise). Pool members always load lazily.
@@ -264,6 +272,7 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             cache,
             load: spec.load,
             pool: spec.pool.clone(),
+            adapters,
             owner: Owner {
                 kind: "Model",
                 name: name.clone(),

@@ -1,7 +1,8 @@
 //! Model reconcile, validate step (pure): what a Model with `spec.pool` may not set — the
-//! fields that shape node pods belong to its ModelPool, and a source that needs a per-model
-//! volume or Secret cannot join the pool's pods.
+//! fields that shape node pods belong to its ModelPool, and a source (the base's or an
+//! adapter's) that needs a per-model volume or Secret cannot join the pool's pods.
 
+use super::adapter::ValidAdapter;
 use super::invalid::Invalid;
 use super::source::ValidSource;
 use gantry_crd::Model;
@@ -12,6 +13,7 @@ pub(super) fn check_pool_member(
     model: &Model,
     pool: &str,
     source: Option<&ValidSource>,
+    adapters: &[ValidAdapter],
     problems: &mut Vec<Invalid>,
 ) {
     let spec = &model.spec;
@@ -47,5 +49,21 @@ pub(super) fn check_pool_member(
             "spec.source.secretRef",
             "a source with a Secret cannot join a pool: the pool's pods carry no per-model credentials",
         ));
+    }
+    for a in adapters {
+        if let Some(claim) = &a.claim {
+            problems.push(Invalid::at(
+                format!("spec.adapters[{}].source.uri", a.name),
+                format!("a pvc:// source (claim `{claim}`) cannot join a pool: the pool's pods mount no per-model claims; use hf://, s3://, https:// or a file:// path on the pool's cache"),
+            ));
+        }
+    }
+    for a in &model.spec.adapters {
+        if a.source.secret_ref.is_some() {
+            problems.push(Invalid::at(
+                format!("spec.adapters[{}].source.secretRef", a.name),
+                "a source with a Secret cannot join a pool: the pool's pods carry no per-model credentials",
+            ));
+        }
     }
 }
