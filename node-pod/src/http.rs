@@ -47,12 +47,18 @@ impl AppState {
 }
 
 /// Counts a request as in flight until dropped (graceful shutdown waits for zero).
-pub struct InflightGuard(Arc<Node>);
+pub struct InflightGuard(Arc<Node>, Option<crate::node::AdapterLease>);
 
 impl InflightGuard {
     pub fn new(node: Arc<Node>) -> Self {
         node.inflight.fetch_add(1, Ordering::SeqCst);
-        Self(node)
+        Self(node, None)
+    }
+
+    /// Hold the request's adapter as long as the request: an adapter in use is not evicted.
+    pub fn holding(mut self, adapter: Option<crate::node::AdapterLease>) -> Self {
+        self.1 = adapter;
+        self
     }
 }
 

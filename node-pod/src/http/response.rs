@@ -45,7 +45,7 @@ pub async fn respond(
             return e.into_response();
         }
     };
-    let guard = InflightGuard::new(state.node.clone());
+    let guard = InflightGuard::new(state.node.clone()).holding(p.adapter.clone());
     let n = p.params.n.max(1);
     // A constrained answer is not cached: the key does not describe the grammar. Nor are
     // several choices: the key does not count them.

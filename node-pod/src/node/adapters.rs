@@ -58,6 +58,12 @@ impl AdapterLease {
     }
 }
 
+impl Clone for AdapterLease {
+    fn clone(&self) -> Self {
+        self.0.lease()
+    }
+}
+
 impl Drop for AdapterLease {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
