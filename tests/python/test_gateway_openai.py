@@ -12,8 +12,22 @@ def via_gateway(gateway):
 
 
 def test_models_through_the_gateway(via_gateway):
-    ids = {m.id for m in via_gateway.models.list().data}
-    assert ids == {"tiny", "tiny-emb", "gemma", "smollm2"}
+    listed = {m.id: m for m in via_gateway.models.list().data}
+    # smollm2's LoRA adapters come from the node's reports, the refused ones left out.
+    assert set(listed) == {"tiny", "tiny-emb", "gemma", "smollm2", "smollm2:pirate", "smollm2:formal"}
+    assert listed["smollm2:pirate"].parent == "smollm2"
+
+
+def test_an_adapter_through_the_gateway_equals_the_node(via_gateway, client):
+    kw = dict(model="smollm2:pirate", messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+              max_tokens=16, temperature=0, seed=0)
+    through = via_gateway.chat.completions.create(**kw)
+    direct = client.chat.completions.create(**kw)
+    assert through.model == "smollm2:pirate"
+    assert through.choices[0].message.content == direct.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        via_gateway.chat.completions.create(**{**kw, "model": "smollm2:bad-shape"})
+    assert e.value.body["code"] == "adapter_refused"
 
 
 def test_chat_through_the_gateway_equals_the_node(via_gateway, client):
