@@ -3,7 +3,8 @@
 //! limit whose watermark holds the model and one adapter but not two. At start the first adapter
 //! loads and the second waits (start-up loads evict nothing); a request for the second evicts
 //! the idle first one; an adapter a stream is using is never evicted, and the request that
-//! would need it gets the memory 507 while the stream finishes untouched.
+//! would need it gets the memory 507 while the stream finishes untouched. An adapter served
+//! from a worker process (`process` isolation) answers as it does in the node process.
 
 mod common;
 
@@ -28,13 +29,20 @@ fn smollm2() -> PathBuf {
 }
 
 fn start(lora: &std::path::Path, ram_limit: u64) -> NodeProc {
+    start_isolated(lora, ram_limit, "inProcess")
+}
+
+/// The node with the llama.cpp plugin in `isolation` (`inProcess` or `process`).
+fn start_isolated(lora: &std::path::Path, ram_limit: u64, isolation: &str) -> NodeProc {
     let config = json!({
+        "isolation": {"default": isolation},
         "models": [{
             "id": "smol", "path": smollm2(), "format": "gguf",
             "contextLength": 512, "maxBatchSize": 2,
             "adapters": [
                 {"name": "pirate", "path": lora.join("pirate.gguf")},
                 {"name": "formal", "path": lora.join("formal.gguf")},
+                {"name": "bad-shape", "path": lora.join("bad-shape.gguf")},
             ],
         }],
         "scheduler": {"responseCacheRamFraction": 0.0},
@@ -67,12 +75,13 @@ async fn settled(node: &NodeProc, loaded: usize) -> Value {
     panic!("{loaded} adapter(s) of the node did not load in 60 s");
 }
 
-/// `name -> state` of `smol`'s adapters.
+/// `name -> state` of `smol`'s two good adapters.
 async fn states(node: &NodeProc) -> Vec<(String, String)> {
     node_status(node).await["models"][0]["adapters"]
         .as_array()
         .expect("adapters")
         .iter()
+        .take(2)
         .map(|a| {
             (
                 a["name"].as_str().expect("name").to_string(),
@@ -119,6 +128,7 @@ async fn adapters_are_evicted_least_recently_used_and_never_while_in_use() {
         .as_array()
         .expect("adapters")
         .iter()
+        .take(2)
         .map(|a| a["bytes"].as_u64().expect("loaded with room to spare"))
         .collect();
     drop(roomy);
@@ -189,4 +199,34 @@ async fn adapters_are_evicted_least_recently_used_and_never_while_in_use() {
     // The base model served throughout.
     let (s, v) = complete(&node, "smol").await;
     assert_eq!(s, 200, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_adapter_in_a_worker_process_answers_as_in_process() {
+    let Some(lora) = adapters_dir() else {
+        panic!(
+            "GANTRY_SMOLLM2_ADAPTERS is not set or holds no pirate.gguf: run scripts/setup.sh test (scripts/test.sh does)"
+        );
+    };
+    let ask = json!({"model": "smol:pirate", "prompt": "The sea is", "max_tokens": 16,
+                     "temperature": 0, "seed": 1});
+    let mut answers = Vec::new();
+    for isolation in ["inProcess", "process"] {
+        let node = start_isolated(&lora, 64 << 30, isolation);
+        settled(&node, 2).await;
+        let st = node_status(&node).await;
+        assert_eq!(st["plugins"][0]["isolation"], isolation, "{st}");
+        let bad = &st["models"][0]["adapters"][2];
+        assert_eq!(bad["state"], "refused", "{isolation}: {bad}");
+        assert!(
+            bad["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("blk.0.attn_q.weight")),
+            "{isolation}: {bad}"
+        );
+        let (s, v) = post_json(&node, "/v1/completions", ask.clone()).await;
+        assert_eq!(s, 200, "{isolation}: {v}");
+        answers.push(v["choices"][0]["text"].as_str().expect("text").to_string());
+    }
+    assert_eq!(answers[0], answers[1], "in-process vs worker process");
 }

@@ -15,7 +15,10 @@ CAPITAL = "Question: What is the capital of France?\nAnswer:"
 
 def test_models_lists_every_model_with_its_template_source(client):
     models = {m.id: m for m in client.models.list().data}
-    assert set(models) == {"tiny", "tiny-emb", "gemma", "smollm2", "smollm2-native"}
+    bases = {"tiny", "tiny-emb", "gemma", "smollm2", "smollm2-native"}
+    assert {i for i, m in models.items() if not getattr(m, "parent", None)} == bases
+    # LoRA adapters are listed as models of their own, each after its base (test_adapters.py).
+    assert {m.parent for m in models.values() if getattr(m, "parent", None)} == {"smollm2", "smollm2-native"}
     assert models["gemma"].owned_by == "gantry"
     # Gemma from PyPI is a base model without a template: the default is reported.
     assert models["gemma"].model_extra["chat_template"] == "default-chatml"

@@ -18,8 +18,8 @@ use std::ffi::CString;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
+use crate::gguf_info::{self, GgufInfo, TensorInfo};
 use gantry_engine_abi::{AdapterDescriptor, EngineError, Format, LoadedAdapter, Status};
-use gantry_formats::gguf::{GgufHeader, GgufTensorInfo, GgufValue, ParseOptions, read_header_with};
 use llama_cpp_2::model::{LlamaLoraAdapter, LlamaModel};
 use llama_cpp_sys_2::{llama_adapter_lora, llama_model};
 
@@ -126,8 +126,8 @@ fn pair_misfit(target: &str, a: &[u64], b: &[u64], base: &[u64]) -> Option<Strin
     None
 }
 
-fn meta_str<'a>(h: &'a GgufHeader, key: &str) -> Option<&'a str> {
-    h.metadata.get(key).and_then(GgufValue::as_str)
+fn meta_str<'a>(h: &'a GgufInfo, key: &str) -> Option<&'a str> {
+    h.get(key)
 }
 
 /// Whether the LoRA adapter `adapter` (its GGUF header, tensor infos read) fits a model of
@@ -135,7 +135,7 @@ fn meta_str<'a>(h: &'a GgufHeader, key: &str) -> Option<&'a str> {
 /// names the first tensor that does not fit with both shapes and counts the others.
 pub(crate) fn check_fit(
     name: &str,
-    adapter: &GgufHeader,
+    adapter: &GgufInfo,
     arch: &str,
     base: &HashMap<String, Vec<u64>>,
 ) -> Result<(), String> {
@@ -159,7 +159,7 @@ pub(crate) fn check_fit(
         ));
     }
     // Each target's pair, in name order so the message names the same tensor every time.
-    type Pair<'a> = (Option<&'a GgufTensorInfo>, Option<&'a GgufTensorInfo>);
+    type Pair<'a> = (Option<&'a TensorInfo>, Option<&'a TensorInfo>);
     let mut pairs: BTreeMap<&str, Pair<'_>> = BTreeMap::new();
     for t in &adapter.tensors {
         if let Some(target) = t.name.strip_suffix(".lora_a") {
@@ -201,15 +201,11 @@ pub(crate) fn check_fit(
 }
 
 /// The base model's tensor shapes by name, from its GGUF header (read on the first adapter
-/// load, then kept: the header reader takes up to 64 MiB of the file).
+/// load, then kept).
 pub(crate) fn read_base_tensors(
     path: &std::path::Path,
 ) -> Result<HashMap<String, Vec<u64>>, String> {
-    let options = ParseOptions {
-        keep_array_items: 0,
-        tensor_infos: true,
-    };
-    let header = read_header_with(path, options).map_err(|e| {
+    let header = gguf_info::read(path).map_err(|e| {
         format!(
             "cannot read the model's tensors from {}: {e}",
             path.display()
@@ -247,11 +243,7 @@ impl LlamaLoaded {
                 format!("adapter `{name}`: {} {why}", desc.path.display()),
             )
         };
-        let options = ParseOptions {
-            keep_array_items: 64,
-            tensor_infos: true,
-        };
-        let header = read_header_with(&desc.path, options)
+        let header = gguf_info::read(&desc.path)
             .map_err(|e| corrupt(format!("is not a readable GGUF file: {e}")))?;
         let file_len = std::fs::metadata(&desc.path)
             .map_err(|e| corrupt(format!("cannot be read: {e}")))?
@@ -395,26 +387,24 @@ impl Exec {
 mod tests {
     use super::*;
 
-    fn tensor(name: &str, dims: &[u64]) -> GgufTensorInfo {
-        GgufTensorInfo {
+    fn tensor(name: &str, dims: &[u64]) -> TensorInfo {
+        TensorInfo {
             name: name.into(),
             dims: dims.to_vec(),
-            ggml_type: 0,
-            offset: 0,
         }
     }
 
-    fn lora(arch: &str, tensors: Vec<GgufTensorInfo>) -> GgufHeader {
-        let mut h = GgufHeader {
+    fn lora(arch: &str, tensors: Vec<TensorInfo>) -> GgufInfo {
+        let mut h = GgufInfo {
             tensors,
-            ..GgufHeader::default()
+            ..GgufInfo::default()
         };
         for (k, v) in [
             ("general.type", "adapter"),
             ("adapter.type", "lora"),
             ("general.architecture", arch),
         ] {
-            h.metadata.insert(k.into(), GgufValue::Str(v.into()));
+            h.metadata.insert(k.into(), v.into());
         }
         h
     }
@@ -430,7 +420,7 @@ mod tests {
         m
     }
 
-    fn good() -> Vec<GgufTensorInfo> {
+    fn good() -> Vec<TensorInfo> {
         (0..2)
             .flat_map(|l| {
                 [
@@ -482,7 +472,7 @@ mod tests {
 
     #[test]
     fn a_missing_target_a_lone_half_a_zero_rank_and_a_stray_tensor_are_refused() {
-        let refused = |t: Vec<GgufTensorInfo>, want: &str| {
+        let refused = |t: Vec<TensorInfo>, want: &str| {
             let e = check_fit("x", &lora("llama", t), "llama", &base()).expect_err(want);
             assert!(e.contains(want), "{e} lacks {want}");
         };
@@ -515,8 +505,7 @@ mod tests {
     #[test]
     fn a_model_file_is_not_an_adapter() {
         let mut h = lora("llama", good());
-        h.metadata
-            .insert("general.type".into(), GgufValue::Str("model".into()));
+        h.metadata.insert("general.type".into(), "model".into());
         let e = check_fit("m", &h, "llama", &base()).expect_err("refused");
         assert!(e.contains("general.type is `model`"), "{e}");
     }

@@ -24,6 +24,7 @@
 
 mod adapters;
 mod cpu;
+mod gguf_info;
 mod load;
 mod logging;
 mod sampler;

@@ -102,14 +102,7 @@ impl Replica {
 
     /// The adapter's state in the node's last report, if it lists it.
     pub(super) fn adapter_state(&self, model: &str, adapter: &str) -> Option<AdapterState> {
-        self.reported.lock().ok().and_then(|r| {
-            r.iter()
-                .find(|m| m.id == model)?
-                .adapters
-                .iter()
-                .find(|a| a.id == adapter)
-                .map(|a| a.state)
-        })
+        self.adapter(model, adapter).map(|a| a.state)
     }
 
     /// The ids of model `model`'s adapters in the node's last report, in its order.
