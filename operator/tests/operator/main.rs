@@ -7,6 +7,7 @@ mod adapters;
 mod autoscale;
 mod autoscale_interval;
 mod build;
+mod build_engines;
 mod caching;
 mod cli;
 mod crds;
