@@ -157,6 +157,10 @@ cmake_args=(
   -DLLAMA_BUILD_SERVER=ON
   -DLLAMA_BUILD_UI=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF
+  # ggml without its AMX kernels, as the plugin (they segfault on Sapphire-Rapids-class CPUs;
+  # engines/llama-cpp/cmake/no-amx.cmake)
+  -DGGML_GANTRY_NO_AMX=1
+  "-DCMAKE_PROJECT_llama.cpp_INCLUDE=$repo/engines/llama-cpp/cmake/no-amx.cmake"
 )
 case "${GANTRY_PEER_GPU:-}" in
   "") ;;

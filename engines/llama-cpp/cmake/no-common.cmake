@@ -8,3 +8,6 @@
 # chat templates, grammars and tool calls are the node's). A normal variable shadows the
 # `-DLLAMA_BUILD_COMMON=ON` cache entry for llama.cpp's `option()` and `if()` (policy CMP0077).
 set(LLAMA_BUILD_COMMON OFF)
+
+# No AMX kernels (they crash on some CPUs): see the file's comment.
+include("${CMAKE_CURRENT_LIST_DIR}/no-amx.cmake")
