@@ -412,6 +412,17 @@ impl NodeConfig {
                 return invalid(format!("models[{}].{field}", m.id), reason);
             }
         }
+        // A draft model is another model. One this config does not serve is not an error here:
+        // the model then loads without drafts and its status says why, so a pool whose member
+        // names a missing draft keeps serving every model.
+        for m in &self.models {
+            if m.speculation.draft_model.as_deref() == Some(m.id.as_str()) {
+                return invalid(
+                    format!("models[{}].speculation.draftModel", m.id),
+                    "names the model itself".into(),
+                );
+            }
+        }
         // Every served id (models and adapters) names one thing.
         let mut ids = std::collections::HashSet::new();
         for m in &self.models {

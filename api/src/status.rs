@@ -290,6 +290,25 @@ pub struct ModelStatus {
     /// Its LoRA adapters (node config `adapters`), in config order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<AdapterStatus>,
+    /// Its draft model (node config `speculation.method: draftModel`), once the model loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftStatus>,
+}
+
+/// A loaded model's draft model for speculative decoding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DraftStatus {
+    /// The draft model's id in the node config.
+    pub model: String,
+    /// Every replica drafts with a private instance of it. When false the model decodes
+    /// without drafts and `message` says why (the draft failed to load, its tokenizer differs).
+    pub active: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// What the draft instances hold, all replicas together (counted in the model's
+    /// `load.bytesUsed`).
+    pub bytes_used: u64,
 }
 
 /// One LoRA adapter of a model on this node.

@@ -78,6 +78,7 @@ pub fn node_status(served: &str) -> NodeStatus {
             crashes: None,
             engine_choice: None,
             adapters: Vec::new(),
+            draft: None,
         }],
         ..NodeStatus::default()
     }

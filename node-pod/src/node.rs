@@ -18,6 +18,7 @@
 
 mod adapters;
 mod crash;
+mod draft;
 pub mod engine_choice;
 mod lifecycle;
 mod plugin_update;
@@ -68,6 +69,8 @@ pub struct ReadyModel {
     pub plugin: String,
     /// The vocabulary for constrained decoding (built in the background once ready).
     pub vocabulary: Arc<crate::constraint::Vocabulary>,
+    /// Its draft model for speculative decoding, when the config names one.
+    pub draft: Option<gantry_api::DraftStatus>,
 }
 
 impl ReadyModel {
@@ -413,7 +416,14 @@ impl Node {
         self.registry();
         let models = self.models();
         // Downloads first: they run in the background while the local models load.
-        let (remote, local): (Vec<_>, Vec<_>) = models.values().partition(|m| m.download.is_some());
+        let (remote, mut local): (Vec<_>, Vec<_>) =
+            models.values().partition(|m| m.download.is_some());
+        // Draft models first: a model that drafts with one waits for it to be inspected.
+        let drafts: std::collections::HashSet<&str> = models
+            .values()
+            .filter_map(|m| m.config.speculation.draft_model.as_deref())
+            .collect();
+        local.sort_by_key(|m| !drafts.contains(m.config.id.as_str()));
         for m in remote.into_iter().chain(local) {
             self.start_model(m);
         }

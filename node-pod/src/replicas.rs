@@ -89,6 +89,9 @@ impl Engine for PluginEngine {
 pub struct EngineReplica {
     pub scheduler: SchedulerHandle,
     pub shared: Arc<ModelShared>,
+    /// Its private draft model instance (speculative decoding), whose engine its scheduler
+    /// owns; kept here for what it holds.
+    pub draft: Option<Arc<ModelShared>>,
 }
 
 /// Every replica of a loaded model (seed 001: replicas with round-robin): each request
@@ -209,12 +212,15 @@ impl EngineReplicas {
         self.replicas[0].scheduler.context_length
     }
 
-    /// What the engines report holding, all replicas together, their adapters included.
+    /// What the engines report holding, all replicas together, their adapters and draft
+    /// model instances included.
     pub fn bytes_used(&self) -> u64 {
         let adapters: u64 = self.loaded_adapters().values().sum();
         self.replicas
             .iter()
-            .map(|r| r.shared.info().bytes_used)
+            .map(|r| {
+                r.shared.info().bytes_used + r.draft.as_ref().map_or(0, |d| d.info().bytes_used)
+            })
             .sum::<u64>()
             + adapters
     }

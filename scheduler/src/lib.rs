@@ -25,6 +25,7 @@
 mod adapters;
 pub mod batch;
 pub mod draft;
+mod draft_model;
 mod engine;
 mod handle;
 mod job;
@@ -39,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+pub use draft_model::DraftModel;
 pub use engine::{Engine, EngineLimits, Grammar, Overrun};
 pub use handle::{Figures, ModelFigures, SchedulerHandle};
 pub use job::{
@@ -59,9 +61,11 @@ pub struct Watch {
 }
 
 /// Start the scheduler thread (and its watchdog) of one loaded replica of a model; `replica`
-/// is its index in `model_figures`.
+/// is its index in `model_figures`. With `draft`, the replica's drafts come from that model
+/// (`draft_model.rs`) instead of prompt lookup.
 pub fn spawn<E: Engine>(
     engine: E,
+    draft: Option<DraftModel>,
     metrics: SchedulerMetrics,
     settings: SchedulerSettings,
     watch: Watch,
@@ -107,6 +111,7 @@ pub fn spawn<E: Engine>(
         drafts: limits.speculation && settings.speculation.enabled(),
         context_length: limits.context_length as usize,
         adapters: Default::default(),
+        draft,
     };
     let name = if replica == 0 {
         format!("sched-{model}")

@@ -56,8 +56,10 @@ pub(crate) struct Running {
     /// cells in the admission count).
     pub(crate) shared: usize,
     /// The prompt, then every generated token (the pending one last): what prompt lookup
-    /// searches. Empty for a sequence that never drafts.
+    /// searches and the draft model catches up with. Empty for a sequence that never drafts.
     pub(crate) context: Vec<i32>,
+    /// Its sequence in the draft model's engine, once it drafted with one.
+    pub(crate) draft: Option<crate::draft_model::DraftSeq>,
 }
 
 impl Running {
@@ -84,6 +86,7 @@ impl Running {
             last_token_at: None,
             shared: 0,
             context,
+            draft: None,
         }
     }
 
@@ -127,6 +130,8 @@ pub(crate) struct Scheduler<E: Engine> {
     pub(crate) context_length: usize,
     /// The LoRA adapters loaded into the engine.
     pub(crate) adapters: crate::adapters::Loaded,
+    /// The draft model's private instance, when the model drafts with one.
+    pub(crate) draft: Option<crate::draft_model::DraftModel>,
 }
 
 impl<E: Engine> Scheduler<E> {

@@ -19,6 +19,7 @@ use crate::text_stream::StopScan;
 impl<E: Engine> Scheduler<E> {
     pub(crate) fn step(&mut self) {
         self.start_forks();
+        self.release_drafts();
         let progress: Vec<_> = self.running.iter().map(Running::progress).collect();
         let plan = plan_step(&progress, self.settings.prefill_chunk_tokens);
         if plan.is_empty() {
@@ -108,6 +109,11 @@ impl<E: Engine> Scheduler<E> {
                 // Verification: the drafted tokens that matched, and the sample after them.
                 let ids: Vec<i32> = tokens.iter().map(|t| t.token).collect();
                 let kept = accepted(draft, &ids);
+                if let (Some(dm), Some(d)) = (self.draft.as_mut(), r.draft.as_mut())
+                    && !dm.verified(d, kept)
+                {
+                    r.draft = None; // released next step; it catches up from scratch
+                }
                 self.metrics.draft_tokens.inc_by(draft.len() as u64);
                 self.metrics.accepted_tokens.inc_by(kept as u64);
                 let dropped = draft.len() - kept;
@@ -142,11 +148,11 @@ impl<E: Engine> Scheduler<E> {
         self.start_forks();
     }
 
-    /// The draft of every decode entry of the plan (empty where it drafts nothing): prompt
-    /// lookup over the sequence's text, when the model verifies drafts, the request allows
-    /// it, few enough sequences decode, and the draft fits the request's `max_tokens`, the
-    /// context and the KV cells left.
-    fn drafts(&self, plan: &[Planned]) -> Vec<Vec<i32>> {
+    /// The draft of every decode entry of the plan (empty where it drafts nothing): from the
+    /// draft model when the model has one, else by prompt lookup over the sequence's text;
+    /// when the model verifies drafts, the request allows it, few enough sequences decode, and
+    /// the draft fits the request's `max_tokens`, the context and the KV cells left.
+    fn drafts(&mut self, plan: &[Planned]) -> Vec<Vec<i32>> {
         let spec = self.settings.speculation;
         let decoding = plan.iter().filter(|p| p.prompt_tokens == 0).count();
         let none = || vec![Vec::new(); plan.len()];
@@ -158,21 +164,98 @@ impl<E: Engine> Scheduler<E> {
             .capacity
             .kv_tokens
             .saturating_sub(load.kv_tokens + decoding as u64) as usize;
-        plan.iter()
+        // The most each entry may draft.
+        let ks: Vec<usize> = plan
+            .iter()
             .map(|p| {
                 let r = &self.running[p.index];
                 if p.prompt_tokens > 0 || r.context.is_empty() {
-                    return Vec::new();
+                    return 0;
                 }
                 let left =
                     (r.job.max_tokens.saturating_sub(r.generated) as usize).saturating_sub(1);
                 let room = self.context_length.saturating_sub(r.positions() + 1);
                 let k = spec.draft_tokens.min(left).min(room).min(free);
-                let d = prompt_lookup(&r.context, spec.ngram_min, spec.ngram_max, k).to_vec();
-                free -= d.len();
-                d
+                free -= k;
+                k
+            })
+            .collect();
+        if self.draft.is_some() {
+            return self.model_drafts(plan, &ks);
+        }
+        plan.iter()
+            .zip(&ks)
+            .map(|(p, &k)| {
+                let r = &self.running[p.index];
+                prompt_lookup(&r.context, spec.ngram_min, spec.ngram_max, k).to_vec()
             })
             .collect()
+    }
+
+    /// Release the draft model's sequences whose target sequence ended (however it ended).
+    fn release_drafts(&mut self) {
+        if let Some(dm) = self.draft.as_mut() {
+            let held = self
+                .running
+                .iter()
+                .filter_map(|r| r.draft.map(|d| d.seq))
+                .collect();
+            dm.release_unheld(&held);
+        }
+    }
+
+    /// Drafts decoded by the draft model (`draft_model.rs`), at most `ks[i]` for entry `i`.
+    fn model_drafts(&mut self, plan: &[Planned], ks: &[usize]) -> Vec<Vec<i32>> {
+        let none = || vec![Vec::new(); plan.len()];
+        let Some(dm) = self.draft.as_mut() else {
+            return none();
+        };
+        // The sequences that draft, in `running` order, and where each sits in the plan.
+        let mut at = vec![None; self.running.len()];
+        for (j, (p, &k)) in plan.iter().zip(ks).enumerate() {
+            if k > 0 {
+                at[p.index] = Some((j, k));
+            }
+        }
+        let mut slots = Vec::new();
+        let mut list = Vec::new();
+        for (r, at) in self.running.iter_mut().zip(&at) {
+            if let Some((j, k)) = *at {
+                slots.push(j);
+                list.push(crate::draft_model::Want {
+                    context: &r.context,
+                    draft: &mut r.draft,
+                    k,
+                });
+            }
+        }
+        if list.is_empty() {
+            return none();
+        }
+        self.figures.step_started_ms.store(
+            self.epoch.elapsed().as_millis() as u64 + 1,
+            Ordering::SeqCst,
+        );
+        let result = dm.draft(&mut list, self.settings.prefill_chunk_tokens);
+        self.figures.step_started_ms.store(0, Ordering::SeqCst);
+        drop(list);
+        let drafted = match result {
+            Ok(d) => d,
+            Err(e) => {
+                if dm.crashed() {
+                    tracing::warn!(model = %self.metrics.model, error = %e, "the draft model's worker died; no more drafts");
+                    self.draft = None;
+                } else {
+                    tracing::warn!(model = %self.metrics.model, error = %e, "draft step failed; no drafts this step");
+                }
+                return none();
+            }
+        };
+        let mut out = none();
+        for (j, d) in slots.into_iter().zip(drafted) {
+            out[j] = d;
+        }
+        out
     }
 
     /// The header's rule: on a failed step the host releases the affected sequences.

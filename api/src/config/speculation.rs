@@ -1,15 +1,21 @@
 //! Node config, a model's speculative decoding (read at start and on reload, applied by the
-//! model's scheduler): the prompt-lookup settings and the ranges they must keep.
+//! model's scheduler): prompt lookup or a draft model, and the ranges their settings keep.
 
 use serde::{Deserialize, Serialize};
 
 /// How a model speculates: drafts are verified in one engine step (ABI 1.5
 /// `GANTRY_CAP_SPECULATE`; an engine without it decodes one token per step whatever this says).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SpeculationConfig {
-    /// `promptLookup` (drafts copied from the prompt and the text so far) or `off`.
+    /// `promptLookup` (drafts copied from the prompt and the text so far), `draftModel` (drafts
+    /// decoded by a smaller model with the same tokenizer) or `off`.
     pub method: SpeculationMethod,
+    /// With `draftModel`: the id of another model in this node config. Each replica loads a
+    /// private instance of its files next to its own (same devices, same engine choice as the
+    /// draft's own entry); the draft model keeps serving under its own id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
     /// Most drafted tokens verified per sequence and step (1-16).
     pub draft_tokens: u32,
     /// The shortest tail of the text whose earlier occurrence proposes a draft (1-8).
@@ -27,6 +33,7 @@ pub struct SpeculationConfig {
 pub enum SpeculationMethod {
     #[default]
     PromptLookup,
+    DraftModel,
     Off,
 }
 
@@ -34,6 +41,7 @@ impl Default for SpeculationConfig {
     fn default() -> Self {
         Self {
             method: SpeculationMethod::PromptLookup,
+            draft_model: None,
             // Four tokens a step: llama.cpp's CPU kernels for repacked weights take four
             // columns at a time, so a verification of 4 costs little more than a decode
             // while one of 3 or 5 costs two to three (bench/speculation.py, docs/benchmarks.md).
@@ -77,7 +85,20 @@ impl SpeculationConfig {
         if self.max_batch == 0 {
             return Some(("maxBatch", "must be >= 1".into()));
         }
-        None
+        match (&self.method, self.draft_model.as_deref()) {
+            (SpeculationMethod::DraftModel, None) => Some((
+                "draftModel",
+                "must name the draft model's id when method is draftModel".into(),
+            )),
+            (SpeculationMethod::DraftModel, Some(d)) if d.trim().is_empty() => {
+                Some(("draftModel", "must not be empty".into()))
+            }
+            (SpeculationMethod::PromptLookup | SpeculationMethod::Off, Some(_)) => Some((
+                "draftModel",
+                "is only read when method is draftModel".into(),
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -95,6 +116,13 @@ mod tests {
             cfg.models[0].speculation.method,
             SpeculationMethod::PromptLookup
         );
+        // A draft model the config does not serve is not refused here (the model loads
+        // without drafts and says why), so a pool is not taken down by one member.
+        let draft = "models:\n  - {id: m, path: /m.gguf, format: gguf, speculation: {method: draftModel, draftModel: d}}\n";
+        let cfg: NodeConfig = serde_yaml::from_str(draft).expect("parses");
+        cfg.validate()
+            .expect("an unknown draft model is the load's business");
+        assert_eq!(cfg.models[0].speculation.draft_model.as_deref(), Some("d"));
         let off = "models:\n  - {id: m, path: /m.gguf, format: gguf, speculation: {method: off}}\n";
         let cfg: NodeConfig = serde_yaml::from_str(off).expect("parses");
         assert_eq!(cfg.models[0].speculation.method, SpeculationMethod::Off);
@@ -129,6 +157,26 @@ mod tests {
                 "maxBatch: 0",
                 "models[m].speculation.maxBatch",
                 "must be >= 1",
+            ),
+            (
+                "method: draftModel",
+                "models[m].speculation.draftModel",
+                "must name the draft model's id",
+            ),
+            (
+                "{method: draftModel, draftModel: ' '}",
+                "models[m].speculation.draftModel",
+                "must not be empty",
+            ),
+            (
+                "draftModel: d",
+                "models[m].speculation.draftModel",
+                "only read when method is draftModel",
+            ),
+            (
+                "{method: draftModel, draftModel: m}",
+                "models[m].speculation.draftModel",
+                "names the model itself",
             ),
         ];
         for (block, field, reason) in cases {

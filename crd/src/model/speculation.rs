@@ -9,10 +9,18 @@ use serde::{Deserialize, Serialize};
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.ngramMin) || !has(self.ngramMax) || self.ngramMin <= self.ngramMax").message("speculation.ngramMin must not exceed ngramMax"))]
+#[x_kube(validation = Rule::new("self.method != 'DraftModel' || has(self.draftModel)").message("speculation.draftModel is required when method is DraftModel"))]
 pub struct Speculation {
-    /// `PromptLookup` (default) or `Off`.
+    /// `PromptLookup` (default), `DraftModel` or `Off`.
     #[serde(default)]
     pub method: SpeculationMethod,
+    /// With `DraftModel`: the served name of another Model of the same ModelPool (a smaller
+    /// model with the same tokenizer). The pool's node pods load a private copy of it next to
+    /// each replica of this Model; a draft they cannot use leaves this Model decoding without
+    /// drafts, with the reason in the node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub draft_model: Option<String>,
     /// Most drafted tokens verified per sequence and step (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
@@ -37,6 +45,8 @@ pub enum SpeculationMethod {
     /// n-gram drafts from the request's own text.
     #[default]
     PromptLookup,
+    /// Drafts decoded by a smaller model of the same ModelPool (`draftModel`).
+    DraftModel,
     /// No speculation.
     Off,
 }

@@ -235,6 +235,7 @@ fn listed(id: &str, state: LoadState) -> gantry_api::ModelStatus {
         crashes: None,
         engine_choice: None,
         adapters: Vec::new(),
+        draft: None,
     }
 }
 

@@ -66,6 +66,7 @@ impl FakeNode {
                 crashes: None,
                 engine_choice: None,
                 adapters,
+                draft: None,
             }],
             ..NodeStatus::default()
         };

@@ -185,6 +185,8 @@ impl Node {
         let Some(primary) = m.primary.read().ok().and_then(|p| p.clone()) else {
             return;
         };
+        // A draft model still downloading: wait for it outside the memory lock.
+        self.wait_for_draft(m);
         // Plan, unload and load as one step: no other load counts the same free bytes.
         let _room = self.memory.lock.lock().unwrap_or_else(|p| p.into_inner());
         // Real device figures for the budget, the placement and the measurement after.
@@ -418,12 +420,23 @@ impl Node {
         }
         let tokenizer = Tokenizer::for_model(model_dir, shared.clone())
             .map_err(|e| BuildError::Failed(format!("tokenizer: {e}")))?;
+        let mut drafts = self.load_drafts(m, &shared, placement);
         let sched = &self.config.scheduler;
+        let drafting = drafts.as_ref().is_none_or(|d| !d.instances.is_empty());
         let settings = SchedulerSettings {
             prefill_chunk_tokens: sched.prefill_chunk_tokens as usize,
             step_timeout: std::time::Duration::from_secs(sched.step_timeout_seconds.max(1)),
-            speculation: speculation(&m.config.speculation),
+            speculation: match drafting {
+                true => speculation(&m.config.speculation),
+                false => crate::scheduler::draft::Speculation::OFF,
+            },
         };
+        let draft_status = drafts.as_ref().map(|d| d.status());
+        let mut draft_instances = drafts
+            .as_mut()
+            .map(|d| std::mem::take(&mut d.instances))
+            .unwrap_or_default()
+            .into_iter();
         let capacities: Vec<u64> = loaded
             .iter()
             .map(|(s, _)| s.info().kv_capacity_tokens)
@@ -444,8 +457,16 @@ impl Node {
         };
         let mut replicas = Vec::with_capacity(loaded.len());
         for (i, (rep_shared, exec)) in loaded.into_iter().enumerate() {
+            let (draft_shared, draft) = match draft_instances.next() {
+                Some((s, e)) => (
+                    Some(s),
+                    Some(crate::scheduler::DraftModel::new(Box::new(PluginEngine(e)))),
+                ),
+                None => (None, None),
+            };
             let scheduler = crate::scheduler::spawn(
                 PluginEngine(exec),
+                draft,
                 self.metrics.for_model(&m.config.id),
                 settings.clone(),
                 watch.clone(),
@@ -456,6 +477,7 @@ impl Node {
             replicas.push(EngineReplica {
                 scheduler,
                 shared: rep_shared,
+                draft: draft_shared,
             });
         }
         let scheduler = EngineReplicas::new(replicas, figures)
@@ -477,12 +499,13 @@ impl Node {
             tokenizer,
             plugin: plugin_id.to_string(),
             vocabulary,
+            draft: draft_status,
         }))
     }
 }
 
 /// What a plugin is asked to load for `m` on `devices`.
-fn descriptor(m: &ServedModel, primary: &Path, devices: &[u32]) -> ModelDescriptor {
+pub(super) fn descriptor(m: &ServedModel, primary: &Path, devices: &[u32]) -> ModelDescriptor {
     ModelDescriptor {
         model_id: m.config.id.clone(),
         model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
@@ -544,11 +567,13 @@ fn speculation(c: &gantry_api::config::SpeculationConfig) -> crate::scheduler::d
     use gantry_api::config::SpeculationMethod;
     match c.method {
         SpeculationMethod::Off => crate::scheduler::draft::Speculation::OFF,
-        SpeculationMethod::PromptLookup => crate::scheduler::draft::Speculation {
-            draft_tokens: c.draft_tokens as usize,
-            ngram_min: c.ngram_min as usize,
-            ngram_max: c.ngram_max as usize,
-            max_batch: c.max_batch as usize,
-        },
+        SpeculationMethod::PromptLookup | SpeculationMethod::DraftModel => {
+            crate::scheduler::draft::Speculation {
+                draft_tokens: c.draft_tokens as usize,
+                ngram_min: c.ngram_min as usize,
+                ngram_max: c.ngram_max as usize,
+                max_batch: c.max_batch as usize,
+            }
+        }
     }
 }

@@ -205,6 +205,10 @@ impl Node {
                 .status(std::time::Instant::now()),
             engine_choice: m.engine_choice.read().ok().and_then(|c| c.clone()),
             adapters: m.adapter_statuses(),
+            draft: match &state {
+                ModelState::Ready(r) => r.draft.clone(),
+                _ => None,
+            },
         }
     }
 }

@@ -141,8 +141,10 @@ pub(crate) fn speculation(
     };
     c.method = match s.method {
         gantry_crd::model::SpeculationMethod::PromptLookup => SpeculationMethod::PromptLookup,
+        gantry_crd::model::SpeculationMethod::DraftModel => SpeculationMethod::DraftModel,
         gantry_crd::model::SpeculationMethod::Off => SpeculationMethod::Off,
     };
+    c.draft_model = s.draft_model.clone();
     set(&mut c.draft_tokens, s.draft_tokens);
     set(&mut c.ngram_min, s.ngram_min);
     set(&mut c.ngram_max, s.ngram_max);

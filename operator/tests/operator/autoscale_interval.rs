@@ -80,6 +80,7 @@ fn node_with_queue(served: &str, waiting: u64, running: u64) -> NodeStatus {
             crashes: None,
             engine_choice: None,
             adapters: Vec::new(),
+            draft: None,
         }],
         ..NodeStatus::default()
     }

@@ -502,7 +502,7 @@ fn a_models_speculation_settings_reach_its_node_config_over_the_defaults() {
     let o = built_model(&m);
     let config = &o.config_map.data.as_ref().expect("data")["models.yaml"];
     let parsed: gantry_api::NodeConfig = serde_yaml::from_str(config).expect("node config parses");
-    let s = parsed.models[0].speculation;
+    let s = &parsed.models[0].speculation;
     assert_eq!(s.method, gantry_api::config::SpeculationMethod::Off);
     assert_eq!((s.draft_tokens, s.ngram_min, s.ngram_max), (5, 2, 4));
     // Without the block the node's defaults apply and nothing is rendered.

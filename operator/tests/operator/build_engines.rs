@@ -226,6 +226,7 @@ fn several_engines_for_a_known_architecture_are_all_mounted_and_the_nodes_measur
                 crashes: None,
                 engine_choice: Some(choice.clone()),
                 adapters: Vec::new(),
+                draft: None,
             }],
             ..NodeStatus::default()
         }),

@@ -196,6 +196,59 @@ fn a_member_whose_adapter_id_an_older_member_serves_is_refused_and_adapters_rend
 }
 
 #[test]
+fn a_member_drafts_with_another_member_of_its_pool() {
+    let (pool, mut members) = example();
+    let settings = Settings::default();
+    let template = admit::template(&pool, &settings).expect("template");
+    let draft = members[1].spec.served_name.clone().expect("served name");
+    members[0]
+        .spec
+        .engine_config
+        .get_or_insert_default()
+        .speculation = Some(gantry_crd::model::Speculation {
+        method: gantry_crd::model::SpeculationMethod::DraftModel,
+        draft_model: Some(draft.clone()),
+        draft_tokens: Some(4),
+        ..Default::default()
+    });
+    validate(&members[0], &settings).expect("a pool member may draft with another member");
+    let a = admit::admit(
+        &pool,
+        &template,
+        &members,
+        &[],
+        &example_plugins(),
+        &settings,
+    );
+    assert!(a.refused.is_empty(), "{:?}", a.refused);
+    let config: gantry_api::NodeConfig =
+        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
+            .expect("config");
+    let served = members[0].spec.served_name.clone().expect("served name");
+    let entry = config
+        .models
+        .iter()
+        .find(|m| m.id == served)
+        .expect("member");
+    assert_eq!(
+        entry.speculation.method,
+        gantry_api::config::SpeculationMethod::DraftModel
+    );
+    assert_eq!(
+        entry.speculation.draft_model.as_deref(),
+        Some(draft.as_str())
+    );
+    assert_eq!(entry.speculation.draft_tokens, 4);
+    assert!(
+        config.models.iter().any(|m| m.id == draft),
+        "the draft is served by the same pods"
+    );
+    config
+        .validate()
+        .expect("the node accepts the pool's config");
+}
+
+#[test]
 fn a_pool_names_the_isolation_of_the_plugins_its_pods_mount_on_its_pod_hash() {
     let (pool, members) = example();
     let settings = Settings::default();

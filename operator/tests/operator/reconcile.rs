@@ -187,6 +187,7 @@ pub(crate) fn node_report(
             crashes: None,
             engine_choice: None,
             adapters: Vec::new(),
+            draft: None,
         }],
         ..NodeStatus::default()
     };

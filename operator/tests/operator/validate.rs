@@ -12,7 +12,7 @@ use crate::support::{fixture_model, t0};
 type Mutation = fn(&mut Model);
 
 /// (what is wrong, how to break the CPU fixture, the field the failure must name)
-const CASES: [(&str, Mutation, &str); 26] = [
+const CASES: [(&str, Mutation, &str); 28] = [
     (
         "name that is not a DNS-1035 label",
         |m| m.metadata.name = Some("3-gemma".into()),
@@ -103,6 +103,29 @@ const CASES: [(&str, Mutation, &str); 26] = [
                 })
         },
         "spec.engineConfig.speculation.ngramMax",
+    ),
+    (
+        "a draft model method without a draft model",
+        |m| {
+            m.spec.engine_config.get_or_insert_default().speculation =
+                Some(gantry_crd::model::Speculation {
+                    method: gantry_crd::model::SpeculationMethod::DraftModel,
+                    ..Default::default()
+                })
+        },
+        "spec.engineConfig.speculation.draftModel",
+    ),
+    (
+        "a draft model for a Model with node pods of its own",
+        |m| {
+            m.spec.engine_config.get_or_insert_default().speculation =
+                Some(gantry_crd::model::Speculation {
+                    method: gantry_crd::model::SpeculationMethod::DraftModel,
+                    draft_model: Some("small".into()),
+                    ..Default::default()
+                })
+        },
+        "spec.engineConfig.speculation.draftModel",
     ),
     (
         "PVC cache without size",

@@ -205,9 +205,23 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             "draftTokens" => "spec.engineConfig.speculation.draftTokens",
             "ngramMin" => "spec.engineConfig.speculation.ngramMin",
             "ngramMax" => "spec.engineConfig.speculation.ngramMax",
+            "draftModel" => "spec.engineConfig.speculation.draftModel",
             _ => "spec.engineConfig.speculation.maxBatch",
         };
         problems.push(Invalid::new(field, reason));
+    }
+    if let Some(draft) = speculation.draft_model.as_deref() {
+        // The draft runs in the node pods that serve this Model: those of a pool it shares.
+        let field = "spec.engineConfig.speculation.draftModel";
+        if spec.pool.is_none() {
+            problems.push(Invalid::new(
+                field,
+                "a draft model runs in the node pods that serve this Model: put both Models in \
+                 one ModelPool (spec.pool)",
+            ));
+        } else if draft == served_name {
+            problems.push(Invalid::new(field, "names this Model itself"));
+        }
     }
 
     let cache = spec.cache.clone().unwrap_or_default();
