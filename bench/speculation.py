@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Speculative decoding (prompt lookup): decode speed with and without it, in one run.
+"""Speculative decoding (prompt lookup, or a draft model): decode speed with and without it, in
+one run.
 
 One gantry-node serves Gemma 3 270M (Q4_K_M through the llama.cpp plugin by default, or the
 bf16 safetensors through the native engine with --native), 2 threads, 8 sequences, the
-response cache off so every request is generated. Two prompt sets, sent as plain completions
+response cache off so every request is generated. With --draft PATH the model drafts with that
+GGUF instead (`speculation: {method: draftModel}`); --pair qwen-coder is the real pair,
+Qwen2.5-Coder-1.5B-Instruct drafted by Qwen2.5-Coder-0.5B-Instruct (both Q4_K_M, fetched on
+demand by bench/fetch-qwen-coder.sh), sent as chat completions since both are instruct models. Two prompt sets, sent as plain completions
 at temperature 0 with a `seed` (the test model is a base model; the seed makes both variants
 evaluate their prompt whole, as docs/node.md's reproducible sampling says, so their texts can be
 compared):
@@ -23,6 +27,7 @@ and without speculation are identical (they should be, at temperature 0), and th
 rate from the node's `gantry_speculative_*_tokens_total`.
 
 Usage: bench/speculation.py [--node target/release/gantry-node] [--model PATH] [--native]
+           [--draft PATH] [--chat] [--pair qwen-coder]
            [--out bench/results/speculation.json] [--rounds 2] [--quick]
 
 Needs `cargo build --release --workspace`. Bounded: --rounds rounds of 12 prompts per variant
@@ -47,6 +52,9 @@ TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 CACHE = Path.home() / ".cache/gantry/models"
 GGUF = os.environ.get("GANTRY_GEMMA_GGUF", str(CACHE / "gemma-3-270m-q4_k_m.gguf"))
 SAFETENSORS = os.environ.get("GANTRY_GEMMA_ST_DIR", str(CACHE / "gemma-3-270m-bf16"))
+# The served id of the measured model, whatever its files.
+MODEL = "target"
+CHAT = False
 
 PARAGRAPH = ("The comittee met on tuesday to discus the new budjet. Most members agred that the "
              "libary needs more funding, but some argued that the park shoud come first. After a "
@@ -89,13 +97,18 @@ OPEN = [
 
 def chat(port, prompt, spec, max_tokens, timeout=600):
     body = {
-        "model": "gemma", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "model": MODEL, "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True}, "speculation": spec,
         "seed": 0,
     }
+    if CHAT:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.monotonic()
-    c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    path = "/v1/chat/completions" if CHAT else "/v1/completions"
+    c.request("POST", path, json.dumps(body), {"content-type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
         raise SystemExit(f"HTTP {r.status}: {r.read()[:500]!r}")
@@ -108,7 +121,7 @@ def chat(port, prompt, spec, max_tokens, timeout=600):
         if ev.get("usage"):
             tokens = ev["usage"]["completion_tokens"]
         for ch in ev.get("choices", []):
-            piece = ch.get("text")
+            piece = ch.get("text") if not CHAT else (ch.get("delta") or {}).get("content")
             if piece:
                 now = time.monotonic()
                 first = first or now
@@ -124,7 +137,7 @@ def scrape(port):
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     c.close()
-    val = lambda name: float((re.search(rf'^{name}\{{model="gemma"\}} (\S+)$', text, re.M) or [0, 0])[1])
+    val = lambda name: float((re.search(rf'^{name}\{{model="{MODEL}"\}} (\S+)$', text, re.M) or [0, 0])[1])
     return {"drafted": val("gantry_speculative_draft_tokens_total"),
             "accepted": val("gantry_speculative_accepted_tokens_total")}
 
@@ -192,17 +205,34 @@ def main():
     ap.add_argument("--draft-tokens", type=int, default=None, help="the model's speculation.draftTokens")
     ap.add_argument("--max-batch", type=int, default=None, help="the model's speculation.maxBatch")
     ap.add_argument("--sets", default="input_grounded,open_ended,c8")
+    ap.add_argument("--draft", default=None, help="a GGUF the model drafts with (method draftModel)")
+    ap.add_argument("--chat", action="store_true", help="chat completions (instruct models)")
+    ap.add_argument("--pair", choices=["qwen-coder"], default=None,
+                    help="qwen-coder: Qwen2.5-Coder 1.5B drafted by 0.5B (bench/fetch-qwen-coder.sh)")
     a = ap.parse_args()
+    global CHAT
     if a.quick:
         a.rounds, a.c8_seconds = 1, 10
+    if a.pair == "qwen-coder":
+        env = subprocess.run(["bash", str(ROOT / "bench/fetch-qwen-coder.sh")], check=True,
+                             capture_output=True, text=True).stdout
+        paths = dict(re.findall(r"export (\w+)='([^']*)'", env))
+        a.model, a.draft, a.chat = paths["GANTRY_QWEN_TARGET"], paths["GANTRY_QWEN_DRAFT"], True
+    CHAT = a.chat
     model = a.model or (SAFETENSORS if a.native else GGUF)
     fmt = "safetensors" if a.native else "gguf"
     work = Path(tempfile.mkdtemp(prefix="gantry-spec-"))
     cfg = work / "node.yaml"
     spec = {k: v for k, v in (("draftTokens", a.draft_tokens), ("maxBatch", a.max_batch)) if v}
+    draft_yaml = ""
+    if a.draft:
+        spec.update(method="draftModel", draftModel="draft")
+        draft_yaml = (f"  - {{id: draft, path: {a.draft}, format: gguf, contextLength: 2048, "
+                      f"maxBatchSize: 1}}\n")
     spec_yaml = f", speculation: {json.dumps(spec)}" if spec else ""
-    cfg.write_text(f"models:\n  - {{id: gemma, path: {model}, format: {fmt}, contextLength: 2048, "
-                   f"maxBatchSize: 8{spec_yaml}}}\nscheduler: {{responseCacheRamFraction: 0.0}}\n")
+    cfg.write_text(f"models:\n{draft_yaml}  - {{id: {MODEL}, path: {model}, format: {fmt}, "
+                   f"contextLength: 2048, maxBatchSize: 8{spec_yaml}}}\n"
+                   f"scheduler: {{responseCacheRamFraction: 0.0}}\n")
     port = free_port()
     log = work / "node.log"
     proc = subprocess.Popen([a.node, "serve", "--config", cfg, "--listen", f"127.0.0.1:{port}",
@@ -215,6 +245,8 @@ def main():
             "benchmark": "speculation",
             "engine": "native" if a.native else "llama_cpp",
             "model": Path(model).name,
+            "draft": Path(a.draft).name if a.draft else None,
+            "endpoint": "chat" if CHAT else "completions",
             "threads": 2,
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
             "max_tokens": a.max_tokens,

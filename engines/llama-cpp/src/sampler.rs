@@ -51,10 +51,17 @@ pub(crate) struct Chain {
 unsafe impl Send for SeqSampler {}
 
 impl SeqSampler {
-    pub(crate) fn new(p: &Sampling, n_vocab: i32) -> Self {
+    /// The sampler of one sequence; `n_ctx` is its context, the penalties' window when
+    /// `penalty_last_n` is -1 (the header's "whole context": llama.cpp's own sampler takes a
+    /// negative window as 0, penalties off, so the caller must say how long "whole" is).
+    pub(crate) fn new(p: &Sampling, n_vocab: i32, n_ctx: u32) -> Self {
         if p.is_greedy() && !p.has_penalties() && p.logit_bias.is_empty() {
             return SeqSampler::Argmax;
         }
+        let last_n = match p.penalty_last_n {
+            n if n < 0 => i32::try_from(n_ctx).unwrap_or(i32::MAX),
+            n => n,
+        };
         let mut head = Vec::new();
         if !p.logit_bias.is_empty() {
             let biases: Vec<LlamaLogitBias> = p
@@ -67,7 +74,7 @@ impl SeqSampler {
         if p.has_penalties() {
             head.push(LlamaSampler::penalties(
                 n_vocab,
-                p.penalty_last_n,
+                last_n,
                 p.repetition_penalty,
                 p.frequency_penalty,
                 p.presence_penalty,
@@ -94,7 +101,7 @@ impl SeqSampler {
             head: LlamaSampler::chain_simple(head),
             tail: LlamaSampler::chain_simple(tail),
             seen: p.has_penalties().then(Vec::new),
-            last_n: usize::try_from(p.penalty_last_n).unwrap_or(0),
+            last_n: usize::try_from(last_n).unwrap_or(0),
         })
     }
 
@@ -324,7 +331,7 @@ mod tests {
             ..Sampling::greedy()
         };
         assert_eq!(top_k_first(&p), Some(k));
-        let (mut cut, mut whole) = (SeqSampler::new(&p, 5000), SeqSampler::new(&p, 5000));
+        let (mut cut, mut whole) = (SeqSampler::new(&p, 5000, 64), SeqSampler::new(&p, 5000, 64));
         let draw = |s: &mut SeqSampler, k: Option<usize>| {
             let SeqSampler::Chain(chain) = s else {
                 panic!("a sampled request runs a chain")
@@ -358,7 +365,7 @@ mod tests {
             penalty_last_n: 2,
             ..Sampling::greedy()
         };
-        let mut s = SeqSampler::new(&p, 4);
+        let mut s = SeqSampler::new(&p, 4, 64);
         let sample =
             |s: &mut SeqSampler, after| s.sample(&logits, after, &p, None).expect("sampled").token;
         let first: Vec<i32> = (10..16).map(|pos| sample(&mut s, pos)).collect();
@@ -372,6 +379,24 @@ mod tests {
         // Keeping everything forgets nothing.
         s.forget_after(12);
         assert_eq!(sample(&mut s, 12), first[2]);
+    }
+
+    #[test]
+    fn a_window_of_minus_one_penalises_the_whole_context() {
+        // -1 is "the whole context" (gantry_engine.h), not "off": every sample so far stays
+        // penalised, so greedy takes each token once, best first, then the least penalised.
+        let logits = [10.0f32, 9.0, 8.0, 1.0];
+        let p = Sampling {
+            repetition_penalty: 2.0,
+            penalty_last_n: -1,
+            ..Sampling::greedy()
+        };
+        let mut s = SeqSampler::new(&p, 4, 64);
+        let got: Vec<i32> = (0..4)
+            .map(|pos| s.sample(&logits, pos, &p, None).expect("sampled").token)
+            .collect();
+        // 10, 9, 8 halve to 5, 4.5, 4 once sampled; token 3's 1.0 is never best.
+        assert_eq!(got, [0, 1, 2, 0]);
     }
 
     #[test]

@@ -287,7 +287,7 @@ impl LlamaLoaded {
             let sampler = seq
                 .sampler
                 .take()
-                .unwrap_or_else(|| SeqSampler::new(params, self.n_vocab));
+                .unwrap_or_else(|| SeqSampler::new(params, self.n_vocab, self.info.context_length));
             jobs.push(Job {
                 out: group.first_slot[n],
                 seq: e.seq,
@@ -397,7 +397,7 @@ mod tests {
                     rows: vec![(0, &logits[..])],
                     params: p,
                     allowed: None,
-                    sampler: SeqSampler::new(p, 3000),
+                    sampler: SeqSampler::new(p, 3000, 64),
                 })
                 .collect()
         };
