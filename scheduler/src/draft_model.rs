@@ -225,3 +225,202 @@ impl DraftModel {
         e
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineLimits, Overrun};
+    use gantry_api::WorkerCrash;
+    use gantry_engine_abi::SampledToken;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    /// A toy draft model: after token `t` it predicts `t + 1` (99 ends a generation). It
+    /// records what each sequence holds and the tokens of every step.
+    #[derive(Default)]
+    struct Toy {
+        seqs: HashMap<u64, Vec<i32>>,
+        next: u64,
+        steps: Vec<Vec<(u64, usize)>>,
+        released: Vec<u64>,
+    }
+
+    struct ToyEngine(Arc<Mutex<Toy>>);
+
+    impl Engine for ToyEngine {
+        fn limits(&self) -> EngineLimits {
+            EngineLimits {
+                max_sequences: 4,
+                kv_capacity_tokens: 4096,
+                context_length: 64,
+                eog_tokens: vec![99],
+                speculation: true,
+            }
+        }
+        fn seq_open(&mut self) -> Result<u64, EngineError> {
+            let mut t = self.0.lock().expect("toy");
+            t.next += 1;
+            let id = t.next;
+            t.seqs.insert(id, Vec::new());
+            Ok(id)
+        }
+        fn seq_release(&mut self, seq: u64) {
+            let mut t = self.0.lock().expect("toy");
+            t.seqs.remove(&seq);
+            t.released.push(seq);
+        }
+        fn step(
+            &mut self,
+            entries: &[StepEntry<'_>],
+        ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+            let mut t = self.0.lock().expect("toy");
+            t.steps
+                .push(entries.iter().map(|e| (e.seq, e.tokens.len())).collect());
+            let mut out = Vec::new();
+            for e in entries {
+                let held = t.seqs.get_mut(&e.seq).expect("open sequence");
+                held.extend_from_slice(e.tokens);
+                out.push(e.sample.map(|_| SampledToken {
+                    token: (held.last().copied().unwrap_or(0) + 1).min(99),
+                    logprob: f32::NAN,
+                    top: Vec::new(),
+                }));
+            }
+            Ok(out)
+        }
+        fn seq_truncate(&mut self, seq: u64, n_keep: u64) -> Result<(), EngineError> {
+            let mut t = self.0.lock().expect("toy");
+            t.seqs
+                .get_mut(&seq)
+                .expect("open sequence")
+                .truncate(n_keep as usize);
+            Ok(())
+        }
+        fn seq_cached_tokens(&mut self, _seq: u64) -> Option<u64> {
+            None
+        }
+        fn embed(&mut self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+            Err(EngineError::unsupported("toy"))
+        }
+        fn token_bytes(&self, _token: i32) -> Vec<u8> {
+            Vec::new()
+        }
+        fn crashed(&self) -> Option<WorkerCrash> {
+            None
+        }
+        fn on_overrun(&self) -> Overrun {
+            Overrun::MarkHung
+        }
+    }
+
+    fn toy() -> (DraftModel, Arc<Mutex<Toy>>) {
+        let state = Arc::new(Mutex::new(Toy::default()));
+        (DraftModel::new(Box::new(ToyEngine(state.clone()))), state)
+    }
+
+    #[test]
+    fn a_draft_catches_up_then_decodes_k_tokens_one_step_each_and_keeps_what_was_accepted() {
+        let (mut dm, toy) = toy();
+        // The target's context: prompt 1..=5 and its pending token 6.
+        let mut context = vec![1, 2, 3, 4, 5, 6];
+        let mut draft = None;
+        let mut wants = [Want {
+            context: &context,
+            draft: &mut draft,
+            k: 3,
+        }];
+        let out = dm.draft(&mut wants, 512).expect("drafted");
+        assert_eq!(out, vec![vec![7, 8, 9]]);
+        let d = draft.expect("a draft sequence");
+        {
+            let t = toy.lock().expect("toy");
+            // One catch-up step of the whole context, then one token per step.
+            assert_eq!(
+                t.steps,
+                vec![vec![(d.seq, 6)], vec![(d.seq, 1)], vec![(d.seq, 1)]]
+            );
+            assert_eq!(t.seqs[&d.seq], [1, 2, 3, 4, 5, 6, 7, 8]);
+        }
+        // The target kept 1 of the 3 drafted tokens: the draft drops 8 and holds 1..=7.
+        let mut d = d;
+        assert!(dm.verified(&mut d, 1));
+        assert_eq!(toy.lock().expect("toy").seqs[&d.seq], [1, 2, 3, 4, 5, 6, 7]);
+        // The target's text goes on with 7 and its own sample 20: only 20 is fed next.
+        context.extend([7, 20]);
+        let mut draft = Some(d);
+        let mut wants = [Want {
+            context: &context,
+            draft: &mut draft,
+            k: 2,
+        }];
+        assert_eq!(
+            dm.draft(&mut wants, 512).expect("drafted"),
+            vec![vec![21, 22]]
+        );
+        let t = toy.lock().expect("toy");
+        assert_eq!(
+            t.steps[3],
+            vec![(d.seq, 1)],
+            "a catch-up of the missing token only"
+        );
+        assert_eq!(t.seqs[&d.seq], [1, 2, 3, 4, 5, 6, 7, 20, 21]);
+    }
+
+    #[test]
+    fn a_long_catch_up_is_fed_in_chunks_without_drafting_and_an_end_token_stops_a_draft() {
+        let (mut dm, toy) = toy();
+        let context: Vec<i32> = (1..=10).collect();
+        let mut draft = None;
+        let mut wants = [Want {
+            context: &context,
+            draft: &mut draft,
+            k: 3,
+        }];
+        // A budget of 4 catch-up tokens: 10 tokens take three steps, drafting after the last.
+        assert_eq!(
+            dm.draft(&mut wants, 4).expect("step"),
+            vec![Vec::<i32>::new()]
+        );
+        assert_eq!(
+            dm.draft(&mut wants, 4).expect("step"),
+            vec![Vec::<i32>::new()]
+        );
+        assert_eq!(
+            dm.draft(&mut wants, 4).expect("step"),
+            vec![vec![11, 12, 13]]
+        );
+        // Near the end token, the draft stops at it.
+        let context = vec![96, 97];
+        let mut other = None;
+        let mut wants = [Want {
+            context: &context,
+            draft: &mut other,
+            k: 5,
+        }];
+        assert_eq!(dm.draft(&mut wants, 64).expect("step"), vec![vec![98, 99]]);
+        // Sequences no running target holds any more are released.
+        let keep = draft.expect("first").seq;
+        dm.release_unheld(&HashSet::from([keep]));
+        let t = toy.lock().expect("toy");
+        assert_eq!(t.seqs.keys().copied().collect::<Vec<_>>(), [keep]);
+        assert_eq!(t.released, [other.expect("second").seq]);
+    }
+
+    #[test]
+    fn a_context_past_the_drafts_own_drafts_nothing() {
+        let (mut dm, toy) = toy();
+        let context: Vec<i32> = (0..62).collect();
+        let mut draft = None;
+        let mut wants = [Want {
+            context: &context,
+            draft: &mut draft,
+            k: 3,
+        }];
+        // 62 + 3 tokens would not fit the draft's 64-token context.
+        assert_eq!(
+            dm.draft(&mut wants, 512).expect("step"),
+            vec![Vec::<i32>::new()]
+        );
+        assert!(draft.is_none() && toy.lock().expect("toy").steps.is_empty());
+    }
+}
