@@ -163,7 +163,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.node.metrics.render(),
+        s.node.metrics.render_with(&s.node.lora_info()),
     )
         .into_response()
 }

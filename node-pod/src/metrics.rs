@@ -15,8 +15,8 @@ use prometheus::{
 
 mod epp;
 
-pub use epp::EPP_METRIC_NAMES;
 use epp::EppGauges;
+pub use epp::{EPP_METRIC_NAMES, LoraInfo};
 
 pub type GaugeVec = GenericGaugeVec<AtomicF64>;
 
@@ -382,7 +382,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 42] = [
+        let collectors: [&dyn Collector; 43] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -425,6 +425,7 @@ impl Metrics {
             &self.epp.kv_usage,
             &self.epp.kv_usage_legacy,
             &self.epp.cache_config,
+            &self.epp.lora_info,
         ];
         let mut names: Vec<String> = collectors
             .iter()
@@ -487,6 +488,13 @@ impl Metrics {
                 self.gpu_utilization.with_label_values(&l).set(f64::from(u));
             }
         }
+    }
+
+    /// The text exposition, with the endpoint picker's series recomputed; `lora` is what
+    /// `vllm:lora_requests_info` says now.
+    pub fn render_with(&self, lora: &LoraInfo) -> String {
+        self.epp.set_lora(lora);
+        self.render()
     }
 
     pub fn render(&self) -> String {

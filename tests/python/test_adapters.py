@@ -142,3 +142,31 @@ def test_adapter_events_are_counted(client, node):
                         text, re.M)
     assert loaded and float(loaded.group(1)) >= 1, "no load of smollm2:pirate counted"
     assert refused and float(refused.group(1)) == 1, "the refusal of smollm2:bad-shape is not counted once"
+
+
+def lora_requests_info(node):
+    """`vllm:lora_requests_info`'s one sample: its labels and value."""
+    with urllib.request.urlopen(f"{node}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    samples = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert len(samples) == 1, samples
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', samples[0]))
+    return labels, float(samples[0].rsplit(" ", 1)[1])
+
+
+def test_the_endpoint_picker_sees_the_adapters_with_requests_in_flight(client, node):
+    # vLLM's series, which the Gateway API Inference Extension's picker reads for LoRA affinity.
+    labels, stamp = lora_requests_info(node)
+    assert labels == {"running_lora_adapters": "", "waiting_lora_adapters": "", "max_lora": "8"}
+    assert stamp > 1.7e9, "the value is the scrape's Unix time, as vLLM sets it"
+    stream = client.chat.completions.create(
+        model="smollm2:pirate", messages=[{"role": "user", "content": PROMPTS[0]}],
+        max_tokens=48, temperature=0, stream=True)
+    chunks = iter(stream)
+    next(chunks)  # the request is in flight until its last chunk
+    during, _ = lora_requests_info(node)
+    assert during["running_lora_adapters"] == "smollm2:pirate", during
+    for _ in chunks:
+        pass
+    after, _ = lora_requests_info(node)
+    assert after["running_lora_adapters"] == "", after

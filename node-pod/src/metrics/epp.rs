@@ -16,16 +16,26 @@ pub(super) struct EppGauges {
     pub(super) kv_usage: prometheus::Gauge,
     pub(super) kv_usage_legacy: prometheus::Gauge,
     pub(super) cache_config: GaugeVec,
+    pub(super) lora_info: GaugeVec,
 }
 
 /// The endpoint picker's metric names (vLLM's), in the order they are registered.
-pub const EPP_METRIC_NAMES: [&str; 5] = [
+pub const EPP_METRIC_NAMES: [&str; 6] = [
     "vllm:num_requests_waiting",
     "vllm:num_requests_running",
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",
     "vllm:cache_config_info",
+    "vllm:lora_requests_info",
 ];
+
+/// What `vllm:lora_requests_info` says at a scrape: the LoRA adapters (served ids) with
+/// requests in flight, and how many adapters the node can hold at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoraInfo {
+    pub running: Vec<String>,
+    pub max_lora: usize,
+}
 
 impl EppGauges {
     #[allow(clippy::expect_used)] // static definitions
@@ -58,7 +68,27 @@ impl EppGauges {
                 "KV cache geometry for the endpoint picker: block_size 1 (token-granular cells), num_gpu_blocks = KV cells, all models",
                 &["block_size", "num_gpu_blocks"],
             ),
+            lora_info: gauge(
+                r,
+                EPP_METRIC_NAMES[5],
+                "LoRA adapters with requests in flight on this node (running_lora_adapters, served ids, comma-separated; waiting_lora_adapters stays empty: a request waits in the scheduler with its adapter loaded) and max_lora, the adapters the node serves; the value is the scrape's Unix time, as vLLM sets it (endpoint picker's LoRA affinity)",
+                &["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            ),
         }
+    }
+
+    /// Set `vllm:lora_requests_info`'s one sample.
+    pub(super) fn set_lora(&self, info: &LoraInfo) {
+        let mut running = info.running.clone();
+        running.sort();
+        running.dedup();
+        self.lora_info.reset();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.lora_info
+            .with_label_values(&[&running.join(","), "", &info.max_lora.to_string()])
+            .set(now);
     }
 
     /// Recompute the endpoint picker's node-wide series from the per-model ones.

@@ -152,6 +152,22 @@ fn refusal_reason(status: Status) -> Option<&'static str> {
 }
 
 impl Node {
+    /// What `vllm:lora_requests_info` says: the adapters with requests in flight (served
+    /// ids), and how many adapters the node serves (all can be loaded at once, memory
+    /// permitting; the endpoint picker reads it as the node's adapter capacity).
+    pub fn lora_info(&self) -> crate::metrics::LoraInfo {
+        let models = self.models();
+        let adapters = models.values().flat_map(|m| m.adapters.iter());
+        let mut info = crate::metrics::LoraInfo::default();
+        for a in adapters {
+            info.max_lora += 1;
+            if a.in_flight.load(Ordering::SeqCst) > 0 {
+                info.running.push(a.id.clone());
+            }
+        }
+        info
+    }
+
     /// The model and adapter a request's `model` names: a model id first (a `servedName` may
     /// itself contain `:`), then an adapter's id.
     pub fn resolve(&self, id: &str) -> Option<(Arc<ServedModel>, Option<Arc<ServedAdapter>>)> {
