@@ -24,7 +24,7 @@
 
 use std::collections::HashSet;
 
-use gantry_engine_abi::{EngineError, Sampling, StepEntry};
+use gantry_engine_abi::{EngineError, SampledToken, Sampling, StepEntry};
 
 use crate::engine::Engine;
 
@@ -123,24 +123,14 @@ impl DraftModel {
         if feeds.is_empty() {
             return Ok(out);
         }
-        let first = {
-            let entries: Vec<StepEntry<'_>> = feeds
-                .iter()
-                .map(|(i, range, samples)| StepEntry {
-                    seq: wants[*i].draft.map(|d| d.seq).unwrap_or_default(),
-                    tokens: &wants[*i].context[range.clone()],
-                    sample: samples.then_some(&self.greedy),
-                    fresh: false,
-                    allowed: None,
-                    sample_all: false,
-                })
-                .collect();
-            self.engine.step(&entries)
-        };
-        let sampled = match first {
-            Ok(s) => s,
-            Err(e) => return Err(self.forget(wants, e)),
-        };
+        let first: Vec<(usize, &[i32], bool)> = feeds
+            .iter()
+            .map(|(i, range, samples)| {
+                let context: &[i32] = wants[*i].context;
+                (*i, &context[range.clone()], *samples)
+            })
+            .collect();
+        let sampled = self.step(wants, &first)?;
         // `step` returns one slot per entry, in entry order (`None` where it did not sample).
         let mut drafting: Vec<usize> = Vec::new();
         for ((i, range, _), s) in feeds.iter().zip(sampled) {
@@ -162,25 +152,12 @@ impl DraftModel {
                 .iter()
                 .map(|&i| [*out[i].last().unwrap_or(&0)])
                 .collect();
-            let result = {
-                let entries: Vec<StepEntry<'_>> = drafting
-                    .iter()
-                    .zip(&feed)
-                    .map(|(&i, t)| StepEntry {
-                        seq: wants[i].draft.map(|d| d.seq).unwrap_or_default(),
-                        tokens: t,
-                        sample: Some(&self.greedy),
-                        fresh: false,
-                        allowed: None,
-                        sample_all: false,
-                    })
-                    .collect();
-                self.engine.step(&entries)
-            };
-            let sampled = match result {
-                Ok(s) => s,
-                Err(e) => return Err(self.forget(wants, e)),
-            };
+            let feeds: Vec<(usize, &[i32], bool)> = drafting
+                .iter()
+                .zip(&feed)
+                .map(|(&i, t)| (i, &t[..], true))
+                .collect();
+            let sampled = self.step(wants, &feeds)?;
             let mut next = Vec::with_capacity(drafting.len());
             for (&i, s) in drafting.iter().zip(sampled) {
                 if let Some(d) = wants[i].draft.as_mut() {
@@ -214,6 +191,29 @@ impl DraftModel {
         }
     }
 
+    /// One draft-engine step: each `(want, tokens, samples)` feeds `tokens` to that want's
+    /// draft sequence, greedily sampled after the last when `samples`; one slot per entry.
+    fn step(
+        &mut self,
+        wants: &mut [Want<'_>],
+        feeds: &[(usize, &[i32], bool)],
+    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let entries: Vec<StepEntry<'_>> = feeds
+            .iter()
+            .map(|&(i, tokens, samples)| StepEntry {
+                seq: wants[i].draft.map(|d| d.seq).unwrap_or_default(),
+                tokens,
+                sample: samples.then_some(&self.greedy),
+                fresh: false,
+                allowed: None,
+                sample_all: false,
+            })
+            .collect();
+        let result = self.engine.step(&entries);
+        drop(entries);
+        result.map_err(|e| self.forget(wants, e))
+    }
+
     /// A failed draft step: every sequence that took part catches up from scratch.
     fn forget(&mut self, wants: &mut [Want<'_>], e: EngineError) -> EngineError {
         for w in wants.iter_mut() {
@@ -231,7 +231,6 @@ mod tests {
     use super::*;
     use crate::engine::{EngineLimits, Overrun};
     use gantry_api::WorkerCrash;
-    use gantry_engine_abi::SampledToken;
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
 

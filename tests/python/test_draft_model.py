@@ -12,7 +12,6 @@ request), drafted tokens are verified and some kept (`gantry_speculative_*_token
 `/v1/status` reports each draft and what it holds.
 """
 import json
-import re
 import subprocess
 import tempfile
 import urllib.request
@@ -22,6 +21,7 @@ import openai
 import pytest
 
 from conftest import TARGET, _free_port, _gemma, _smollm2, _smollm2_st, running, wait_ready
+from test_speculation import counters
 
 TEXT = ("The comittee met on tuesday to discus the new budjet. Most members agred that the "
         "libary needs more funding, but some argued that the park shoud come first.")
@@ -64,17 +64,6 @@ def draft_node():
 @pytest.fixture(scope="module")
 def draft_client(draft_node):
     return openai.OpenAI(base_url=f"{draft_node}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def counters(node, model):
-    with urllib.request.urlopen(f"{node}/metrics", timeout=30) as r:
-        text = r.read().decode()
-
-    def val(name):
-        m = re.search(rf'^{name}\{{model="{re.escape(model)}"\}} (\S+)$', text, re.M)
-        return float(m.group(1)) if m else 0.0
-
-    return val("gantry_speculative_draft_tokens_total"), val("gantry_speculative_accepted_tokens_total")
 
 
 def status(node):

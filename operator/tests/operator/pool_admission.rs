@@ -180,19 +180,30 @@ fn a_member_whose_adapter_id_an_older_member_serves_is_refused_and_adapters_rend
         )
     );
     // The admitted member's adapter is in the pool's one node config.
+    let (config, entry) = rendered(&pool, &a, &members[0]);
+    assert_eq!(entry.adapters[0].model_id(&entry.id), "pirate-bot");
+    assert!(config.models.len() > 1);
+}
+
+/// The pool's rendered node config, which the node accepts, and `member`'s entry in it.
+fn rendered(
+    pool: &ModelPool,
+    a: &admit::Admission,
+    member: &gantry_crd::Model,
+) -> (gantry_api::NodeConfig, gantry_api::ModelConfig) {
     let config: gantry_api::NodeConfig =
-        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
-            .expect("config");
-    let served = members[0].spec.served_name.clone().expect("served name");
+        serde_yaml::from_str(&admit::render(pool, a).expect("render").config.yaml).expect("config");
+    config
+        .validate()
+        .expect("the node accepts the pool's config");
+    let served = member.spec.served_name.clone().expect("served name");
     let entry = config
         .models
         .iter()
         .find(|m| m.id == served)
+        .cloned()
         .expect("member");
-    assert_eq!(entry.adapters[0].model_id(&entry.id), "pirate-bot");
-    config
-        .validate()
-        .expect("the node accepts the pool's config");
+    (config, entry)
 }
 
 #[test]
@@ -221,15 +232,7 @@ fn a_member_drafts_with_another_member_of_its_pool() {
         &settings,
     );
     assert!(a.refused.is_empty(), "{:?}", a.refused);
-    let config: gantry_api::NodeConfig =
-        serde_yaml::from_str(&admit::render(&pool, &a).expect("render").config.yaml)
-            .expect("config");
-    let served = members[0].spec.served_name.clone().expect("served name");
-    let entry = config
-        .models
-        .iter()
-        .find(|m| m.id == served)
-        .expect("member");
+    let (config, entry) = rendered(&pool, &a, &members[0]);
     assert_eq!(
         entry.speculation.method,
         gantry_api::config::SpeculationMethod::DraftModel
