@@ -21,8 +21,8 @@ pub use engine_plugin::{
 pub use model::{
     Adapter, AdapterSource, AdapterState, AdapterStatus, Autoscaling, AutoscalingMode,
     AutoscalingStatus, Cache, CacheAccessMode, CacheType, CandidateRejection, DownloadStatus,
-    EngineConfig, LoadPolicy, Model, ModelFormat, ModelResources, ModelSource, ModelSpec,
-    ModelStatus, PoolPlacement, ReplicaStatus, Replicas, ResolvedEngine, Rollout, RolloutStrategy,
-    Scheduling, SecretKeyRef,
+    DraftStatus, EngineConfig, LoadPolicy, Model, ModelFormat, ModelResources, ModelSource,
+    ModelSpec, ModelStatus, PoolPlacement, ReplicaStatus, Replicas, ResolvedEngine, Rollout,
+    RolloutStrategy, Scheduling, SecretKeyRef,
 };
 pub use pool::{ModelPool, ModelPoolSpec, ModelPoolStatus, PoolMember, PoolPod, PoolRefusal};

@@ -28,7 +28,7 @@ pub use adapter::{
 };
 pub use speculation::{Speculation, SpeculationMethod};
 pub use status::{
-    AutoscalingStatus, CandidateRejection, DownloadStatus, ModelStatus, PoolPlacement,
+    AutoscalingStatus, CandidateRejection, DownloadStatus, DraftStatus, ModelStatus, PoolPlacement,
     ReplicaStatus, ResolvedEngine,
 };
 

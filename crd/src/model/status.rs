@@ -58,6 +58,26 @@ pub struct ModelStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "adapter_status_list_schema")]
     pub adapters: Vec<AdapterStatus>,
+    /// With `spec.engineConfig.speculation.method: DraftModel`: whether the ready node pods
+    /// draft with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftStatus>,
+}
+
+/// Where a Model's draft model stands on its node pods.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraftStatus {
+    /// `spec.engineConfig.speculation.draftModel`.
+    pub model: String,
+    /// Ready node pods (those serving the Model) that draft with it.
+    pub active_replicas: i32,
+    /// Ready node pods.
+    pub ready_replicas: i32,
+    /// When a ready pod decodes without it: that pod and its reason (the draft is not in the
+    /// pool, failed to load, tokenizes differently).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Where a pool member is.

@@ -322,3 +322,119 @@ fn the_pools_watermark_reaches_its_pods_and_decides_what_fits() {
             .contains("spec.memoryWatermarkPercent")
     );
 }
+
+#[test]
+fn the_draft_models_status_comes_from_the_ready_pods_reports() {
+    use gantry_api::{DraftStatus as NodeDraft, LoadState, LoadStatus, NodeStatus};
+    use gantry_operator::model::resolve::resolve;
+    use gantry_operator::model::status::{Facts, fold};
+    use gantry_operator::node_report::NodeReport;
+
+    let (_, mut members) = example();
+    let draft = members[1].spec.served_name.clone().expect("served name");
+    members[0]
+        .spec
+        .engine_config
+        .get_or_insert_default()
+        .speculation = Some(gantry_crd::model::Speculation {
+        method: gantry_crd::model::SpeculationMethod::DraftModel,
+        draft_model: Some(draft.clone()),
+        ..Default::default()
+    });
+    let model = &members[0];
+    let settings = Settings::default();
+    let v = validate(model, &settings).expect("valid");
+    let r = resolve(&v, Some("llama"), &example_plugins(), 1);
+    // Two ready pods: one drafts, the other could not load the draft.
+    let report = |pod: &str, d: NodeDraft| NodeReport {
+        pod: pod.into(),
+        config_hash: None,
+        plugins: Vec::new(),
+        status: Ok(NodeStatus {
+            models: vec![gantry_api::ModelStatus {
+                id: v.served_name.clone(),
+                format: "gguf".into(),
+                architecture: Some("llama".into()),
+                verdict: None,
+                artifact: Default::default(),
+                load: LoadStatus {
+                    state: LoadState::Loaded,
+                    ..Default::default()
+                },
+                queue: Default::default(),
+                devices: Vec::new(),
+                replicas: Vec::new(),
+                crashes: None,
+                engine_choice: None,
+                adapters: Vec::new(),
+                draft: Some(d),
+            }],
+            ..NodeStatus::default()
+        }),
+    };
+    let active = report(
+        "ml/pool-a",
+        NodeDraft {
+            model: draft.clone(),
+            active: true,
+            message: None,
+            bytes_used: 1 << 20,
+        },
+    );
+    let inactive = report(
+        "ml/pool-b",
+        NodeDraft {
+            model: draft.clone(),
+            active: false,
+            message: Some("the draft model tokenizes differently: token 0 ...".into()),
+            bytes_used: 0,
+        },
+    );
+    let folded = |reports: &[&NodeReport]| {
+        fold(&Facts {
+            model,
+            valid: &v,
+            architecture: Some("llama"),
+            resolution: &r,
+            deployment: None,
+            reports,
+            apply_error: None,
+            deliveries: &[],
+            deliver_error: None,
+            now: crate::support::t0(),
+        })
+        .draft
+        .expect("a Model with a draft model has its status")
+    };
+    let s = folded(&[&active, &inactive]);
+    assert_eq!(
+        (s.model.as_str(), s.active_replicas, s.ready_replicas),
+        (draft.as_str(), 1, 2)
+    );
+    assert_eq!(
+        s.message.as_deref(),
+        Some(
+            "node pod ml/pool-b decodes without drafts: the draft model tokenizes differently: token 0 ..."
+        )
+    );
+    let s = folded(&[&active]);
+    assert_eq!(
+        (s.active_replicas, s.ready_replicas, s.message),
+        (1, 1, None)
+    );
+    // A Model without a draft model has no draft status.
+    let plain = validate(&members[1], &settings).expect("valid");
+    let none = fold(&Facts {
+        model: &members[1],
+        valid: &plain,
+        architecture: Some("llama"),
+        resolution: &r,
+        deployment: None,
+        reports: &[],
+        apply_error: None,
+        deliveries: &[],
+        deliver_error: None,
+        now: crate::support::t0(),
+    });
+    assert!(none.draft.is_none());
+}

@@ -1,7 +1,7 @@
 //! Model reconcile, status step (pure part): the validation outcome, the Deployment's rollout
 //! and the in-place plugin deliveries (through `status/rollout.rs`, shared with the pool's
 //! fold) and the node pods' reports (through `status/reports.rs` and `status/adapters.rs`),
-//! folded into `ModelStatus` with its conditions, replica counts, endpoint and adapters. The
+//! folded into `ModelStatus` with its conditions, replica counts, endpoint, adapters and draft model. The
 //! write is `model::status::publish`.
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::adapters::fold_adapters;
+use super::draft::fold_draft;
 use super::facts::Facts;
 use super::reports;
 use super::rollout::fold_rollout;
@@ -202,6 +203,7 @@ pub fn fold(f: &Facts<'_>) -> ModelStatus {
         // A pool member's reconcile adds where it is (pool/member.rs).
         pool: None,
         adapters: fold_adapters(f),
+        draft: fold_draft(f),
     }
 }
 

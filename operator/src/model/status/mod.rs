@@ -14,6 +14,7 @@
 //! `adapters` (each LoRA adapter's state on the pods), over the [`Facts`] of `facts`.
 
 mod adapters;
+mod draft;
 pub mod facts;
 pub mod fold;
 mod reports;
