@@ -127,8 +127,9 @@ pub struct ServedModel {
     pub crashes: Mutex<CrashRecord>,
     /// How the engine was chosen among several that support the model (`/v1/status`).
     pub engine_choice: RwLock<Option<gantry_api::EngineChoice>>,
-    /// Its LoRA adapters, in config order (node/adapters.rs).
-    pub adapters: Vec<Arc<ServedAdapter>>,
+    /// Its LoRA adapters, in config order (node/adapters.rs); a reload that changes only the
+    /// adapter list swaps it in place (node/reload.rs).
+    adapters: RwLock<Arc<Vec<Arc<ServedAdapter>>>>,
 }
 
 impl ServedModel {
@@ -155,11 +156,13 @@ impl ServedModel {
             retired: AtomicBool::new(false),
             crashes: Mutex::new(CrashRecord::default()),
             engine_choice: RwLock::new(None),
-            adapters: config
-                .adapters
-                .iter()
-                .map(|a| Arc::new(ServedAdapter::new(a, &config.id)))
-                .collect(),
+            adapters: RwLock::new(Arc::new(
+                config
+                    .adapters
+                    .iter()
+                    .map(|a| Arc::new(ServedAdapter::new(a, &config.id)))
+                    .collect(),
+            )),
         }
     }
 

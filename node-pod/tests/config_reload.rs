@@ -437,3 +437,115 @@ async fn an_invalid_config_is_refused_and_a_changed_model_is_replaced_on_the_nex
     );
     assert_eq!(reloads(&m, "applied"), Some(1.0));
 }
+
+/// `smollm2`'s adapters in `/v1/status`: `(name, state)`.
+async fn adapter_states(node: &NodeProc) -> Vec<(String, String)> {
+    let status = get_json(node, "/v1/status").await;
+    let m = status["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .find(|m| m["id"] == "smollm2")
+        .cloned()
+        .unwrap_or(Value::Null);
+    m["adapters"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|a| {
+                    (
+                        a["name"].as_str().unwrap_or_default().to_string(),
+                        a["state"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adding_and_removing_adapters_leaves_the_loaded_base_model_serving() {
+    let Some(lora) = std::env::var_os("GANTRY_SMOLLM2_ADAPTERS").map(PathBuf::from) else {
+        eprintln!(
+            "SKIPPED: GANTRY_SMOLLM2_ADAPTERS is not set (the SmolLM2 test adapters of \
+             testkit/python/smollm2_lora.py; scripts/test.sh's environment sets it)"
+        );
+        return;
+    };
+    let base = PathBuf::from(
+        std::env::var_os("GANTRY_SMOLLM2_GGUF").expect("GANTRY_SMOLLM2_GGUF beside the adapters"),
+    );
+    let with = |names: &[&str]| {
+        let adapters: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"name": n, "path": lora.join(format!("{n}.gguf"))}))
+            .collect();
+        config(&[json!({"id": "smollm2", "path": base, "format": "gguf",
+                          "contextLength": 1024, "maxBatchSize": 2, "adapters": adapters})])
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cm = ConfigMapDir::new(dir.path(), &with(&["pirate"]));
+    let node = start(&cm, dir, 0);
+    wait_ready(&node).await;
+    until(Duration::from_secs(30), "pirate loaded", || async {
+        adapter_states(&node).await == [("pirate".to_string(), "loaded".to_string())]
+    })
+    .await;
+
+    // A stream on the base runs across both reloads.
+    let rx = long_stream(&node, "smollm2").await;
+    cm.write(&with(&["pirate", "formal"]));
+    sighup(&node);
+    until(
+        Duration::from_secs(30),
+        "formal added and loaded",
+        || async {
+            adapter_states(&node).await
+                == [
+                    ("pirate".to_string(), "loaded".to_string()),
+                    ("formal".to_string(), "loaded".to_string()),
+                ]
+        },
+    )
+    .await;
+    // The base was not made again: a replaced model answers 503 until the old one drained,
+    // and the stream is still running.
+    let (s, v) = complete(&node, "smollm2").await;
+    assert_eq!(s, 200, "the base serves at once: {v}");
+    let (s, v) = complete(&node, "smollm2:formal").await;
+    assert_eq!(s, 200, "the added adapter serves: {v}");
+
+    cm.write(&with(&["formal"]));
+    sighup(&node);
+    until(Duration::from_secs(30), "pirate gone", || async {
+        adapter_states(&node).await == [("formal".to_string(), "loaded".to_string())]
+    })
+    .await;
+    let (s, v) = complete(&node, "smollm2:pirate").await;
+    assert_eq!(s, 404, "a removed adapter is unknown at once: {v}");
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    until(
+        Duration::from_secs(30),
+        "pirate unloaded from the engine",
+        || async {
+            metric(
+                &metrics(&node).await,
+                "gantry_adapter_events_total{adapter=\"smollm2:pirate\",event=\"removed\"}",
+            ) == Some(1.0)
+        },
+    )
+    .await;
+    let m = metrics(&node).await;
+    assert_eq!(
+        metric(&m, "gantry_num_requests_running{model=\"smollm2\"}"),
+        Some(1.0),
+        "the stream on the base runs across both reloads"
+    );
+    assert_eq!(
+        metric(&m, "gantry_config_reloads_total{result=\"applied\"}"),
+        Some(2.0)
+    );
+    finish(rx, "the stream on the base").await;
+    let (s, v) = complete(&node, "smollm2:formal").await;
+    assert_eq!(s, 200, "the kept adapter still serves: {v}");
+}

@@ -128,13 +128,53 @@ impl ServedAdapter {
 }
 
 impl ServedModel {
+    /// Its adapters now, in config order.
+    pub fn adapters(&self) -> Arc<Vec<Arc<ServedAdapter>>> {
+        self.adapters
+            .read()
+            .map(|a| a.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Its config as in force: the one it was made from, with the adapter list a reload may
+    /// have swapped in since.
+    pub fn live_config(&self) -> gantry_api::ModelConfig {
+        let mut c = self.config.clone();
+        c.adapters = self.adapters().iter().map(|a| a.config.clone()).collect();
+        c
+    }
+
+    /// Take `list` (a new config's adapters) as the adapter list, keeping each adapter whose
+    /// entry did not change (its files, load and leases carry on); returns the adapters that
+    /// left the list.
+    pub(crate) fn swap_adapters(&self, list: &[AdapterConfig]) -> Vec<Arc<ServedAdapter>> {
+        let mut guard = self.adapters.write().unwrap_or_else(|p| p.into_inner());
+        let old = guard.clone();
+        let next: Vec<Arc<ServedAdapter>> = list
+            .iter()
+            .map(|c| {
+                old.iter()
+                    .find(|a| a.config == *c)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(ServedAdapter::new(c, &self.config.id)))
+            })
+            .collect();
+        let gone = old
+            .iter()
+            .filter(|a| !next.iter().any(|n| Arc::ptr_eq(n, a)))
+            .cloned()
+            .collect();
+        *guard = Arc::new(next);
+        gone
+    }
+
     /// Every adapter's state, in config order (`/v1/status`).
     pub fn adapter_statuses(&self) -> Vec<AdapterStatus> {
         let ready = match self.state() {
             ModelState::Ready(r) => Some(r),
             _ => None,
         };
-        self.adapters
+        self.adapters()
             .iter()
             .map(|a| a.status(ready.as_deref()))
             .collect()
@@ -156,10 +196,8 @@ impl Node {
     /// ids), and how many adapters the node serves (all can be loaded at once, memory
     /// permitting; the endpoint picker reads it as the node's adapter capacity).
     pub fn lora_info(&self) -> crate::metrics::LoraInfo {
-        let models = self.models();
-        let adapters = models.values().flat_map(|m| m.adapters.iter());
         let mut info = crate::metrics::LoraInfo::default();
-        for a in adapters {
+        for a in self.models().values().flat_map(|m| m.adapters().to_vec()) {
             info.max_lora += 1;
             if a.in_flight.load(Ordering::SeqCst) > 0 {
                 info.running.push(a.id.clone());
@@ -176,7 +214,7 @@ impl Node {
             return Some((m.clone(), None));
         }
         models.values().find_map(|m| {
-            m.adapters
+            m.adapters()
                 .iter()
                 .find(|a| a.id == id)
                 .map(|a| (m.clone(), Some(a.clone())))
@@ -191,11 +229,11 @@ impl Node {
         ready: &ReadyModel,
         id: &str,
     ) -> Result<Option<AdapterLease>, ApiError> {
-        let Some(a) = m.adapters.iter().find(|a| a.id == id) else {
+        let Some(a) = m.adapters().iter().find(|a| a.id == id).cloned() else {
             return Ok(None);
         };
         let lease = a.lease();
-        self.load_adapter(m, ready, a, true).await?;
+        self.load_adapter(m, ready, &a, true).await?;
         Ok(Some(lease))
     }
 
@@ -317,7 +355,7 @@ impl Node {
             let ModelState::Ready(ready) = m.state() else {
                 continue;
             };
-            for a in &m.adapters {
+            for a in m.adapters().iter() {
                 if a.in_flight.load(Ordering::SeqCst) > 0
                     || ready.scheduler.adapter_bytes(&a.name).is_none()
                 {
@@ -332,10 +370,43 @@ impl Node {
         best.map(|(_, r, a)| (r, a))
     }
 
+    /// In the background: once no request holds each of `gone` (adapters a reload took off
+    /// `m`'s list; bounded as a model's drain), unload it from `m`'s engines.
+    pub(crate) fn spawn_adapter_drain(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        m: &Arc<ServedModel>,
+        gone: Vec<Arc<ServedAdapter>>,
+    ) {
+        if gone.is_empty() {
+            return;
+        }
+        let bound = self.drain_bound(m);
+        let (node, m) = (self.clone(), m.clone());
+        rt.spawn(async move {
+            let t0 = Instant::now();
+            for a in gone {
+                while a.in_flight.load(Ordering::SeqCst) > 0 && t0.elapsed() < bound {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                let ModelState::Ready(ready) = m.state() else {
+                    continue; // not loaded: nothing holds the adapter
+                };
+                if ready.scheduler.unload_adapter(&a.name).await {
+                    tracing::info!(adapter = %a.id, "adapter removed by a config reload: unloaded");
+                    node.metrics
+                        .adapter_events
+                        .with_label_values(&[&a.id, "removed"])
+                        .inc();
+                }
+            }
+        });
+    }
+
     /// Load a ready model's adapters in the background, as far as they fit without evicting
     /// anything, so their state (and any refusal) shows before the first request.
     pub(crate) fn warm_adapters(self: &Arc<Self>, m: &Arc<ServedModel>) {
-        if m.adapters.is_empty() {
+        if m.adapters().is_empty() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -346,7 +417,7 @@ impl Node {
             let ModelState::Ready(ready) = m.state() else {
                 return;
             };
-            for a in &m.adapters {
+            for a in m.adapters().iter() {
                 if let Err(e) = node.load_adapter(&m, &ready, a, false).await {
                     tracing::info!(adapter = %a.id, "adapter not loaded at start: {}", e.message);
                 }
@@ -357,9 +428,12 @@ impl Node {
     /// Fetch the model's remote adapters in the background (the model store, as for the base).
     pub(crate) fn fetch_adapters(self: &Arc<Self>, m: &Arc<ServedModel>) {
         let remote: Vec<_> = m
-            .adapters
+            .adapters()
             .iter()
-            .filter(|a| a.config.is_remote())
+            .filter(|a| {
+                let r = a.record();
+                a.config.is_remote() && r.path.is_none() && !r.downloading
+            })
             .cloned()
             .collect();
         if remote.is_empty() {

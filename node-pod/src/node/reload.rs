@@ -11,7 +11,10 @@
 //!   response-cache answers and gauges are dropped;
 //! - a changed model is a removal and an addition: the new one is in the map at once (503
 //!   while it comes up) and starts once the old one is unloaded, so the two never hold
-//!   memory together.
+//!   memory together;
+//! - a model whose adapter list alone changed, by adapters added or removed (none of the same
+//!   name edited), keeps running: the new adapters are fetched and loaded beside it, a removed
+//!   one answers 404 at once and leaves the engine once no request holds it.
 //!
 //! "No request holds it" is the memory policy's idle test: no reference to the ready model
 //! but the state's (a request holds one from admission to its last event) and nothing queued
@@ -41,7 +44,27 @@ pub struct ModelDiff {
     pub removed: Vec<String>,
     /// Same id, another `ModelConfig`: retired and made again.
     pub changed: Vec<String>,
+    /// Same id, only adapters added or removed: the model keeps running ([`adapters_in_place`]).
+    pub adapters_changed: Vec<String>,
     pub unchanged: Vec<String>,
+}
+
+/// Whether `new` differs from `old` only by adapters added to or removed from its list, which a
+/// reload applies without touching the loaded model. An adapter whose entry changed under the
+/// same name is not: the engines know adapters by name, so the model is made again.
+pub fn adapters_in_place(old: &ModelConfig, new: &ModelConfig) -> bool {
+    let bare = |c: &ModelConfig| ModelConfig {
+        adapters: Vec::new(),
+        ..c.clone()
+    };
+    old != new
+        && bare(old) == bare(new)
+        && new.adapters.iter().all(|a| {
+            old.adapters
+                .iter()
+                .find(|o| o.name == a.name)
+                .is_none_or(|o| o == a)
+        })
 }
 
 impl ModelDiff {
@@ -56,6 +79,7 @@ impl ModelDiff {
             match old.get(m.id.as_str()) {
                 None => d.added.push(m.id.clone()),
                 Some(o) if *o == m => d.unchanged.push(m.id.clone()),
+                Some(o) if adapters_in_place(o, m) => d.adapters_changed.push(m.id.clone()),
                 Some(_) => d.changed.push(m.id.clone()),
             }
         }
@@ -64,7 +88,12 @@ impl ModelDiff {
             .filter(|id| !new.iter().any(|m| m.id == **id))
             .map(|id| id.to_string())
             .collect();
-        for l in [&mut d.added, &mut d.changed, &mut d.unchanged] {
+        for l in [
+            &mut d.added,
+            &mut d.changed,
+            &mut d.adapters_changed,
+            &mut d.unchanged,
+        ] {
             l.sort();
         }
         d
@@ -72,7 +101,10 @@ impl ModelDiff {
 
     /// Whether the model list is the same.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.changed.is_empty()
+            && self.adapters_changed.is_empty()
     }
 }
 
@@ -148,7 +180,12 @@ impl Node {
             }
         };
         let old = self.models();
-        let diff = ModelDiff::between(old.values().map(|m| &m.config), &new.models);
+        // What each model runs now: its adapter list may have changed in place since.
+        let live: BTreeMap<String, ModelConfig> = old
+            .iter()
+            .map(|(id, m)| (id.clone(), m.live_config()))
+            .collect();
+        let diff = ModelDiff::between(live.values(), &new.models);
         let mut restart_required = node_wide_changes(&self.config, &new);
         if new.models.iter().any(|m| m.downloads())
             && self.store.get().is_none()
@@ -170,10 +207,16 @@ impl Node {
         // The new map: unchanged models as they are, the others made afresh.
         let mut next = ModelMap::new();
         let mut fresh = Vec::new();
+        let mut retargeted = Vec::new();
         for cfg in &new.models {
+            let was = live.get(&cfg.id);
             match old.get(&cfg.id) {
-                Some(m) if m.config == *cfg => {
+                Some(m) if was == Some(cfg) => {
                     next.insert(cfg.id.clone(), m.clone());
+                }
+                Some(m) if was.is_some_and(|w| adapters_in_place(w, cfg)) => {
+                    next.insert(cfg.id.clone(), m.clone());
+                    retargeted.push((m.clone(), cfg.adapters.clone()));
                 }
                 replaced => {
                     let m = Arc::new(ServedModel::new(cfg, false));
@@ -216,10 +259,16 @@ impl Node {
         for m in removed {
             self.spawn_drain(&rt, m, None);
         }
+        for (m, adapters) in retargeted {
+            let gone = m.swap_adapters(&adapters);
+            self.fetch_adapters(&m);
+            self.warm_adapters(&m);
+            self.spawn_adapter_drain(&rt, &m, gone);
+        }
         if !restart_required.is_empty() {
             tracing::warn!(target: "gantry::alert", fields = ?restart_required, "the config changes node-wide settings that apply only at the next start; the node keeps the values it started with");
         }
-        tracing::info!(hash = hash.as_deref().unwrap_or("-"), added = ?diff.added, removed = ?diff.removed, changed = ?diff.changed, unchanged = diff.unchanged.len(), "config reloaded");
+        tracing::info!(hash = hash.as_deref().unwrap_or("-"), added = ?diff.added, removed = ?diff.removed, changed = ?diff.changed, adapters_changed = ?diff.adapters_changed, unchanged = diff.unchanged.len(), "config reloaded");
         self.metrics
             .config_reloads
             .with_label_values(&["applied"])
@@ -406,6 +455,7 @@ mod tests {
                 added: vec!["d".into(), "e".into()],
                 removed: vec!["b".into()],
                 changed: vec!["c".into()],
+                adapters_changed: Vec::new(),
                 unchanged: vec!["a".into()],
             }
         );
@@ -415,6 +465,48 @@ mod tests {
         assert_eq!(same.unchanged, ["a", "b", "c"]);
         let none = ModelDiff::between(&old, &[]);
         assert_eq!(none.removed, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn adapters_added_or_removed_change_a_model_in_place_and_an_edited_one_remakes_it() {
+        let adapter = |name: &str, scale: f32| gantry_api::config::AdapterConfig {
+            name: name.into(),
+            path: Some(format!("/a/{name}.gguf").into()),
+            source: None,
+            files: Vec::new(),
+            scale: Some(scale),
+            served_name: None,
+        };
+        let with = |adapters: Vec<gantry_api::config::AdapterConfig>| ModelConfig {
+            adapters,
+            ..model("m", 512)
+        };
+        let old = with(vec![adapter("p", 1.0), adapter("f", 1.0)]);
+        let added = with(vec![
+            adapter("p", 1.0),
+            adapter("f", 1.0),
+            adapter("n", 1.0),
+        ]);
+        let removed = with(vec![adapter("f", 1.0)]);
+        let edited = with(vec![adapter("p", 0.5), adapter("f", 1.0)]);
+        let mut other_base = removed.clone();
+        other_base.context_length = Some(1024);
+        assert!(adapters_in_place(&old, &added));
+        assert!(adapters_in_place(&old, &removed));
+        assert!(!adapters_in_place(&old, &old), "nothing changed");
+        assert!(
+            !adapters_in_place(&old, &edited),
+            "`p` changed under its name"
+        );
+        assert!(
+            !adapters_in_place(&old, &other_base),
+            "the base changed too"
+        );
+        let d = ModelDiff::between(&[old], &[added]);
+        assert_eq!(
+            (d.adapters_changed, d.changed),
+            (vec!["m".to_string()], vec![])
+        );
     }
 
     #[test]
