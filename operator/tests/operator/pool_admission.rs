@@ -206,22 +206,27 @@ fn rendered(
     (config, entry)
 }
 
+/// `member` drafts with `draft` (a served name), `draftTokens` as given.
+fn drafts_with(member: &mut gantry_crd::Model, draft: &str, draft_tokens: Option<i32>) {
+    member
+        .spec
+        .engine_config
+        .get_or_insert_default()
+        .speculation = Some(gantry_crd::model::Speculation {
+        method: gantry_crd::model::SpeculationMethod::DraftModel,
+        draft_model: Some(draft.to_string()),
+        draft_tokens,
+        ..Default::default()
+    });
+}
+
 #[test]
 fn a_member_drafts_with_another_member_of_its_pool() {
     let (pool, mut members) = example();
     let settings = Settings::default();
     let template = admit::template(&pool, &settings).expect("template");
     let draft = members[1].spec.served_name.clone().expect("served name");
-    members[0]
-        .spec
-        .engine_config
-        .get_or_insert_default()
-        .speculation = Some(gantry_crd::model::Speculation {
-        method: gantry_crd::model::SpeculationMethod::DraftModel,
-        draft_model: Some(draft.clone()),
-        draft_tokens: Some(4),
-        ..Default::default()
-    });
+    drafts_with(&mut members[0], &draft, Some(4));
     validate(&members[0], &settings).expect("a pool member may draft with another member");
     let a = admit::admit(
         &pool,
@@ -332,15 +337,7 @@ fn the_draft_models_status_comes_from_the_ready_pods_reports() {
 
     let (_, mut members) = example();
     let draft = members[1].spec.served_name.clone().expect("served name");
-    members[0]
-        .spec
-        .engine_config
-        .get_or_insert_default()
-        .speculation = Some(gantry_crd::model::Speculation {
-        method: gantry_crd::model::SpeculationMethod::DraftModel,
-        draft_model: Some(draft.clone()),
-        ..Default::default()
-    });
+    drafts_with(&mut members[0], &draft, None);
     let model = &members[0];
     let settings = Settings::default();
     let v = validate(model, &settings).expect("valid");
@@ -390,10 +387,11 @@ fn the_draft_models_status_comes_from_the_ready_pods_reports() {
             bytes_used: 0,
         },
     );
-    let folded = |reports: &[&NodeReport]| {
+    let fold_for = |model: &gantry_crd::Model, reports: &[&NodeReport]| {
+        let valid = validate(model, &settings).expect("valid");
         fold(&Facts {
             model,
-            valid: &v,
+            valid: &valid,
             architecture: Some("llama"),
             resolution: &r,
             deployment: None,
@@ -404,7 +402,9 @@ fn the_draft_models_status_comes_from_the_ready_pods_reports() {
             now: crate::support::t0(),
         })
         .draft
-        .expect("a Model with a draft model has its status")
+    };
+    let folded = |reports: &[&NodeReport]| {
+        fold_for(model, reports).expect("a Model with a draft model has its status")
     };
     let s = folded(&[&active, &inactive]);
     assert_eq!(
@@ -423,18 +423,5 @@ fn the_draft_models_status_comes_from_the_ready_pods_reports() {
         (1, 1, None)
     );
     // A Model without a draft model has no draft status.
-    let plain = validate(&members[1], &settings).expect("valid");
-    let none = fold(&Facts {
-        model: &members[1],
-        valid: &plain,
-        architecture: Some("llama"),
-        resolution: &r,
-        deployment: None,
-        reports: &[],
-        apply_error: None,
-        deliveries: &[],
-        deliver_error: None,
-        now: crate::support::t0(),
-    });
-    assert!(none.draft.is_none());
+    assert!(fold_for(&members[1], &[]).is_none());
 }
