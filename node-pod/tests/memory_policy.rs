@@ -326,3 +326,41 @@ async fn a_busy_model_is_never_unloaded_and_an_engine_oom_is_reported_as_such() 
     assert_eq!(loaded(&loads(&node).await), ["b", "hang"]);
     hung.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_with_a_draft_model_counts_the_drafts_instance_before_it_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut estimate = 0;
+    let mut paths = Vec::new();
+    for (i, id) in ["draft", "target", "plain"].into_iter().enumerate() {
+        let sub = dir.path().join(id);
+        std::fs::create_dir_all(&sub).expect("dir");
+        let p = write_model(&sub, id, i as u64);
+        estimate = std::fs::metadata(&p).expect("size").len() + KV_PER_CELL * CTX * SEQS;
+        paths.push(p);
+    }
+    let entry = |id: &str, p: &Path| {
+        json!({"id": id, "path": p, "format": "gguf", "load": "lazy",
+               "contextLength": CTX, "maxBatchSize": SEQS})
+    };
+    let mut target = entry("target", &paths[1]);
+    target["speculation"] = json!({"method": "draftModel", "draftModel": "draft"});
+    let config = json!({
+        "models": [entry("draft", &paths[0]), target, entry("plain", &paths[2])],
+        "scheduler": {"responseCacheRamFraction": 0.0},
+    });
+    // One model fits under the 90 % watermark; a model and its draft's instance do not.
+    let limit = estimate * 3 / 2;
+    let node = start(config, limit, dir);
+    wait_ready(&node).await;
+    let (s, v) = complete(&node, "target").await;
+    assert_eq!(s, 507, "the target and its draft do not fit: {v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("draft model `draft`: weights"),
+        "the estimate names the draft's share: {message}"
+    );
+    // The same model without a draft fits.
+    let (s, v) = complete(&node, "plain").await;
+    assert_eq!(s, 200, "{v}");
+}

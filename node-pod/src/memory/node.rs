@@ -5,7 +5,7 @@
 //! resident models; this is the node's side, which takes the snapshot and
 //! carries the decisions out.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,59 +42,39 @@ impl Node {
 
     /// Bytes `m` will hold once loaded, before loading it: its weight files
     /// plus the KV cache for its context (per-sequence context x sequences,
-    /// at f16, from the GGUF header), once per replica (on CPU the replicas map the
-    /// same weight files, so this overcounts them: the safe side). Returns the total
-    /// and how it was made.
+    /// at f16, from the GGUF header), and the same for its draft model's private instance
+    /// (speculation `draftModel`, sized to `m`'s context and sequences), once per replica (on
+    /// CPU the replicas map the same weight files, so this overcounts them: the safe side).
+    /// Returns the total and how it was made.
     fn estimate(&self, m: &ServedModel, primary: &Path) -> (u64, String) {
-        let weights = super::weight_bytes(primary, m.format);
-        let mut how = format!("weights {}", super::human(weights));
-        let mut kv = 0u64;
-        if m.format == Format::Gguf {
-            match gantry_formats::gguf::read_header(primary) {
-                Ok(h) => {
-                    let wanted = m
-                        .config
-                        .context_length
-                        .filter(|c| *c > 0)
-                        .unwrap_or(self.engine_config.context_length);
-                    let trained = h
-                        .context_length()
-                        .and_then(|c| u32::try_from(c).ok())
-                        .unwrap_or(u32::MAX)
-                        .max(1);
-                    let per_seq = if wanted == 0 {
-                        trained
-                    } else {
-                        wanted.min(trained)
-                    };
-                    let seqs = m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH).max(1);
-                    let cells = u64::from(per_seq) * u64::from(seqs);
-                    match h.kv_bytes_per_token() {
-                        Some(per_cell) => {
-                            kv = per_cell.saturating_mul(cells);
-                            how.push_str(&format!(
-                                " + KV {} ({per_seq} tokens x {seqs} sequences)",
-                                super::human(kv)
-                            ));
-                        }
-                        None => {
-                            how.push_str(" (the header gives no attention shape; KV not counted)")
-                        }
-                    }
-                }
-                Err(e) => how.push_str(&format!(" (header unreadable: {e}; KV not counted)")),
-            }
+        let ctx = m
+            .config
+            .context_length
+            .filter(|c| *c > 0)
+            .unwrap_or(self.engine_config.context_length);
+        let seqs = m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH).max(1);
+        let (mut one, mut how) = footprint(primary, m.format, ctx, seqs);
+        if let Some((id, d, draft_primary)) = self.draft_files(m) {
+            let (bytes, draft_how) = footprint(&draft_primary, d.format, ctx, seqs);
+            one = one.saturating_add(bytes);
+            how.push_str(&format!(", draft model `{id}`: {draft_how}"));
         }
         let replicas = m.replicas();
         if replicas > 1 {
             how.push_str(&format!(", x {replicas} replicas"));
         }
-        (
-            weights
-                .saturating_add(kv)
-                .saturating_mul(u64::from(replicas)),
-            how,
-        )
+        (one.saturating_mul(u64::from(replicas)), how)
+    }
+
+    /// `m`'s draft model and its primary file, when it drafts with one that was inspected.
+    fn draft_files(&self, m: &ServedModel) -> Option<(String, Arc<ServedModel>, PathBuf)> {
+        if m.config.speculation.method != gantry_api::config::SpeculationMethod::DraftModel {
+            return None;
+        }
+        let id = m.config.speculation.draft_model.clone()?;
+        let d = self.model(&id)?;
+        let primary = d.primary.read().ok()?.clone()?;
+        Some((id, d, primary))
     }
 
     /// What a loaded model holds: the engine's report, else the estimate; on a GPU node
@@ -421,4 +401,38 @@ fn counted(
         .filter(|m| keep(m.get_label()))
         .map(|m| m.get_counter().get_value() as u64)
         .sum()
+}
+
+/// The bytes one engine instance of the model in `primary` holds: its weight files plus, for a
+/// GGUF, its KV cache for `ctx` tokens (capped at the trained context) x `seqs` sequences at
+/// f16, from the header; and how it was made.
+fn footprint(primary: &Path, format: Format, ctx: u32, seqs: u32) -> (u64, String) {
+    let weights = super::weight_bytes(primary, format);
+    let mut how = format!("weights {}", super::human(weights));
+    let mut kv = 0u64;
+    if format == Format::Gguf {
+        match gantry_formats::gguf::read_header(primary) {
+            Ok(h) => {
+                let trained = h
+                    .context_length()
+                    .and_then(|c| u32::try_from(c).ok())
+                    .unwrap_or(u32::MAX)
+                    .max(1);
+                let per_seq = if ctx == 0 { trained } else { ctx.min(trained) };
+                let cells = u64::from(per_seq) * u64::from(seqs);
+                match h.kv_bytes_per_token() {
+                    Some(per_cell) => {
+                        kv = per_cell.saturating_mul(cells);
+                        how.push_str(&format!(
+                            " + KV {} ({per_seq} tokens x {seqs} sequences)",
+                            super::human(kv)
+                        ));
+                    }
+                    None => how.push_str(" (the header gives no attention shape; KV not counted)"),
+                }
+            }
+            Err(e) => how.push_str(&format!(" (header unreadable: {e}; KV not counted)")),
+        }
+    }
+    (weights.saturating_add(kv), how)
 }
