@@ -12,6 +12,11 @@ use std::sync::Arc;
 use common::*;
 use gantry_testkit::hf::{HfFamily, write_tiny_hf};
 
+/// The tests of this binary run one at a time: a test running beside the capture, on a thread
+/// without a subscriber, can register the plugin's log callsites as never enabled between the
+/// capture's interest rebuild and its first line, and the capture then reads nothing.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `f` and returns its result with the plugin's log lines meanwhile (the engine host
 /// forwards them to `tracing` on the calling thread).
 fn with_plugin_log<T>(f: impl FnOnce() -> T) -> (T, String) {
@@ -56,6 +61,7 @@ fn reuse_counts(log: &str) -> Vec<(usize, usize)> {
 #[test]
 fn a_cached_prefix_is_reused_by_blocks_and_copied_where_prompts_diverge_without_changing_the_output()
  {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     write_tiny_hf(dir.path(), HfFamily::Llama, 0).expect("write");
     let native = plugin("native", 4, 256);
@@ -103,6 +109,7 @@ fn a_cached_prefix_is_reused_by_blocks_and_copied_where_prompts_diverge_without_
 
 #[test]
 fn the_engine_reports_the_positions_its_shared_prefix_blocks_cover() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     use gantry_engine_abi::{Sampling, StepEntry};
     use gantry_engine_native::BLOCK_SIZE;
 
