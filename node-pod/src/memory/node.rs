@@ -68,11 +68,8 @@ impl Node {
 
     /// `m`'s draft model and its primary file, when it drafts with one that was inspected.
     fn draft_files(&self, m: &ServedModel) -> Option<(String, Arc<ServedModel>, PathBuf)> {
-        if m.config.speculation.method != gantry_api::config::SpeculationMethod::DraftModel {
-            return None;
-        }
-        let id = m.config.speculation.draft_model.clone()?;
-        let d = self.model(&id)?;
+        let (id, d) = self.draft_of(m)?;
+        let d = d?;
         let primary = d.primary.read().ok()?.clone()?;
         Some((id, d, primary))
     }

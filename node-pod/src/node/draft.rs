@@ -45,8 +45,9 @@ impl Drafts {
 }
 
 impl Node {
-    /// `m`'s draft model, when its config names one.
-    fn draft_of(&self, m: &ServedModel) -> Option<(String, Option<Arc<ServedModel>>)> {
+    /// `m`'s draft model, when its config names one: its id, and the model when this node
+    /// serves it.
+    pub(crate) fn draft_of(&self, m: &ServedModel) -> Option<(String, Option<Arc<ServedModel>>)> {
         let spec = &m.config.speculation;
         if spec.method != SpeculationMethod::DraftModel {
             return None;

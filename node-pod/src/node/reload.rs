@@ -208,13 +208,14 @@ impl Node {
         let mut next = ModelMap::new();
         let mut fresh = Vec::new();
         let mut retargeted = Vec::new();
+        // The diff's lists are sorted.
+        let listed = |l: &[String], id: &String| l.binary_search(id).is_ok();
         for cfg in &new.models {
-            let was = live.get(&cfg.id);
             match old.get(&cfg.id) {
-                Some(m) if was == Some(cfg) => {
+                Some(m) if listed(&diff.unchanged, &cfg.id) => {
                     next.insert(cfg.id.clone(), m.clone());
                 }
-                Some(m) if was.is_some_and(|w| adapters_in_place(w, cfg)) => {
+                Some(m) if listed(&diff.adapters_changed, &cfg.id) => {
                     next.insert(cfg.id.clone(), m.clone());
                     retargeted.push((m.clone(), cfg.adapters.clone()));
                 }
