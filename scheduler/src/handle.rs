@@ -19,6 +19,19 @@ pub struct Figures {
     pub step_started_ms: AtomicU64,
 }
 
+impl Figures {
+    /// An engine step (the target's or its draft model's) starts now: the watchdog times it.
+    pub(crate) fn step_began(&self, epoch: std::time::Instant) {
+        self.step_started_ms
+            .store(epoch.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
+    }
+
+    /// The step in flight ended.
+    pub(crate) fn step_ended(&self) {
+        self.step_started_ms.store(0, Ordering::SeqCst);
+    }
+}
+
 /// The figures of every replica of one model: what its per-model gauges and its
 /// `/v1/status` entry add up.
 #[derive(Debug, Default)]

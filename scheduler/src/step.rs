@@ -3,7 +3,6 @@
 //! run the engine, then turn each sampled token into text (incremental UTF-8, stop
 //! sequences, end-of-generation tokens, grammar end, `max_tokens`) and send it.
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
@@ -67,12 +66,9 @@ impl<E: Engine> Scheduler<E> {
         }
         self.metrics.steps.inc();
         self.metrics.step_tokens.observe(total as f64);
-        self.figures.step_started_ms.store(
-            self.epoch.elapsed().as_millis() as u64 + 1,
-            Ordering::SeqCst,
-        );
+        self.figures.step_began(self.epoch);
         let result = self.engine.step(&entries);
-        self.figures.step_started_ms.store(0, Ordering::SeqCst);
+        self.figures.step_ended();
         drop(entries);
 
         let results = match result {
@@ -232,12 +228,9 @@ impl<E: Engine> Scheduler<E> {
         if list.is_empty() {
             return none();
         }
-        self.figures.step_started_ms.store(
-            self.epoch.elapsed().as_millis() as u64 + 1,
-            Ordering::SeqCst,
-        );
+        self.figures.step_began(self.epoch);
         let result = dm.draft(&mut list, self.settings.prefill_chunk_tokens);
-        self.figures.step_started_ms.store(0, Ordering::SeqCst);
+        self.figures.step_ended();
         drop(list);
         let drafted = match result {
             Ok(d) => d,
