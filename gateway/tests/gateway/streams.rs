@@ -8,9 +8,8 @@ use serde_json::json;
 use super::streaming;
 use super::support::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn streaming_passes_through_chunk_by_chunk() {
-    let _cpu = measuring().await;
+/// A node serving the tiny model and a gateway routing to it, both ready.
+async fn tiny_behind_a_gateway() -> (Node, Gateway) {
     let node = Node::start("tiny", free_port());
     let gw = Gateway::start(
         json!({"models": {"tiny": [node.base]}}),
@@ -20,6 +19,13 @@ async fn streaming_passes_through_chunk_by_chunk() {
     .await;
     node.wait_ready().await;
     gw.wait_routable("tiny").await;
+    (node, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streaming_passes_through_chunk_by_chunk() {
+    let _cpu = measuring().await;
+    let (node, gw) = tiny_behind_a_gateway().await;
     let body = streaming("tiny", 300);
     // Same request (the response cache is off), direct and through the gateway. Timing on two
     // shared cores is noisy and the tiny model streams 300 tokens in well under a second, so
@@ -82,15 +88,7 @@ async fn streaming_passes_through_chunk_by_chunk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_disconnect_through_the_gateway_frees_the_sequence_on_the_node() {
     let _cpu = measuring().await;
-    let node = Node::start("tiny", free_port());
-    let gw = Gateway::start(
-        json!({"models": {"tiny": [node.base]}}),
-        fast_settings(),
-        None,
-    )
-    .await;
-    node.wait_ready().await;
-    gw.wait_routable("tiny").await;
+    let (node, gw) = tiny_behind_a_gateway().await;
     let mut rx = gw
         .stream("/v1/completions", streaming("tiny", 1800), None)
         .await;
