@@ -85,6 +85,24 @@ def running(proc, log=None, work=None):
             shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def serving(config, work, seconds=120):
+    """`gantry-node serve --config config` (2 threads, the built plugins, its log in `work`)
+    until the block ends; yields its base URL once `/readyz` answers 200. `work` is removed
+    after."""
+    port = _free_port()
+    log = open(work / "node.log", "w")
+    proc = subprocess.Popen(
+        [TARGET / "gantry-node", "serve", "--config", config, "--listen", f"127.0.0.1:{port}",
+         "--threads", "2", "--plugins-dir", TARGET / "engines"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    with running(proc, log, work):
+        wait_ready(base, proc, work / "node.log", "gantry-node", seconds)
+        yield base
+
+
 def wait_ready(base, proc, log, what, seconds=60):
     """Poll `base`/readyz until 200; fail with the process's log if it exits or times out."""
     deadline = time.time() + seconds
@@ -170,16 +188,7 @@ def node():
         f"      adapters: {peft_adapters}}}\n"
         "scheduler: {responseCacheRamFraction: 0.0}\n"
     )
-    port = _free_port()
-    log = open(work / "node.log", "w")
-    proc = subprocess.Popen(
-        [node_bin, "serve", "--config", config, "--listen", f"127.0.0.1:{port}", "--threads", "2",
-         "--plugins-dir", TARGET / "engines"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    with running(proc, log, work):
-        wait_ready(base, proc, work / "node.log", "gantry-node", 120)
+    with serving(config, work) as base:
         # The hostile-input suite reads the node's log (request ids).
         os.environ["GANTRY_TEST_NODE_LOG"] = str(work / "node.log")
         yield base

@@ -12,7 +12,6 @@ request), drafted tokens are verified and some kept (`gantry_speculative_*_token
 `/v1/status` reports each draft and what it holds.
 """
 import json
-import subprocess
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import TARGET, _free_port, _gemma, _smollm2, _smollm2_st, running, wait_ready
+from conftest import _gemma, _smollm2, _smollm2_st, serving
 from test_speculation import counters
 
 TEXT = ("The comittee met on tuesday to discus the new budjet. Most members agred that the "
@@ -48,16 +47,7 @@ def draft_node():
         f"  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 512, maxBatchSize: 1, {draft}}}\n"
         "scheduler: {responseCacheRamFraction: 0.0}\n"
     )
-    port = _free_port()
-    log = open(work / "node.log", "w")
-    proc = subprocess.Popen(
-        [TARGET / "gantry-node", "serve", "--config", config, "--listen", f"127.0.0.1:{port}",
-         "--threads", "2", "--plugins-dir", TARGET / "engines"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    with running(proc, log, work):
-        wait_ready(base, proc, work / "node.log", "gantry-node", 120)
+    with serving(config, work) as base:
         yield base
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TARGET, _free_port, _gemma, running, wait_ready
+from conftest import _gemma, serving
 
 # About 700 Gemma tokens, the same every time.
 SYSTEM = " ".join(
@@ -35,16 +35,7 @@ def gemma_node():
         f"models:\n  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 2048, maxBatchSize: 2}}\n"
         "scheduler: {responseCacheRamFraction: 0.0, prefillChunkTokens: 1024}\n"
     )
-    port = _free_port()
-    log = open(work / "node.log", "w")
-    proc = subprocess.Popen(
-        [TARGET / "gantry-node", "serve", "--config", work / "node.yaml", "--listen", f"127.0.0.1:{port}",
-         "--threads", "2", "--plugins-dir", TARGET / "engines"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    with running(proc, log, work):
-        wait_ready(base, proc, work / "node.log", "gantry-node", 120)
+    with serving(work / "node.yaml", work) as base:
         yield base
 
 
