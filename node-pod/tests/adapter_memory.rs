@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{
-    NodeProc, http, node_metrics, node_status, post_json, profile_dir, spawn_node, stream,
+    NodeProc, http, node_metrics, node_status, post_json, profile_dir, serial_async, spawn_node,
+    stream,
 };
 use serde_json::{Value, json};
 
@@ -113,6 +114,7 @@ fn evictions(metrics: &str, adapter: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adapters_are_evicted_least_recently_used_and_never_while_in_use() {
+    let _serial = serial_async().await;
     let Some(lora) = adapters_dir() else {
         panic!(
             "GANTRY_SMOLLM2_ADAPTERS is not set or holds no pirate.gguf: run scripts/setup.sh test (scripts/test.sh does)"
@@ -203,6 +205,7 @@ async fn adapters_are_evicted_least_recently_used_and_never_while_in_use() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_adapter_in_a_worker_process_answers_as_in_process() {
+    let _serial = serial_async().await;
     let Some(lora) = adapters_dir() else {
         panic!(
             "GANTRY_SMOLLM2_ADAPTERS is not set or holds no pirate.gguf: run scripts/setup.sh test (scripts/test.sh does)"

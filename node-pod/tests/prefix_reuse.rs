@@ -14,15 +14,6 @@ use common::*;
 use gantry_node::engine_host::ModelShared;
 use gantry_testkit::TinyModelSpec;
 
-/// Held for the whole of each test: the plugin's log lines of one test must not reach another's
-/// capture, nor another test's callsite registration race the capture's interest rebuild.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// Runs `f` and returns what it returned with the plugin's debug lines logged meanwhile (the
 /// engine host forwards them to `tracing` on the calling thread).
 fn with_plugin_log<T>(f: impl FnOnce() -> T) -> (T, String) {

@@ -11,6 +11,22 @@ use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor, Sampling, StepEnt
 use gantry_node::engine_host::{EngineRegistry, ModelExec, Plugin};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 
+/// Held for the whole of a test that must run alone in its binary: tests that capture the
+/// plugin's log lines, and tests whose llama.cpp nodes would otherwise share a small CI machine's
+/// cores (llama.cpp's threads spin at their barriers, so two nodes on two cores each slow to a
+/// crawl and trip the stall limit).
+pub fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.blocking_lock()
+}
+
+/// [`serial`] for async tests (each test has its own runtime; the lock spans them).
+pub async fn serial_async() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
+/// A failed test releases the lock without poisoning it, so the others still run.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `target/<profile>`: the test binary lives in `target/<profile>/deps/`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

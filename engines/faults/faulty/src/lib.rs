@@ -8,6 +8,8 @@
 //! - `oomkill*`: `step` ends the process with SIGKILL, which is what the kernel's OOM killer
 //!   sends (a real OOM kill would need the test machine's memory);
 //! - `slow*`: every `step` takes 25 ms (streams that last long enough to be cut);
+//! - `sluggish*`: every `step` takes 250 ms (a candidate far slower than any real engine, even
+//!   one on a contended CPU);
 //! - `oom*`: `load_model` fails with OOM_VRAM;
 //! - anything else: a deterministic toy — tokens are bytes, and the next
 //!   token is the last one plus one (mod 256).
@@ -40,6 +42,7 @@ enum Mode {
     Segv,
     OomKill,
     Slow,
+    Sluggish,
 }
 
 pub struct FaultyModel {
@@ -80,6 +83,8 @@ impl Engine for FaultyEngine {
             Mode::OomKill
         } else if stem.starts_with("slow") {
             Mode::Slow
+        } else if stem.starts_with("sluggish") {
+            Mode::Sluggish
         } else if stem.starts_with("oom") {
             return Err(EngineError::new(
                 Status::OomVram,
@@ -159,6 +164,7 @@ impl Model for FaultyModel {
             Mode::Segv => segfault(),
             Mode::OomKill => sigkill(),
             Mode::Slow => std::thread::sleep(std::time::Duration::from_millis(25)),
+            Mode::Sluggish => std::thread::sleep(std::time::Duration::from_millis(250)),
             Mode::Normal => {}
         }
         let mut seqs = self.seqs();
