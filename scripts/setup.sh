@@ -3,7 +3,10 @@
 # run finds everything in place and returns in about a second.
 #
 #   scripts/setup.sh serve [--no-model]   what scripts/serve.sh needs
-#   scripts/setup.sh [test]               that, and what scripts/test.sh needs
+#   scripts/setup.sh [test] [--no-reference]
+#                                         that, and what the tests need
+#   scripts/setup.sh reference            the transformers reference alone (scripts/test.sh
+#                                         makes it in the background while the workspace builds)
 #
 # serve:
 #   - system tools for the build: cmake and libclang (llama.cpp's build and bindgen), from
@@ -18,7 +21,10 @@
 #     directory and a BF16 GGUF), cargo-fuzz (scripts/fuzz.sh) and s3s-fs, a real
 #     S3-compatible server for the model store's tests;
 #   - SmolLM2-135M-Instruct (Q4_1 GGUF), its f32 Hugging Face twin, and test LoRA adapters for
-#     it (GANTRY_SMOLLM2_ADAPTERS: PEFT and GGUF, good and bad, and a merged reference).
+#     it (GANTRY_SMOLLM2_ADAPTERS: PEFT and GGUF, good and bad, and a merged reference);
+#   - unless --no-reference: the native engine's transformers reference (GANTRY_HF_REFERENCE:
+#     tiny random checkpoints of every architecture written by transformers, with its answers),
+#     from PyTorch and transformers in a virtualenv of their own (scripts/requirements-reference.txt).
 #
 # Every part that does work says what it is doing and how long it took (on stderr). Prints
 # nothing on stdout but `export` lines, so callers can `eval` it:
@@ -30,18 +36,54 @@ mkdir -p "$cache"
 log() { printf 'setup: %s\n' "$*" >&2; }
 scope=test
 model=yes
+reference=yes
 for arg in "$@"; do
   case "$arg" in
-    serve | test) scope="$arg" ;;
+    serve | test | reference) scope="$arg" ;;
     --no-model) model=no ;;
-    *) log "usage: scripts/setup.sh [serve|test] [--no-model]"; exit 2 ;;
+    --no-reference) reference=no ;;
+    *) log "usage: scripts/setup.sh [serve|test|reference] [--no-model] [--no-reference]"; exit 2 ;;
   esac
 done
-[ "$scope" = test ] && model=yes
 started=$SECONDS
 # part NAME: start timing a part that has work to do; done_part: say how long it took.
 part() { part_name="$1"; part_t0=$SECONDS; log "$1"; }
 done_part() { log "$part_name: done in $((SECONDS - part_t0)) s"; }
+
+# The native engine's independent reference (engines/native/tests/reference.rs): transformers
+# writes tiny random checkpoints of every architecture and records its own log-probabilities
+# and greedy continuations (testkit/python/hf_reference.py, about 15 s). PyTorch comes from PyPI
+# in its CUDA build (the only one there), so this virtualenv is large (5 GB) and is kept apart
+# from the test packages; about 90 s to install once.
+make_reference() {
+  local rvenv="$cache/venv-reference" req="$here/requirements-reference.txt"
+  local want
+  want="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [ ! -x "$rvenv/bin/python" ] || [ "$(cat "$rvenv/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+    part "installing PyTorch and transformers into the virtualenv $rvenv"
+    [ -x "$rvenv/bin/python" ] || python3 -m venv "$rvenv" >&2
+    "$rvenv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check -r "$req" >&2
+    echo "$want" > "$rvenv/.requirements.sha256"
+    done_part
+  fi
+  local out="$cache/reference" script="$here/../testkit/python/hf_reference.py"
+  local made
+  made="$(cat "$script" "$req" | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$out/.made-by.sha256" 2>/dev/null)" != "$made" ]; then
+    part "writing the transformers reference checkpoints into $out"
+    rm -rf "$out"
+    "$rvenv/bin/python" "$script" "$out" >&2
+    echo "$made" > "$out/.made-by.sha256"
+    done_part
+  fi
+  echo "export GANTRY_HF_REFERENCE='$out'"
+}
+if [ "$scope" = reference ]; then
+  make_reference
+  log "reference ready in $((SECONDS - started)) s"
+  exit 0
+fi
+[ "$scope" = test ] && model=yes
 
 # --- serve ---------------------------------------------------------------------------------
 apt_install() {
@@ -183,6 +225,8 @@ if [ "$("$cargo_fuzz_root/bin/cargo-fuzz" --version 2>/dev/null)" != "cargo-fuzz
   cargo install --quiet --locked --version "$cargo_fuzz_version" cargo-fuzz --root "$cargo_fuzz_root" >&2
   done_part
 fi
+
+[ "$reference" = yes ] && make_reference
 
 echo "export GANTRY_VENV='$venv'"
 echo "export GANTRY_GEMMA_ST_DIR='$gemma_st'"

@@ -29,6 +29,11 @@ fn main() {
     }
 }
 
+/// Classes the CPU backend runs and the CUDA backend does not yet (mixture-of-experts layers):
+/// the CUDA build's manifest leaves them out, so the node and the operator never place such a
+/// model on it. The chart's `native-cuda` EnginePlugin lists the same (tests/python/test_chart.py).
+const CPU_ONLY: [&str; 2] = ["Qwen3MoeForCausalLM", "MixtralForCausalLM"];
+
 fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let manifest = std::fs::read_to_string("manifest.json")?;
@@ -36,6 +41,11 @@ fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
         "\"gpu_backend\": \"cpu\"",
         &format!("\"gpu_backend\": \"{backend}\""),
     );
+    let manifest = if backend == "cuda" {
+        without_cpu_only(&manifest)
+    } else {
+        manifest
+    };
     std::fs::write(dir.join("manifest.json"), manifest)?;
     let lib = "libgantry_engine_native.so";
     let link = dir.join(lib);
@@ -43,4 +53,30 @@ fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::symlink(Path::new("../../..").join(lib), &link)?;
     Ok(())
+}
+
+/// `manifest.json` (one array item per line, as committed) without the [`CPU_ONLY`] classes,
+/// the comma of a new last item dropped. A line filter, not a JSON parser: a build script
+/// dependency would be compiled again for the host in every profile.
+fn without_cpu_only(manifest: &str) -> String {
+    let lines: Vec<&str> = manifest
+        .lines()
+        .filter(|l| {
+            let item = l.trim().trim_end_matches(',');
+            !CPU_ONLY.iter().any(|c| item == format!("\"{c}\""))
+        })
+        .collect();
+    let mut out = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        let closes = lines
+            .get(i + 1)
+            .is_some_and(|next| next.trim_start().starts_with(']'));
+        out.push_str(if closes {
+            line.trim_end_matches(',')
+        } else {
+            line
+        });
+        out.push('\n');
+    }
+    out
 }

@@ -318,10 +318,21 @@ def test_values_schema_rejects_wrong_values(bad):
 def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
     manifests = {m["id"]: m for m in (json.loads((ROOT / f"engines/{d}/manifest.json").read_text())
                                       for d in ("llama-cpp", "native"))}
-    for p in of_kind(render({}), "EnginePlugin"):
+    # The native engine's CUDA build drops what only its CPU backend runs (engines/native/build.rs).
+    build_rs = (ROOT / "engines/native/build.rs").read_text()
+    cpu_only = re.search(r"const CPU_ONLY: \[&str; \d+\] = \[(.*?)\];", build_rs, re.S).group(1)
+    cpu_only = re.findall(r'"([^"]+)"', cpu_only)
+    assert cpu_only, "engines/native/build.rs lists no CPU_ONLY classes"
+    rendered = of_kind(render({"engines": {"native": {"cuda": {"enabled": True}},
+                                           "llamaCpp": {"cuda": {"enabled": True}}}}), "EnginePlugin")
+    assert {p["metadata"]["name"] for p in rendered} >= {"native-cpu", "native-cuda"}
+    for p in rendered:
         manifest = manifests[p["spec"]["engineId"]]
+        archs = manifest["architectures"]
+        if p["metadata"]["name"] == "native-cuda":
+            archs = [a for a in archs if a not in cpu_only]
         assert p["spec"]["formats"] == manifest["formats"]
-        assert p["spec"]["architectures"] == manifest["architectures"]
+        assert p["spec"]["architectures"] == archs, p["metadata"]["name"]
         assert p["spec"]["version"] == manifest["version"]
         assert p["spec"]["abiVersion"] == int(manifest["abi_version"])
         assert p["spec"]["modalities"] == manifest["modalities"]

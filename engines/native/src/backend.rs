@@ -100,9 +100,38 @@ pub struct Layer<V, L> {
     pub post_attn_norm: Option<V>,
     pub ffn_norm: V,
     pub post_ffn_norm: Option<V>,
+    pub mlp: Mlp<L>,
+}
+
+/// A gated MLP: `down(act(gate(x)) * up(x))`.
+pub struct Ffn<L> {
     pub gate: L,
     pub up: L,
     pub down: L,
+}
+
+/// A layer's MLP: one dense [`Ffn`], or a mixture of experts ([`crate::config::Moe`]).
+pub enum Mlp<L> {
+    Dense(Ffn<L>),
+    Experts {
+        router: L,
+        experts: Vec<Ffn<L>>,
+        spec: crate::config::Moe,
+    },
+}
+
+impl<L> Mlp<L> {
+    /// Every linear layer of the MLP (router first).
+    pub fn linears(&self) -> Vec<&L> {
+        match self {
+            Mlp::Dense(f) => vec![&f.gate, &f.up, &f.down],
+            Mlp::Experts {
+                router, experts, ..
+            } => std::iter::once(router)
+                .chain(experts.iter().flat_map(|f| [&f.gate, &f.up, &f.down]))
+                .collect(),
+        }
+    }
 }
 
 /// How a backend reads a tensor into its own memory (with the shape checks of
@@ -177,6 +206,31 @@ pub fn load_stack<T: TensorLoader>(
         } else {
             None
         };
+        let mlp = match (&cfg.moe, cfg.layers[i].moe) {
+            (Some(moe), true) => {
+                let router = t.linear(&moe.naming.router(i), moe.experts, h, false)?;
+                let experts = (0..moe.experts)
+                    .map(|e| {
+                        let [g, u, d] = moe.naming.expert(i, e);
+                        Ok(Ffn {
+                            gate: t.linear(&g, moe.intermediate, h, false)?,
+                            up: t.linear(&u, moe.intermediate, h, false)?,
+                            down: t.linear(&d, h, moe.intermediate, false)?,
+                        })
+                    })
+                    .collect::<Result<_, EngineError>>()?;
+                Mlp::Experts {
+                    router,
+                    experts,
+                    spec: moe.clone(),
+                }
+            }
+            _ => Mlp::Dense(Ffn {
+                gate: t.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
+                up: t.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
+                down: t.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
+            }),
+        };
         layers.push(Layer {
             in_norm,
             q,
@@ -188,9 +242,7 @@ pub fn load_stack<T: TensorLoader>(
             post_attn_norm,
             ffn_norm,
             post_ffn_norm,
-            gate: t.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
-            up: t.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
-            down: t.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
+            mlp,
         });
     }
     let final_norm = t.vec("model.norm.weight", h)?;

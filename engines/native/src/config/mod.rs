@@ -26,16 +26,22 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Gemma3,
+    /// Qwen3 attention with mixture-of-experts MLPs.
+    Qwen3Moe,
+    /// Mistral attention with mixture-of-experts MLPs.
+    Mixtral,
 }
 
 impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Architecture); 5] = [
+    pub const CLASSES: [(&'static str, Architecture); 7] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
         ("Qwen3ForCausalLM", Architecture::Qwen3),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
+        ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+        ("MixtralForCausalLM", Architecture::Mixtral),
     ];
 
     pub fn from_class(class: &str) -> Option<Architecture> {
@@ -52,6 +58,57 @@ pub struct LayerKind {
     pub window: Option<usize>,
     /// Index into [`ModelConfig::ropes`].
     pub rope: usize,
+    /// The MLP is [`ModelConfig::moe`]'s mixture of experts (else the dense MLP).
+    pub moe: bool,
+}
+
+/// Mixture-of-experts MLPs: a linear router scores every expert per token; the `top_k` best
+/// run (SiLU-gated MLPs of `intermediate` rows) and their outputs are summed, weighted by the
+/// softmax of the router's scores (renormalised over the chosen experts when `normalize`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    pub experts: usize,
+    pub top_k: usize,
+    pub intermediate: usize,
+    pub normalize: bool,
+    pub naming: MoeNaming,
+}
+
+/// How a checkpoint names a mixture-of-experts layer's tensors under `model.layers.{i}.`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeNaming {
+    /// `mlp.gate` (router), `mlp.experts.{e}.{gate,up,down}_proj` (Qwen2/3-MoE).
+    Qwen,
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.{w1,w3,w2}` (Mixtral).
+    Mixtral,
+}
+
+impl MoeNaming {
+    /// The router's name (without `.weight`) in layer `layer`.
+    pub fn router(self, layer: usize) -> String {
+        match self {
+            MoeNaming::Qwen => format!("model.layers.{layer}.mlp.gate"),
+            MoeNaming::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate"),
+        }
+    }
+
+    /// Expert `e`'s gate, up and down projections (without `.weight`) in layer `layer`.
+    pub fn expert(self, layer: usize, e: usize) -> [String; 3] {
+        match self {
+            MoeNaming::Qwen => {
+                let p = format!("model.layers.{layer}.mlp.experts.{e}");
+                [
+                    format!("{p}.gate_proj"),
+                    format!("{p}.up_proj"),
+                    format!("{p}.down_proj"),
+                ]
+            }
+            MoeNaming::Mixtral => {
+                let p = format!("model.layers.{layer}.block_sparse_moe.experts.{e}");
+                [format!("{p}.w1"), format!("{p}.w3"), format!("{p}.w2")]
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +154,8 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
     pub layers: Vec<LayerKind>,
+    /// The mixture of experts of the layers whose [`LayerKind::moe`] is set.
+    pub moe: Option<Moe>,
     pub bos_token: Option<i32>,
     pub eos_tokens: Vec<i32>,
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::fields::{Fields, corrupt, unsupported};
 use super::rope::rope_from;
-use super::{Activation, Architecture, LayerKind, ModelConfig, Rope, RopeScaling};
+use super::{Activation, Architecture, LayerKind, ModelConfig, Moe, MoeNaming, Rope, RopeScaling};
 
 /// Parse `config.json` bytes (and the `eos_token_id` of `generation_config.json`, when given).
 pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, EngineError> {
@@ -80,15 +80,18 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let (qkv_bias, o_bias) = match family {
         // Qwen2's q/k/v always carry a bias, o never does.
         Architecture::Qwen2 => (true, false),
-        Architecture::Llama | Architecture::Qwen3 | Architecture::Gemma3 => {
+        Architecture::Llama
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe
+        | Architecture::Gemma3 => {
             let b = attention_bias.unwrap_or(false);
             (b, b)
         }
-        Architecture::Mistral => {
+        Architecture::Mistral | Architecture::Mixtral => {
             if attention_bias == Some(true) {
-                return Err(unsupported(
-                    "config.json `attention_bias` = true is not a Mistral option",
-                ));
+                return Err(unsupported(format!(
+                    "config.json `attention_bias` = true is not an option of {class}"
+                )));
             }
             (false, false)
         }
@@ -116,8 +119,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     // `rope_scaling`. Gemma 3's sliding layers have their own base and no scaling.
     let default_theta = match family {
         Architecture::Gemma3 | Architecture::Qwen3 => 1_000_000.0,
-        Architecture::Mistral | Architecture::Qwen2 => 1_000_000.0,
-        Architecture::Llama => 10_000.0,
+        Architecture::Mistral | Architecture::Mixtral | Architecture::Qwen2 => 1_000_000.0,
+        Architecture::Llama | Architecture::Qwen3Moe => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -161,7 +164,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let mut layers = vec![
         LayerKind {
             window: None,
-            rope: 0
+            rope: 0,
+            moe: false,
         };
         n_layers
     ];
@@ -227,16 +231,17 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                     *l = LayerKind {
                         window: Some(window),
                         rope: 1,
+                        moe: false,
                     };
                 }
             }
         }
-        Architecture::Mistral => {
+        Architecture::Mistral | Architecture::Mixtral => {
             if let Some(w) = window {
                 layers.iter_mut().for_each(|l| l.window = Some(w));
             }
         }
-        Architecture::Qwen2 | Architecture::Qwen3 => {
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
             if f.bool("use_sliding_window")?.unwrap_or(false) {
                 let w = window.ok_or_else(|| {
                     corrupt("config.json `use_sliding_window` is true without `sliding_window`")
@@ -250,6 +255,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         }
         Architecture::Llama => {}
     }
+
+    let moe = moe(f, family, &mut layers)?;
 
     let (embed_scale, attn_scale) = match family {
         Architecture::Gemma3 => {
@@ -305,7 +312,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: matches!(family, Architecture::Qwen3 | Architecture::Gemma3),
+        qk_norm: matches!(
+            family,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ),
         norm_plus_one: family == Architecture::Gemma3,
         sandwich_norms: family == Architecture::Gemma3,
         activation,
@@ -315,7 +325,80 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         final_softcap,
         ropes,
         layers,
+        moe,
         bos_token,
         eos_tokens,
     })
+}
+
+/// The mixture of experts of a MoE family, and which layers run it (the others keep the dense
+/// MLP of `intermediate_size`); `None` for dense families.
+fn moe(
+    f: &Fields<'_>,
+    family: Architecture,
+    layers: &mut [LayerKind],
+) -> Result<Option<Moe>, EngineError> {
+    let n_layers = layers.len();
+    let (moe, sparse): (Moe, Vec<bool>) = match family {
+        Architecture::Qwen3Moe => {
+            // transformers' Qwen3MoeConfig defaults.
+            let experts = f.usize("num_experts")?.unwrap_or(128);
+            let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(corrupt(
+                    "config.json `decoder_sparse_step` must be at least 1",
+                ));
+            }
+            let dense: Vec<usize> = match f.get("mlp_only_layers") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|v| {
+                        v.as_u64().map(|i| i as usize).ok_or_else(|| {
+                            corrupt(format!(
+                                "config.json `mlp_only_layers` must list layer indices, got {v}"
+                            ))
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(v) => {
+                    return Err(corrupt(format!(
+                        "config.json `mlp_only_layers` must be a list, got {v}"
+                    )));
+                }
+            };
+            let moe = Moe {
+                experts,
+                top_k: f.usize("num_experts_per_tok")?.unwrap_or(8),
+                intermediate: f.usize("moe_intermediate_size")?.unwrap_or(768),
+                normalize: f.bool("norm_topk_prob")?.unwrap_or(false),
+                naming: MoeNaming::Qwen,
+            };
+            let sparse = (0..n_layers)
+                .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+                .collect();
+            (moe, sparse)
+        }
+        Architecture::Mixtral => {
+            let moe = Moe {
+                experts: f.usize("num_local_experts")?.unwrap_or(8),
+                top_k: f.usize("num_experts_per_tok")?.unwrap_or(2),
+                intermediate: f.req_usize("intermediate_size")?,
+                normalize: true,
+                naming: MoeNaming::Mixtral,
+            };
+            (moe, vec![true; n_layers])
+        }
+        _ => return Ok(None),
+    };
+    if moe.top_k == 0 || moe.top_k > moe.experts {
+        return Err(corrupt(format!(
+            "config.json `num_experts_per_tok` ({}) must be between 1 and the number of experts ({})",
+            moe.top_k, moe.experts
+        )));
+    }
+    for (l, s) in layers.iter_mut().zip(sparse) {
+        l.moe = s;
+    }
+    Ok(Some(moe))
 }

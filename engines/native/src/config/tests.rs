@@ -84,3 +84,70 @@ fn gemma3_layers_alternate_windows_and_bases() {
     assert!(c.tie_embeddings && c.norm_plus_one && c.qk_norm);
     assert_eq!(c.activation, Activation::GeluTanh);
 }
+
+fn moe_cfg(class: &str, extra: &str) -> Result<ModelConfig, EngineError> {
+    let text = format!(
+        r#"{{"architectures": ["{class}"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 100 {extra}}}"#
+    );
+    parse(text.as_bytes(), None)
+}
+
+#[test]
+fn qwen3_moe_takes_transformers_defaults_and_its_dense_layers() {
+    let c = moe_cfg(
+        "Qwen3MoeForCausalLM",
+        r#", "num_experts": 8, "mlp_only_layers": [1], "decoder_sparse_step": 2"#,
+    )
+    .expect("config");
+    assert_eq!(c.architecture, Architecture::Qwen3Moe);
+    assert!(c.qk_norm);
+    assert_eq!(c.ropes[0].theta, 10_000.0);
+    let moe = c.moe.expect("experts");
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.intermediate, moe.normalize),
+        (8, 8, 768, false)
+    );
+    assert_eq!(moe.naming, MoeNaming::Qwen);
+    // Every second layer is sparse (step 2: layers 1 and 3), except layer 1 (mlp_only).
+    let sparse: Vec<bool> = c.layers.iter().map(|l| l.moe).collect();
+    assert_eq!(sparse, [false, false, false, true]);
+}
+
+#[test]
+fn mixtral_routes_every_layer_and_renormalises() {
+    let c = moe_cfg("MixtralForCausalLM", r#", "num_local_experts": 4"#).expect("config");
+    let moe = c.moe.expect("experts");
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.intermediate, moe.normalize),
+        (4, 2, 128, true)
+    );
+    assert_eq!(
+        moe.naming.expert(3, 1),
+        [
+            "model.layers.3.block_sparse_moe.experts.1.w1".to_string(),
+            "model.layers.3.block_sparse_moe.experts.1.w3".to_string(),
+            "model.layers.3.block_sparse_moe.experts.1.w2".to_string()
+        ]
+    );
+    assert!(c.layers.iter().all(|l| l.moe));
+    assert_eq!(c.ropes[0].theta, 1_000_000.0);
+}
+
+#[test]
+fn a_top_k_larger_than_the_experts_is_refused_by_name() {
+    let e = moe_cfg(
+        "MixtralForCausalLM",
+        r#", "num_local_experts": 4, "num_experts_per_tok": 5"#,
+    )
+    .expect_err("top-k");
+    assert_eq!(e.status, Status::ModelCorrupt);
+    assert!(e.message.contains("num_experts_per_tok"), "{}", e.message);
+    let e = moe_cfg(
+        "Qwen3MoeForCausalLM",
+        r#", "num_experts": 4, "mlp_only_layers": "all""#,
+    )
+    .expect_err("list");
+    assert!(e.message.contains("mlp_only_layers"), "{}", e.message);
+}

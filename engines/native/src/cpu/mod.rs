@@ -10,6 +10,7 @@
 
 pub mod lora;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use gantry_engine_abi::{EngineError, Status};
 
-use crate::backend::{Backend, StepInput, TensorLoader, load_stack};
+use crate::backend::{Backend, Mlp, StepInput, TensorLoader, load_stack};
 use crate::config::{Activation, ModelConfig};
 use crate::kv::BlockCopy;
 use crate::lora::{LoraWeights, Target};
@@ -244,16 +245,36 @@ impl CpuBackend {
                 cfg.norm_plus_one,
                 &mut hbuf,
             );
-            layer.gate.forward(w, &hbuf, t, &mut g, &mut scratch);
-            layer.up.forward(w, &hbuf, t, &mut u, &mut scratch);
-            lora.apply(li, Target::Gate, &hbuf, &mut g);
-            lora.apply(li, Target::Up, &hbuf, &mut u);
-            match cfg.activation {
-                Activation::Silu => ops::silu_mul(&mut g, &u),
-                Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
+            match &layer.mlp {
+                Mlp::Experts {
+                    router,
+                    experts,
+                    spec,
+                } => moe::forward(
+                    w,
+                    router,
+                    experts,
+                    spec,
+                    cfg.activation,
+                    &hbuf,
+                    t,
+                    h,
+                    &mut o,
+                    &mut scratch,
+                ),
+                Mlp::Dense(f) => {
+                    f.gate.forward(w, &hbuf, t, &mut g, &mut scratch);
+                    f.up.forward(w, &hbuf, t, &mut u, &mut scratch);
+                    lora.apply(li, Target::Gate, &hbuf, &mut g);
+                    lora.apply(li, Target::Up, &hbuf, &mut u);
+                    match cfg.activation {
+                        Activation::Silu => ops::silu_mul(&mut g, &u),
+                        Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
+                    }
+                    f.down.forward(w, &g, t, &mut o, &mut scratch);
+                    lora.apply(li, Target::Down, &g, &mut o);
+                }
             }
-            layer.down.forward(w, &g, t, &mut o, &mut scratch);
-            lora.apply(li, Target::Down, &g, &mut o);
             if let Some(n) = &layer.post_ffn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
@@ -311,9 +332,10 @@ impl Backend for CpuBackend {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|x| x.owned_bytes())
+                [&l.q, &l.k, &l.v, &l.o]
+                    .into_iter()
+                    .chain(l.mlp.linears())
+                    .map(Linear::owned_bytes)
                     .sum::<u64>()
             })
             .sum::<u64>()

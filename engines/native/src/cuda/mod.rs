@@ -146,6 +146,12 @@ impl CudaBackend {
                 "head_dim {hd}: the CUDA attention kernel takes even head sizes up to {MAX_HEAD_DIM}"
             )));
         }
+        if cfg.moe.is_some() {
+            return Err(EngineError::unsupported(format!(
+                "{}: the CUDA backend of the native engine does not run mixture-of-experts layers yet (its CPU backend does)",
+                cfg.class
+            )));
+        }
         let act = weights
             .expect("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?
             .dtype;

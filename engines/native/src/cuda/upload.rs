@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use gantry_engine_abi::EngineError;
 
 use super::cuda_err;
-use crate::backend::{TensorLoader, load_stack};
+use crate::backend::{Mlp, TensorLoader, load_stack};
 use crate::config::ModelConfig;
 use crate::weights::{DType, TensorInfo, Weights};
 
@@ -212,6 +212,11 @@ pub(super) fn upload(
     let mut layers = Vec::with_capacity(stack.layers.len());
     for (i, l) in stack.layers.iter().enumerate() {
         let what = format!("model.layers.{i}");
+        let Mlp::Dense(mlp) = &l.mlp else {
+            return Err(EngineError::internal(format!(
+                "{what}: mixture-of-experts layers are refused before the upload"
+            )));
+        };
         layers.push(DevLayer {
             in_norm: up.f32s(&l.in_norm, &what)?,
             qkv: up.fused(&[&l.q, &l.k, &l.v], &what)?,
@@ -221,8 +226,8 @@ pub(super) fn upload(
             post_attn_norm: up.opt(&l.post_attn_norm, &what)?,
             ffn_norm: up.f32s(&l.ffn_norm, &what)?,
             post_ffn_norm: up.opt(&l.post_ffn_norm, &what)?,
-            gate_up: up.fused(&[&l.gate, &l.up], &what)?,
-            down: up.fused(&[&l.down], &what)?,
+            gate_up: up.fused(&[&mlp.gate, &mlp.up], &what)?,
+            down: up.fused(&[&mlp.down], &what)?,
         });
     }
     let final_norm = up.f32s(&stack.final_norm, "model.norm.weight")?;

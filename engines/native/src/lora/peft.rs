@@ -227,6 +227,14 @@ pub fn read(desc: &AdapterDescriptor, cfg: &ModelConfig) -> Result<LoraWeights, 
                 ),
             ));
         }
+        if cfg.layers[layer].moe && target.parent() == "mlp" {
+            return Err(failed(
+                desc,
+                format!(
+                    "tensor {name} {shape:?} targets the MLP of layer {layer}, a mixture of experts: the native engine applies adapters to attention projections and dense MLPs only"
+                ),
+            ));
+        }
         let [d_out, d_in] = target.shape(cfg);
         let base = format!("model.layers.{layer}.{module}.weight");
         let expected = if is_a {

@@ -1,0 +1,318 @@
+//! The native engine against Hugging Face transformers, the independent reference (load and
+//! forward pass, through the node's engine host as `gantry-node` runs the plugin).
+//!
+//! `testkit/python/hf_reference.py` (run by `scripts/setup.sh`, which exports
+//! `GANTRY_HF_REFERENCE`) writes tiny random checkpoints of every architecture the engine runs
+//! with transformers' own `from_config` and `save_pretrained`, in float32 and bfloat16, and
+//! records transformers' log-probabilities over the whole vocabulary at every prompt position,
+//! its greedy `generate` continuation (32 tokens), and the log-probabilities at each generated
+//! position. Here the engine loads each checkpoint and, comparing at every position the
+//! log-probabilities of the engine's 20 most likely tokens (the ABI's `top_logprobs` limit;
+//! log-probabilities, so the normalisation over the whole vocabulary is compared too):
+//! - evaluates each prompt in one step that samples after every token (every position's
+//!   distribution), then decodes the reference's continuation one token per step (its KV
+//!   cache, as in serving), comparing every distribution with transformers';
+//! - does so for each prompt alone and for all prompts in one batch that later prompts join
+//!   mid-decode (the batched step, the mixture-of-experts dispatch grouping tokens of several
+//!   sequences), which must agree;
+//! - on float32 checkpoints, picks transformers' greedy token at every step (the same 32-token
+//!   continuation); on bfloat16 ones the agreement is counted and printed.
+//!
+//! The largest differences are printed per checkpoint (`cargo test -- --nocapture`).
+
+use std::path::Path;
+
+use gantry_engine_abi::{Sampling, StepEntry};
+use gantry_node::engine_host::ModelExec;
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+/// Every architecture the reference covers (`hf_reference.py`'s `ARCHS`), by directory stem.
+const ARCHS: [&str; 7] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "qwen3-moe",
+    "mixtral",
+];
+
+/// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides
+/// compute in f32, and for bfloat16 weights the reference matches the engine's products (on a
+/// CPU with the bf16 kernel it rounds each linear layer's input to bf16 as the kernel does).
+/// float32: what is left is summation order (measured: under 1e-5). bfloat16: rounding
+/// activations to 8 bits of mantissa makes every last-bit difference in a sum a possible
+/// 2^-8 step in the next product's input; transformers itself moves position 0's
+/// log-probabilities by up to 2e-2 when only the prompt's length changes (its CPU products take
+/// another path), so the bound is that of bf16 arithmetic (measured: under 4e-2), and greedy
+/// decoding is compared on float32 only.
+fn tolerance(dtype: &str) -> f32 {
+    if dtype == "float32" { 1e-3 } else { 6e-2 }
+}
+
+struct Reference {
+    class: String,
+    prompts: Vec<Vec<i32>>,
+    prompt_logprobs: Vec<Vec<Vec<f32>>>,
+    greedy: Vec<Vec<i32>>,
+    greedy_logprobs: Vec<Vec<Vec<f32>>>,
+}
+
+fn ints(v: &Value) -> Vec<i32> {
+    v.as_array()
+        .expect("a list of token ids")
+        .iter()
+        .map(|t| t.as_i64().expect("a token id") as i32)
+        .collect()
+}
+
+fn rows(v: &Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .expect("a list of distributions")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("a distribution")
+                .iter()
+                .map(|x| x.as_f64().expect("a log-probability") as f32)
+                .collect()
+        })
+        .collect()
+}
+
+/// The reference of the checkpoint in `dir`: for bfloat16 weights run by the engine's bf16
+/// kernel (`rounded`), the one computed with bf16-rounded activations.
+fn read_reference(dir: &Path, rounded: bool) -> Reference {
+    let path = dir.join("reference.json");
+    let top: Value = serde_json::from_slice(
+        &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .expect("reference.json");
+    let v = match &top["bf16_activations"] {
+        Value::Null => &top,
+        r if rounded => r,
+        _ => &top,
+    };
+    let each = |key: &str| v[key].as_array().expect(key).clone();
+    Reference {
+        class: top["class"].as_str().expect("class").to_string(),
+        prompts: top["prompts"]
+            .as_array()
+            .expect("prompts")
+            .iter()
+            .map(ints)
+            .collect(),
+        prompt_logprobs: each("prompt_logprobs").iter().map(rows).collect(),
+        greedy: each("greedy").iter().map(ints).collect(),
+        greedy_logprobs: each("greedy_logprobs").iter().map(rows).collect(),
+    }
+}
+
+/// The most likely tokens at one position and their log-probabilities, best first.
+type Top = Vec<(i32, f32)>;
+
+/// What the engine computed for one prompt: every prompt position's top tokens, each decode
+/// step's (teacher-forced with the reference's tokens), and the token each decode step picked.
+#[derive(Default)]
+struct Run {
+    prompt: Vec<Top>,
+    decode: Vec<Top>,
+    picked: Vec<i32>,
+}
+
+/// How many top tokens the ABI returns per position.
+const TOP: usize = 20;
+
+/// Run `prompts` through the engine together: prompt `i` joins at step `join_at[i]` (its whole
+/// prompt in one entry that samples after every token), then decodes `forced[i]` one token per
+/// step.
+fn run(
+    exec: &mut ModelExec,
+    prompts: &[Vec<i32>],
+    forced: &[Vec<i32>],
+    join_at: &[usize],
+) -> Vec<Run> {
+    let all = Sampling {
+        top_logprobs: TOP as u32,
+        want_logprob: true,
+        ..Sampling::greedy()
+    };
+    let seqs: Vec<u64> = prompts
+        .iter()
+        .map(|_| exec.seq_open().expect("seq_open"))
+        .collect();
+    let mut out: Vec<Run> = prompts.iter().map(|_| Run::default()).collect();
+    // Tokens fed so far from `forced` (None: the prompt is not in yet).
+    let mut fed: Vec<Option<usize>> = vec![None; prompts.len()];
+    let mut step = 0;
+    while (0..prompts.len()).any(|i| fed[i].is_none_or(|n| n < forced[i].len())) {
+        let mut entries = Vec::new();
+        let mut who = Vec::new();
+        for i in 0..prompts.len() {
+            let (tokens, verify): (&[i32], bool) = match fed[i] {
+                None if step >= join_at[i] => (&prompts[i], true),
+                None => continue,
+                Some(n) if n < forced[i].len() => (&forced[i][n..n + 1], false),
+                Some(_) => continue,
+            };
+            entries.push(StepEntry {
+                seq: seqs[i],
+                tokens,
+                sample: Some(&all),
+                fresh: verify,
+                allowed: None,
+                sample_all: verify,
+            });
+            who.push((i, tokens.len(), verify));
+        }
+        let results = exec.step(&entries).expect("step");
+        drop(entries);
+        let mut slots = results.into_iter();
+        for (i, n, verify) in who {
+            if verify {
+                for _ in 0..n {
+                    let t = slots.next().flatten().expect("a sampled slot");
+                    assert_eq!(t.top.len(), TOP, "top_logprobs");
+                    out[i].prompt.push(t.top);
+                }
+                // The prompt's last distribution is also the first decode step's.
+                let last = out[i].prompt.last().expect("a prompt").clone();
+                out[i].picked.push(last[0].0);
+                out[i].decode.push(last);
+                fed[i] = Some(0);
+            } else {
+                let t = slots.next().flatten().expect("a sampled slot");
+                assert_eq!(t.top.len(), TOP, "top_logprobs");
+                out[i].decode.push(t.top);
+                out[i].picked.push(t.token);
+                fed[i] = fed[i].map(|n| n + 1);
+            }
+        }
+        step += 1;
+    }
+    for s in seqs {
+        exec.seq_release(s);
+    }
+    // The last forced token's step samples past the reference's continuation: drop it.
+    for (r, f) in out.iter_mut().zip(forced) {
+        r.decode.truncate(f.len());
+        r.picked.truncate(f.len());
+    }
+    out
+}
+
+/// Largest |engine − reference| over the engine's top tokens at every position.
+fn max_diff(got: &[Top], want: &[Vec<f32>]) -> f32 {
+    assert_eq!(got.len(), want.len(), "positions");
+    got.iter()
+        .zip(want)
+        .flat_map(|(top, row)| top.iter().map(|&(t, lp)| (lp - row[t as usize]).abs()))
+        .fold(0.0, f32::max)
+}
+
+/// Largest difference between two runs' top tokens where both list the token; the best
+/// token must be the same.
+fn run_gap(a: &[Top], b: &[Top]) -> f32 {
+    assert_eq!(a.len(), b.len(), "positions");
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x[0].0, y[0].0, "the best token differs between two runs");
+            x.iter().filter_map(|&(t, lp)| {
+                y.iter()
+                    .find(|(u, _)| *u == t)
+                    .map(|&(_, lq)| (lp - lq).abs())
+            })
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn every_architecture_matches_transformers_alone_and_in_a_batch() {
+    let root = env_path("GANTRY_HF_REFERENCE");
+    let bf16_kernel = gantry_engine_native::cpu::matmul::has_bf16_kernel();
+    println!(
+        "bf16 weights: {}",
+        if bf16_kernel {
+            "the bf16 kernel (reference: bf16-rounded activations)"
+        } else {
+            "converted to f32 (reference: f32 activations)"
+        }
+    );
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for arch in ARCHS {
+        for dtype in ["float32", "bfloat16"] {
+            let name = format!("{arch}-{dtype}");
+            let dir = root.join(&name);
+            assert!(
+                dir.join("reference.json").is_file(),
+                "{} has no reference.json: run scripts/setup.sh",
+                dir.display()
+            );
+            let r = read_reference(&dir, bf16_kernel);
+            let plugin = plugin("native", 4, 128);
+            let (shared, mut exec) = plugin
+                .load_model(&st_desc(&name, &dir))
+                .unwrap_or_else(|e| panic!("{name}: load: {e}"));
+            assert_eq!(shared.info().architecture, r.class, "{name}");
+            let n = r.prompts.len();
+            let alone: Vec<Run> = (0..n)
+                .flat_map(|i| run(&mut exec, &r.prompts[i..i + 1], &r.greedy[i..i + 1], &[0]))
+                .collect();
+            // All prompts in one batch, the later ones joining while the first decodes.
+            let join_at: Vec<usize> = (0..n).map(|i| i * 3).collect();
+            let together = run(&mut exec, &r.prompts, &r.greedy, &join_at);
+            let tol = tolerance(dtype);
+            let (mut worst_prompt, mut worst_decode, mut batch_gap) = (0.0f32, 0.0f32, 0.0f32);
+            let mut picked_same = 0;
+            for i in 0..n {
+                for (mode, got) in [("alone", &alone[i]), ("batched", &together[i])] {
+                    let p = max_diff(&got.prompt, &r.prompt_logprobs[i]);
+                    let d = max_diff(&got.decode, &r.greedy_logprobs[i]);
+                    worst_prompt = worst_prompt.max(p);
+                    worst_decode = worst_decode.max(d);
+                    if p > tol || d > tol {
+                        failures.push(format!(
+                            "{name} prompt {i} {mode}: max |Δ logprob| prompt {p:.2e}, decode {d:.2e} (bound {tol:.0e})"
+                        ));
+                    }
+                    if dtype == "float32" && got.picked != r.greedy[i] {
+                        failures.push(format!(
+                            "{name} prompt {i} {mode}: greedy {:?}, transformers {:?}",
+                            got.picked, r.greedy[i]
+                        ));
+                    }
+                }
+                batch_gap = batch_gap
+                    .max(run_gap(&alone[i].prompt, &together[i].prompt))
+                    .max(run_gap(&alone[i].decode, &together[i].decode));
+                picked_same += alone[i]
+                    .picked
+                    .iter()
+                    .zip(&r.greedy[i])
+                    .filter(|(a, b)| a == b)
+                    .count();
+            }
+            if batch_gap > tol / 10.0 {
+                failures.push(format!(
+                    "{name}: batched and alone differ by {batch_gap:.2e} (bound {:.0e})",
+                    tol / 10.0
+                ));
+            }
+            report.push(format!(
+                "{name:<20} {:<22} prompt {worst_prompt:.2e}  decode {worst_decode:.2e}  batch vs alone {batch_gap:.2e}  greedy {picked_same}/{}",
+                r.class,
+                n * r.greedy[0].len()
+            ));
+        }
+    }
+    println!("max |engine - transformers| log-probability, per checkpoint:");
+    for line in &report {
+        println!("  {line}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

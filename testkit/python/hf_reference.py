@@ -1,0 +1,192 @@
+"""Tiny random checkpoints written by Hugging Face transformers, and transformers' own answers.
+
+The native engine's independent reference (engines/native/tests/reference.rs): for every
+architecture the engine runs, this script builds a small config with `AutoConfig.for_model`,
+makes the model with `AutoModelForCausalLM.from_config` under a fixed seed, saves it with
+`save_pretrained` (float32, and a bfloat16 twin), and records what transformers computes on the
+CPU:
+
+- the log-probabilities of the whole vocabulary at every position of a few prompts (one
+  forward pass each);
+- the greedy continuation of each prompt by `generate` (32 tokens, transformers' KV cache),
+  and the log-probabilities at each generated position under teacher forcing.
+
+The bfloat16 twin's reference is the float32 forward pass of the bfloat16-rounded weights,
+twice: as is, and with every linear layer's input rounded to bfloat16 first (`bf16_activations`),
+which is what the engine's bf16 kernel computes (bf16 products, f32 sums) on CPUs that have
+one. The test compares with the one that matches the engine's kernel.
+
+Weights are re-drawn with larger scales than transformers' training initialisation (which
+makes every next-token distribution almost uniform and every comparison weak): linear layers
+N(0, 1/fan_in), embeddings N(0, 1), norm weights around their neutral value, a sharper output
+layer.
+
+Usage: hf_reference.py OUT_DIR
+Writes OUT_DIR/<name>-<dtype>/ (config.json, model.safetensors, tokenizer.json) and
+OUT_DIR/<name>-<dtype>/reference.json.
+"""
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+VOCAB = 256
+NEW_TOKENS = 32
+PROMPT_LENGTHS = (4, 11, 23)
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=None,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+
+# name: (model_type, extra config). Each exercises what its family adds: Llama 3 rope scaling,
+# Mistral's sliding window (shorter than the longest prompt), Qwen2's q/k/v bias, Qwen3's q/k
+# norms, Gemma 3's sliding and global layers, soft norms and tied embeddings, and the two
+# mixture-of-experts families (Qwen3-MoE with one dense layer and renormalised top-k, Mixtral).
+ARCHS = {
+    "llama": ("llama", dict(
+        rope_theta=10000.0,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=64),
+    )),
+    "mistral": ("mistral", dict(sliding_window=8, rope_theta=10000.0)),
+    "qwen2": ("qwen2", dict(rope_theta=10000.0)),
+    "qwen3": ("qwen3", dict(rope_theta=10000.0)),
+    "gemma3": ("gemma3_text", dict(
+        sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_theta=10000.0, rope_local_base_freq=1000.0, query_pre_attn_scalar=16,
+        tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+    )),
+    "qwen3-moe": ("qwen3_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[1], rope_theta=10000.0,
+    )),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=10000.0)),
+}
+
+
+def make_model(model_type: str, extra: dict, seed: int):
+    cfg = AutoConfig.for_model(model_type, **{**COMMON, **extra})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    gemma = model_type.startswith("gemma")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                # Gemma's norms multiply by (1 + w): neutral is 0, elsewhere 1.
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                # Gemma scales its embeddings by sqrt(hidden): keep the scaled rows near RMS 1.
+                scale = 1.0 / math.sqrt(p.shape[1]) if gemma else 1.0
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+            elif p.dim() == 2:
+                scale = 1.0 / math.sqrt(p.shape[1])
+                if name.startswith("lm_head"):
+                    scale *= 3.0
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+            else:  # biases
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def write_tokenizer(out: Path):
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(out / "tokenizer.json"))
+
+
+def round_input(_module, args):
+    """A linear layer's input rounded to bfloat16 (round to nearest even), kept in float32."""
+    return (args[0].to(torch.bfloat16).to(torch.float32),) + tuple(args[1:])
+
+
+def log_probs(model, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def reference(model, prompts):
+    prompt_lp, greedy, greedy_lp = [], [], []
+    for ids in prompts:
+        prompt_lp.append(log_probs(model, ids).tolist())
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+        gen = out[0, len(ids):].tolist()
+        assert len(gen) == NEW_TOKENS, gen
+        greedy.append(gen)
+        # The distribution each generated token was taken from, under teacher forcing.
+        full = log_probs(model, ids + gen)
+        greedy_lp.append(full[len(ids) - 1:len(ids) - 1 + NEW_TOKENS].tolist())
+    return prompt_lp, greedy, greedy_lp
+
+
+def main():
+    out_root = Path(sys.argv[1])
+    out_root.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+    for seed, (name, (model_type, extra)) in enumerate(ARCHS.items(), start=1):
+        model = make_model(model_type, extra, seed)
+        for dtype in ("float32", "bfloat16"):
+            out = out_root / f"{name}-{dtype}"
+            out.mkdir(parents=True, exist_ok=True)
+            saved = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
+            saved.save_pretrained(out, safe_serialization=True)
+            write_tokenizer(out)
+            # The reference computes from the checkpoint as written, read back in float32
+            # (a model cast in memory would also round its rotary buffers).
+            ref_model = AutoModelForCausalLM.from_pretrained(
+                out, dtype=torch.float32, attn_implementation="eager").eval()
+            ref_model.generation_config.eos_token_id = None
+            ref_model.generation_config.pad_token_id = 0
+            prompt_lp, greedy, greedy_lp = reference(ref_model, prompts)
+            rounded = None
+            if dtype == "bfloat16":
+                hooks = [m.register_forward_pre_hook(round_input)
+                         for m in ref_model.modules() if isinstance(m, torch.nn.Linear)]
+                r_lp, r_greedy, r_greedy_lp = reference(ref_model, prompts)
+                for h in hooks:
+                    h.remove()
+                rounded = {"prompt_logprobs": r_lp, "greedy": r_greedy,
+                           "greedy_logprobs": r_greedy_lp}
+            (out / "reference.json").write_text(json.dumps({
+                "name": name,
+                "class": model.config.architectures[0],
+                "dtype": dtype,
+                "transformers": __import__("transformers").__version__,
+                "torch": torch.__version__,
+                "prompts": prompts,
+                "prompt_logprobs": prompt_lp,
+                "greedy": greedy,
+                "greedy_logprobs": greedy_lp,
+                "bf16_activations": rounded,
+            }))
+            print(f"{out.name}: {model.config.architectures[0]}, greedy {greedy[0][:8]}...",
+                  file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
