@@ -37,6 +37,17 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     })?;
     // Multimodal configs nest the language model; this engine runs text models only.
     let f = &top;
+    // Quantized checkpoints: none is implemented yet (their weights would be read as garbage
+    // or refused tensor by tensor); say which method, once, before anything is read.
+    if let Some(q) = f.get("quantization_config").filter(|q| !q.is_null()) {
+        let method = q
+            .get("quant_method")
+            .and_then(Value::as_str)
+            .unwrap_or("(no quant_method)");
+        return Err(unsupported(format!(
+            "config.json `quantization_config.quant_method` `{method}`: the native engine runs unquantized bf16, f16 and f32 checkpoints only"
+        )));
+    }
     let hidden = f.req_usize("hidden_size")?;
     let n_layers = f.req_usize("num_hidden_layers")?;
     let n_heads = f.req_usize("num_attention_heads")?;

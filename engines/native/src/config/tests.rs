@@ -151,3 +151,20 @@ fn a_top_k_larger_than_the_experts_is_refused_by_name() {
     .expect_err("list");
     assert!(e.message.contains("mlp_only_layers"), "{}", e.message);
 }
+
+#[test]
+fn quantized_checkpoints_are_refused_naming_the_method() {
+    for method in ["fp8", "awq", "gptq", "bitsandbytes"] {
+        let e = cfg(&format!(
+            r#", "quantization_config": {{"quant_method": "{method}", "bits": 4}}"#
+        ))
+        .expect_err(method);
+        assert_eq!(e.status, Status::Unsupported);
+        assert!(
+            e.message
+                .contains(&format!("quantization_config.quant_method` `{method}`")),
+            "{}",
+            e.message
+        );
+    }
+}
