@@ -498,12 +498,15 @@ async fn adding_and_removing_adapters_leaves_the_loaded_base_model_serving() {
     .await;
 
     // A stream on the base runs across both reloads (its own deadline: beside the other tests'
-    // nodes on two cores it may crawl).
+    // nodes on two cores it may crawl). Its end-of-generation tokens (`<|endoftext|>` 0,
+    // `<|im_end|>` 2) are banned, so it runs its 200 tokens whatever the batches it shares
+    // with the adapters' requests do to the last bits of its logits.
     let mut rx = stream(
         &node,
         "/v1/completions",
         json!({"model": "smollm2", "prompt": "Once", "max_tokens": 200, "temperature": 0,
-               "timeout": 600, "stream": true, "stream_options": {"include_usage": true}}),
+               "timeout": 600, "stream": true, "stream_options": {"include_usage": true},
+               "logit_bias": {"0": -100, "2": -100}}),
     )
     .await;
     rx.recv().await.expect("first chunk");

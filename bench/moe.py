@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Mixture of experts on the CPU: the native engine vs Hugging Face transformers, same checkpoint.
+
+The model: a random Qwen3-MoE checkpoint written by transformers itself (`make`, cached under
+`${GANTRY_CACHE:-~/.cache/gantry}/bench/qwen3-moe-490m`): hidden 1024, 8 layers, 16 query and 4
+key/value heads, 32 experts of 512 with 4 chosen per token (renormalised), a 32,000-token
+vocabulary with a word-level tokenizer (`t0` .. `t31999`), bf16; 490 M parameters, about 100 M
+active per token. No registry ships a small MoE, so speed is measured on random weights
+(correctness is engines/native/tests/reference.rs's job).
+
+- Gantry: `gantry-node serve` with the native engine, streaming completions at temperature 0
+  through the OpenAI API, `concurrency` requests at a time, the response cache and the prefix
+  cache off (`--no-response-cache`, GANTRY_NATIVE_PREFIX_CACHE=0), 2 threads.
+- Peer: transformers' `generate` on the same directory in bf16 (`peer`, run by the reference
+  virtualenv's Python), the `concurrency` prompts as one batch, greedy, `torch.set_num_threads`
+  the same threads; one warm-up call first.
+
+Both decode `max_tokens` tokens after the same 100-token prompt, `concurrency` copies of it at
+once (no end token: the model has none). Reports aggregate output tokens/s per concurrency and the ratio Gantry / transformers.
+Writes JSON.
+
+Usage: bench/moe.py --node target/release/gantry-node \\
+           --python ~/.cache/gantry/venv-reference/bin/python --out bench/results/moe-cpu.json
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VOCAB = 32000
+PROMPT_TOKENS = 100
+
+
+def prompt_ids(i):
+    rng = random.Random(1000 + i)
+    return [rng.randrange(2, VOCAB) for _ in range(PROMPT_TOKENS)]
+
+
+def make(out: Path):
+    """Write the checkpoint with transformers (run with the reference virtualenv)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "qwen3_moe", vocab_size=VOCAB, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, head_dim=64, intermediate_size=2048, num_experts=32, num_experts_per_tok=4,
+        moe_intermediate_size=512, norm_topk_prob=True, max_position_embeddings=4096, rope_theta=1e6,
+        bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(out / "tokenizer.json"))
+    (out / ".complete").write_text("1")
+
+
+def peer(model_dir: str, concurrency: list[int], max_tokens: int, threads: int, rounds: int):
+    """transformers' generate, batched; prints JSON {concurrency: [aggregate tok/s per round]}."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    out = {}
+    with torch.no_grad():
+        model.generate(torch.tensor([prompt_ids(0)]), max_new_tokens=4, do_sample=False)
+        for c in concurrency:
+            ids = torch.tensor([prompt_ids(0)] * c)
+            runs = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                gen = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+                wall = time.perf_counter() - t0
+                assert gen.shape[1] == PROMPT_TOKENS + max_tokens, gen.shape
+                runs.append(c * max_tokens / wall)
+            out[c] = runs
+            print(f"transformers c={c}: {statistics.median(runs):.1f} tok/s", file=sys.stderr, flush=True)
+    print(json.dumps(out))
+
+
+def gantry(node: str, model_dir: Path, concurrency: list[int], max_tokens: int, threads: int, rounds: int):
+    sys.path.insert(0, str(HERE))
+    from native_vs_llama_cpp import one_request, run_load
+    from node_vs_llama_server import Server, free_port
+
+    # The shared request loop, with this model's prompt: the token ids as `t<id>` words, which
+    # the word-level tokenizer maps back to the same ids the peer is given.
+    prompt = {"prompt": " ".join(f"t{t}" for t in prompt_ids(0))}
+    out = {}
+    port = free_port()
+    argv = [node, "serve", "--model", str(model_dir), "--model-id", "moe", "--listen", f"127.0.0.1:{port}",
+            "--threads", str(threads), "--context-length", "512", "--max-batch-size", str(max(concurrency)),
+            "--request-timeout", "0", "--no-response-cache"]
+    os.environ["GANTRY_NATIVE_PREFIX_CACHE"] = "0"
+    with Server("moe-gantry", argv, port, "/readyz"):
+        one_request(port, "moe", "warm", 4, prompt)
+        for c in concurrency:
+            runs = []
+            for r in range(rounds):
+                res = run_load(port, "moe", c, c, max_tokens, f"moe-{c}-{r}", prompt)
+                assert res["prompt_tokens"] in (PROMPT_TOKENS, PROMPT_TOKENS + 1), res
+                runs.append(res["aggregate_tps"])
+            out[c] = runs
+            print(f"gantry c={c}: {statistics.median(runs):.1f} tok/s", file=sys.stderr, flush=True)
+    return out
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "make":
+        make(Path(sys.argv[2]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "peer":
+        peer(sys.argv[2], [int(x) for x in sys.argv[3].split(",")], int(sys.argv[4]), int(sys.argv[5]),
+             int(sys.argv[6]))
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--python", required=True, help="a Python with torch and transformers (the reference venv)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--machine-note", default="nothing else ran on the machine")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.concurrency.split(",")]
+    cache = Path(os.environ.get("GANTRY_CACHE", Path.home() / ".cache/gantry"))
+    model_dir = cache / "bench" / "qwen3-moe-490m"
+    if not (model_dir / ".complete").exists():
+        subprocess.run([args.python, __file__, "make", str(model_dir)], check=True)
+    ours = gantry(args.node, model_dir, levels, args.max_tokens, args.threads, args.rounds)
+    p = subprocess.run([args.python, __file__, "peer", str(model_dir), args.concurrency, str(args.max_tokens),
+                        str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True)
+    theirs = {int(k): v for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
+    rows = []
+    for c in levels:
+        g, t = statistics.median(ours[c]), statistics.median(theirs[c])
+        rows.append({"concurrency": c, "gantry_aggregate_tps": g, "transformers_aggregate_tps": t,
+                     "ratio": g / t, "gantry_runs": ours[c], "transformers_runs": theirs[c]})
+        print(f"c={c}: gantry {g:.1f} tok/s, transformers {t:.1f} tok/s, ratio {g / t:.2f}", flush=True)
+    report = {"benchmark": "moe_cpu", "model": "random Qwen3-MoE, 490M total / ~100M active, bf16",
+              "threads": args.threads, "max_tokens": args.max_tokens, "prompt_tokens": PROMPT_TOKENS,
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "note": args.machine_note},
+              "runs": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
