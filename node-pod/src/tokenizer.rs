@@ -22,7 +22,13 @@ impl Tokenizer {
     pub fn for_model(dir: &Path, shared: Arc<ModelShared>) -> Result<Self, String> {
         let path = dir.join("tokenizer.json");
         if path.is_file() {
-            let t = tokenizers::Tokenizer::from_file(&path)
+            let mut t = tokenizers::Tokenizer::from_file(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            // Padding and truncation in tokenizer.json are its training batches' (a
+            // sentence-transformers model pads every input to 128): each input is taken whole,
+            // and the model limits say when one is too long.
+            t.with_padding(None);
+            t.with_truncation(None)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             // Ids must mean the same thing to the engine: a tokenizer with a
             // larger vocabulary than the model's belongs to another model.

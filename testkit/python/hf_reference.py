@@ -21,7 +21,14 @@ makes every next-token distribution almost uniform and every comparison weak): l
 N(0, 1/fan_in), embeddings N(0, 1), norm weights around their neutral value, a sharper output
 layer.
 
+Embedding models (`ENCODERS`, a tiny BertModel): the checkpoint with a sentence-transformers
+`modules.json` (mean pooling, then L2 normalisation), and the embedding of each prompt computed
+that way from transformers' `last_hidden_state`.
+
 Usage: hf_reference.py OUT_DIR
+       hf_reference.py minilm MODEL_DIR OUT_JSON   (a real sentence-transformers model: the
+           embeddings transformers gives the texts of MINILM_TEXTS, tokenized by its own
+           tokenizer, mean-pooled and normalised as the model's modules.json says)
 Writes OUT_DIR/<name>-<dtype>/ (config.json, model.safetensors, tokenizer.json) and
 OUT_DIR/<name>-<dtype>/reference.json.
 """
@@ -33,7 +40,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 VOCAB = 256
 NEW_TOKENS = 32
@@ -79,6 +86,58 @@ ARCHS = {
     )),
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=10000.0)),
 }
+
+
+# Encoders: name -> (model_type, config).
+ENCODERS = {
+    "bert": ("bert", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=1e-12,
+        hidden_act="gelu",
+    )),
+}
+
+
+def make_encoder(model_type: str, config: dict, seed: int):
+    cfg = AutoConfig.for_model(model_type, **config)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(cfg, dtype=torch.float32, add_pooling_layer=False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm.weight" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 2 and "embeddings" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif p.dim() == 2:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def write_sentence_transformers(out: Path, dims: int):
+    """The modules a sentence-transformers directory declares: mean pooling, then Normalize."""
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": dims, "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False}))
+
+
+def embeddings(model, prompts):
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            h = model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
+            out.append(torch.nn.functional.normalize(h.mean(dim=0), dim=0).tolist())
+    return out
 
 
 def make_model(model_type: str, extra: dict, seed: int):
@@ -143,7 +202,35 @@ def reference(model, prompts):
     return prompt_lp, greedy, greedy_lp
 
 
+MINILM_TEXTS = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A monkey is playing drums.",
+    "Kubernetes schedules pods onto nodes.",
+    "Gantry serves language models on Kubernetes through one OpenAI-compatible endpoint.",
+]
+
+
+def minilm(model_dir: Path, out: Path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    vectors, counts = [], []
+    with torch.no_grad():
+        for text in MINILM_TEXTS:
+            enc = tok(text, return_tensors="pt")
+            h = model(**enc).last_hidden_state[0]
+            vectors.append(torch.nn.functional.normalize(h.mean(dim=0), dim=0).tolist())
+            counts.append(int(enc["input_ids"].shape[1]))
+    out.write_text(json.dumps({"texts": MINILM_TEXTS, "embeddings": vectors, "prompt_tokens": counts,
+                               "transformers": __import__("transformers").__version__}))
+
+
 def main():
+    if sys.argv[1] == "minilm":
+        minilm(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
     out_root = Path(sys.argv[1])
     out_root.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(7)
@@ -186,6 +273,31 @@ def main():
             }))
             print(f"{out.name}: {model.config.architectures[0]}, greedy {greedy[0][:8]}...",
                   file=sys.stderr)
+    for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
+        model = make_encoder(model_type, config, seed)
+        for dtype in ("float32", "bfloat16"):
+            out = out_root / f"{name}-{dtype}"
+            out.mkdir(parents=True, exist_ok=True)
+            saved = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
+            saved.save_pretrained(out, safe_serialization=True)
+            write_tokenizer(out)
+            write_sentence_transformers(out, model.config.hidden_size)
+            ref_model = AutoModel.from_pretrained(
+                out, dtype=torch.float32, attn_implementation="eager", add_pooling_layer=False).eval()
+            plain = embeddings(ref_model, prompts)
+            rounded = None
+            if dtype == "bfloat16":
+                hooks = [m.register_forward_pre_hook(round_input)
+                         for m in ref_model.modules() if isinstance(m, torch.nn.Linear)]
+                rounded = {"embeddings": embeddings(ref_model, prompts)}
+                for h in hooks:
+                    h.remove()
+            (out / "reference.json").write_text(json.dumps({
+                "name": name, "class": model.config.architectures[0], "dtype": dtype,
+                "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+                "prompts": prompts, "embeddings": plain, "bf16_activations": rounded,
+            }))
+            print(f"{out.name}: {model.config.architectures[0]}, {len(plain[0])} dims", file=sys.stderr)
 
 
 if __name__ == "__main__":

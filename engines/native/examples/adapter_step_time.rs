@@ -20,7 +20,7 @@ use gantry_engine_abi::{
 use gantry_engine_native::config::ModelConfig;
 use gantry_engine_native::cpu::lora::Runs;
 use gantry_engine_native::lora::{AdapterRun, LoraPair, LoraWeights, Target};
-use gantry_engine_native::{NativeEngine, NativeModel};
+use gantry_engine_native::{DecoderModel, NativeEngine, NativeModel};
 
 const STEPS: usize = 24;
 const ROUNDS: usize = 5;
@@ -213,7 +213,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             q(0.5)
         );
     }
-    let cfg = NativeModel::model_config(&dir)?;
+    let cfg = DecoderModel::model_config(&dir)?;
     let loaded: HashMap<u64, LoraWeights> = [(1, synthetic(&cfg)), (2, synthetic(&cfg))].into();
     let run = |rows, adapter| AdapterRun { rows, adapter };
     println!("the adapters' work alone, 4 rows, every projection of every layer (median of 200):");

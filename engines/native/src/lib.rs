@@ -25,6 +25,8 @@ pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
+pub mod encoder;
+mod encoder_model;
 pub mod kv;
 pub mod lora;
 pub mod sampler;
@@ -45,6 +47,7 @@ use gantry_engine_abi::{
 
 use crate::backend::Backend;
 use crate::config::ModelConfig;
+use crate::encoder_model::EncoderModel;
 use crate::kv::{BlockPool, SeqBlocks};
 use crate::sampler::SeqSampler;
 use crate::tokenizer::Tokenizer;
@@ -124,7 +127,21 @@ impl Engine for NativeEngine {
                 desc.model_id, desc.format
             )));
         }
-        NativeModel::load(&self.config, desc, self.log)
+        let dir = model_dir(desc);
+        let config_path = dir.join("config.json");
+        let bytes = std::fs::read(&config_path).map_err(|e| {
+            EngineError::new(
+                Status::LoadFailed,
+                format!("{}: {e}", config_path.display()),
+            )
+        })?;
+        // Embedding models (encoders) and decoders share nothing past `config.json`.
+        if let Some(class) = encoder_class(&bytes) {
+            return EncoderModel::load(&self.config, desc, &dir, &bytes, &class, self.log)
+                .map(|m| NativeModel::Encoder(Box::new(m)));
+        }
+        DecoderModel::load(&self.config, desc, &dir, &bytes, self.log)
+            .map(|m| NativeModel::Decoder(Box::new(m)))
     }
 }
 
@@ -149,7 +166,34 @@ struct Exec {
     next_adapter: u64,
 }
 
-pub struct NativeModel {
+/// A loaded model: a decoder (completions, through `step`) or an encoder (embeddings, through
+/// `embed`).
+pub enum NativeModel {
+    Decoder(Box<DecoderModel>),
+    Encoder(Box<EncoderModel>),
+}
+
+/// The model directory of a descriptor (its primary file's when not given).
+fn model_dir(desc: &ModelDescriptor) -> std::path::PathBuf {
+    if desc.model_dir.as_os_str().is_empty() {
+        desc.primary_file
+            .parent()
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
+    } else {
+        desc.model_dir.clone()
+    }
+}
+
+/// The `architectures` class of `config.json` when it is an encoder this engine runs.
+fn encoder_class(config: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(config).ok()?;
+    let class = v.get("architectures")?.get(0)?.as_str()?;
+    encoder::CLASSES.contains(&class).then(|| class.to_string())
+}
+
+/// A decoder-only language model: paged KV cache, batched steps, sampling.
+pub struct DecoderModel {
     exec: Mutex<Exec>,
     tokenizer: Tokenizer,
     info: ModelInfo,
@@ -163,25 +207,17 @@ fn read_optional(path: &Path) -> Option<Vec<u8>> {
     std::fs::read(path).ok()
 }
 
-impl NativeModel {
-    fn load(cfg: &EngineConfig, desc: &ModelDescriptor, log: HostLog) -> Result<Self, EngineError> {
-        let dir = if desc.model_dir.as_os_str().is_empty() {
-            desc.primary_file
-                .parent()
-                .unwrap_or(Path::new("."))
-                .to_path_buf()
-        } else {
-            desc.model_dir.clone()
-        };
-        let config_path = dir.join("config.json");
-        let bytes = std::fs::read(&config_path).map_err(|e| {
-            EngineError::new(
-                Status::LoadFailed,
-                format!("{}: {e}", config_path.display()),
-            )
-        })?;
+impl DecoderModel {
+    fn load(
+        cfg: &EngineConfig,
+        desc: &ModelDescriptor,
+        dir: &Path,
+        bytes: &[u8],
+        log: HostLog,
+    ) -> Result<Self, EngineError> {
+        let dir = dir.to_path_buf();
         let generation = read_optional(&dir.join("generation_config.json"));
-        let mc = config::parse(&bytes, generation.as_deref())?;
+        let mc = config::parse(bytes, generation.as_deref())?;
         let tokenizer = Tokenizer::load(&dir, mc.bos_token)?;
         if tokenizer.n_tokens > mc.vocab {
             return Err(EngineError::new(
@@ -343,7 +379,7 @@ impl NativeModel {
     }
 }
 
-impl Model for NativeModel {
+impl Model for DecoderModel {
     fn info(&self) -> ModelInfo {
         self.info.clone()
     }
@@ -478,6 +514,75 @@ impl Model for NativeModel {
             "{} is a causal language model; the native engine embeds with embedding models only",
             self.info.architecture
         )))
+    }
+}
+
+/// Every call goes to the model the directory held.
+macro_rules! each {
+    ($self:ident, $m:ident => $e:expr) => {
+        match $self {
+            NativeModel::Decoder($m) => $e,
+            NativeModel::Encoder($m) => $e,
+        }
+    };
+}
+
+impl Model for NativeModel {
+    fn info(&self) -> ModelInfo {
+        each!(self, m => m.info())
+    }
+
+    fn tokenize(
+        &self,
+        text: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        each!(self, m => m.tokenize(text, add_special, parse_special))
+    }
+
+    fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        each!(self, m => m.detokenize(tokens, render_special))
+    }
+
+    fn seq_open(&self) -> Result<u64, EngineError> {
+        each!(self, m => m.seq_open())
+    }
+
+    fn seq_release(&self, seq: u64) {
+        each!(self, m => m.seq_release(seq))
+    }
+
+    fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        each!(self, m => m.step(entries))
+    }
+
+    fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        each!(self, m => m.embed(tokens))
+    }
+
+    fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
+        each!(self, m => m.seq_cached_tokens(seq))
+    }
+
+    fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
+        each!(self, m => m.seq_fork(src))
+    }
+
+    fn seq_truncate(&self, seq: u64, n_keep: usize) -> Result<(), EngineError> {
+        each!(self, m => m.seq_truncate(seq, n_keep))
+    }
+
+    fn adapter_load(&self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
+        each!(self, m => m.adapter_load(desc))
+    }
+
+    fn adapter_unload(&self, adapter: u64) {
+        each!(self, m => m.adapter_unload(adapter))
+    }
+
+    fn seq_set_adapter(&self, seq: u64, adapter: u64) -> Result<(), EngineError> {
+        each!(self, m => m.seq_set_adapter(seq, adapter))
     }
 }
 

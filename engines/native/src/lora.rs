@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use gantry_engine_abi::{AdapterDescriptor, EngineError, Format, LoadedAdapter, LogLevel};
 
-use crate::NativeModel;
+use crate::DecoderModel;
 use crate::config::ModelConfig;
 
 /// The projections an adapter may target, by their Hugging Face module names.
@@ -155,7 +155,7 @@ pub fn push_run(runs: &mut Vec<AdapterRun>, rows: Range<usize>, adapter: u64) {
     runs.push(AdapterRun { rows, adapter });
 }
 
-impl NativeModel {
+impl DecoderModel {
     /// `Model::adapter_load`: see the module header.
     pub(crate) fn load_adapter(
         &self,

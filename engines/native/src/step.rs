@@ -20,9 +20,9 @@ use gantry_engine_abi::{EngineError, LogLevel, SampledToken, Status, StepEntry};
 use crate::backend::{SampleRow, StepInput};
 use crate::lora::{AdapterRun, push_run};
 use crate::sampler::SeqSampler;
-use crate::{Exec, NativeModel};
+use crate::{DecoderModel, Exec};
 
-impl NativeModel {
+impl DecoderModel {
     /// `Model::step`: see the module header.
     pub(crate) fn run_step(
         &self,

@@ -90,8 +90,16 @@ impl Tokenizer {
                 ),
             )
         })?;
-        let json: Value = serde_json::from_slice(&text)
+        let mut json: Value = serde_json::from_slice(&text)
             .map_err(|e| corrupt(format!("{} is not valid JSON: {e}", path.display())))?;
+        // A tokenizer.json may carry the padding and truncation of its training batches
+        // (sentence-transformers models pad every input to 128): the engine takes each input
+        // whole and unpadded, and says so when one is too long.
+        if let Value::Object(o) = &mut json {
+            o.insert("padding".into(), Value::Null);
+            o.insert("truncation".into(), Value::Null);
+        }
+        let text = serde_json::to_vec(&json).map_err(|e| corrupt(e.to_string()))?;
         let full = tokenizers::Tokenizer::from_bytes(&text)
             .map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
         let vocab = full.get_vocab(true);

@@ -116,6 +116,9 @@ impl Weights {
                     Dtype::BF16 => DType::Bf16,
                     Dtype::F16 => DType::F16,
                     Dtype::F32 => DType::F32,
+                    // Integer buffers older transformers saved beside the weights (BERT's
+                    // `embeddings.position_ids`, 0..n): recomputed, never read.
+                    Dtype::I64 if name.ends_with("position_ids") => continue,
                     other => {
                         return Err(EngineError::new(
                             Status::Unsupported,

@@ -23,7 +23,7 @@ use gantry_engine_native::backend::{Backend, StepInput};
 use gantry_engine_native::cpu::CpuBackend;
 use gantry_engine_native::cuda::{self, CudaBackend, KERNEL_NAMES};
 use gantry_engine_native::weights::Weights;
-use gantry_engine_native::{NativeEngine, NativeModel};
+use gantry_engine_native::{DecoderModel, NativeEngine};
 use gantry_testkit::hf::{HfFamily, write_tiny_hf};
 
 mod common;
@@ -134,7 +134,7 @@ fn cuda_and_cpu_backends_agree_on_every_tiny_architecture() {
     for family in HfFamily::ALL {
         let dir = tempfile::tempdir().expect("tempdir");
         write_tiny_hf(dir.path(), family, 7).expect("tiny model");
-        let mc = NativeModel::model_config(dir.path()).expect("config");
+        let mc = DecoderModel::model_config(dir.path()).expect("config");
         let primary = st_desc("tiny", dir.path()).primary_file;
         let weights = Arc::new(Weights::open(dir.path(), &primary).expect("weights"));
         let (n_blocks, bs) = (8, 4);

@@ -18,7 +18,7 @@ use gantry_engine_native::backend::SampleRow;
 use gantry_engine_native::cuda::{CudaBackend, unavailable};
 use gantry_engine_native::sampler::SeqSampler;
 use gantry_engine_native::weights::Weights;
-use gantry_engine_native::{NativeEngine, NativeModel};
+use gantry_engine_native::{DecoderModel, NativeEngine};
 use gantry_testkit::hf::{HfFamily, write_tiny_hf};
 
 mod common;
@@ -27,7 +27,7 @@ use common::*;
 /// A CUDA backend on the tiny Llama (f32) and its vocabulary size.
 fn tiny_backend(dir: &Path) -> (CudaBackend, usize) {
     write_tiny_hf(dir, HfFamily::Llama, 7).expect("tiny model");
-    let mc = NativeModel::model_config(dir).expect("config");
+    let mc = DecoderModel::model_config(dir).expect("config");
     let primary = st_desc("tiny", dir).primary_file;
     let weights = Weights::open(dir, &primary).expect("weights");
     let b = CudaBackend::new(&mc, &weights, 8, 4, 0).expect("cuda");

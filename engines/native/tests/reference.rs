@@ -316,3 +316,66 @@ fn every_architecture_matches_transformers_alone_and_in_a_batch() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Embedding models (`BertModel`): the engine's pooled, normalised vector of each prompt
+/// against transformers' `last_hidden_state`, mean-pooled and normalised as the checkpoint's
+/// sentence-transformers `modules.json` declares.
+#[test]
+fn every_encoder_embeds_as_transformers_does() {
+    let root = env_path("GANTRY_HF_REFERENCE");
+    let bf16_kernel = gantry_engine_native::cpu::matmul::has_bf16_kernel();
+    for dtype in ["float32", "bfloat16"] {
+        let name = format!("bert-{dtype}");
+        let dir = root.join(&name);
+        let path = dir.join("reference.json");
+        let top: Value = serde_json::from_slice(
+            &std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup.sh", path.display())),
+        )
+        .expect("reference.json");
+        let v = match &top["bf16_activations"] {
+            Value::Null => &top,
+            r if bf16_kernel => r,
+            _ => &top,
+        };
+        let plugin = plugin("native", 1, 64);
+        let (shared, mut exec) = plugin
+            .load_model(&st_desc(&name, &dir))
+            .unwrap_or_else(|e| panic!("{name}: load: {e}"));
+        let info = shared.info();
+        assert!(
+            info.supports_embedding() && !info.supports_completion(),
+            "{name}: {info:?}"
+        );
+        assert_eq!(info.embedding_dims, 64, "{name}");
+        let mut worst = 0.0f32;
+        for (p, want) in top["prompts"]
+            .as_array()
+            .expect("prompts")
+            .iter()
+            .zip(v["embeddings"].as_array().expect("embeddings"))
+        {
+            let got = exec.embed(&ints(p)).expect("embed");
+            let want: Vec<f32> = want
+                .as_array()
+                .expect("a vector")
+                .iter()
+                .map(|x| x.as_f64().expect("a number") as f32)
+                .collect();
+            assert_eq!(got.len(), want.len(), "{name}");
+            let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "{name}: |v| = {norm}");
+            worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(worst, f32::max);
+        }
+        println!("{name}: max |engine - transformers| per component {worst:.2e}");
+        let bound = if dtype == "float32" { 1e-5 } else { 1e-3 };
+        assert!(worst < bound, "{name}: {worst:.2e} (bound {bound:.0e})");
+        // Decoder calls are refused with the reason.
+        let e = exec.seq_open().expect_err("an encoder has no sequences");
+        assert!(e.message.contains("embedding model"), "{}", e.message);
+    }
+}
