@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--python", required=True, help="a Python with torch and transformers (the reference venv)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--machine-note", default="nothing else ran on the machine")

@@ -8,6 +8,8 @@
 //! products run once over it, and the weighted rows are added back to their tokens. A decode
 //! step of many sequences thus reads each chosen expert's weights once.
 
+use rayon::prelude::*;
+
 use crate::backend::Ffn;
 use crate::config::{Activation, Moe};
 use crate::weights::Weights;
@@ -71,27 +73,38 @@ pub fn forward(
     let groups = by_expert(&route(&scores, t, moe), moe.experts);
     out.fill(0.0);
     let ff = moe.intermediate;
-    let (mut xs, mut g, mut u, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (expert, group) in experts.iter().zip(&groups) {
-        let n = group.len();
-        if n == 0 {
-            continue;
-        }
-        xs.clear();
-        for &(tok, _) in group {
-            xs.extend_from_slice(&x[tok * h..(tok + 1) * h]);
-        }
-        g.resize(n * ff, 0.0);
-        u.resize(n * ff, 0.0);
-        y.resize(n * h, 0.0);
-        expert.gate.forward(w, &xs, n, &mut g, scratch);
-        expert.up.forward(w, &xs, n, &mut u, scratch);
-        match activation {
-            Activation::Silu => ops::silu_mul(&mut g, &u),
-            Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
-        }
-        expert.down.forward(w, &g, n, &mut y, scratch);
-        for (r, &(tok, weight)) in group.iter().enumerate() {
+    // The experts a step uses run side by side on the pool (each one's products are small
+    // in decode: a few rows), then their weighted rows are added back in expert order, so the
+    // sums do not depend on which finished first.
+    let outputs: Vec<(usize, Vec<f32>)> = experts
+        .par_iter()
+        .zip(&groups)
+        .enumerate()
+        .filter(|(_, (_, group))| !group.is_empty())
+        .map(|(e, (expert, group))| {
+            let n = group.len();
+            let mut xs = Vec::with_capacity(n * h);
+            for &(tok, _) in group {
+                xs.extend_from_slice(&x[tok * h..(tok + 1) * h]);
+            }
+            let (mut g, mut u, mut y) = (
+                vec![0.0f32; n * ff],
+                vec![0.0f32; n * ff],
+                vec![0.0f32; n * h],
+            );
+            let mut scratch = Vec::new();
+            expert.gate.forward(w, &xs, n, &mut g, &mut scratch);
+            expert.up.forward(w, &xs, n, &mut u, &mut scratch);
+            match activation {
+                Activation::Silu => ops::silu_mul(&mut g, &u),
+                Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
+            }
+            expert.down.forward(w, &g, n, &mut y, &mut scratch);
+            (e, y)
+        })
+        .collect();
+    for (e, y) in outputs {
+        for (r, &(tok, weight)) in groups[e].iter().enumerate() {
             let dst = &mut out[tok * h..(tok + 1) * h];
             for (d, s) in dst.iter_mut().zip(&y[r * h..(r + 1) * h]) {
                 *d += weight * s;
