@@ -21,6 +21,11 @@ makes every next-token distribution almost uniform and every comparison weak): l
 N(0, 1/fan_in), embeddings N(0, 1), norm weights around their neutral value, a sharper output
 layer.
 
+FP8 (`qwen3-fp8`): the Qwen3 model's decoder-layer projections quantized to float8_e4m3fn in
+blocks of 32x32 with one f32 scale each (`weight_scale_inv`, the layout of FP8 checkpoints on the
+Hub, `quantization_config` `quant_method: fp8`), everything else in bf16; its reference is
+computed from the weights the engine dequantizes them to (q x scale, in bf16).
+
 Embedding models (`ENCODERS`, a tiny BertModel): the checkpoint with a sentence-transformers
 `modules.json` (mean pooling, then L2 normalisation), and the embedding of each prompt computed
 that way from transformers' `last_hidden_state`.
@@ -168,6 +173,38 @@ def make_model(model_type: str, extra: dict, seed: int):
     return model.eval()
 
 
+FP8_BLOCK = 32
+
+
+def quantize_fp8(model, out: Path):
+    """Write `model` as an FP8 checkpoint; return the state dict the engine dequantizes it to."""
+    from safetensors.torch import save_file
+    tensors, dequantized = {}, {}
+    for name, p in model.state_dict().items():
+        w = p.detach().float()
+        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            rows, cols = w.shape
+            br, bc = FP8_BLOCK, FP8_BLOCK
+            blocks = w.reshape(rows // br, br, cols // bc, bc)
+            scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+            q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+            deq = (q.float() * scale[:, None, :, None]).reshape(rows, cols)
+            tensors[name] = q.reshape(rows, cols).contiguous()
+            tensors[name + "_scale_inv"] = scale.contiguous()
+            dequantized[name] = deq.to(torch.bfloat16).float()
+        else:
+            tensors[name] = w.to(torch.bfloat16).contiguous()
+            dequantized[name] = tensors[name].float()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+    cfg["torch_dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dequantized
+
+
 def write_tokenizer(out: Path):
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
@@ -273,6 +310,29 @@ def main():
             }))
             print(f"{out.name}: {model.config.architectures[0]}, greedy {greedy[0][:8]}...",
                   file=sys.stderr)
+        if name == "qwen3":
+            out = out_root / "qwen3-fp8"
+            dequantized = quantize_fp8(model, out)
+            write_tokenizer(out)
+            ref_model = copy.deepcopy(model).float()
+            ref_model.load_state_dict(dequantized)
+            ref_model.config._attn_implementation = "eager"
+            ref_model.eval()
+            prompt_lp, greedy, greedy_lp = reference(ref_model, prompts)
+            hooks = [m.register_forward_pre_hook(round_input)
+                     for m in ref_model.modules() if isinstance(m, torch.nn.Linear)]
+            r_lp, r_greedy, r_greedy_lp = reference(ref_model, prompts)
+            for h in hooks:
+                h.remove()
+            (out / "reference.json").write_text(json.dumps({
+                "name": name, "class": model.config.architectures[0], "dtype": "fp8",
+                "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+                "prompts": prompts, "prompt_logprobs": prompt_lp, "greedy": greedy,
+                "greedy_logprobs": greedy_lp,
+                "bf16_activations": {"prompt_logprobs": r_lp, "greedy": r_greedy,
+                                     "greedy_logprobs": r_greedy_lp},
+            }))
+            print(f"{out.name}: FP8 blocks of {FP8_BLOCK}, greedy {greedy[0][:8]}...", file=sys.stderr)
     for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
         model = make_encoder(model_type, config, seed)
         for dtype in ("float32", "bfloat16"):

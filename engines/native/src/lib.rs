@@ -228,7 +228,7 @@ impl DecoderModel {
                 ),
             ));
         }
-        let weights = Arc::new(Weights::open(&dir, &desc.primary_file)?);
+        let weights = Arc::new(Weights::open_quantized(&dir, &desc.primary_file, mc.fp8)?);
 
         let max_seqs = match desc.max_sequences {
             0 => cfg.max_batch_size,

@@ -47,13 +47,49 @@ pub struct TensorInfo {
 
 /// Every tensor of the model, by name, over the mapped shards.
 pub struct Weights {
-    shards: Vec<(PathBuf, Mmap)>,
+    shards: Vec<(PathBuf, Backing)>,
     tensors: HashMap<String, TensorInfo>,
+}
+
+/// A shard's bytes: the file mapped, or values made at load (FP8 weights dequantized).
+enum Backing {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// How a checkpoint's FP8 weights are scaled (`quantization_config` of `quant_method: fp8`):
+/// each `X.weight` in `float8_e4m3fn` comes with `X.weight_scale_inv`, one f32 factor per
+/// `block` of the matrix (`weight_block_size`), or one for the whole matrix without it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8 {
+    pub block: Option<[usize; 2]>,
 }
 
 impl Weights {
     /// Map the model's weights: `primary` is a `.safetensors` file or an index.
     pub fn open(dir: &Path, primary: &Path) -> Result<Self, EngineError> {
+        Self::open_quantized(dir, primary, None)
+    }
+
+    /// [`Weights::open`] for a checkpoint whose linear layers may be FP8 (`fp8`): each FP8
+    /// weight is dequantized once, at load, to bf16 in memory of its own, and is a bf16
+    /// tensor from then on (every backend reads it as such). Without `fp8`, an FP8 tensor is
+    /// refused.
+    pub fn open_quantized(
+        dir: &Path,
+        primary: &Path,
+        fp8: Option<Fp8>,
+    ) -> Result<Self, EngineError> {
         let index = if primary
             .file_name()
             .and_then(|n| n.to_str())
@@ -85,6 +121,9 @@ impl Weights {
         };
         let mut shards = Vec::with_capacity(files.len());
         let mut tensors = HashMap::new();
+        // FP8 weights found while mapping, dequantized once every shard is mapped (their
+        // scales may live in another shard).
+        let mut fp8_weights: Vec<(String, usize, usize, usize, Vec<usize>)> = Vec::new();
         for (i, path) in files.into_iter().enumerate() {
             let file = File::open(&path).map_err(|e| {
                 EngineError::new(
@@ -119,11 +158,22 @@ impl Weights {
                     // Integer buffers older transformers saved beside the weights (BERT's
                     // `embeddings.position_ids`, 0..n): recomputed, never read.
                     Dtype::I64 if name.ends_with("position_ids") => continue,
+                    Dtype::F8_E4M3 if fp8.is_some() => {
+                        let data = view.data();
+                        fp8_weights.push((
+                            name.clone(),
+                            i,
+                            data.as_ptr() as usize - base,
+                            data.len(),
+                            view.shape().to_vec(),
+                        ));
+                        continue;
+                    }
                     other => {
                         return Err(EngineError::new(
                             Status::Unsupported,
                             format!(
-                                "tensor {name} in {} is {other:?}; the native engine runs bf16, f16 and f32 weights",
+                                "tensor {name} in {} is {other:?}; the native engine runs bf16, f16 and f32 weights (and float8_e4m3fn ones with a `quant_method: fp8` quantization_config)",
                                 path.display()
                             ),
                         ));
@@ -141,9 +191,83 @@ impl Weights {
                     return Err(corrupt(format!("tensor {name} appears in two shards")));
                 }
             }
-            shards.push((path, map));
+            shards.push((path, Backing::Mapped(map)));
         }
-        Ok(Self { shards, tensors })
+        let mut weights = Self { shards, tensors };
+        if let Some(fp8) = fp8 {
+            weights.dequantize(fp8, fp8_weights)?;
+        }
+        Ok(weights)
+    }
+
+    /// Dequantize the FP8 weights into one owned bf16 shard: `w = q · scale_inv[block]`.
+    fn dequantize(
+        &mut self,
+        fp8: Fp8,
+        found: Vec<(String, usize, usize, usize, Vec<usize>)>,
+    ) -> Result<(), EngineError> {
+        let total: usize = found.iter().map(|f| f.3 * 2).sum();
+        let mut owned: Vec<u8> = Vec::new();
+        owned.try_reserve_exact(total).map_err(|_| {
+            EngineError::new(
+                Status::OomRam,
+                format!("cannot allocate {total} bytes for the dequantized FP8 weights"),
+            )
+        })?;
+        let shard = self.shards.len();
+        let mut infos = Vec::with_capacity(found.len());
+        for (name, src, offset, len, shape) in found {
+            let [rows, cols] = shape[..] else {
+                return Err(corrupt(format!(
+                    "FP8 tensor {name} has shape {shape:?}; only matrices are FP8 here"
+                )));
+            };
+            let scale_name = format!("{name}_scale_inv");
+            let scale_t = self.get(&scale_name).ok_or_else(|| {
+                corrupt(format!(
+                    "FP8 tensor {name} has no {scale_name} beside it (quant_method fp8)"
+                ))
+            })?;
+            let scales = self.to_f32(scale_t);
+            let (br, bc) = match fp8.block {
+                Some([br, bc]) => (br, bc),
+                None => (rows, cols),
+            };
+            let want = rows.div_ceil(br) * cols.div_ceil(bc);
+            if scales.len() != want {
+                return Err(corrupt(format!(
+                    "{scale_name} has {} values; {rows}x{cols} in blocks of {br}x{bc} needs {want}",
+                    scales.len()
+                )));
+            }
+            let q = &self.shards[src].1[offset..offset + len];
+            let start = owned.len();
+            let per_row = cols.div_ceil(bc);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let v = e4m3_to_f32(q[r * cols + c]) * scales[(r / br) * per_row + c / bc];
+                    owned.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+                }
+            }
+            infos.push((
+                name,
+                TensorInfo {
+                    shard,
+                    offset: start,
+                    len: rows * cols * 2,
+                    dtype: DType::Bf16,
+                    shape,
+                },
+            ));
+        }
+        self.shards.push((
+            PathBuf::from("(FP8 weights dequantized to bf16)"),
+            Backing::Owned(owned),
+        ));
+        for (name, info) in infos {
+            self.tensors.insert(name, info);
+        }
+        Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
@@ -179,7 +303,7 @@ impl Weights {
         to_f32(self.bytes(t), t.dtype)
     }
 
-    /// Bytes of every mapping (weights resident once paged in).
+    /// Bytes of every mapping (weights resident once paged in) and of the weights made at load.
     pub fn mapped_bytes(&self) -> u64 {
         self.shards.iter().map(|(_, m)| m.len() as u64).sum()
     }
@@ -187,6 +311,24 @@ impl Weights {
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.tensors.keys()
     }
+}
+
+/// One `float8_e4m3fn` value (OCP FP8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits;
+/// no infinities, `S.1111.111` is NaN). Written out here: the format is fixed, the function is
+/// a few lines, and the crates that have it bring a tensor library along.
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((b >> 3) & 0x0f);
+    let man = f32::from(b & 0x07);
+    if exp == 0x0f && b & 0x07 == 0x07 {
+        return f32::NAN;
+    }
+    let v = if exp == 0 {
+        man / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    };
+    sign * v
 }
 
 /// Decode little-endian `dtype` bytes to f32.

@@ -156,6 +156,8 @@ pub struct ModelConfig {
     pub layers: Vec<LayerKind>,
     /// The mixture of experts of the layers whose [`LayerKind::moe`] is set.
     pub moe: Option<Moe>,
+    /// FP8 weights (`quantization_config` `quant_method: fp8`), dequantized at load.
+    pub fp8: Option<crate::weights::Fp8>,
     pub bos_token: Option<i32>,
     pub eos_tokens: Vec<i32>,
 }

@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::fields::{Fields, corrupt, unsupported};
 use super::rope::rope_from;
 use super::{Activation, Architecture, LayerKind, ModelConfig, Moe, MoeNaming, Rope, RopeScaling};
+use crate::weights::Fp8;
 
 /// Parse `config.json` bytes (and the `eos_token_id` of `generation_config.json`, when given).
 pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, EngineError> {
@@ -37,17 +38,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     })?;
     // Multimodal configs nest the language model; this engine runs text models only.
     let f = &top;
-    // Quantized checkpoints: none is implemented yet (their weights would be read as garbage
-    // or refused tensor by tensor); say which method, once, before anything is read.
-    if let Some(q) = f.get("quantization_config").filter(|q| !q.is_null()) {
-        let method = q
-            .get("quant_method")
-            .and_then(Value::as_str)
-            .unwrap_or("(no quant_method)");
-        return Err(unsupported(format!(
-            "config.json `quantization_config.quant_method` `{method}`: the native engine runs unquantized bf16, f16 and f32 checkpoints only"
-        )));
-    }
+    let fp8 = quantization(f.get("quantization_config"))?;
     let hidden = f.req_usize("hidden_size")?;
     let n_layers = f.req_usize("num_hidden_layers")?;
     let n_heads = f.req_usize("num_attention_heads")?;
@@ -337,6 +328,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         ropes,
         layers,
         moe,
+        fp8,
         bos_token,
         eos_tokens,
     })
@@ -412,4 +404,47 @@ fn moe(
         l.moe = s;
     }
     Ok(Some(moe))
+}
+
+/// `quantization_config`: FP8 (`quant_method: fp8`, `float8_e4m3fn` weights with block or
+/// tensor scales) is dequantized at load; every other method is refused by name.
+fn quantization(q: Option<&Value>) -> Result<Option<Fp8>, EngineError> {
+    let Some(q) = q.filter(|q| !q.is_null()) else {
+        return Ok(None);
+    };
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("(no quant_method)");
+    if method != "fp8" {
+        return Err(unsupported(format!(
+            "config.json `quantization_config.quant_method` `{method}`: the native engine runs bf16, f16 and f32 checkpoints and FP8 ones (`fp8`)"
+        )));
+    }
+    if let Some(fmt) = q.get("fmt").and_then(Value::as_str)
+        && fmt != "e4m3"
+    {
+        return Err(unsupported(format!(
+            "config.json `quantization_config.fmt` `{fmt}`: the native engine reads e4m3 FP8 weights"
+        )));
+    }
+    let block = match q.get("weight_block_size") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(b)) => match b.iter().map(Value::as_u64).collect::<Option<Vec<_>>>() {
+            Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0 && x <= 1 << 20) => {
+                Some([v[0] as usize, v[1] as usize])
+            }
+            _ => {
+                return Err(corrupt(
+                    "config.json `quantization_config.weight_block_size` must be two positive integers",
+                ));
+            }
+        },
+        Some(v) => {
+            return Err(corrupt(format!(
+                "config.json `quantization_config.weight_block_size` must be a list, got {v}"
+            )));
+        }
+    };
+    Ok(Some(Fp8 { block }))
 }

@@ -153,8 +153,8 @@ fn a_top_k_larger_than_the_experts_is_refused_by_name() {
 }
 
 #[test]
-fn quantized_checkpoints_are_refused_naming_the_method() {
-    for method in ["fp8", "awq", "gptq", "bitsandbytes"] {
+fn quantized_checkpoints_other_than_fp8_are_refused_naming_the_method() {
+    for method in ["awq", "gptq", "bitsandbytes", "mxfp4"] {
         let e = cfg(&format!(
             r#", "quantization_config": {{"quant_method": "{method}", "bits": 4}}"#
         ))
@@ -167,4 +167,31 @@ fn quantized_checkpoints_are_refused_naming_the_method() {
             e.message
         );
     }
+    let c = cfg(r#", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}"#).expect("fp8");
+    assert_eq!(
+        c.fp8,
+        Some(crate::weights::Fp8 {
+            block: Some([128, 128])
+        })
+    );
+    let c = cfg(r#", "quantization_config": {"quant_method": "fp8"}"#).expect("per tensor");
+    assert_eq!(c.fp8, Some(crate::weights::Fp8 { block: None }));
+    let e = cfg(r#", "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}"#)
+        .expect_err("e5m2");
+    assert!(
+        e.message.contains("quantization_config.fmt"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn e4m3_values_decode_as_the_format_says() {
+    use crate::weights::e4m3_to_f32;
+    assert_eq!(e4m3_to_f32(0x38), 1.0);
+    assert_eq!(e4m3_to_f32(0xb8), -1.0);
+    assert_eq!(e4m3_to_f32(0x7e), 448.0);
+    assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
+    assert_eq!(e4m3_to_f32(0x00), 0.0);
+    assert!(e4m3_to_f32(0x7f).is_nan() && e4m3_to_f32(0xff).is_nan());
 }
