@@ -246,6 +246,20 @@ MINILM_TEXTS = [
     "A monkey is playing drums.",
     "Kubernetes schedules pods onto nodes.",
     "Gantry serves language models on Kubernetes through one OpenAI-compatible endpoint.",
+    "A man is riding a horse.",
+    "A woman is playing the violin.",
+    "Two men pushed carts through the woods.",
+    "A cheetah is running behind its prey.",
+    "The new movie is awesome.",
+    "The cat sits outside.",
+    "A man is playing guitar.",
+    "The new movie is so great.",
+    "The dog plays in the garden.",
+    "Do you like pizza?",
+    "The stock market fell sharply on Monday after the announcement.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen.",
+    "Ünïcödé text, emoji 🙂 and numbers 3.14159 are tokenized too.",
+    "short",
 ]
 
 

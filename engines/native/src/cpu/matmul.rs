@@ -9,7 +9,10 @@
 //!   streaming the weights once: the kernel reads each weight row once per step whatever the
 //!   batch, like llama.cpp's own bf16 path, which also rounds the activations to bf16 first.
 //! - everything else (f32 weights, and f16/bf16 weights converted to f32 at load on CPUs
-//!   without AVX-512 BF16): the `gemm` crate.
+//!   without AVX-512 BF16): the `gemm` crate, except for a few rows (decode steps, short
+//!   embedding inputs: up to [`SMALL_M`]), where `gemm` spends more time packing the weight
+//!   matrix on every call than multiplying, and a row-parallel dot-product loop that reads each
+//!   weight row once for all the step's rows serves instead.
 //!
 //! Both give each output element the same arithmetic whatever the batch size and whichever
 //! other rows share the step (the bf16 kernel by construction: one accumulator per element,
@@ -37,6 +40,55 @@ pub struct Linear {
     pub cols: usize,
     pub data: WeightData,
     pub bias: Option<Vec<f32>>,
+}
+
+/// Up to this many input rows, f32 products take [`small_m`] rather than `gemm`.
+pub const SMALL_M: usize = 32;
+
+/// `y[m][n] = x[m][k] · W[n][k]ᵀ` for few rows: weight rows split across the pool, each
+/// weight row read once and dotted with every input row while it is in cache.
+fn small_m(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, y: &mut [f32]) {
+    // Weight rows per task: enough work to amortise the task, a few tasks per thread.
+    let per_task = n.div_ceil(rayon::current_num_threads() * 4).max(8);
+    let out = SharedOut(y.as_mut_ptr());
+    (0..n.div_ceil(per_task)).into_par_iter().for_each(|task| {
+        let out = out;
+        for r in task * per_task..((task + 1) * per_task).min(n) {
+            let wr = &w[r * k..(r + 1) * k];
+            for i in 0..m {
+                let v = dot(&x[i * k..(i + 1) * k], wr);
+                // SAFETY: element (i, r) lies inside y (m x n, checked by the caller's
+                // debug assertions and slice lengths), and only this task writes column r.
+                unsafe { *out.0.add(i * n + r) = v };
+            }
+        }
+    });
+}
+
+/// A pointer to the output shared by the tasks of [`small_m`], which write disjoint columns.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the tasks write disjoint output columns (each its own weight rows).
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+/// Dot product with 16 independent accumulators (the compiler keeps them in vector registers
+/// and uses fused multiply-adds), then the tail.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    let mut s = acc.iter().sum::<f32>();
+    for (x, y) in ta.iter().zip(tb) {
+        s = x.mul_add(*y, s);
+    }
+    s
 }
 
 /// Whether this CPU has AVX-512 BF16 (`vdpbf16ps`), checked once.
@@ -131,6 +183,7 @@ impl Linear {
                     unreachable!("bf16 weights are converted at load without the kernel");
                 }
             }
+            WeightData::F32(wf) if m <= SMALL_M => small_m(x, wf, m, self.rows, self.cols, y),
             WeightData::F32(wf) => {
                 let threads = rayon::current_num_threads();
                 // SAFETY: the pointers cover x (m x cols), W (rows x cols) and y (m x rows)

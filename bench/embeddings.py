@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Embeddings on the CPU: the native engine vs transformers, all-MiniLM-L6-v2.
+
+The model scripts/setup.sh fetches (`GANTRY_MINILM_DIR`), served by `gantry-node serve` through
+`/v1/embeddings`, against the sentence-transformers computation in PyTorch (the model's own
+tokenizer, `AutoModel`, mean pooling over the attention mask, L2 normalisation: what
+sentence-transformers runs for this model's `modules.json`), run by the reference
+virtualenv's Python (`peer`). Both sides on the same threads (`--threads`,
+`torch.set_num_threads`), f32 weights as shipped.
+
+Workloads, each over the same 20 sentences (8 to 30 tokens) repeated:
+- one input per request, one request at a time (an online caller);
+- `--batch` inputs per request (Gantry) vs one padded batch per call (PyTorch), `--batch` at a time.
+
+Reports embeddings per second for each side and the ratio; writes JSON.
+
+Usage: bench/embeddings.py --node target/release/gantry-node \\
+           --python ~/.cache/gantry/venv-reference/bin/python --out bench/results/embeddings-cpu.json
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def texts():
+    ref = Path(os.environ["GANTRY_HF_REFERENCE"]) / "minilm-expected.json"
+    return json.loads(ref.read_text())["texts"]
+
+
+def peer(model_dir: str, threads: int, batch: int, rounds: int, n: int):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sentences = (texts() * (n // 20 + 1))[:n]
+
+    def embed(chunk):
+        enc = tok(chunk, padding=True, return_tensors="pt")
+        h = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        v = (h * mask).sum(1) / mask.sum(1)
+        return torch.nn.functional.normalize(v, dim=1)
+
+    out = {}
+    with torch.no_grad():
+        embed(sentences[:batch])
+        for name, size in (("single", 1), ("batch", batch)):
+            runs = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for i in range(0, n, size):
+                    embed(sentences[i:i + size])
+                runs.append(n / (time.perf_counter() - t0))
+            out[name] = runs
+    print(json.dumps(out))
+
+
+def post(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/embeddings", json.dumps(body), {"content-type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)
+
+
+def gantry(node: str, model_dir: str, threads: int, batch: int, rounds: int, n: int):
+    sys.path.insert(0, str(HERE))
+    from node_vs_llama_server import Server, free_port
+
+    sentences = (texts() * (n // 20 + 1))[:n]
+    port = free_port()
+    argv = [node, "serve", "--model", model_dir, "--model-id", "minilm", "--listen", f"127.0.0.1:{port}",
+            "--threads", str(threads), "--no-response-cache"]
+    out = {}
+    with Server("embeddings-gantry", argv, port, "/readyz"):
+        post(port, {"model": "minilm", "input": sentences[:batch]})
+        for name, size in (("single", 1), ("batch", batch)):
+            runs = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for i in range(0, n, size):
+                    chunk = sentences[i:i + size]
+                    r = post(port, {"model": "minilm", "input": chunk if size > 1 else chunk[0]})
+                    assert len(r["data"]) == len(chunk)
+                runs.append(n / (time.perf_counter() - t0))
+            out[name] = runs
+    return out
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "peer":
+        peer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--python", required=True, help="a Python with torch and transformers (the reference venv)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--inputs", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--machine-note", default="nothing else ran on the machine")
+    args = ap.parse_args()
+    model_dir = os.environ["GANTRY_MINILM_DIR"]
+    ours = gantry(args.node, model_dir, args.threads, args.batch, args.rounds, args.inputs)
+    p = subprocess.run([args.python, __file__, "peer", model_dir, str(args.threads), str(args.batch),
+                        str(args.rounds), str(args.inputs)], check=True, stdout=subprocess.PIPE, text=True)
+    theirs = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = []
+    for name in ("single", "batch"):
+        g, t = sorted(ours[name])[len(ours[name]) // 2], sorted(theirs[name])[len(theirs[name]) // 2]
+        rows.append({"workload": name, "inputs_per_call": 1 if name == "single" else args.batch,
+                     "gantry_embeddings_per_s": g, "pytorch_embeddings_per_s": t, "ratio": g / t,
+                     "gantry_runs": ours[name], "pytorch_runs": theirs[name]})
+        print(f"{name}: gantry {g:.1f}/s, pytorch {t:.1f}/s, ratio {g / t:.2f}", flush=True)
+    report = {"benchmark": "embeddings_cpu", "model": "all-MiniLM-L6-v2 (f32 safetensors)",
+              "threads": args.threads, "inputs": args.inputs,
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "note": args.machine_note},
+              "runs": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
