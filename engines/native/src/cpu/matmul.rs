@@ -52,14 +52,13 @@ fn small_m(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, y: &mut [f32]) {
     let per_task = n.div_ceil(rayon::current_num_threads() * 4).max(8);
     let out = SharedOut(y.as_mut_ptr());
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|task| {
-        let out = out;
         for r in task * per_task..((task + 1) * per_task).min(n) {
             let wr = &w[r * k..(r + 1) * k];
             for i in 0..m {
                 let v = dot(&x[i * k..(i + 1) * k], wr);
                 // SAFETY: element (i, r) lies inside y (m x n, checked by the caller's
                 // debug assertions and slice lengths), and only this task writes column r.
-                unsafe { *out.0.add(i * n + r) = v };
+                unsafe { *out.at(i * n + r) = v };
             }
         }
     });
@@ -68,6 +67,14 @@ fn small_m(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, y: &mut [f32]) {
 /// A pointer to the output shared by the tasks of [`small_m`], which write disjoint columns.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
+
+impl SharedOut {
+    /// The element at `offset` (a method, so closures capture the Send wrapper, not the
+    /// raw pointer inside it).
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
 // SAFETY: the tasks write disjoint output columns (each its own weight rows).
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
