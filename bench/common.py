@@ -4,6 +4,9 @@ Every benchmark runs as `python3 bench/NAME.py`, so this directory is first on s
 `from common import ...` finds this file.
 """
 import http.client
+import json
+import os
+import platform
 import socket
 import time
 import urllib.parse
@@ -40,3 +43,11 @@ def wait_http(url: str, timeout: float = 180.0, proc=None, log=None) -> tuple[fl
             pass
         time.sleep(0.05)
     raise SystemExit(f"{url} did not answer 200 within {timeout} s{tail()}")
+
+
+def write_report(out: str, report: dict, machine_note: str) -> None:
+    """Write a benchmark's JSON to `out` with the machine it ran on, and say so."""
+    report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "note": machine_note}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")

@@ -21,7 +21,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -127,11 +126,11 @@ def main():
         print(f"{name}: gantry {g:.1f}/s, pytorch {t:.1f}/s, ratio {g / t:.2f}", flush=True)
     report = {"benchmark": "embeddings_cpu", "model": "all-MiniLM-L6-v2 (f32 safetensors)",
               "threads": args.threads, "inputs": args.inputs,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "note": args.machine_note},
               "runs": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    sys.path.insert(0, str(HERE))
+    from common import write_report
+
+    write_report(args.out, report, args.machine_note)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Usage: bench/moe.py --node target/release/gantry-node \\
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -152,11 +151,11 @@ def main():
         print(f"c={c}: gantry {g:.1f} tok/s, transformers {t:.1f} tok/s, ratio {g / t:.2f}", flush=True)
     report = {"benchmark": "moe_cpu", "model": "random Qwen3-MoE, 490M total / ~100M active, bf16",
               "threads": args.threads, "max_tokens": args.max_tokens, "prompt_tokens": PROMPT_TOKENS,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "note": args.machine_note},
               "runs": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    sys.path.insert(0, str(HERE))
+    from common import write_report
+
+    write_report(args.out, report, args.machine_note)
 
 
 if __name__ == "__main__":

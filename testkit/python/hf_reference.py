@@ -217,6 +217,24 @@ def round_input(_module, args):
     return (args[0].to(torch.bfloat16).to(torch.float32),) + tuple(args[1:])
 
 
+def with_bf16_activations(model, compute):
+    """`compute(model)` with every linear layer's input rounded to bf16 (the engine's bf16
+    kernel), the model left as it was after."""
+    hooks = [m.register_forward_pre_hook(round_input)
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        return compute(model)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def decoder_reference(model, prompts):
+    """The keys reference.json holds for a decoder."""
+    prompt_lp, greedy, greedy_lp = reference(model, prompts)
+    return {"prompt_logprobs": prompt_lp, "greedy": greedy, "greedy_logprobs": greedy_lp}
+
+
 def log_probs(model, ids):
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float()
@@ -300,16 +318,10 @@ def main():
                 out, dtype=torch.float32, attn_implementation="eager").eval()
             ref_model.generation_config.eos_token_id = None
             ref_model.generation_config.pad_token_id = 0
-            prompt_lp, greedy, greedy_lp = reference(ref_model, prompts)
+            plain = decoder_reference(ref_model, prompts)
             rounded = None
             if dtype == "bfloat16":
-                hooks = [m.register_forward_pre_hook(round_input)
-                         for m in ref_model.modules() if isinstance(m, torch.nn.Linear)]
-                r_lp, r_greedy, r_greedy_lp = reference(ref_model, prompts)
-                for h in hooks:
-                    h.remove()
-                rounded = {"prompt_logprobs": r_lp, "greedy": r_greedy,
-                           "greedy_logprobs": r_greedy_lp}
+                rounded = with_bf16_activations(ref_model, lambda m: decoder_reference(m, prompts))
             (out / "reference.json").write_text(json.dumps({
                 "name": name,
                 "class": model.config.architectures[0],
@@ -317,12 +329,10 @@ def main():
                 "transformers": __import__("transformers").__version__,
                 "torch": torch.__version__,
                 "prompts": prompts,
-                "prompt_logprobs": prompt_lp,
-                "greedy": greedy,
-                "greedy_logprobs": greedy_lp,
+                **plain,
                 "bf16_activations": rounded,
             }))
-            print(f"{out.name}: {model.config.architectures[0]}, greedy {greedy[0][:8]}...",
+            print(f"{out.name}: {model.config.architectures[0]}, greedy {plain['greedy'][0][:8]}...",
                   file=sys.stderr)
         if name == "qwen3":
             out = out_root / "qwen3-fp8"
@@ -332,21 +342,15 @@ def main():
             ref_model.load_state_dict(dequantized)
             ref_model.config._attn_implementation = "eager"
             ref_model.eval()
-            prompt_lp, greedy, greedy_lp = reference(ref_model, prompts)
-            hooks = [m.register_forward_pre_hook(round_input)
-                     for m in ref_model.modules() if isinstance(m, torch.nn.Linear)]
-            r_lp, r_greedy, r_greedy_lp = reference(ref_model, prompts)
-            for h in hooks:
-                h.remove()
+            plain = decoder_reference(ref_model, prompts)
+            rounded = with_bf16_activations(ref_model, lambda m: decoder_reference(m, prompts))
             (out / "reference.json").write_text(json.dumps({
                 "name": name, "class": model.config.architectures[0], "dtype": "fp8",
                 "transformers": __import__("transformers").__version__, "torch": torch.__version__,
-                "prompts": prompts, "prompt_logprobs": prompt_lp, "greedy": greedy,
-                "greedy_logprobs": greedy_lp,
-                "bf16_activations": {"prompt_logprobs": r_lp, "greedy": r_greedy,
-                                     "greedy_logprobs": r_greedy_lp},
+                "prompts": prompts, **plain, "bf16_activations": rounded,
             }))
-            print(f"{out.name}: FP8 blocks of {FP8_BLOCK}, greedy {greedy[0][:8]}...", file=sys.stderr)
+            print(f"{out.name}: FP8 blocks of {FP8_BLOCK}, greedy {plain['greedy'][0][:8]}...",
+                  file=sys.stderr)
     for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
         model = make_encoder(model_type, config, seed)
         for dtype in ("float32", "bfloat16"):
@@ -361,11 +365,7 @@ def main():
             plain = embeddings(ref_model, prompts)
             rounded = None
             if dtype == "bfloat16":
-                hooks = [m.register_forward_pre_hook(round_input)
-                         for m in ref_model.modules() if isinstance(m, torch.nn.Linear)]
-                rounded = {"embeddings": embeddings(ref_model, prompts)}
-                for h in hooks:
-                    h.remove()
+                rounded = {"embeddings": with_bf16_activations(ref_model, lambda m: embeddings(m, prompts))}
             (out / "reference.json").write_text(json.dumps({
                 "name": name, "class": model.config.architectures[0], "dtype": dtype,
                 "transformers": __import__("transformers").__version__, "torch": torch.__version__,
