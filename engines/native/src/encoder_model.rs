@@ -121,9 +121,8 @@ impl Model for EncoderModel {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<i32>, EngineError> {
-        let text = std::str::from_utf8(text)
-            .map_err(|e| EngineError::unsupported(format!("text is not UTF-8: {e}")))?;
-        self.tokenizer.encode(text, add_special, parse_special)
+        self.tokenizer
+            .encode_bytes(text, add_special, parse_special)
     }
 
     fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {

@@ -215,6 +215,18 @@ impl Tokenizer {
             .map_err(|e| EngineError::internal(format!("tokenizer without special tokens: {e}")))
     }
 
+    /// [`Tokenizer::encode`] of the ABI's bytes, which must be UTF-8.
+    pub fn encode_bytes(
+        &self,
+        text: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        let text = std::str::from_utf8(text)
+            .map_err(|e| EngineError::unsupported(format!("text is not UTF-8: {e}")))?;
+        self.encode(text, add_special, parse_special)
+    }
+
     pub fn encode(
         &self,
         text: &str,
