@@ -33,7 +33,12 @@ fn main() {
 /// encoders):
 /// the CUDA build's manifest leaves them out, so the node and the operator never place such a
 /// model on it. The chart's `native-cuda` EnginePlugin lists the same (tests/python/test_chart.py).
-const CPU_ONLY: [&str; 3] = ["Qwen3MoeForCausalLM", "MixtralForCausalLM", "BertModel"];
+const CPU_ONLY: [&str; 4] = [
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "BertModel",
+];
 
 fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;

@@ -70,7 +70,8 @@ COMMON = dict(
 # name: (model_type, extra config). Each exercises what its family adds: Llama 3 rope scaling,
 # Mistral's sliding window (shorter than the longest prompt), Qwen2's q/k/v bias, Qwen3's q/k
 # norms, Gemma 3's sliding and global layers, soft norms and tied embeddings, and the two
-# mixture-of-experts families (Qwen3-MoE with one dense layer and renormalised top-k, Mixtral).
+# mixture-of-experts families (Qwen3-MoE with one dense layer and renormalised top-k, Mixtral,
+# Qwen2-MoE with its gated shared expert and raw top-k weights).
 ARCHS = {
     "llama": ("llama", dict(
         rope_theta=10000.0,
@@ -90,6 +91,10 @@ ARCHS = {
         mlp_only_layers=[1], rope_theta=10000.0,
     )),
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=10000.0)),
+    "qwen2-moe": ("qwen2_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, rope_theta=10000.0,
+    )),
 }
 
 

@@ -116,6 +116,8 @@ pub enum Mlp<L> {
     Experts {
         router: L,
         experts: Vec<Ffn<L>>,
+        /// The shared expert and its one-row gate ([`crate::config::Moe::shared`]).
+        shared: Option<(Ffn<L>, L)>,
         spec: crate::config::Moe,
     },
 }
@@ -126,9 +128,17 @@ impl<L> Mlp<L> {
         match self {
             Mlp::Dense(f) => vec![&f.gate, &f.up, &f.down],
             Mlp::Experts {
-                router, experts, ..
+                router,
+                experts,
+                shared,
+                ..
             } => std::iter::once(router)
                 .chain(experts.iter().flat_map(|f| [&f.gate, &f.up, &f.down]))
+                .chain(
+                    shared
+                        .iter()
+                        .flat_map(|(f, g)| [&f.gate, &f.up, &f.down, g]),
+                )
                 .collect(),
         }
     }
@@ -219,9 +229,24 @@ pub fn load_stack<T: TensorLoader>(
                         })
                     })
                     .collect::<Result<_, EngineError>>()?;
+                let shared = match moe.shared {
+                    Some(ff) => {
+                        let ([g, u, d], gate) = moe.naming.shared(i);
+                        Some((
+                            Ffn {
+                                gate: t.linear(&g, ff, h, false)?,
+                                up: t.linear(&u, ff, h, false)?,
+                                down: t.linear(&d, h, ff, false)?,
+                            },
+                            t.linear(&gate, 1, h, false)?,
+                        ))
+                    }
+                    None => None,
+                };
                 Mlp::Experts {
                     router,
                     experts,
+                    shared,
                     spec: moe.clone(),
                 }
             }

@@ -30,7 +30,7 @@ mod common;
 use common::*;
 
 /// Every architecture the reference covers (`hf_reference.py`'s `ARCHS`), by directory stem.
-const ARCHS: [&str; 7] = [
+const ARCHS: [&str; 8] = [
     "llama",
     "mistral",
     "qwen2",
@@ -38,6 +38,7 @@ const ARCHS: [&str; 7] = [
     "gemma3",
     "qwen3-moe",
     "mixtral",
+    "qwen2-moe",
 ];
 
 /// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides

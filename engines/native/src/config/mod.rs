@@ -30,11 +30,13 @@ pub enum Architecture {
     Qwen3Moe,
     /// Mistral attention with mixture-of-experts MLPs.
     Mixtral,
+    /// Qwen2 attention with mixture-of-experts MLPs and a gated shared expert.
+    Qwen2Moe,
 }
 
 impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Architecture); 7] = [
+    pub const CLASSES: [(&'static str, Architecture); 8] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -42,6 +44,7 @@ impl Architecture {
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("MixtralForCausalLM", Architecture::Mixtral),
+        ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
     ];
 
     pub fn from_class(class: &str) -> Option<Architecture> {
@@ -72,6 +75,9 @@ pub struct Moe {
     pub intermediate: usize,
     pub normalize: bool,
     pub naming: MoeNaming,
+    /// A shared expert every token runs (of this many rows), its output scaled by
+    /// `sigmoid(shared_expert_gate · x)` and added (Qwen2-MoE).
+    pub shared: Option<usize>,
 }
 
 /// How a checkpoint names a mixture-of-experts layer's tensors under `model.layers.{i}.`.
@@ -90,6 +96,19 @@ impl MoeNaming {
             MoeNaming::Qwen => format!("model.layers.{layer}.mlp.gate"),
             MoeNaming::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate"),
         }
+    }
+
+    /// The shared expert's gate, up and down projections and its gate (without `.weight`).
+    pub fn shared(self, layer: usize) -> ([String; 3], String) {
+        let p = format!("model.layers.{layer}.mlp");
+        (
+            [
+                format!("{p}.shared_expert.gate_proj"),
+                format!("{p}.shared_expert.up_proj"),
+                format!("{p}.shared_expert.down_proj"),
+            ],
+            format!("{p}.shared_expert_gate"),
+        )
     }
 
     /// Expert `e`'s gate, up and down projections (without `.weight`) in layer `layer`.

@@ -82,6 +82,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let (qkv_bias, o_bias) = match family {
         // Qwen2's q/k/v always carry a bias, o never does.
         Architecture::Qwen2 => (true, false),
+        Architecture::Qwen2Moe => (f.bool("qkv_bias")?.unwrap_or(true), false),
         Architecture::Llama
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
@@ -122,7 +123,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let default_theta = match family {
         Architecture::Gemma3 | Architecture::Qwen3 => 1_000_000.0,
         Architecture::Mistral | Architecture::Mixtral | Architecture::Qwen2 => 1_000_000.0,
-        Architecture::Llama | Architecture::Qwen3Moe => 10_000.0,
+        Architecture::Llama | Architecture::Qwen3Moe | Architecture::Qwen2Moe => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -243,7 +244,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                 layers.iter_mut().for_each(|l| l.window = Some(w));
             }
         }
-        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
+        Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe
+        | Architecture::Qwen2Moe => {
             if f.bool("use_sliding_window")?.unwrap_or(false) {
                 let w = window.ok_or_else(|| {
                     corrupt("config.json `use_sliding_window` is true without `sliding_window`")
@@ -343,9 +347,12 @@ fn moe(
 ) -> Result<Option<Moe>, EngineError> {
     let n_layers = layers.len();
     let (moe, sparse): (Moe, Vec<bool>) = match family {
-        Architecture::Qwen3Moe => {
-            // transformers' Qwen3MoeConfig defaults.
-            let experts = f.usize("num_experts")?.unwrap_or(128);
+        Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+            // transformers' Qwen3MoeConfig / Qwen2MoeConfig defaults.
+            let qwen2 = family == Architecture::Qwen2Moe;
+            let experts = f
+                .usize("num_experts")?
+                .unwrap_or(if qwen2 { 60 } else { 128 });
             let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
             if step == 0 {
                 return Err(corrupt(
@@ -372,10 +379,21 @@ fn moe(
             };
             let moe = Moe {
                 experts,
-                top_k: f.usize("num_experts_per_tok")?.unwrap_or(8),
-                intermediate: f.usize("moe_intermediate_size")?.unwrap_or(768),
+                top_k: f
+                    .usize("num_experts_per_tok")?
+                    .unwrap_or(if qwen2 { 4 } else { 8 }),
+                intermediate: f.usize("moe_intermediate_size")?.unwrap_or(if qwen2 {
+                    1408
+                } else {
+                    768
+                }),
                 normalize: f.bool("norm_topk_prob")?.unwrap_or(false),
                 naming: MoeNaming::Qwen,
+                shared: if qwen2 {
+                    Some(f.usize("shared_expert_intermediate_size")?.unwrap_or(5632))
+                } else {
+                    None
+                },
             };
             let sparse = (0..n_layers)
                 .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
@@ -389,6 +407,7 @@ fn moe(
                 intermediate: f.req_usize("intermediate_size")?,
                 normalize: true,
                 naming: MoeNaming::Mixtral,
+                shared: None,
             };
             (moe, vec![true; n_layers])
         }

@@ -195,3 +195,25 @@ fn e4m3_values_decode_as_the_format_says() {
     assert_eq!(e4m3_to_f32(0x00), 0.0);
     assert!(e4m3_to_f32(0x7f).is_nan() && e4m3_to_f32(0xff).is_nan());
 }
+
+#[test]
+fn qwen2_moe_has_a_shared_expert_and_qkv_bias() {
+    let c = moe_cfg("Qwen2MoeForCausalLM", r#", "num_experts": 8"#).expect("config");
+    assert_eq!(c.architecture, Architecture::Qwen2Moe);
+    assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    let moe = c.moe.expect("experts");
+    assert_eq!(
+        (
+            moe.experts,
+            moe.top_k,
+            moe.intermediate,
+            moe.shared,
+            moe.normalize
+        ),
+        (8, 4, 1408, Some(5632), false)
+    );
+    assert_eq!(
+        moe.naming.shared(2).1,
+        "model.layers.2.mlp.shared_expert_gate".to_string()
+    );
+}

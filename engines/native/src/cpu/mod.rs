@@ -249,11 +249,13 @@ impl CpuBackend {
                 Mlp::Experts {
                     router,
                     experts,
+                    shared,
                     spec,
                 } => moe::forward(
                     w,
                     router,
                     experts,
+                    shared.as_ref(),
                     spec,
                     cfg.activation,
                     &hbuf,

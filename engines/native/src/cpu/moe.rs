@@ -60,6 +60,7 @@ pub fn forward(
     w: &Weights,
     router: &Linear,
     experts: &[Ffn<Linear>],
+    shared: Option<&(Ffn<Linear>, Linear)>,
     moe: &Moe,
     activation: Activation,
     x: &[f32],
@@ -111,6 +112,31 @@ pub fn forward(
             }
         }
     }
+    // The shared expert runs every token; its output is weighted by a sigmoid gate per token.
+    if let Some((expert, gate)) = shared {
+        let ff = expert.gate.rows;
+        let (mut g, mut u, mut y) = (
+            vec![0.0f32; t * ff],
+            vec![0.0f32; t * ff],
+            vec![0.0f32; t * h],
+        );
+        expert.gate.forward(w, x, t, &mut g, scratch);
+        expert.up.forward(w, x, t, &mut u, scratch);
+        match activation {
+            Activation::Silu => ops::silu_mul(&mut g, &u),
+            Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
+        }
+        expert.down.forward(w, &g, t, &mut y, scratch);
+        let mut score = vec![0.0f32; t];
+        gate.forward(w, x, t, &mut score, scratch);
+        for (tok, s) in score.iter().enumerate() {
+            let weight = 1.0 / (1.0 + (-s).exp());
+            let dst = &mut out[tok * h..(tok + 1) * h];
+            for (d, v) in dst.iter_mut().zip(&y[tok * h..(tok + 1) * h]) {
+                *d += weight * v;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -125,6 +151,7 @@ mod tests {
             intermediate: 4,
             normalize,
             naming: MoeNaming::Qwen,
+            shared: None,
         }
     }
 
