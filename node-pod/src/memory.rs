@@ -25,7 +25,9 @@ mod node;
 #[cfg(test)]
 mod tests;
 
-pub use measure::{RamSource, parse_cgroup_limit, parse_mem_total, ram_limit, weight_bytes};
+pub use measure::{
+    RamSource, fp8_checkpoint, parse_cgroup_limit, parse_mem_total, ram_limit, weight_bytes,
+};
 pub(crate) use node::is_idle;
 
 /// Unload above this share of a pool, in percent (seeds 001: 90 % for VRAM and RAM alike).

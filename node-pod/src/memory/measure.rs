@@ -68,6 +68,20 @@ pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
+/// Whether the safetensors model beside `primary` is an FP8 checkpoint (`config.json`
+/// `quantization_config.quant_method: fp8`), which the native engine dequantizes at load.
+pub fn fp8_checkpoint(primary: &Path) -> bool {
+    let dir = if primary.is_dir() {
+        primary
+    } else {
+        primary.parent().unwrap_or(Path::new("."))
+    };
+    std::fs::read(dir.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v["quantization_config"]["quant_method"] == "fp8")
+}
+
 /// Bytes of a model's weight files: the GGUF (every shard of a split one),
 /// or the `.safetensors` files beside the primary artifact.
 pub fn weight_bytes(primary: &Path, format: Format) -> u64 {

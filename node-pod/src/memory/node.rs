@@ -404,8 +404,18 @@ fn counted(
 /// GGUF, its KV cache for `ctx` tokens (capped at the trained context) x `seqs` sequences at
 /// f16, from the header; and how it was made.
 fn footprint(primary: &Path, format: Format, ctx: u32, seqs: u32) -> (u64, String) {
-    let weights = super::weight_bytes(primary, format);
+    let mut weights = super::weight_bytes(primary, format);
     let mut how = format!("weights {}", super::human(weights));
+    if format == Format::Safetensors && super::fp8_checkpoint(primary) {
+        // The engine dequantizes FP8 weights to bf16 copies of its own at load: twice the
+        // file's bytes more (an upper bound: not every tensor of the file is FP8).
+        let copies = weights.saturating_mul(2);
+        weights = weights.saturating_add(copies);
+        how.push_str(&format!(
+            " + FP8 dequantized to bf16 {}",
+            super::human(copies)
+        ));
+    }
     let mut kv = 0u64;
     if format == Format::Gguf {
         match gantry_formats::gguf::read_header(primary) {

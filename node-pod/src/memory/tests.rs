@@ -189,6 +189,26 @@ fn weights_are_every_shard_of_a_split_gguf_or_every_safetensors_file() {
 }
 
 #[test]
+fn an_fp8_checkpoint_is_known_by_its_quantization_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let primary = dir.path().join("model.safetensors");
+    std::fs::write(&primary, b"x").expect("write");
+    assert!(!fp8_checkpoint(&primary), "no config.json");
+    std::fs::write(
+        dir.path().join("config.json"),
+        br#"{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#,
+    )
+    .expect("write");
+    assert!(fp8_checkpoint(&primary));
+    std::fs::write(
+        dir.path().join("config.json"),
+        br#"{"quantization_config": {"quant_method": "awq"}}"#,
+    )
+    .expect("write");
+    assert!(!fp8_checkpoint(&primary));
+}
+
+#[test]
 fn sizes_read_like_people_write_them() {
     assert_eq!(human(512), "512 B");
     assert_eq!(human(3 * MIB / 2), "1.5 MiB");
