@@ -210,6 +210,16 @@ def quantize_fp8(model, out: Path):
     return dequantized
 
 
+def save_twin(model, out: Path, dtype: str) -> Path:
+    """`model` saved by transformers into `out` in `dtype` (the model itself left in float32),
+    with the word-level tokenizer."""
+    out.mkdir(parents=True, exist_ok=True)
+    saved = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
+    saved.save_pretrained(out, safe_serialization=True)
+    write_tokenizer(out)
+    return out
+
+
 def write_tokenizer(out: Path):
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
@@ -312,11 +322,7 @@ def main():
     for seed, (name, (model_type, extra)) in enumerate(ARCHS.items(), start=1):
         model = make_model(model_type, extra, seed)
         for dtype in ("float32", "bfloat16"):
-            out = out_root / f"{name}-{dtype}"
-            out.mkdir(parents=True, exist_ok=True)
-            saved = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
-            saved.save_pretrained(out, safe_serialization=True)
-            write_tokenizer(out)
+            out = save_twin(model, out_root / f"{name}-{dtype}", dtype)
             # The reference computes from the checkpoint as written, read back in float32
             # (a model cast in memory would also round its rotary buffers).
             ref_model = AutoModelForCausalLM.from_pretrained(
@@ -359,11 +365,7 @@ def main():
     for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
         model = make_encoder(model_type, config, seed)
         for dtype in ("float32", "bfloat16"):
-            out = out_root / f"{name}-{dtype}"
-            out.mkdir(parents=True, exist_ok=True)
-            saved = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
-            saved.save_pretrained(out, safe_serialization=True)
-            write_tokenizer(out)
+            out = save_twin(model, out_root / f"{name}-{dtype}", dtype)
             write_sentence_transformers(out, model.config.hidden_size)
             ref_model = AutoModel.from_pretrained(
                 out, dtype=torch.float32, attn_implementation="eager", add_pooling_layer=False).eval()
