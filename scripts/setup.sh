@@ -128,7 +128,7 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     "$rvenv/bin/python" "$script" "$out" >&2
     "$rvenv/bin/python" "$script" minilm "$minilm" "$out/minilm-expected.json" >&2
     local arch
-    for arch in llama qwen2 qwen3 gemma3 mixtral qwen2-moe; do
+    for arch in llama qwen2 qwen3 gemma3 mixtral qwen2-moe gemma2 olmo2 starcoder2 granite stablelm; do
       "$rvenv/bin/python" "$to_gguf" "$converter" "$out/$arch-float32" "$out/$arch-float32/model-f32.gguf" >&2
     done
     echo "$made" > "$out/.made-by.sha256"

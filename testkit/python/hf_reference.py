@@ -101,6 +101,23 @@ ARCHS = {
 }
 
 
+# Families only the llama.cpp plugin runs (float32 only; the native engine refuses them):
+# converted to GGUF by llama.cpp's own converter in setup, checked by
+# engines/native/tests/reference.rs like the others.
+LLAMA_CPP_ONLY = {
+    "gemma2": ("gemma2", dict(
+        sliding_window=8, rope_theta=10000.0, query_pre_attn_scalar=16, tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh", num_hidden_layers=4,
+    )),
+    "olmo2": ("olmo2", dict(rope_theta=10000.0)),
+    "starcoder2": ("starcoder2", dict(rope_theta=10000.0, sliding_window=None, use_bias=True, norm_epsilon=1e-5)),
+    "granite": ("granite", dict(
+        rope_theta=10000.0, embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.25, logits_scaling=2.0,
+    )),
+    "stablelm": ("stablelm", dict(rope_theta=10000.0, partial_rotary_factor=0.5, layer_norm_eps=1e-5)),
+}
+
 # Encoders: name -> (model_type, config).
 ENCODERS = {
     "bert": ("bert", dict(
@@ -365,6 +382,20 @@ def main():
             }))
             print(f"{out.name}: FP8 blocks of {FP8_BLOCK}, greedy {plain['greedy'][0][:8]}...",
                   file=sys.stderr)
+    for seed, (name, (model_type, extra)) in enumerate(LLAMA_CPP_ONLY.items(), start=50):
+        model = make_model(model_type, extra, seed)
+        out = save_twin(model, out_root / f"{name}-float32", "float32")
+        ref_model = AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, attn_implementation="eager").eval()
+        ref_model.generation_config.eos_token_id = None
+        ref_model.generation_config.pad_token_id = 0
+        plain = decoder_reference(ref_model, prompts)
+        (out / "reference.json").write_text(json.dumps({
+            "name": name, "class": model.config.architectures[0], "dtype": "float32",
+            "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+            "prompts": prompts, **plain, "bf16_activations": None,
+        }))
+        print(f"{out.name}: {model.config.architectures[0]} (llama.cpp only)", file=sys.stderr)
     for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
         model = make_encoder(model_type, config, seed)
         for dtype in ("float32", "bfloat16"):

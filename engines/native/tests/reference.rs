@@ -442,7 +442,20 @@ fn an_fp8_checkpoint_runs_as_its_dequantized_weights() {
 /// take) and Mistral (llama.cpp runs `MistralForCausalLM` as `llama`, without its
 /// `sliding_window`: on this checkpoint's 8-token window it is wrong past position 8, 25 of 96
 /// greedy tokens; Mistral releases without a window are unaffected).
-const LLAMA_CPP_ARCHS: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma3", "mixtral", "qwen2-moe"];
+const LLAMA_CPP_ARCHS: [&str; 11] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "mixtral",
+    "qwen2-moe",
+    // Families only llama.cpp runs here (`hf_reference.py`'s `LLAMA_CPP_ONLY`).
+    "gemma2",
+    "olmo2",
+    "starcoder2",
+    "granite",
+    "stablelm",
+];
 
 /// The llama.cpp plugin against the same transformers answers: every position's top-20
 /// log-probabilities and the greedy continuation (95 % of its tokens at least), each prompt
@@ -497,5 +510,6 @@ fn the_llama_cpp_plugin_matches_transformers_on_the_converted_checkpoints() {
 }
 
 /// llama.cpp computes an f32 model's products in f32 but keeps its KV cache in f16, which is
-/// most of the gap (measured: 3.9e-3 to 1.2e-2); greedy tokens may then part at near-ties.
-const LLAMA_CPP_TOLERANCE: f32 = 2e-2;
+/// most of the gap (measured: 9.5e-4 to 1.6e-2, OLMo 2 the largest); greedy tokens may then
+/// part at near-ties.
+const LLAMA_CPP_TOLERANCE: f32 = 3e-2;
