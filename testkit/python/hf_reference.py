@@ -264,6 +264,15 @@ def with_bf16_activations(model, compute):
             h.remove()
 
 
+def read_back(out: Path):
+    """The decoder checkpoint in `out` as written, in float32, generating without end tokens."""
+    model = AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager").eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
 def decoder_reference(model, prompts):
     """The keys reference.json holds for a decoder."""
     prompt_lp, greedy, greedy_lp = reference(model, prompts)
@@ -345,10 +354,7 @@ def main():
             out = save_twin(model, out_root / f"{name}-{dtype}", dtype)
             # The reference computes from the checkpoint as written, read back in float32
             # (a model cast in memory would also round its rotary buffers).
-            ref_model = AutoModelForCausalLM.from_pretrained(
-                out, dtype=torch.float32, attn_implementation="eager").eval()
-            ref_model.generation_config.eos_token_id = None
-            ref_model.generation_config.pad_token_id = 0
+            ref_model = read_back(out)
             plain = decoder_reference(ref_model, prompts)
             rounded = None
             if dtype == "bfloat16":
@@ -385,10 +391,7 @@ def main():
     for seed, (name, (model_type, extra)) in enumerate(LLAMA_CPP_ONLY.items(), start=50):
         model = make_model(model_type, extra, seed)
         out = save_twin(model, out_root / f"{name}-float32", "float32")
-        ref_model = AutoModelForCausalLM.from_pretrained(
-            out, dtype=torch.float32, attn_implementation="eager").eval()
-        ref_model.generation_config.eos_token_id = None
-        ref_model.generation_config.pad_token_id = 0
+        ref_model = read_back(out)
         plain = decoder_reference(ref_model, prompts)
         (out / "reference.json").write_text(json.dumps({
             "name": name, "class": model.config.architectures[0], "dtype": "float32",

@@ -45,15 +45,7 @@ impl EncoderModel {
         })?;
         let ec = EncoderConfig::read(dir, &json, class)?;
         let tokenizer = Tokenizer::load(dir, None)?;
-        if tokenizer.n_tokens > ec.vocab {
-            return Err(EngineError::new(
-                Status::ModelCorrupt,
-                format!(
-                    "tokenizer.json has {} tokens, config.json `vocab_size` is {}",
-                    tokenizer.n_tokens, ec.vocab
-                ),
-            ));
-        }
+        tokenizer.check_vocab(ec.vocab)?;
         let weights = Arc::new(Weights::open(dir, &desc.primary_file)?);
         let threads = (cfg.n_threads.max(1)) as usize;
         let encoder = Encoder::load(ec, weights, threads)?;

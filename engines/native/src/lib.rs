@@ -219,15 +219,7 @@ impl DecoderModel {
         let generation = read_optional(&dir.join("generation_config.json"));
         let mc = config::parse(bytes, generation.as_deref())?;
         let tokenizer = Tokenizer::load(&dir, mc.bos_token)?;
-        if tokenizer.n_tokens > mc.vocab {
-            return Err(EngineError::new(
-                Status::ModelCorrupt,
-                format!(
-                    "tokenizer.json has {} tokens, config.json `vocab_size` is {}",
-                    tokenizer.n_tokens, mc.vocab
-                ),
-            ));
-        }
+        tokenizer.check_vocab(mc.vocab)?;
         let weights = Arc::new(Weights::open_quantized(&dir, &desc.primary_file, mc.fp8)?);
 
         let max_seqs = match desc.max_sequences {

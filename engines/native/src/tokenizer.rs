@@ -215,6 +215,18 @@ impl Tokenizer {
             .map_err(|e| EngineError::internal(format!("tokenizer without special tokens: {e}")))
     }
 
+    /// Refuse a tokenizer whose ids reach past the model's embedding table (it belongs to
+    /// another model).
+    pub fn check_vocab(&self, vocab: usize) -> Result<(), EngineError> {
+        if self.n_tokens > vocab {
+            return Err(corrupt(format!(
+                "tokenizer.json has {} tokens, config.json `vocab_size` is {vocab}",
+                self.n_tokens
+            )));
+        }
+        Ok(())
+    }
+
     /// [`Tokenizer::encode`] of the ABI's bytes, which must be UTF-8.
     pub fn encode_bytes(
         &self,
