@@ -127,10 +127,11 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     rm -rf "$out"
     "$rvenv/bin/python" "$script" "$out" >&2
     "$rvenv/bin/python" "$script" minilm "$minilm" "$out/minilm-expected.json" >&2
-    local arch
-    for arch in llama qwen2 qwen3 gemma3 mixtral qwen2-moe gemma2 olmo2 starcoder2 granite stablelm; do
-      "$rvenv/bin/python" "$to_gguf" "$converter" "$out/$arch-float32" "$out/$arch-float32/model-f32.gguf" >&2
-    done
+    local name pairs=()
+    while read -r name; do
+      pairs+=("$out/$name-float32" "$out/$name-float32/model-f32.gguf")
+    done < "$out/llama-cpp-families.txt"
+    "$rvenv/bin/python" "$to_gguf" "$converter" "${pairs[@]}" >&2
     echo "$made" > "$out/.made-by.sha256"
     done_part
   fi

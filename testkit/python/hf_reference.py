@@ -30,6 +30,9 @@ Embedding models (`ENCODERS`, a tiny BertModel): the checkpoint with a sentence-
 `modules.json` (mean pooling, then L2 normalisation), and the embedding of each prompt computed
 that way from transformers' `last_hidden_state`.
 
+Families only the llama.cpp plugin runs (`LLAMA_CPP_ONLY`, float32 only) get the same reference;
+OUT_DIR/llama-cpp-families.txt names every checkpoint setup converts to GGUF for that plugin.
+
 Usage: hf_reference.py OUT_DIR
        hf_reference.py minilm MODEL_DIR OUT_JSON   (a real sentence-transformers model: the
            embeddings transformers gives the texts of MINILM_TEXTS, tokenized by its own
@@ -103,7 +106,15 @@ ARCHS = {
 
 # Families only the llama.cpp plugin runs (float32 only; the native engine refuses them):
 # converted to GGUF by llama.cpp's own converter in setup, checked by
-# engines/native/tests/reference.rs like the others.
+# engines/native/tests/reference.rs like the others. Each config is the family's own shape at
+# toy size: its rotary fraction, biases, sliding-window pattern (the one llama.cpp assumes where
+# it assumes one), experts, multipliers, and for the recurrent families their state sizes.
+MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
+              mamba_expand=2, mamba_chunk_size=16)
+DEEPSEEK = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                first_k_dense_replace=1, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
+                qk_nope_head_dim=16, v_head_dim=16, head_dim=8, rope_theta=10000.0, n_group=1, topk_group=1)
+OMIT = object()  # a COMMON key the family's config must not be given
 LLAMA_CPP_ONLY = {
     "gemma2": ("gemma2", dict(
         sliding_window=8, rope_theta=10000.0, query_pre_attn_scalar=16, tie_word_embeddings=True,
@@ -116,7 +127,102 @@ LLAMA_CPP_ONLY = {
         attention_multiplier=0.25, logits_scaling=2.0,
     )),
     "stablelm": ("stablelm", dict(rope_theta=10000.0, partial_rotary_factor=0.5, layer_norm_eps=1e-5)),
+    "gpt2": ("gpt2", dict(n_ctx=256, layer_norm_epsilon=1e-5)),
+    "gpt-bigcode": ("gpt_bigcode", dict(multi_query=True, layer_norm_epsilon=1e-5)),
+    "gpt-neox": ("gpt_neox", dict(rotary_pct=0.5, use_parallel_residual=True, layer_norm_eps=1e-5)),
+    "falcon": ("falcon", dict(new_decoder_architecture=True, num_kv_heads=2, alibi=False,
+                              parallel_attn=True, bias=False, head_dim=OMIT)),
+    "bloom": ("bloom", dict(n_head=4, layer_norm_epsilon=1e-5)),
+    "phi2": ("phi", dict(partial_rotary_factor=0.5, layer_norm_eps=1e-5, num_key_value_heads=4, intermediate_size=256)),
+    "phi3": ("phi3", dict(rope_theta=10000.0)),
+    "gemma": ("gemma", dict(rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)),
+    "olmo": ("olmo", dict(rope_theta=10000.0)),
+    "olmoe": ("olmoe", dict(num_experts=4, num_experts_per_tok=2, rope_theta=10000.0, num_key_value_heads=4)),
+    "cohere": ("cohere", dict(rope_theta=10000.0, logit_scale=0.5, layer_norm_eps=1e-5, tie_word_embeddings=True)),
+    "cohere2": ("cohere2", dict(
+        rotary_pct=1.0, rope_theta=10000.0, logit_scale=0.5, layer_norm_eps=1e-5, sliding_window=8,
+        tie_word_embeddings=True, num_hidden_layers=4,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+    )),
+    "granitemoe": ("granitemoe", dict(
+        num_local_experts=4, num_experts_per_tok=2, rope_theta=10000.0, embedding_multiplier=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.25, logits_scaling=2.0,
+    )),
+    "nemotron": ("nemotron", dict(rope_theta=10000.0, partial_rotary_factor=0.5, norm_eps=1e-5)),
+    # DeepSeek-V2-Lite's shape: no query compression, which llama.cpp recognises by its 27 layers.
+    "deepseek2-lite": ("deepseek_v2", dict(DEEPSEEK, q_lora_rank=None, topk_method="greedy", num_hidden_layers=27)),
+    # scoring_func as in DeepSeek-V3's and dots.llm1's config.json (transformers' routers take
+    # sigmoid whatever it says; llama.cpp's converter reads it, and defaults to softmax).
+    "deepseek3": ("deepseek_v3", dict(DEEPSEEK, q_lora_rank=32, scoring_func="sigmoid")),
+    # EXAONE 4.0 1.2B's shape: global attention with RoPE in every layer (llama.cpp turns on the
+    # 32B's sliding/global pattern, whose global layers take no RoPE, only at 64 layers).
+    "exaone4": ("exaone4", dict(
+        rope_theta=10000.0, sliding_window=None, num_hidden_layers=4, layer_types=["full_attention"] * 4,
+    )),
+    "smollm3": ("smollm3", dict(rope_theta=10000.0, no_rope_layer_interval=4, num_hidden_layers=4)),
+    "gpt-oss": ("gpt_oss", dict(
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=8, rope_theta=10000.0, rope_scaling=None,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    )),
+    "ernie4.5": ("ernie4_5", dict(rope_theta=10000.0)),
+    "ernie4.5-moe": ("ernie4_5_moe", dict(
+        moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_layer_start_index=1,
+        moe_num_shared_experts=0, rope_theta=10000.0,
+    )),
+    "seed-oss": ("seed_oss", dict(rope_theta=10000.0)),
+    "apertus": ("apertus", dict(rope_theta=10000.0)),
+    "arcee": ("arcee", dict(rope_theta=10000.0)),
+    "dots1": ("dots1", dict(
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, rope_theta=10000.0, num_key_value_heads=4, scoring_func="sigmoid",
+    )),
+    "glm4": ("glm4", dict(rope_theta=10000.0, partial_rotary_factor=0.5)),
+    "glm4-moe": ("glm4_moe", dict(
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, rope_theta=10000.0, partial_rotary_factor=0.5,
+    )),
+    "dbrx": ("dbrx", dict(
+        d_model=64, n_heads=4, n_layers=3,
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+        ffn_config=dict(moe_num_experts=4, moe_top_k=2, ffn_hidden_size=32),
+    )),
+    "hunyuan-dense": ("hunyuan_v1_dense", dict(rope_theta=10000.0)),
+    # Qwen3-MoE with every layer sparse (llama.cpp's qwen3moe takes no dense layer).
+    "qwen3-moe-sparse": ("qwen3_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, rope_theta=10000.0,
+    )),
+    # Recurrent and hybrid families: Mamba, Mamba-2, Jamba (Mamba + attention + experts), Bamba
+    # and Granite 4 (Mamba-2 + attention), Falcon-H1 (Mamba-2 and attention side by side in every
+    # layer), LFM2 (short convolutions + attention).
+    "mamba": ("mamba", dict(state_size=8, expand=2, conv_kernel=4, layer_norm_epsilon=1e-5)),
+    "mamba2": ("mamba2", dict(num_heads=8, head_dim=16, state_size=16, n_groups=1, expand=2, conv_kernel=4,
+                              chunk_size=16, layer_norm_epsilon=1e-5)),
+    "jamba": ("jamba", dict(
+        num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+        use_mamba_kernels=False,
+    )),
+    # Bamba with RoPE on the whole head: with Bamba-9B's partial RoPE (attn_rotary_emb half the
+    # head) llama.cpp's conversion disagrees with transformers (measured: max |Δ logprob| 3.2,
+    # greedy 78 of 96), since it reorders every query/key dimension for llama.cpp's rotation.
+    "bamba": ("bamba", dict(MAMBA2, attn_layer_indices=[1], rope_theta=10000.0, attn_rotary_emb=16,
+                            partial_rotary_factor=1.0)),
+    "granite-hybrid": ("granitemoehybrid", dict(
+        MAMBA2, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], rope_theta=10000.0,
+        position_embedding_type="nope", embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.25, logits_scaling=2.0, shared_intermediate_size=128,
+    )),
+    "falcon-h1": ("falcon_h1", dict(MAMBA2, mamba_d_ssm=128, rope_theta=10000.0)),
+    "lfm2": ("lfm2", dict(
+        layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5, rope_theta=10000.0,
+        block_auto_adjust_ff_dim=False,
+    )),
 }
+
+# The ARCHS checkpoints llama.cpp runs too (converted from their float32 twin). Left out:
+# Qwen3-MoE (a dense layer among the sparse ones: "qwen3-moe-sparse" above instead) and Mistral
+# (llama.cpp converts MistralForCausalLM without its sliding window).
+LLAMA_CPP_SHARED = ["llama", "qwen2", "qwen3", "gemma3", "mixtral", "qwen2-moe"]
 
 # Encoders: name -> (model_type, config).
 ENCODERS = {
@@ -171,7 +277,8 @@ def embeddings(model, prompts):
 
 
 def make_model(model_type: str, extra: dict, seed: int):
-    cfg = AutoConfig.for_model(model_type, **{**COMMON, **extra})
+    given = {k: v for k, v in {**COMMON, **extra}.items() if v is not OMIT}
+    cfg = AutoConfig.for_model(model_type, **given)
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -179,7 +286,7 @@ def make_model(model_type: str, extra: dict, seed: int):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name or name.startswith("ln_"):
                 # Gemma's norms multiply by (1 + w): neutral is 0, elsewhere 1.
                 p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
@@ -240,9 +347,15 @@ def save_twin(model, out: Path, dtype: str) -> Path:
     return out
 
 
-def write_tokenizer(out: Path):
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+# Tokens a family's loader in llama.cpp looks up by name (Phi-3's: llama.cpp sets their
+# attributes when it loads a model named phi3), at their ids in that family's vocabulary.
+NAMED_TOKENS = {"phi3": {0: "<unk>", 1: "<s>", 2: "</s>", 3: "<|endoftext|>"}}
+
+
+def write_tokenizer(out: Path, named: dict | None = None):
+    named = named or {}
+    vocab = {named.get(i, f"t{i}"): i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=named.get(0, "t0")))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(out / "tokenizer.json"))
 
@@ -391,6 +504,8 @@ def main():
     for seed, (name, (model_type, extra)) in enumerate(LLAMA_CPP_ONLY.items(), start=50):
         model = make_model(model_type, extra, seed)
         out = save_twin(model, out_root / f"{name}-float32", "float32")
+        if name in NAMED_TOKENS:
+            write_tokenizer(out, NAMED_TOKENS[name])
         ref_model = read_back(out)
         plain = decoder_reference(ref_model, prompts)
         (out / "reference.json").write_text(json.dumps({
@@ -399,6 +514,10 @@ def main():
             "prompts": prompts, **plain, "bf16_activations": None,
         }))
         print(f"{out.name}: {model.config.architectures[0]} (llama.cpp only)", file=sys.stderr)
+    # What setup converts to GGUF with llama.cpp's converter (one name a line): the decoders
+    # above and the float32 BERT.
+    names = LLAMA_CPP_SHARED + list(LLAMA_CPP_ONLY) + list(ENCODERS)
+    (out_root / "llama-cpp-families.txt").write_text("\n".join(names) + "\n")
     for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
         model = make_encoder(model_type, config, seed)
         for dtype in ("float32", "bfloat16"):

@@ -7,7 +7,8 @@ load: this wrapper gives the converter the checkpoint's tokens as a GPT-2-style 
 one placeholder merge (llama.cpp refuses a BPE vocabulary without merges), then runs the
 converter unchanged on everything else (tensor names, layouts, hyper-parameters).
 
-Usage: hf_to_gguf.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf
+Usage: hf_to_gguf.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf [MODEL_DIR OUT.gguf ...]
+(several in one process: PyTorch and the converter are imported once)
 LLAMA_CPP_DIR holds convert_hf_to_gguf.py, conversion/ and gguf-py/ (the llama.cpp release
 whose server bench/build-llama-server.sh builds, from the same PyPI sdist).
 """
@@ -20,7 +21,9 @@ from pathlib import Path
 
 
 def main():
-    src, model_dir, out = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    src, pairs = Path(sys.argv[1]), sys.argv[2:]
+    if not pairs or len(pairs) % 2:
+        sys.exit(__doc__)
     sys.path.insert(0, str(src))
     sys.path.insert(1, str(src / "gguf-py"))
     import conversion
@@ -36,18 +39,21 @@ def main():
         self._set_vocab_gpt2()
         self.gguf_writer.add_token_merges(["t 0"])
 
-    # Every model class, so the overrides reach the ones that define their own vocabulary.
+    # Every model class, so the overrides reach the ones that define their own vocabulary;
+    # BERT's own set_vocab is kept: it reads the tokens through get_vocab_base (replaced above)
+    # and writes what llama.cpp's BERT needs besides (WordPiece model, token type count).
     for m in pkgutil.iter_modules(conversion.__path__):
         importlib.import_module(f"conversion.{m.name}")
     base.TextModel.get_vocab_base = get_vocab_base
     stack = [base.TextModel]
     while stack:
         cls = stack.pop()
-        if "set_vocab" in cls.__dict__:
+        if "set_vocab" in cls.__dict__ and cls.__name__ != "BertModel":
             cls.set_vocab = set_vocab
         stack.extend(cls.__subclasses__())
-    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", out]
-    runpy.run_path(str(src / "convert_hf_to_gguf.py"), run_name="__main__")
+    for model_dir, out in zip(pairs[::2], pairs[1::2]):
+        sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", out]
+        runpy.run_path(str(src / "convert_hf_to_gguf.py"), run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -361,7 +361,7 @@ impl LlamaLoaded {
             .and_then(|()| {
                 ex.ctx
                     .embeddings_seq_ith(slot)
-                    .map(<[f32]>::to_vec)
+                    .map(unit_length)
                     .map_err(|err| EngineError::internal(format!("no pooled embedding: {err}")))
             });
         let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
@@ -369,9 +369,31 @@ impl LlamaLoaded {
     }
 }
 
+/// The pooled vector scaled to unit length, as OpenAI's `/v1/embeddings` and llama-server
+/// (`--embd-normalize 2`, its default) return it and as sentence-transformers models declare
+/// (`Normalize`); a zero vector stays zero.
+fn unit_length(v: &[f32]) -> Vec<f32> {
+    let norm = v
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt();
+    if norm == 0.0 {
+        return v.to_vec();
+    }
+    v.iter().map(|x| (f64::from(*x) / norm) as f32).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pooled_vectors_come_back_at_unit_length() {
+        let v = unit_length(&[3.0, -4.0]);
+        assert_eq!(v, [0.6, -0.8]);
+        assert_eq!(unit_length(&[0.0, 0.0]), [0.0, 0.0]);
+    }
 
     #[test]
     fn rows_sampled_in_parallel_get_what_one_thread_gives_them_in_order() {
