@@ -70,6 +70,10 @@ COMMON = dict(
     tie_word_embeddings=False,
 )
 
+# Mamba-2 mixers at toy size (Bamba, Granite 4.0-H, Falcon-H1).
+MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
+              mamba_expand=2, mamba_chunk_size=16)
+
 # name: (model_type, extra config). Each exercises what its family adds: Llama 3 rope scaling,
 # Mistral's sliding window (shorter than the longest prompt), Qwen2's q/k/v bias, Qwen3's q/k
 # norms, Gemma 3's sliding and global layers, soft norms and tied embeddings, and the two
@@ -101,6 +105,9 @@ ARCHS = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, norm_topk_prob=False, rope_theta=10000.0,
     )),
+    # Bamba: Mamba-2 layers around one attention layer with RoPE on half of each head (its
+    # released shape), a scan chunk shorter than the longest prompt.
+    "bamba": ("bamba", dict(MAMBA2, attn_layer_indices=[1], rope_theta=10000.0)),
 }
 
 
@@ -109,8 +116,6 @@ ARCHS = {
 # engines/native/tests/reference.rs like the others. Each config is the family's own shape at
 # toy size: its rotary fraction, biases, sliding-window pattern (the one llama.cpp assumes where
 # it assumes one), experts, multipliers, and for the recurrent families their state sizes.
-MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
-              mamba_expand=2, mamba_chunk_size=16)
 DEEPSEEK = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                 first_k_dense_replace=1, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
                 qk_nope_head_dim=16, v_head_dim=16, head_dim=8, rope_theta=10000.0, n_group=1, topk_group=1)
@@ -205,8 +210,8 @@ LLAMA_CPP_ONLY = {
     # Bamba with RoPE on the whole head: with Bamba-9B's partial RoPE (attn_rotary_emb half the
     # head) llama.cpp's conversion disagrees with transformers (measured: max |Δ logprob| 3.2,
     # greedy 78 of 96), since it reorders every query/key dimension for llama.cpp's rotation.
-    "bamba": ("bamba", dict(MAMBA2, attn_layer_indices=[1], rope_theta=10000.0, attn_rotary_emb=16,
-                            partial_rotary_factor=1.0)),
+    "bamba-full-rope": ("bamba", dict(MAMBA2, attn_layer_indices=[1], rope_theta=10000.0, attn_rotary_emb=16,
+                                      partial_rotary_factor=1.0)),
     "granite-hybrid": ("granitemoehybrid", dict(
         MAMBA2, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], rope_theta=10000.0,
         position_embedding_type="nope", embedding_multiplier=2.0, residual_multiplier=0.5,

@@ -12,7 +12,7 @@
 
 use gantry_engine_abi::{EngineError, SampledToken, Sampling};
 
-use crate::config::ModelConfig;
+use crate::config::{Architecture, Mamba2, ModelConfig};
 use crate::kv::BlockCopy;
 use crate::lora::{AdapterRun, LoraWeights};
 use crate::weights::Weights;
@@ -30,6 +30,8 @@ pub struct StepInput<'a> {
     /// Runs of consecutive tokens whose sequences run under a LoRA adapter (ABI 1.6); empty
     /// when every sequence runs the base model.
     pub adapters: &'a [AdapterRun],
+    /// The recurrent-state slot of each sequence (index as `tables`), for state-space layers.
+    pub slots: &'a [usize],
 }
 
 /// One sampled row of a step, for a backend that samples on its device: what the request
@@ -66,6 +68,9 @@ pub trait Backend: Send {
     }
     /// Copy K/V slots between blocks (prefix reuse's copy on write), before the next forward.
     fn copy_blocks(&mut self, copies: &[BlockCopy]);
+    /// Copy one sequence slot's recurrent state to another (a fork); nothing without
+    /// state-space layers.
+    fn copy_state(&mut self, _src: usize, _dst: usize) {}
     /// Memory this backend holds: weights (mapped or owned) and the KV cache.
     fn bytes_used(&self) -> u64;
     /// One line for logs and the build report.
@@ -91,16 +96,62 @@ pub trait Backend: Send {
 /// One decoder layer's tensors as a backend holds them: `V` a norm vector, `L` a linear layer.
 pub struct Layer<V, L> {
     pub in_norm: V,
+    /// What mixes the tokens: attention or a state-space scan.
+    pub mixer: Mixer<V, L>,
+    pub post_attn_norm: Option<V>,
+    pub ffn_norm: V,
+    pub post_ffn_norm: Option<V>,
+    pub mlp: Mlp<L>,
+}
+
+/// A layer's token mixer.
+pub enum Mixer<V, L> {
+    Attention(Attention<V, L>),
+    /// A Mamba-2 mixer ([`crate::config::Mamba2`]).
+    Mamba(Mamba<V, L>),
+}
+
+/// Self-attention's projections and per-head norms.
+pub struct Attention<V, L> {
     pub q: L,
     pub k: L,
     pub v: L,
     pub o: L,
     pub q_norm: Option<V>,
     pub k_norm: Option<V>,
-    pub post_attn_norm: Option<V>,
-    pub ffn_norm: V,
-    pub post_ffn_norm: Option<V>,
-    pub mlp: Mlp<L>,
+}
+
+/// A Mamba-2 mixer's tensors ([`crate::config::Mamba2`] says how they are used).
+pub struct Mamba<V, L> {
+    pub in_proj: L,
+    /// `conv1d.weight`, `[conv_dim][conv_kernel]` (one filter per channel).
+    pub conv: V,
+    pub conv_bias: Option<V>,
+    /// Per head: the time step's bias, `A_log` (A = -exp(A_log)) and the skip `D`.
+    pub dt_bias: V,
+    pub a_log: V,
+    pub d: V,
+    /// The gated RMSNorm's weight, `[heads × head_dim]`.
+    pub norm: V,
+    pub out_proj: L,
+}
+
+impl<V, L> Mixer<V, L> {
+    /// The attention of an attention layer.
+    pub fn attention(&self) -> Option<&Attention<V, L>> {
+        match self {
+            Mixer::Attention(a) => Some(a),
+            Mixer::Mamba(_) => None,
+        }
+    }
+
+    /// Every linear layer of the mixer.
+    pub fn linears(&self) -> Vec<&L> {
+        match self {
+            Mixer::Attention(a) => vec![&a.q, &a.k, &a.v, &a.o],
+            Mixer::Mamba(m) => vec![&m.in_proj, &m.out_proj],
+        }
+    }
 }
 
 /// A gated MLP: `down(act(gate(x)) * up(x))`.
@@ -151,6 +202,14 @@ pub trait TensorLoader {
     type Linear;
     /// A `[len]` vector (norm weights, biases) as f32.
     fn vec(&mut self, name: &str, len: usize) -> Result<Self::Vec, EngineError>;
+    /// A tensor of `shape` read whole as f32 (a convolution's filters); a backend without
+    /// such layers refuses.
+    fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Self::Vec, EngineError> {
+        let _ = shape;
+        Err(EngineError::unsupported(format!(
+            "{name}: this backend of the native engine does not run state-space layers"
+        )))
+    }
     /// `{name}.weight` of shape `[rows, cols]`, and `{name}.bias` when `bias`.
     fn linear(
         &mut self,
@@ -183,21 +242,31 @@ pub fn load_stack<T: TensorLoader>(
         cfg.intermediate,
     );
     let gemma = cfg.sandwich_norms;
+    let bamba = cfg.architecture == Architecture::Bamba;
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
         let p = format!("model.layers.{i}");
         let in_norm = t.vec(&format!("{p}.input_layernorm.weight"), h)?;
-        let q = t.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?;
-        let k = t.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?;
-        let v = t.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?;
-        let o = t.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?;
-        let (q_norm, k_norm) = if cfg.qk_norm {
-            (
-                Some(t.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?),
-                Some(t.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?),
-            )
-        } else {
-            (None, None)
+        let mixer = match &cfg.mamba {
+            Some(m) if cfg.layers[i].mamba => Mixer::Mamba(load_mamba(m, h, &p, t)?),
+            _ => {
+                let (q_norm, k_norm) = if cfg.qk_norm {
+                    (
+                        Some(t.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?),
+                        Some(t.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?),
+                    )
+                } else {
+                    (None, None)
+                };
+                Mixer::Attention(Attention {
+                    q: t.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?,
+                    k: t.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?,
+                    v: t.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?,
+                    o: t.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?,
+                    q_norm,
+                    k_norm,
+                })
+            }
         };
         let post_attn_norm = if gemma {
             Some(t.vec(&format!("{p}.post_attention_layernorm.weight"), h)?)
@@ -208,9 +277,13 @@ pub fn load_stack<T: TensorLoader>(
         // "post-attention" norm is the one before the FFN.
         let ffn_norm = if gemma {
             t.vec(&format!("{p}.pre_feedforward_layernorm.weight"), h)?
+        } else if bamba {
+            t.vec(&format!("{p}.pre_ff_layernorm.weight"), h)?
         } else {
             t.vec(&format!("{p}.post_attention_layernorm.weight"), h)?
         };
+        // Bamba names its MLP `feed_forward`.
+        let mlp_name = if bamba { "feed_forward" } else { "mlp" };
         let post_ffn_norm = if gemma {
             Some(t.vec(&format!("{p}.post_feedforward_layernorm.weight"), h)?)
         } else {
@@ -251,26 +324,25 @@ pub fn load_stack<T: TensorLoader>(
                 }
             }
             _ => Mlp::Dense(Ffn {
-                gate: t.linear(&format!("{p}.mlp.gate_proj"), ff, h, cfg.mlp_bias)?,
-                up: t.linear(&format!("{p}.mlp.up_proj"), ff, h, cfg.mlp_bias)?,
-                down: t.linear(&format!("{p}.mlp.down_proj"), h, ff, cfg.mlp_bias)?,
+                gate: t.linear(&format!("{p}.{mlp_name}.gate_proj"), ff, h, cfg.mlp_bias)?,
+                up: t.linear(&format!("{p}.{mlp_name}.up_proj"), ff, h, cfg.mlp_bias)?,
+                down: t.linear(&format!("{p}.{mlp_name}.down_proj"), h, ff, cfg.mlp_bias)?,
             }),
         };
         layers.push(Layer {
             in_norm,
-            q,
-            k,
-            v,
-            o,
-            q_norm,
-            k_norm,
+            mixer,
             post_attn_norm,
             ffn_norm,
             post_ffn_norm,
             mlp,
         });
     }
-    let final_norm = t.vec("model.norm.weight", h)?;
+    let final_norm = if bamba {
+        t.vec("model.final_layernorm.weight", h)?
+    } else {
+        t.vec("model.norm.weight", h)?
+    };
     let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
         Some(t.linear("lm_head", cfg.vocab, h, false)?)
     } else {
@@ -280,5 +352,35 @@ pub fn load_stack<T: TensorLoader>(
         layers,
         final_norm,
         lm_head,
+    })
+}
+
+/// A Mamba-2 mixer's tensors under `{p}.mamba.` (Bamba's names).
+fn load_mamba<T: TensorLoader>(
+    m: &Mamba2,
+    hidden: usize,
+    p: &str,
+    t: &mut T,
+) -> Result<Mamba<T::Vec, T::Linear>, EngineError> {
+    let p = format!("{p}.mamba");
+    let (cd, heads, inner) = (m.conv_dim(), m.heads, m.inner());
+    Ok(Mamba {
+        in_proj: t.linear(
+            &format!("{p}.in_proj"),
+            m.in_proj_rows(),
+            hidden,
+            m.proj_bias,
+        )?,
+        conv: t.tensor(&format!("{p}.conv1d.weight"), &[cd, 1, m.conv_kernel])?,
+        conv_bias: if m.conv_bias {
+            Some(t.vec(&format!("{p}.conv1d.bias"), cd)?)
+        } else {
+            None
+        },
+        dt_bias: t.vec(&format!("{p}.dt_bias"), heads)?,
+        a_log: t.vec(&format!("{p}.A_log"), heads)?,
+        d: t.vec(&format!("{p}.D"), heads)?,
+        norm: t.vec(&format!("{p}.norm.weight"), inner)?,
+        out_proj: t.linear(&format!("{p}.out_proj"), hidden, inner, m.proj_bias)?,
     })
 }

@@ -148,6 +148,8 @@ impl Engine for NativeEngine {
 /// One open sequence.
 struct Seq {
     blocks: SeqBlocks,
+    /// Its recurrent-state slot in the backend (state-space layers; every sequence has one).
+    slot: usize,
     sampler: Option<SeqSampler>,
     /// Positions of the first chunk taken from the prefix cache (shared blocks plus a copied
     /// head; ABI 1.4 `seq_cached_tokens`); `None` until that chunk has been matched.
@@ -164,6 +166,8 @@ struct Exec {
     adapters: HashMap<u64, String>,
     /// The next adapter id: never reused, since the prefix cache keys blocks by it.
     next_adapter: u64,
+    /// Recurrent-state slots no open sequence holds.
+    free_slots: Vec<usize>,
 }
 
 /// A loaded model: a decoder (completions, through `step`) or an encoder (embeddings, through
@@ -240,14 +244,17 @@ impl DecoderModel {
         // Room for every sequence's partial last block, and a copy per sequence.
         let n_blocks = (capacity as usize).div_ceil(BLOCK_SIZE) + 2 * max_seqs as usize;
         let kv_bytes =
-            (n_blocks * BLOCK_SIZE * mc.n_kv_heads * mc.head_dim * 2 * 4 * mc.n_layers) as u64;
-        if cfg.vram_limit_bytes > 0 && weights.mapped_bytes() + kv_bytes > cfg.vram_limit_bytes {
+            (n_blocks * BLOCK_SIZE * mc.n_kv_heads * mc.head_dim * 2 * 4 * mc.attention_layers())
+                as u64;
+        // State-space layers hold a state per open sequence instead of K/V.
+        let state_bytes = (mc.state_floats_per_sequence() * 4) as u64 * u64::from(max_seqs);
+        let needed = weights.mapped_bytes() + kv_bytes + state_bytes;
+        if cfg.vram_limit_bytes > 0 && needed > cfg.vram_limit_bytes {
             return Err(EngineError::new(
                 Status::OomRam,
                 format!(
-                    "model {} needs ~{} bytes (weights {} + KV {kv_bytes}), the limit is {} bytes",
+                    "model {} needs ~{needed} bytes (weights {} + KV {kv_bytes} + recurrent state {state_bytes}), the limit is {} bytes",
                     desc.model_id,
-                    weights.mapped_bytes() + kv_bytes,
                     weights.mapped_bytes(),
                     cfg.vram_limit_bytes
                 ),
@@ -285,6 +292,7 @@ impl DecoderModel {
                 n_blocks,
                 BLOCK_SIZE,
                 threads,
+                max_seqs as usize,
             )?)
         };
 
@@ -336,7 +344,10 @@ impl DecoderModel {
             ),
         );
         let mut pool = BlockPool::new(n_blocks, BLOCK_SIZE);
-        pool.prefix_cache = std::env::var("GANTRY_NATIVE_PREFIX_CACHE").map_or(true, |v| v != "0");
+        // A recurrent state summarises a whole prefix and cannot be shared by block: models
+        // with state-space layers reuse no prefix.
+        pool.prefix_cache = mc.mamba.is_none()
+            && std::env::var("GANTRY_NATIVE_PREFIX_CACHE").map_or(true, |v| v != "0");
         Ok(Self {
             exec: Mutex::new(Exec {
                 backend,
@@ -345,6 +356,7 @@ impl DecoderModel {
                 next_id: 1,
                 adapters: HashMap::new(),
                 next_adapter: 1,
+                free_slots: (0..max_seqs as usize).rev().collect(),
             }),
             tokenizer,
             info,
@@ -400,10 +412,15 @@ impl Model for DecoderModel {
         }
         let id = ex.next_id;
         ex.next_id += 1;
+        let slot = ex
+            .free_slots
+            .pop()
+            .ok_or_else(|| EngineError::internal("no free state slot below max_sequences"))?;
         ex.seqs.insert(
             id,
             Seq {
                 blocks: SeqBlocks::default(),
+                slot,
                 sampler: None,
                 cached: None,
             },
@@ -416,6 +433,7 @@ impl Model for DecoderModel {
         let ex = &mut *guard;
         if let Some(mut s) = ex.seqs.remove(&seq) {
             ex.pool.release(&mut s.blocks);
+            ex.free_slots.push(s.slot);
         }
     }
 
@@ -444,14 +462,28 @@ impl Model for DecoderModel {
                 "fork of sequence {src}, which has not been stepped"
             )));
         }
-        let (blocks, copies) = ex.pool.fork(&s.blocks)?;
+        let src_slot = s.slot;
+        let slot = ex
+            .free_slots
+            .pop()
+            .ok_or_else(|| EngineError::internal("no free state slot below max_sequences"))?;
+        let (blocks, copies) = match ex.pool.fork(&s.blocks) {
+            Ok(f) => f,
+            Err(e) => {
+                ex.free_slots.push(slot);
+                return Err(e);
+            }
+        };
         ex.backend.copy_blocks(&copies);
+        // The child continues from the parent's recurrent state too.
+        ex.backend.copy_state(src_slot, slot);
         let id = ex.next_id;
         ex.next_id += 1;
         ex.seqs.insert(
             id,
             Seq {
                 blocks,
+                slot,
                 // The child's first sample makes its own state from its own parameters.
                 sampler: None,
                 // Its first entry continues after the forked KV and is evaluated whole.
@@ -475,6 +507,12 @@ impl Model for DecoderModel {
             )));
         }
         let dropped = s.blocks.len - n_keep;
+        if dropped > 0 && self.config.mamba.is_some() {
+            return Err(EngineError::unsupported(format!(
+                "truncate of sequence {seq}: {} has state-space layers, whose state cannot be cut back",
+                self.info.architecture
+            )));
+        }
         let copies = ex.pool.truncate(&mut s.blocks, n_keep)?;
         ex.backend.copy_blocks(&copies);
         // The samples taken after the dropped positions are forgotten with them.

@@ -95,10 +95,12 @@ impl DecoderModel {
         let mut seq_of = Vec::new();
         let mut logits_rows = Vec::new();
         let mut tables: Vec<&[u32]> = Vec::with_capacity(entries.len());
+        let mut slots = Vec::with_capacity(entries.len());
         let mut adapters: Vec<AdapterRun> = Vec::new();
         for (i, (e, &k)) in entries.iter().zip(&skip).enumerate() {
             let s = &ex.seqs[&e.seq];
             tables.push(&s.blocks.table);
+            slots.push(s.slot);
             let start = tokens.len();
             for (j, &t) in e.tokens[k..].iter().enumerate() {
                 if e.verifies() {
@@ -120,6 +122,7 @@ impl DecoderModel {
             tables: &tables,
             logits_rows: &logits_rows,
             adapters: &adapters,
+            slots: &slots,
         };
         // A backend that samples on its device hands back tokens (the sequences' sampling
         // state goes in); otherwise logits come back and are sampled here. A step verifying
@@ -197,6 +200,13 @@ impl DecoderModel {
                 return Err(EngineError::internal(format!(
                     "sequence {} asks for a sample without tokens",
                     e.seq
+                )));
+            }
+            if e.verifies() && self.config.mamba.is_some() {
+                // Its rejected drafts could not be dropped afterwards (`seq_truncate`).
+                return Err(EngineError::unsupported(format!(
+                    "sequence {}: a sample after every token (draft verification) on {}, whose state-space layers cannot be cut back",
+                    e.seq, self.info.architecture
                 )));
             }
             if e.verifies() && e.allowed.is_some() {

@@ -113,6 +113,7 @@ fn two_steps(b: &mut dyn Backend) -> Vec<Vec<f32>> {
             tables: &tables,
             logits_rows: &[t0.len() - 1, tokens.len() - 1],
             adapters: &[],
+            slots: &[0, 1],
         })
         .expect("prompt step");
     let decode = b
@@ -123,6 +124,7 @@ fn two_steps(b: &mut dyn Backend) -> Vec<Vec<f32>> {
             tables: &tables,
             logits_rows: &[0, 1],
             adapters: &[],
+            slots: &[0, 1],
         })
         .expect("decode step");
     vec![prompt, decode]
@@ -138,7 +140,7 @@ fn cuda_and_cpu_backends_agree_on_every_tiny_architecture() {
         let primary = st_desc("tiny", dir.path()).primary_file;
         let weights = Arc::new(Weights::open(dir.path(), &primary).expect("weights"));
         let (n_blocks, bs) = (8, 4);
-        let mut cpu = CpuBackend::new(&mc, Arc::clone(&weights), n_blocks, bs, 2).expect("cpu");
+        let mut cpu = CpuBackend::new(&mc, Arc::clone(&weights), n_blocks, bs, 2, 2).expect("cpu");
         let mut gpu = CudaBackend::new(&mc, &weights, n_blocks, bs, 0).expect("cuda");
         let want = two_steps(&mut cpu);
         let got = two_steps(&mut gpu);

@@ -30,7 +30,7 @@ mod common;
 use common::*;
 
 /// Every architecture the reference covers (`hf_reference.py`'s `ARCHS`), by directory stem.
-const ARCHS: [&str; 8] = [
+const ARCHS: [&str; 9] = [
     "llama",
     "mistral",
     "qwen2",
@@ -39,6 +39,7 @@ const ARCHS: [&str; 8] = [
     "qwen3-moe",
     "mixtral",
     "qwen2-moe",
+    "bamba",
 ];
 
 /// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides
@@ -139,17 +140,39 @@ enum Stage {
     Decoding(usize),
 }
 
+/// How the rest of a prompt goes in after its first token.
+#[derive(Clone, Copy, PartialEq)]
+enum Feed {
+    /// One entry that samples after every token (a verification entry: every position's
+    /// distribution; an engine verifies only a sequence it has stepped).
+    Verify,
+    /// One token per step, each sampled (recurrent models, whose state cannot take a
+    /// verification entry).
+    OneByOne,
+    /// One entry sampled after its last token: [`Run::prompt`] holds positions 0 and last
+    /// only (the chunked prompt path of a recurrent model).
+    Whole,
+}
+
+impl Feed {
+    /// The prompt positions of `rows` (one per position) that a run fed this way samples.
+    fn expected<T: Clone>(self, rows: &[T]) -> Vec<T> {
+        match self {
+            Feed::Whole => vec![rows[0].clone(), rows[rows.len() - 1].clone()],
+            _ => rows.to_vec(),
+        }
+    }
+}
+
 /// Run `prompts` through the engine together: prompt `i` joins at step `join_at[i]` with its
-/// first token, then the rest of its prompt in one entry that samples after every token (a
-/// verification entry: every position's distribution; an engine verifies only a sequence it
-/// has stepped), or one token per step where `one_by_one` (recurrent models, whose state cannot
-/// take a verification entry), then decodes `forced[i]` one token per step.
+/// first token, then the rest of its prompt as `feed` says, then decodes `forced[i]` one token
+/// per step.
 fn run(
     exec: &mut ModelExec,
     prompts: &[Vec<i32>],
     forced: &[Vec<i32>],
     join_at: &[usize],
-    one_by_one: bool,
+    feed: Feed,
 ) -> Vec<Run> {
     let all = Sampling {
         top_logprobs: TOP as u32,
@@ -172,8 +195,10 @@ fn run(
             let (tokens, first, verify): (&[i32], bool, bool) = match stage[i] {
                 Stage::Waiting if step >= join_at[i] => (&prompts[i][..1], true, false),
                 Stage::Waiting => continue,
-                Stage::Started(k) if one_by_one => (&prompts[i][k..k + 1], false, false),
-                Stage::Started(k) => (&prompts[i][k..], false, true),
+                Stage::Started(k) if feed == Feed::OneByOne => {
+                    (&prompts[i][k..k + 1], false, false)
+                }
+                Stage::Started(k) => (&prompts[i][k..], false, feed == Feed::Verify),
                 Stage::Decoding(n) if n < forced[i].len() => (&forced[i][n..n + 1], false, false),
                 Stage::Decoding(_) => continue,
             };
@@ -185,12 +210,12 @@ fn run(
                 allowed: None,
                 sample_all: verify,
             });
-            who.push((i, tokens.len()));
+            who.push((i, if verify { tokens.len() } else { 1 }, tokens.len()));
         }
         let results = exec.step(&entries).expect("step");
         drop(entries);
         let mut slots = results.into_iter();
-        for (i, n) in who {
+        for (i, n, fed) in who {
             let mut tops = Vec::with_capacity(n);
             let mut token = 0;
             for _ in 0..n {
@@ -204,9 +229,9 @@ fn run(
                     out[i].prompt.extend(tops);
                     Stage::Started(1)
                 }
-                Stage::Started(k) if k + n < prompts[i].len() => {
+                Stage::Started(k) if k + fed < prompts[i].len() => {
                     out[i].prompt.extend(tops);
-                    Stage::Started(k + n)
+                    Stage::Started(k + fed)
                 }
                 Stage::Started(_) => {
                     out[i].prompt.extend(tops);
@@ -286,6 +311,13 @@ fn every_architecture_matches_transformers_alone_and_in_a_batch() {
                 dir.display()
             );
             let r = read_reference(&dir, bf16_kernel);
+            // A recurrent model verifies no drafts: its prompts go in one token per step alone
+            // (every position compared) and whole in the batch (its chunked scan).
+            let (feed_alone, feed_batched) = if RECURRENT.contains(&arch) {
+                (Feed::OneByOne, Feed::Whole)
+            } else {
+                (Feed::Verify, Feed::Verify)
+            };
             let plugin = plugin("native", 4, 128);
             let (shared, mut exec) = plugin
                 .load_model(&st_desc(&name, &dir))
@@ -299,19 +331,22 @@ fn every_architecture_matches_transformers_alone_and_in_a_batch() {
                         &r.prompts[i..i + 1],
                         &r.greedy[i..i + 1],
                         &[0],
-                        false,
+                        feed_alone,
                     )
                 })
                 .collect();
             // All prompts in one batch, the later ones joining while the first decodes.
             let join_at: Vec<usize> = (0..n).map(|i| i * 3).collect();
-            let together = run(&mut exec, &r.prompts, &r.greedy, &join_at, false);
+            let together = run(&mut exec, &r.prompts, &r.greedy, &join_at, feed_batched);
             let tol = tolerance(dtype);
             let (mut worst_prompt, mut worst_decode, mut batch_gap) = (0.0f32, 0.0f32, 0.0f32);
             let mut picked_same = 0;
             for i in 0..n {
-                for (mode, got) in [("alone", &alone[i]), ("batched", &together[i])] {
-                    let p = max_diff(&got.prompt, &r.prompt_logprobs[i]);
+                for (mode, got, feed) in [
+                    ("alone", &alone[i], feed_alone),
+                    ("batched", &together[i], feed_batched),
+                ] {
+                    let p = max_diff(&got.prompt, &feed.expected(&r.prompt_logprobs[i]));
                     let d = max_diff(&got.decode, &r.greedy_logprobs[i]);
                     worst_prompt = worst_prompt.max(p);
                     worst_decode = worst_decode.max(d);
@@ -328,7 +363,10 @@ fn every_architecture_matches_transformers_alone_and_in_a_batch() {
                     }
                 }
                 batch_gap = batch_gap
-                    .max(run_gap(&alone[i].prompt, &together[i].prompt))
+                    .max(run_gap(
+                        &feed_batched.expected(&alone[i].prompt),
+                        &together[i].prompt,
+                    ))
                     .max(run_gap(&alone[i].decode, &together[i].decode));
                 picked_same += alone[i]
                     .picked
@@ -444,7 +482,7 @@ fn an_fp8_checkpoint_runs_as_its_dequantized_weights() {
             &r.prompts[i..i + 1],
             &r.greedy[i..i + 1],
             &[0],
-            false,
+            Feed::Verify,
         )
         .remove(0);
         exact = exact
@@ -516,19 +554,20 @@ const LLAMA_CPP_FAMILIES: [(&str, &str); 48] = [
     ("mamba", "mamba"),
     ("mamba2", "mamba2"),
     ("jamba", "jamba"),
-    ("bamba", "granitehybrid"),
+    ("bamba-full-rope", "granitehybrid"),
     ("granite-hybrid", "granitehybrid"),
     ("falcon-h1", "falcon-h1"),
     ("lfm2", "lfm2"),
 ];
 
 /// The families with recurrent state (Mamba and short-convolution layers): their prompts go in
-/// one token per step, since llama.cpp cannot sample after every token of a recurrent batch.
-const RECURRENT: [&str; 7] = [
+/// one token per step, since neither engine samples after every token of a recurrent batch.
+const RECURRENT: [&str; 8] = [
     "mamba",
     "mamba2",
     "jamba",
     "bamba",
+    "bamba-full-rope",
     "granite-hybrid",
     "falcon-h1",
     "lfm2",
@@ -570,7 +609,11 @@ fn the_llama_cpp_plugin_matches_transformers_on_the_converted_checkpoints() {
                 &r.prompts[i..i + 1],
                 &r.greedy[i..i + 1],
                 &[0],
-                RECURRENT.contains(&name),
+                if RECURRENT.contains(&name) {
+                    Feed::OneByOne
+                } else {
+                    Feed::Verify
+                },
             )
             .remove(0);
             worst = worst

@@ -10,6 +10,7 @@
 //! (`config/parse.rs`) puts them together per family.
 
 mod fields;
+mod mamba;
 mod parse;
 mod rope;
 #[cfg(test)]
@@ -32,11 +33,13 @@ pub enum Architecture {
     Mixtral,
     /// Qwen2 attention with mixture-of-experts MLPs and a gated shared expert.
     Qwen2Moe,
+    /// Mamba-2 layers and attention layers (partial RoPE), each followed by a SiLU-gated MLP.
+    Bamba,
 }
 
 impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Architecture); 8] = [
+    pub const CLASSES: [(&'static str, Architecture); 9] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -45,6 +48,7 @@ impl Architecture {
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
+        ("BambaForCausalLM", Architecture::Bamba),
     ];
 
     pub fn from_class(class: &str) -> Option<Architecture> {
@@ -63,6 +67,47 @@ pub struct LayerKind {
     pub rope: usize,
     /// The MLP is [`ModelConfig::moe`]'s mixture of experts (else the dense MLP).
     pub moe: bool,
+    /// The layer mixes tokens with [`ModelConfig::mamba`]'s state-space scan instead of
+    /// attention (no K/V; a recurrent state per sequence).
+    pub mamba: bool,
+}
+
+/// Mamba-2 mixers (Bamba): `in_proj` splits into a gate `z` (`heads × head_dim`), the
+/// convolved `xBC` (x, then `groups` B and C vectors of `state` each) and a time step per head;
+/// a causal depthwise convolution of `conv_kernel` taps over xBC, SiLU; the selective scan
+/// `h ← exp(dt·A)·h + dt·x⊗B`, `y = h·C + D·x` per head (B and C shared by the heads of a
+/// group); `y·SiLU(z)` RMS-normalised over `norm_groups` groups; `out_proj`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mamba2 {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub state: usize,
+    pub groups: usize,
+    pub conv_kernel: usize,
+    pub conv_bias: bool,
+    pub proj_bias: bool,
+    /// Groups the gated RMSNorm normalises over separately (Bamba: 1, the whole width).
+    pub norm_groups: usize,
+}
+
+impl Mamba2 {
+    /// Width of x (and of the gate): `heads × head_dim`.
+    pub fn inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    /// Width of the convolved xBC.
+    pub fn conv_dim(&self) -> usize {
+        self.inner() + 2 * self.groups * self.state
+    }
+    /// Rows of `in_proj`: gate, xBC, one time step per head.
+    pub fn in_proj_rows(&self) -> usize {
+        self.inner() + self.conv_dim() + self.heads
+    }
+    /// f32 values one sequence's state holds in one layer: the convolution's last
+    /// `conv_kernel - 1` inputs and the scan's `heads × head_dim × state`.
+    pub fn state_floats(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim() + self.heads * self.head_dim * self.state
+    }
 }
 
 /// Mixture-of-experts MLPs: a linear router scores every expert per token; the `top_k` best
@@ -172,11 +217,30 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
+    /// Dimensions of each head RoPE rotates, from the first (`partial_rotary_factor`; the whole
+    /// head elsewhere).
+    pub rotary_dim: usize,
     pub layers: Vec<LayerKind>,
+    /// The state-space mixer of the layers whose [`LayerKind::mamba`] is set.
+    pub mamba: Option<Mamba2>,
     /// The mixture of experts of the layers whose [`LayerKind::moe`] is set.
     pub moe: Option<Moe>,
     /// FP8 weights (`quantization_config` `quant_method: fp8`), dequantized at load.
     pub fp8: Option<crate::weights::Fp8>,
     pub bos_token: Option<i32>,
     pub eos_tokens: Vec<i32>,
+}
+
+impl ModelConfig {
+    /// Layers with K/V (attention layers).
+    pub fn attention_layers(&self) -> usize {
+        self.layers.iter().filter(|l| !l.mamba).count()
+    }
+    /// f32 values of recurrent state one sequence holds, all layers together (0 without
+    /// state-space layers).
+    pub fn state_floats_per_sequence(&self) -> usize {
+        self.mamba.as_ref().map_or(0, |m| {
+            m.state_floats() * self.layers.iter().filter(|l| l.mamba).count()
+        })
+    }
 }

@@ -6,6 +6,7 @@ use gantry_engine_abi::EngineError;
 use serde_json::Value;
 
 use super::fields::{Fields, corrupt, unsupported};
+use super::mamba::{mamba, rotary_dim};
 use super::rope::rope_from;
 use super::{Activation, Architecture, LayerKind, ModelConfig, Moe, MoeNaming, Rope, RopeScaling};
 use crate::weights::Fp8;
@@ -90,6 +91,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
             let b = attention_bias.unwrap_or(false);
             (b, b)
         }
+        // BambaConfig sets `attention_bias` false whatever the file says.
+        Architecture::Bamba => (false, false),
         Architecture::Mistral | Architecture::Mixtral => {
             if attention_bias == Some(true) {
                 return Err(unsupported(format!(
@@ -123,7 +126,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     let default_theta = match family {
         Architecture::Gemma3 | Architecture::Qwen3 => 1_000_000.0,
         Architecture::Mistral | Architecture::Mixtral | Architecture::Qwen2 => 1_000_000.0,
-        Architecture::Llama | Architecture::Qwen3Moe | Architecture::Qwen2Moe => 10_000.0,
+        Architecture::Llama
+        | Architecture::Qwen3Moe
+        | Architecture::Qwen2Moe
+        | Architecture::Bamba => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -169,6 +175,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
             window: None,
             rope: 0,
             moe: false,
+            mamba: false,
         };
         n_layers
     ];
@@ -235,6 +242,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                         window: Some(window),
                         rope: 1,
                         moe: false,
+                        mamba: false,
                     };
                 }
             }
@@ -259,10 +267,12 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                 }
             }
         }
-        Architecture::Llama => {}
+        Architecture::Llama | Architecture::Bamba => {}
     }
 
     let moe = moe(f, family, &mut layers)?;
+    let mamba = mamba(f, family, hidden, &mut layers)?;
+    let rotary_dim = rotary_dim(f, family, head_dim)?;
 
     let (embed_scale, attn_scale) = match family {
         Architecture::Gemma3 => {
@@ -330,8 +340,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         attn_softcap,
         final_softcap,
         ropes,
+        rotary_dim,
         layers,
         moe,
+        mamba,
         fp8,
         bos_token,
         eos_tokens,

@@ -217,3 +217,44 @@ fn qwen2_moe_has_a_shared_expert_and_qkv_bias() {
         "model.layers.2.mlp.shared_expert_gate".to_string()
     );
 }
+
+fn bamba(extra: &str) -> Result<ModelConfig, EngineError> {
+    let text = format!(
+        r#"{{"architectures": ["BambaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 100, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
+        "mamba_n_groups": 2 {extra}}}"#
+    );
+    parse(text.as_bytes(), None)
+}
+
+#[test]
+fn a_bamba_config_marks_its_state_space_layers_and_half_rotary_heads() {
+    let c = bamba(r#", "attn_layer_indices": [1, 3]"#).expect("config");
+    assert_eq!(c.architecture, Architecture::Bamba);
+    let mamba: Vec<bool> = c.layers.iter().map(|l| l.mamba).collect();
+    assert_eq!(mamba, [true, false, true, false]);
+    assert_eq!(c.attention_layers(), 2);
+    // BambaConfig: RoPE on half of each head unless `partial_rotary_factor` says otherwise.
+    assert_eq!(c.rotary_dim, 8);
+    let m = c.mamba.as_ref().expect("a Mamba-2 spec");
+    assert_eq!((m.inner(), m.conv_dim(), m.in_proj_rows()), (128, 192, 328));
+    // (4 - 1) × 192 convolution inputs and 8 × 16 × 16 scan values, in each of two layers.
+    assert_eq!(c.state_floats_per_sequence(), 2 * (3 * 192 + 8 * 16 * 16));
+    let full = bamba(r#", "partial_rotary_factor": 1.0"#).expect("config");
+    assert_eq!(full.rotary_dim, 16);
+    assert!(full.layers.iter().all(|l| l.mamba));
+}
+
+#[test]
+fn inconsistent_bamba_shapes_are_refused_naming_the_fields() {
+    let e = bamba(r#", "mamba_expand": 3"#).expect_err("heads × head_dim ≠ expand × hidden");
+    assert_eq!(e.status, Status::ModelCorrupt);
+    assert!(e.message.contains("mamba_expand"), "{}", e.message);
+    let e = bamba(r#", "attn_layer_indices": [7]"#).expect_err("no layer 7");
+    assert!(e.message.contains("attn_layer_indices"), "{}", e.message);
+    let e = bamba(r#", "mamba_n_groups": 3"#).expect_err("8 heads in 3 groups");
+    assert!(e.message.contains("mamba_n_groups"), "{}", e.message);
+    let e = bamba(r#", "partial_rotary_factor": 0.1"#).expect_err("1 of 16 dimensions");
+    assert!(e.message.contains("partial_rotary_factor"), "{}", e.message);
+}

@@ -9,6 +9,7 @@
 //! projection's product, to the rows of their sequences only ([`lora`]).
 
 pub mod lora;
+pub mod mamba;
 pub mod matmul;
 pub mod moe;
 pub mod ops;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use gantry_engine_abi::{EngineError, Status};
 
-use crate::backend::{Backend, Mlp, StepInput, TensorLoader, load_stack};
+use crate::backend::{Backend, Mixer, Mlp, StepInput, TensorLoader, load_stack};
 use crate::config::{Activation, ModelConfig};
 use crate::kv::BlockCopy;
 use crate::lora::{LoraWeights, Target};
@@ -37,7 +38,10 @@ pub struct CpuBackend {
     lm_head: Linear,
     /// Inverse frequencies and cos/sin factor of each rotary setting.
     ropes: Vec<(Vec<f32>, f32)>,
+    /// Per layer; empty for state-space layers.
     kv: Vec<LayerKv>,
+    /// Per layer, every sequence slot's recurrent state; empty for attention layers.
+    states: Vec<Vec<f32>>,
     block_size: usize,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
@@ -59,6 +63,11 @@ impl TensorLoader for Loader<'_> {
         Ok(self.w.to_f32(t))
     }
 
+    fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let t = self.w.expect(name, shape)?;
+        Ok(self.w.to_f32(t))
+    }
+
     fn linear(
         &mut self,
         name: &str,
@@ -77,12 +86,15 @@ impl TensorLoader for Loader<'_> {
 }
 
 impl CpuBackend {
+    /// `slots`: sequences that may hold recurrent state at once (the model's most open
+    /// sequences).
     pub fn new(
         cfg: &ModelConfig,
         weights: Arc<Weights>,
         n_blocks: usize,
         block_size: usize,
         threads: usize,
+        slots: usize,
     ) -> Result<Self, EngineError> {
         let (h, hd, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_kv_heads);
         let embed = weights
@@ -92,10 +104,36 @@ impl CpuBackend {
         let lm_head = stack
             .lm_head
             .unwrap_or_else(|| Linear::new(&weights, &embed, None));
-        let ropes = cfg.ropes.iter().map(|r| r.inv_freq(hd)).collect();
+        let ropes = cfg
+            .ropes
+            .iter()
+            .map(|r| r.inv_freq(cfg.rotary_dim))
+            .collect();
         let cells = n_blocks * block_size * nkv * hd;
-        let kv = (0..cfg.n_layers)
-            .map(|_| {
+        let state_floats = cfg.mamba.as_ref().map_or(0, |m| m.state_floats());
+        let mut states = Vec::with_capacity(cfg.n_layers);
+        for l in &cfg.layers {
+            let n = if l.mamba { slots * state_floats } else { 0 };
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                EngineError::new(
+                    Status::OomRam,
+                    format!("cannot allocate the recurrent state ({} bytes)", n * 4),
+                )
+            })?;
+            v.resize(n, 0.0);
+            states.push(v);
+        }
+        let kv = cfg
+            .layers
+            .iter()
+            .map(|l| {
+                if l.mamba {
+                    return Ok(LayerKv {
+                        k: Vec::new(),
+                        v: Vec::new(),
+                    });
+                }
                 let mut k = Vec::new();
                 let mut v = Vec::new();
                 k.try_reserve_exact(cells)
@@ -129,6 +167,7 @@ impl CpuBackend {
             lm_head,
             ropes,
             kv,
+            states,
             block_size,
             pool,
             threads,
@@ -199,40 +238,69 @@ impl CpuBackend {
                 cfg.norm_plus_one,
                 &mut hbuf,
             );
-            layer.q.forward(w, &hbuf, t, &mut q, &mut scratch);
-            layer.k.forward(w, &hbuf, t, &mut k, &mut scratch);
-            layer.v.forward(w, &hbuf, t, &mut v, &mut scratch);
-            lora.apply(li, Target::Q, &hbuf, &mut q);
-            lora.apply(li, Target::K, &hbuf, &mut k);
-            lora.apply(li, Target::V, &hbuf, &mut v);
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                ops::rms_norm_inplace(&mut q, qn, cfg.rms_eps, cfg.norm_plus_one);
-                ops::rms_norm_inplace(&mut k, kn, cfg.rms_eps, cfg.norm_plus_one);
-            }
-            let (cos, sin) = &tables[kind.rope];
-            ops::rope(&mut q, nh, hd, cos, sin);
-            ops::rope(&mut k, nkv, hd, cos, sin);
-            // Append this step's K/V at each token's position.
-            let kvl = &mut self.kv[li];
-            for i in 0..t {
-                let p = input.positions[i];
-                let table = input.tables[input.seq_of[i]];
-                let cell = table[p / bs] as usize * bs + p % bs;
-                kvl.k[cell * kvd..(cell + 1) * kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
-                kvl.v[cell * kvd..(cell + 1) * kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
-            }
-            let shape = AttnShape {
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                block_size: bs,
-                window: kind.window,
-                scale: cfg.attn_scale,
-                softcap: cfg.attn_softcap,
+            let attn = match &layer.mixer {
+                Mixer::Mamba(m) => {
+                    let spec = cfg
+                        .mamba
+                        .as_ref()
+                        .expect("a state-space layer has its spec");
+                    let toks = mamba::Tokens {
+                        positions: input.positions,
+                        seq_of: input.seq_of,
+                        slots: input.slots,
+                    };
+                    mamba::forward(
+                        w,
+                        m,
+                        spec,
+                        cfg.rms_eps,
+                        &hbuf,
+                        &toks,
+                        h,
+                        &mut self.states[li],
+                        &mut o,
+                        &mut scratch,
+                    );
+                    None
+                }
+                Mixer::Attention(a) => Some(a),
             };
-            ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
-            layer.o.forward(w, &att, t, &mut o, &mut scratch);
-            lora.apply(li, Target::O, &att, &mut o);
+            if let Some(layer_attn) = attn {
+                layer_attn.q.forward(w, &hbuf, t, &mut q, &mut scratch);
+                layer_attn.k.forward(w, &hbuf, t, &mut k, &mut scratch);
+                layer_attn.v.forward(w, &hbuf, t, &mut v, &mut scratch);
+                lora.apply(li, Target::Q, &hbuf, &mut q);
+                lora.apply(li, Target::K, &hbuf, &mut k);
+                lora.apply(li, Target::V, &hbuf, &mut v);
+                if let (Some(qn), Some(kn)) = (&layer_attn.q_norm, &layer_attn.k_norm) {
+                    ops::rms_norm_inplace(&mut q, qn, cfg.rms_eps, cfg.norm_plus_one);
+                    ops::rms_norm_inplace(&mut k, kn, cfg.rms_eps, cfg.norm_plus_one);
+                }
+                let (cos, sin) = &tables[kind.rope];
+                ops::rope(&mut q, nh, hd, cos, sin);
+                ops::rope(&mut k, nkv, hd, cos, sin);
+                // Append this step's K/V at each token's position.
+                let kvl = &mut self.kv[li];
+                for i in 0..t {
+                    let p = input.positions[i];
+                    let table = input.tables[input.seq_of[i]];
+                    let cell = table[p / bs] as usize * bs + p % bs;
+                    kvl.k[cell * kvd..(cell + 1) * kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                    kvl.v[cell * kvd..(cell + 1) * kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+                }
+                let shape = AttnShape {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: bs,
+                    window: kind.window,
+                    scale: cfg.attn_scale,
+                    softcap: cfg.attn_softcap,
+                };
+                ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
+                layer_attn.o.forward(w, &att, t, &mut o, &mut scratch);
+                lora.apply(li, Target::O, &att, &mut o);
+            }
             if let Some(n) = &layer.post_attn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
@@ -317,7 +385,7 @@ impl Backend for CpuBackend {
         for c in copies {
             let n = c.slots * per;
             let (src, dst) = (c.src as usize * bs * per, c.dst as usize * bs * per);
-            for l in &mut self.kv {
+            for l in self.kv.iter_mut().filter(|l| !l.k.is_empty()) {
                 l.k.copy_within(src..src + n, dst);
                 l.v.copy_within(src..src + n, dst);
             }
@@ -330,11 +398,13 @@ impl Backend for CpuBackend {
             .iter()
             .map(|l| ((l.k.len() + l.v.len()) * 4) as u64)
             .sum();
+        let states: u64 = self.states.iter().map(|s| (s.len() * 4) as u64).sum();
         let owned: u64 = self
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o]
+                l.mixer
+                    .linears()
                     .into_iter()
                     .chain(l.mlp.linears())
                     .map(Linear::owned_bytes)
@@ -343,7 +413,16 @@ impl Backend for CpuBackend {
             .sum::<u64>()
             + self.lm_head.owned_bytes();
         let adapters: u64 = self.adapters.values().map(LoraWeights::bytes).sum();
-        self.weights.mapped_bytes() + owned + kv + adapters
+        self.weights.mapped_bytes() + owned + kv + states + adapters
+    }
+
+    fn copy_state(&mut self, src: usize, dst: usize) {
+        let Some(per) = self.cfg.mamba.as_ref().map(|m| m.state_floats()) else {
+            return;
+        };
+        for s in self.states.iter_mut().filter(|s| !s.is_empty()) {
+            s.copy_within(src * per..(src + 1) * per, dst * per);
+        }
     }
 
     fn runs_adapters(&self) -> Result<(), EngineError> {

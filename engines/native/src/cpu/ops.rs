@@ -80,16 +80,22 @@ pub fn rope_table(positions: &[usize], inv_freq: &[f32], attn_factor: f32) -> (V
     (cos, sin)
 }
 
-/// Rotate each head of each token (`rotate_half` layout: pair i is (x[i], x[i + half])).
+/// Rotate each head of each token (`rotate_half` layout: pair i is (x[i], x[i + half])), over
+/// the first `2 × half` dimensions of each head, `half` being the tables' pairs per token
+/// (partial RoPE leaves the rest as it is).
 pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
-    let half = head_dim / 2;
+    let tokens = x.len() / (n_heads * head_dim);
+    if tokens == 0 {
+        return;
+    }
+    let half = cos.len() / tokens;
     for (t, tok) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
         let (c, s) = (
             &cos[t * half..(t + 1) * half],
             &sin[t * half..(t + 1) * half],
         );
         for h in tok.chunks_exact_mut(head_dim) {
-            let (a, b) = h.split_at_mut(half);
+            let (a, b) = h[..2 * half].split_at_mut(half);
             for i in 0..half {
                 let (x1, x2) = (a[i], b[i]);
                 a[i] = x1 * c[i] - x2 * s[i];

@@ -152,6 +152,18 @@ impl CudaBackend {
                 cfg.class
             )));
         }
+        if cfg.mamba.is_some() {
+            return Err(EngineError::unsupported(format!(
+                "{}: the CUDA backend of the native engine does not run state-space (Mamba-2) layers yet (its CPU backend does)",
+                cfg.class
+            )));
+        }
+        if cfg.rotary_dim != cfg.head_dim {
+            return Err(EngineError::unsupported(format!(
+                "{}: partial RoPE ({} of {} dimensions): the CUDA backend of the native engine rotates whole heads (its CPU backend does both)",
+                cfg.class, cfg.rotary_dim, cfg.head_dim
+            )));
+        }
         let act = weights
             .expect("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?
             .dtype;
@@ -437,6 +449,7 @@ impl CudaBackend {
             tables: &tables,
             logits_rows: &logits_rows,
             adapters: &[],
+            slots: &[],
         };
         let p = self.stage(&input, rows, None)?;
         // SAFETY: the logits buffer holds at least n rows of the vocabulary (stage grew it).

@@ -269,6 +269,7 @@ mod tests {
             tables: &tables,
             logits_rows: &[0, 1],
             adapters: &[],
+            slots: &[],
         };
         let greedy = Sampling::greedy();
         let biased = Sampling {

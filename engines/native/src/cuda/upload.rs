@@ -217,12 +217,17 @@ pub(super) fn upload(
                 "{what}: mixture-of-experts layers are refused before the upload"
             )));
         };
+        let Some(a) = l.mixer.attention() else {
+            return Err(EngineError::internal(format!(
+                "{what}: state-space layers are refused before the upload"
+            )));
+        };
         layers.push(DevLayer {
             in_norm: up.f32s(&l.in_norm, &what)?,
-            qkv: up.fused(&[&l.q, &l.k, &l.v], &what)?,
-            o: up.fused(&[&l.o], &what)?,
-            q_norm: up.opt(&l.q_norm, &what)?,
-            k_norm: up.opt(&l.k_norm, &what)?,
+            qkv: up.fused(&[&a.q, &a.k, &a.v], &what)?,
+            o: up.fused(&[&a.o], &what)?,
+            q_norm: up.opt(&a.q_norm, &what)?,
+            k_norm: up.opt(&a.k_norm, &what)?,
             post_attn_norm: up.opt(&l.post_attn_norm, &what)?,
             ffn_norm: up.f32s(&l.ffn_norm, &what)?,
             post_ffn_norm: up.opt(&l.post_ffn_norm, &what)?,

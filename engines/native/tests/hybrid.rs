@@ -1,0 +1,119 @@
+//! The native engine's state-space (Mamba-2) layers as the step's bookkeeping sees them,
+//! through the node's engine host: a sequence's recurrent state lives in its slot, a fork
+//! copies it, a verification entry or a cut back is refused (the state summarises every token
+//! it took), a released slot starts the next sequence from zeros, and no prefix is reused.
+//! On the tiny transformers Bamba checkpoint of `hf_reference.py` (`GANTRY_HF_REFERENCE`).
+
+use gantry_engine_abi::{Sampling, Status, StepEntry};
+use gantry_node::engine_host::ModelExec;
+
+mod common;
+use common::*;
+
+fn entry<'a>(seq: u64, tokens: &'a [i32], fresh: bool, sample: &'a Sampling) -> StepEntry<'a> {
+    StepEntry {
+        seq,
+        tokens,
+        sample: Some(sample),
+        fresh,
+        allowed: None,
+        sample_all: false,
+    }
+}
+
+/// The top log-probabilities after each of `tokens`, fed one per step after `prefix` (whole).
+fn continue_with(
+    exec: &mut ModelExec,
+    seq: u64,
+    tokens: &[i32],
+    s: &Sampling,
+) -> Vec<Vec<(i32, f32)>> {
+    tokens
+        .iter()
+        .map(|t| {
+            let r = exec
+                .step(&[entry(seq, std::slice::from_ref(t), false, s)])
+                .expect("step");
+            r[0].as_ref().expect("a sample").top.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn a_hybrid_model_keeps_each_sequence_state_in_its_slot() {
+    let dir = env_path("GANTRY_HF_REFERENCE").join("bamba-float32");
+    let plugin = plugin("native", 3, 128);
+    let (shared, mut exec) = plugin
+        .load_model(&st_desc("bamba", &dir))
+        .expect("load the Bamba checkpoint");
+    assert_eq!(shared.info().architecture, "BambaForCausalLM");
+    let s = Sampling {
+        top_logprobs: 5,
+        want_logprob: true,
+        ..Sampling::greedy()
+    };
+    let prompt: Vec<i32> = (10..30).collect();
+    let tail = [40, 41, 42, 43];
+
+    // The reference: the prompt, then the tail, in one sequence.
+    let a = exec.seq_open().expect("open");
+    exec.step(&[entry(a, &prompt, true, &s)]).expect("prompt");
+    let want = continue_with(&mut exec, a, &tail, &s);
+
+    // A fork after the prompt continues from the parent's state, not from zeros.
+    let b = exec.seq_open().expect("open");
+    exec.step(&[entry(b, &prompt, true, &s)]).expect("prompt");
+    let child = exec.seq_fork(b).expect("fork");
+    assert_eq!(continue_with(&mut exec, child, &tail, &s), want);
+    assert_eq!(continue_with(&mut exec, b, &tail, &s), want);
+
+    // Its drafts could not be dropped again: a verification entry and a cut back are refused,
+    // and the sequence goes on as before.
+    let verify = StepEntry {
+        sample_all: true,
+        ..entry(b, &tail, false, &s)
+    };
+    let e = exec.step(&[verify]).expect_err("a verification entry");
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(e.message.contains("state-space"), "{}", e.message);
+    let held = (prompt.len() + tail.len()) as u64;
+    let e = exec.seq_truncate(b, held - 2).expect_err("a cut back");
+    assert_eq!(e.status, Status::Unsupported);
+    exec.seq_truncate(b, held)
+        .expect("keeping every token is no cut");
+
+    // Released slots are taken again, from zeros: the same prompt gives the same answer, and
+    // nothing of it is reused from a prefix cache.
+    for seq in [a, b, child] {
+        exec.seq_release(seq);
+    }
+    let c = exec.seq_open().expect("open");
+    exec.step(&[entry(c, &prompt, true, &s)]).expect("prompt");
+    assert_eq!(exec.seq_cached_tokens(c), Some(0));
+    assert_eq!(continue_with(&mut exec, c, &tail, &s), want);
+
+    // Two sequences in one step keep apart.
+    let d = exec.seq_open().expect("open");
+    let other: Vec<i32> = (50..60).collect();
+    exec.step(&[entry(d, &other, true, &s)])
+        .expect("other prompt");
+    let both: Vec<Vec<(i32, f32)>> = tail
+        .iter()
+        .zip([44, 45, 46, 47])
+        .map(|(t, u)| {
+            let r = exec
+                .step(&[
+                    entry(c, std::slice::from_ref(t), false, &s),
+                    entry(d, std::slice::from_ref(&u), false, &s),
+                ])
+                .expect("step");
+            r[0].as_ref().expect("a sample").top.clone()
+        })
+        .collect();
+    let c2 = exec.seq_open().expect("open");
+    exec.step(&[entry(c2, &prompt, true, &s)]).expect("prompt");
+    let mut fed = tail.to_vec();
+    fed.extend(tail);
+    let alone = continue_with(&mut exec, c2, &fed, &s);
+    assert_eq!(both, alone[tail.len()..], "the batched sequence as alone");
+}
