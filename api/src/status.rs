@@ -486,6 +486,11 @@ pub struct LoadStatus {
     /// engine's `bytesUsed` against; absent on CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_vram_bytes: Option<u64>,
+    /// Recurrent state (state-space or short-convolution layers) one sequence holds whatever
+    /// its length, as the engine reports it (ABI 1.7); absent for a model with K/V only. Such
+    /// a model reuses no prefix and is not sped up by drafts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent_state_bytes_per_sequence: Option<u64>,
 }
 
 /// Scheduler figures, the same numbers `/metrics` exports as gauges.
@@ -496,6 +501,10 @@ pub struct QueueStatus {
     pub running: u64,
     pub kv_capacity_tokens: u64,
     pub kv_used_tokens: u64,
+    /// Recurrent state the running sequences hold (running × the model's per-sequence state);
+    /// absent for a model with K/V only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent_state_bytes: Option<u64>,
 }
 
 #[cfg(test)]

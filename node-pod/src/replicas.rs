@@ -25,7 +25,8 @@ impl Engine for PluginEngine {
             kv_capacity_tokens: info.kv_capacity_tokens,
             context_length: info.context_length,
             eog_tokens: info.eog_tokens.clone(),
-            speculation: self.0.shared().supports_speculation(),
+            // A recurrent state cannot be cut back past rejected drafts (ABI 1.7).
+            speculation: self.0.shared().supports_speculation() && !info.has_recurrent_state(),
         }
     }
     fn seq_open(&mut self) -> Result<u64, EngineError> {

@@ -8,6 +8,9 @@
   logprobs and stop sequences.
 - Broken model directories (a truncated shard, a wrong-shape tensor, an unknown architecture)
   are refused with the reason in /v1/status while the node keeps serving the rest.
+- A hybrid Mamba-2 model (the tiny transformers Bamba of testkit/python/hf_reference.py):
+  served with speculation on, it drafts nothing (its state cannot be cut back), reuses no
+  prefix, and /v1/status reports the recurrent state each sequence holds.
 """
 import json
 import os
@@ -37,6 +40,13 @@ def _gemma_dir() -> Path:
     p = Path(os.environ.get("GANTRY_GEMMA_ST_DIR", ""))
     if not (p / "model.safetensors").is_file():
         pytest.fail(f"GANTRY_GEMMA_ST_DIR={p} holds no model.safetensors: run scripts/setup.sh (scripts/test.sh does)")
+    return p
+
+
+def _reference_dir(name: str) -> Path:
+    p = Path(os.environ.get("GANTRY_HF_REFERENCE", "")) / name
+    if not (p / "model.safetensors").is_file():
+        pytest.fail(f"{p} holds no model.safetensors: run scripts/setup.sh (scripts/test.sh does)")
     return p
 
 
@@ -75,6 +85,7 @@ def native_node():
     for b in broken:
         models.append(f"  - {{id: broken-{b}, path: {work / b}, format: safetensors, contextLength: 128, maxBatchSize: 1}}")
     models.append(f"  - {{id: gemma-st, path: {_gemma_dir()}, format: safetensors, contextLength: 1024, maxBatchSize: 4}}")
+    models.append(f"  - {{id: bamba, path: {_reference_dir('bamba-float32')}, format: safetensors, contextLength: 256, maxBatchSize: 2}}")
     config = work / "node.yaml"
     config.write_text("models:\n" + "\n".join(models) + "\nscheduler: {responseCacheRamFraction: 0.0}\n")
     port = _free_port()
@@ -371,3 +382,25 @@ def test_broken_directories_are_refused_with_the_reason_and_the_rest_still_serve
     assert s["ready"] is False
     r = nclient.completions.create(model="tiny-llama", prompt="Hello", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
+
+
+def test_a_hybrid_model_drafts_nothing_reuses_no_prefix_and_reports_its_state(native_node, nclient):
+    from test_speculation import counters
+    base = native_node["base"]
+    bamba = next(m for m in _status(base)["models"] if m["id"] == "bamba")
+    assert bamba["load"]["state"] == "loaded", bamba
+    # Two Mamba-2 layers: (4 - 1) x 160 convolution inputs and 8 x 16 x 16 scan values each, f32.
+    assert bamba["load"]["recurrentStateBytesPerSequence"] == 2 * (3 * 160 + 8 * 16 * 16) * 4
+    # A prompt that repeats itself, which prompt lookup drafts from on an attention model.
+    prompt = " ".join(f"t{10 + i % 5}" for i in range(60))
+    drafted0, _ = counters(base, "bamba")
+    runs = [nclient.completions.create(model="bamba", prompt=prompt, max_tokens=24, temperature=0)
+            for _ in range(2)]
+    for r in runs:
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 24, r
+        assert r.usage.prompt_tokens == 60, r.usage
+        details = r.usage.prompt_tokens_details
+        assert details is None or not details.cached_tokens, r.usage
+    assert runs[0].choices[0].text == runs[1].choices[0].text
+    drafted, _ = counters(base, "bamba")
+    assert drafted == drafted0, "a hybrid model must not be drafted for"

@@ -113,6 +113,8 @@ impl ModelHandle {
                 modalities: raw.modalities,
                 embedding_dims: raw.embedding_dims,
                 add_bos: raw.add_bos,
+                // Zero from a plugin older than 1.7 (it writes less of the zeroed struct).
+                recurrent_state_bytes: raw.recurrent_state_bytes,
             })
         }
     }

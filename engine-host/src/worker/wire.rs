@@ -395,7 +395,8 @@ pub fn put_model_info(w: &mut Writer, i: &ModelInfo) {
         .u64(i.bytes_used)
         .u32(i.modalities)
         .u32(i.embedding_dims)
-        .bool(i.add_bos);
+        .bool(i.add_bos)
+        .u64(i.recurrent_state_bytes);
 }
 
 pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
@@ -417,6 +418,7 @@ pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
         modalities: r.u32()?,
         embedding_dims: r.u32()?,
         add_bos: r.bool()?,
+        recurrent_state_bytes: r.u64()?,
     })
 }
 

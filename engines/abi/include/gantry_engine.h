@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.6.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.7.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -76,7 +76,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 6
+#define GANTRY_ABI_MINOR 7
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -234,6 +234,12 @@ typedef struct gantry_model_info {
     gantry_modality_t modalities;
     uint32_t embedding_dims; /* output size of `embed`; 0 if not an embedding model */
     bool add_bos;            /* the model expects BOS prepended to prompts */
+    /* Since 1.7: bytes of recurrent state (state-space or short-convolution layers) that one
+     * open sequence holds whatever its length, included in `bytes_used` for every sequence
+     * slot; 0 for a model with K/V only. Such a state summarises every token it took: the
+     * model reuses no prefix, and the host drafts nothing for it (a verification entry's
+     * rejected tokens could not be cut back). */
+    uint64_t recurrent_state_bytes;
 } gantry_model_info_t;
 
 /* One logit bias entry. */

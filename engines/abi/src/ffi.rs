@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 6;
+pub const GANTRY_ABI_MINOR: u32 = 7;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -153,6 +153,8 @@ pub struct gantry_model_info_t {
     pub modalities: gantry_modality_t,
     pub embedding_dims: u32,
     pub add_bos: bool,
+    /// Since 1.7.
+    pub recurrent_state_bytes: u64,
 }
 
 #[repr(C)]

@@ -346,9 +346,18 @@ pub struct ModelInfo {
     pub modalities: u32,
     pub embedding_dims: u32,
     pub add_bos: bool,
+    /// Since ABI 1.7: bytes of recurrent state (state-space or short-convolution layers) one
+    /// open sequence holds whatever its length; 0 with K/V only. Nonzero: no prefix reuse and
+    /// no drafts (see [`ModelInfo::has_recurrent_state`]).
+    pub recurrent_state_bytes: u64,
 }
 
 impl ModelInfo {
+    /// The model keeps a recurrent state per sequence: a verification entry's rejected drafts
+    /// could not be cut back, so the host drafts nothing for it.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.recurrent_state_bytes > 0
+    }
     pub fn supports_completion(&self) -> bool {
         self.modalities & ffi::GANTRY_MODALITY_COMPLETION != 0
     }

@@ -105,7 +105,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             bytes_used,
             modalities,
             embedding_dims,
-            add_bos
+            add_bos,
+            recurrent_state_bytes
         }
     );
     layout!(rows, gantry_logit_bias_t { token, bias });

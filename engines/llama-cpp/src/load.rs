@@ -179,6 +179,7 @@ impl LlamaLoaded {
         };
         let bos = tok(vocab.bos());
         let eos = tok(vocab.eos());
+        let state_bytes = recurrent_state_bytes(model, &arch, path);
         let info = ModelInfo {
             architecture: arch.clone(),
             vocab_size: n_vocab.max(0) as u32,
@@ -192,7 +193,7 @@ impl LlamaLoaded {
             bos_text: text_of(bos),
             eos_text: text_of(eos),
             chat_template: meta(model, "tokenizer.chat_template"),
-            bytes_used: model.size() + kv_bytes,
+            bytes_used: model.size() + kv_bytes + state_bytes * u64::from(max_seqs),
             modalities: if embedding {
                 GANTRY_MODALITY_EMBEDDING
             } else {
@@ -204,6 +205,7 @@ impl LlamaLoaded {
                 0
             },
             add_bos: vocab.should_add_bos(),
+            recurrent_state_bytes: state_bytes,
         };
         log.log(
             LogLevel::Info,
@@ -256,6 +258,51 @@ impl LlamaLoaded {
 }
 
 /// KV bytes for `n_ctx` cells at f16: 2 (K and V) x layers x kv heads x head size x 2 bytes.
+/// Bytes of recurrent state one sequence holds, as llama.cpp sizes it (f32, `n_embd_r` +
+/// `n_embd_s` per recurrent layer): a short convolution's last `l_cache - 1` inputs (LFM2), or
+/// a Mamba layer's last `conv_kernel - 1` convolution inputs and its scan state. The
+/// recurrent layers are those with state-space or short-convolution tensors (`blk.N.ssm_*`,
+/// `blk.N.shortconv.*`; every layer of Falcon-H1, some of a hybrid's), read from the file's
+/// header. 0 for a model with K/V only.
+fn recurrent_state_bytes(model: &LlamaModel, arch: &str, path: &std::path::Path) -> u64 {
+    if !(model.is_recurrent() || model.is_hybrid()) {
+        return 0;
+    }
+    let num = |key: &str| {
+        meta(model, &format!("{arch}.{key}")).and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let n_embd = model.n_embd().max(0) as u64;
+    let (r, s) = match num("shortconv.l_cache") {
+        Some(l) => (l.saturating_sub(1) * n_embd, 0),
+        None => {
+            let kernel = num("ssm.conv_kernel").unwrap_or(0);
+            let inner = num("ssm.inner_size").unwrap_or(0);
+            let state = num("ssm.state_size").unwrap_or(0);
+            let groups = num("ssm.group_count").unwrap_or(0);
+            (
+                kernel.saturating_sub(1) * (inner + 2 * groups * state),
+                state * inner,
+            )
+        }
+    };
+    let layers = match crate::gguf_info::read(path) {
+        Ok(header) => header
+            .tensors
+            .iter()
+            .filter_map(|t| {
+                let rest = t.name.strip_prefix("blk.")?;
+                let (layer, tensor) = rest.split_once('.')?;
+                (tensor.starts_with("ssm_") || tensor.starts_with("shortconv."))
+                    .then(|| layer.to_string())
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u64,
+        // The file loaded a moment ago; were its header unreadable now, count every layer.
+        Err(_) => u64::from(model.n_layer()),
+    };
+    4 * (r + s) * layers
+}
+
 fn estimate_kv_bytes(model: &LlamaModel, arch: &str, n_ctx: u32) -> u64 {
     let head_dim = meta(model, &format!("{arch}.attention.key_length"))
         .and_then(|v| v.parse::<u64>().ok())

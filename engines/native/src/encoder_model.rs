@@ -73,6 +73,7 @@ impl EncoderModel {
             // "Add the special tokens": the tokenizer's post-processor wraps each input in
             // its markers ([CLS] … [SEP] for BERT), as the model was trained.
             add_bos: true,
+            recurrent_state_bytes: 0,
         };
         log.log(
             LogLevel::Info,

@@ -332,6 +332,7 @@ impl DecoderModel {
             modalities: GANTRY_MODALITY_COMPLETION,
             embedding_dims: 0,
             add_bos: tokenizer.add_bos,
+            recurrent_state_bytes: (mc.state_floats_per_sequence() * 4) as u64,
         };
         log.log(
             LogLevel::Info,

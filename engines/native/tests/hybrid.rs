@@ -47,6 +47,12 @@ fn a_hybrid_model_keeps_each_sequence_state_in_its_slot() {
         .load_model(&st_desc("bamba", &dir))
         .expect("load the Bamba checkpoint");
     assert_eq!(shared.info().architecture, "BambaForCausalLM");
+    // ABI 1.7: two Mamba-2 layers of (4 - 1) × 160 convolution inputs and 8 × 16 × 16 scan
+    // values, f32 (what llama.cpp's layout gives the same shape, `tests/reference.rs`).
+    assert_eq!(
+        shared.info().recurrent_state_bytes,
+        2 * (3 * 160 + 8 * 16 * 16) * 4
+    );
     let s = Sampling {
         top_logprobs: 5,
         want_logprob: true,

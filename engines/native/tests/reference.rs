@@ -573,6 +573,15 @@ const RECURRENT: [&str; 8] = [
     "lfm2",
 ];
 
+/// Recurrent state per sequence of some of them, f32, from their configs: Mamba-2 (three
+/// layers of (4 - 1) × (128 + 2 × 16) convolution inputs and 16 × 128 scan values), the
+/// full-RoPE Bamba (two such layers), LFM2 (two short-convolution layers of (3 - 1) × 64).
+const STATE_BYTES: [(&str, u64); 3] = [
+    ("mamba2", 3 * (3 * 160 + 16 * 128) * 4),
+    ("bamba-full-rope", 2 * (3 * 160 + 16 * 128) * 4),
+    ("lfm2", 2 * (2 * 64) * 4),
+];
+
 /// The llama.cpp plugin against the same transformers answers: every position's top-20
 /// log-probabilities and the greedy continuation (95 % of its tokens at least), each prompt
 /// alone; then the plugin's manifest, which must list exactly the architectures checked here.
@@ -594,14 +603,34 @@ fn the_llama_cpp_plugin_matches_transformers_on_the_converted_checkpoints() {
         eprintln!("llama.cpp plugin: {name} ({gguf_arch})");
         let r = read_reference(&dir, false);
         let plugin = plugin("llama_cpp", 4, 128);
-        let mut exec =
-            match plugin.load_model(&desc(name, &dir, &gguf, gantry_engine_abi::Format::Gguf)) {
-                Ok((_shared, exec)) => exec,
-                Err(e) => {
-                    failures.push(format!("{name}: load: {e}"));
-                    continue;
+        let mut exec = match plugin.load_model(&desc(
+            name,
+            &dir,
+            &gguf,
+            gantry_engine_abi::Format::Gguf,
+        )) {
+            Ok((shared, exec)) => {
+                // Recurrent state (ABI 1.7) exactly where the family keeps one.
+                let state = shared.info().recurrent_state_bytes;
+                if (state > 0) != RECURRENT.contains(&name) {
+                    failures.push(format!(
+                        "{name}: recurrent state {state} bytes per sequence"
+                    ));
                 }
-            };
+                if let Some(&(_, want)) = STATE_BYTES.iter().find(|(n, _)| *n == name)
+                    && state != want
+                {
+                    failures.push(format!(
+                            "{name}: recurrent state {state} bytes per sequence, llama.cpp's layout gives {want}"
+                        ));
+                }
+                exec
+            }
+            Err(e) => {
+                failures.push(format!("{name}: load: {e}"));
+                continue;
+            }
+        };
         let (mut worst, mut picked_same) = (0.0f32, 0);
         for i in 0..r.prompts.len() {
             let got = run(

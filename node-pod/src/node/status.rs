@@ -120,9 +120,17 @@ impl Node {
             ModelState::Ready(_) => (LoadState::Loaded, None),
             ModelState::Failed(msg) => (LoadState::Failed, Some(msg.clone())),
         };
-        let (plugin, bytes_used, queue, replicas) = match &state {
+        let (plugin, bytes_used, queue, replicas, per_sequence) = match &state {
             ModelState::Ready(r) => {
                 let f = &r.scheduler.figures;
+                // Recurrent state per sequence (ABI 1.7), the same in every replica.
+                let per_sequence = r
+                    .scheduler
+                    .iter()
+                    .next()
+                    .map(|rep| rep.shared.info().recurrent_state_bytes)
+                    .filter(|&b| b > 0);
+                let held = |running: u64| per_sequence.map(|b| b * running);
                 let placement = m.placement.read().map(|p| p.clone()).unwrap_or_default();
                 let replicas = r
                     .scheduler
@@ -130,6 +138,7 @@ impl Node {
                     .enumerate()
                     .map(|(i, rep)| {
                         let g = &rep.scheduler.figures;
+                        let running = g.running.load(Ordering::Relaxed);
                         ReplicaStatus {
                             index: i as u32,
                             devices: placement.get(i).cloned().unwrap_or_default(),
@@ -137,9 +146,10 @@ impl Node {
                             worker_pid: rep.shared.worker_pid(),
                             queue: QueueStatus {
                                 waiting: g.waiting.load(Ordering::Relaxed),
-                                running: g.running.load(Ordering::Relaxed),
+                                running,
                                 kv_capacity_tokens: rep.scheduler.kv_capacity,
                                 kv_used_tokens: g.kv_used.load(Ordering::Relaxed),
+                                recurrent_state_bytes: held(running),
                             },
                         }
                     })
@@ -152,11 +162,13 @@ impl Node {
                         running: f.running(),
                         kv_capacity_tokens: f.kv_capacity,
                         kv_used_tokens: f.kv_used(),
+                        recurrent_state_bytes: held(f.running()),
                     },
                     replicas,
+                    per_sequence,
                 )
             }
-            _ => (None, 0, QueueStatus::default(), Vec::new()),
+            _ => (None, 0, QueueStatus::default(), Vec::new(), None),
         };
         ModelStatus {
             id: m.config.id.clone(),
@@ -190,6 +202,7 @@ impl Node {
                     0 => None,
                     b => Some(b),
                 },
+                recurrent_state_bytes_per_sequence: per_sequence,
             },
             queue,
             devices: if matches!(state, ModelState::Ready(_)) {

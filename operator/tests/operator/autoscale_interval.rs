@@ -74,6 +74,7 @@ fn node_with_queue(served: &str, waiting: u64, running: u64) -> NodeStatus {
                 running,
                 kv_capacity_tokens: 4096,
                 kv_used_tokens: 512,
+                recurrent_state_bytes: None,
             },
             devices: Vec::new(),
             replicas: Vec::new(),

@@ -180,6 +180,7 @@ pub(crate) fn node_report(
                 message: None,
                 bytes_used: 1,
                 measured_vram_bytes: None,
+                recurrent_state_bytes_per_sequence: None,
             },
             queue: QueueStatus::default(),
             devices: Vec::new(),

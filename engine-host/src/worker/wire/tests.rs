@@ -81,6 +81,7 @@ fn infos_survive_the_round_trip() {
         chat_template: Some("{{ messages }}".into()),
         bytes_used: 1 << 30,
         add_bos: true,
+        recurrent_state_bytes: 3 << 20,
         ..ModelInfo::default()
     };
     let mut w = Writer::default();

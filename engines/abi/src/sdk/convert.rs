@@ -52,6 +52,7 @@ impl CModelInfo {
             modalities: i.modalities,
             embedding_dims: i.embedding_dims,
             add_bos: i.add_bos,
+            recurrent_state_bytes: i.recurrent_state_bytes,
         };
         // SAFETY: `out` is the host's struct, whose `struct_size` it set (header rule).
         unsafe { write_sized(out, &full, size_of::<ffi::gantry_model_info_t>()) };
