@@ -108,6 +108,19 @@ ARCHS = {
     # Bamba: Mamba-2 layers around one attention layer with RoPE on half of each head (its
     # released shape), a scan chunk shorter than the longest prompt.
     "bamba": ("bamba", dict(MAMBA2, attn_layer_indices=[1], rope_theta=10000.0)),
+    # Granite 4.0-H: Mamba-2 and attention layers without position encoding, µP multipliers, a
+    # shared MLP in every layer, with a mixture of experts beside it (Tiny/Small) or alone
+    # (Micro, whose shared MLP is `intermediate_size` wide as released: llama.cpp sizes it so).
+    "granite-hybrid": ("granitemoehybrid", dict(
+        MAMBA2, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], rope_theta=10000.0,
+        position_embedding_type="nope", embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.25, logits_scaling=2.0, shared_intermediate_size=128,
+    )),
+    "granite-hybrid-dense": ("granitemoehybrid", dict(
+        MAMBA2, num_local_experts=0, num_experts_per_tok=0, layer_types=["mamba", "attention", "mamba"],
+        position_embedding_type="nope", embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.25, logits_scaling=2.0, shared_intermediate_size=128,
+    )),
 }
 
 
@@ -212,11 +225,6 @@ LLAMA_CPP_ONLY = {
     # greedy 78 of 96), since it reorders every query/key dimension for llama.cpp's rotation.
     "bamba-full-rope": ("bamba", dict(MAMBA2, attn_layer_indices=[1], rope_theta=10000.0, attn_rotary_emb=16,
                                       partial_rotary_factor=1.0)),
-    "granite-hybrid": ("granitemoehybrid", dict(
-        MAMBA2, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], rope_theta=10000.0,
-        position_embedding_type="nope", embedding_multiplier=2.0, residual_multiplier=0.5,
-        attention_multiplier=0.25, logits_scaling=2.0, shared_intermediate_size=128,
-    )),
     "falcon-h1": ("falcon_h1", dict(MAMBA2, mamba_d_ssm=128, rope_theta=10000.0)),
     "lfm2": ("lfm2", dict(
         layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5, rope_theta=10000.0,
@@ -227,7 +235,8 @@ LLAMA_CPP_ONLY = {
 # The ARCHS checkpoints llama.cpp runs too (converted from their float32 twin). Left out:
 # Qwen3-MoE (a dense layer among the sparse ones: "qwen3-moe-sparse" above instead) and Mistral
 # (llama.cpp converts MistralForCausalLM without its sliding window).
-LLAMA_CPP_SHARED = ["llama", "qwen2", "qwen3", "gemma3", "mixtral", "qwen2-moe"]
+LLAMA_CPP_SHARED = ["llama", "qwen2", "qwen3", "gemma3", "mixtral", "qwen2-moe", "granite-hybrid",
+                    "granite-hybrid-dense"]
 
 # Encoders: name -> (model_type, config).
 ENCODERS = {

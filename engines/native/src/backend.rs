@@ -12,7 +12,7 @@
 
 use gantry_engine_abi::{EngineError, SampledToken, Sampling};
 
-use crate::config::{Architecture, Mamba2, ModelConfig};
+use crate::config::{Architecture, Mamba2, ModelConfig, MoeNaming};
 use crate::kv::BlockCopy;
 use crate::lora::{AdapterRun, LoraWeights};
 use crate::weights::Weights;
@@ -167,8 +167,9 @@ pub enum Mlp<L> {
     Experts {
         router: L,
         experts: Vec<Ffn<L>>,
-        /// The shared expert and its one-row gate ([`crate::config::Moe::shared`]).
-        shared: Option<(Ffn<L>, L)>,
+        /// The shared expert and its one-row gate, when it has one
+        /// ([`crate::config::Moe::shared`]).
+        shared: Option<(Ffn<L>, Option<L>)>,
         spec: crate::config::Moe,
     },
 }
@@ -188,7 +189,7 @@ impl<L> Mlp<L> {
                 .chain(
                     shared
                         .iter()
-                        .flat_map(|(f, g)| [&f.gate, &f.up, &f.down, g]),
+                        .flat_map(|(f, g)| [&f.gate, &f.up, &f.down].into_iter().chain(g)),
                 )
                 .collect(),
         }
@@ -202,6 +203,21 @@ pub trait TensorLoader {
     type Linear;
     /// A `[len]` vector (norm weights, biases) as f32.
     fn vec(&mut self, name: &str, len: usize) -> Result<Self::Vec, EngineError>;
+    /// Rows `start..start + rows` of `{name}.weight` (of exactly `shape`, read as a matrix of
+    /// its last dimension's columns) as a linear layer: one expert of a tensor holding them all,
+    /// or the gate or up half of a fused projection. A backend without such layers refuses.
+    fn linear_rows(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        start: usize,
+        rows: usize,
+    ) -> Result<Self::Linear, EngineError> {
+        let _ = (shape, start, rows);
+        Err(EngineError::unsupported(format!(
+            "{name}: this backend of the native engine does not read fused expert tensors"
+        )))
+    }
     /// A tensor of `shape` read whole as f32 (a convolution's filters); a backend without
     /// such layers refuses.
     fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Self::Vec, EngineError> {
@@ -289,20 +305,32 @@ pub fn load_stack<T: TensorLoader>(
         } else {
             None
         };
+        let granite = cfg.architecture == Architecture::GraniteMoeHybrid;
         let mlp = match (&cfg.moe, cfg.layers[i].moe) {
             (Some(moe), true) => {
                 let router = t.linear(&moe.naming.router(i), moe.experts, h, false)?;
+                let ff = moe.intermediate;
                 let experts = (0..moe.experts)
                     .map(|e| {
                         let [g, u, d] = moe.naming.expert(i, e);
+                        if moe.naming == MoeNaming::Granite {
+                            // Expert e's gate and up rows, then its down rows.
+                            let (n, two) = (moe.experts, 2 * ff);
+                            return Ok(Ffn {
+                                gate: t.linear_rows(&g, &[n, two, h], e * two, ff)?,
+                                up: t.linear_rows(&u, &[n, two, h], e * two + ff, ff)?,
+                                down: t.linear_rows(&d, &[n, h, ff], e * h, h)?,
+                            });
+                        }
                         Ok(Ffn {
-                            gate: t.linear(&g, moe.intermediate, h, false)?,
-                            up: t.linear(&u, moe.intermediate, h, false)?,
-                            down: t.linear(&d, h, moe.intermediate, false)?,
+                            gate: t.linear(&g, ff, h, false)?,
+                            up: t.linear(&u, ff, h, false)?,
+                            down: t.linear(&d, h, ff, false)?,
                         })
                     })
                     .collect::<Result<_, EngineError>>()?;
                 let shared = match moe.shared {
+                    Some(ff) if granite => Some((granite_shared(&p, ff, h, t)?, None)),
                     Some(ff) => {
                         let ([g, u, d], gate) = moe.naming.shared(i);
                         Some((
@@ -311,7 +339,7 @@ pub fn load_stack<T: TensorLoader>(
                                 up: t.linear(&u, ff, h, false)?,
                                 down: t.linear(&d, h, ff, false)?,
                             },
-                            t.linear(&gate, 1, h, false)?,
+                            Some(t.linear(&gate, 1, h, false)?),
                         ))
                     }
                     None => None,
@@ -323,6 +351,7 @@ pub fn load_stack<T: TensorLoader>(
                     spec: moe.clone(),
                 }
             }
+            _ if granite => Mlp::Dense(granite_shared(&p, ff, h, t)?),
             _ => Mlp::Dense(Ffn {
                 gate: t.linear(&format!("{p}.{mlp_name}.gate_proj"), ff, h, cfg.mlp_bias)?,
                 up: t.linear(&format!("{p}.{mlp_name}.up_proj"), ff, h, cfg.mlp_bias)?,
@@ -355,7 +384,23 @@ pub fn load_stack<T: TensorLoader>(
     })
 }
 
-/// A Mamba-2 mixer's tensors under `{p}.mamba.` (Bamba's names).
+/// Granite's shared MLP under `{p}.shared_mlp.`: `input_linear` `[2 × ff][hidden]` (gate rows,
+/// then up rows) and `output_linear` `[hidden][ff]`.
+fn granite_shared<T: TensorLoader>(
+    p: &str,
+    ff: usize,
+    hidden: usize,
+    t: &mut T,
+) -> Result<Ffn<T::Linear>, EngineError> {
+    let input = format!("{p}.shared_mlp.input_linear");
+    Ok(Ffn {
+        gate: t.linear_rows(&input, &[2 * ff, hidden], 0, ff)?,
+        up: t.linear_rows(&input, &[2 * ff, hidden], ff, ff)?,
+        down: t.linear(&format!("{p}.shared_mlp.output_linear"), hidden, ff, false)?,
+    })
+}
+
+/// A Mamba-2 mixer's tensors under `{p}.mamba.` (Bamba's and Granite 4.0-H's names).
 fn load_mamba<T: TensorLoader>(
     m: &Mamba2,
     hidden: usize,

@@ -298,6 +298,20 @@ impl Weights {
         &self.shards[t.shard].1[t.offset..t.offset + t.len]
     }
 
+    /// Rows `start..start + rows` of `t` read as a matrix of its last dimension's columns
+    /// (`[a][b][cols]` is `a × b` rows): one expert's slice of a tensor holding every expert.
+    pub fn rows_of(&self, t: &TensorInfo, start: usize, rows: usize) -> TensorInfo {
+        let cols = *t.shape.last().expect("a tensor has a shape");
+        let row_bytes = cols * t.dtype.size();
+        TensorInfo {
+            shard: t.shard,
+            offset: t.offset + start * row_bytes,
+            len: rows * row_bytes,
+            dtype: t.dtype,
+            shape: vec![rows, cols],
+        }
+    }
+
     /// A tensor converted to f32 (small tensors: norms, biases).
     pub fn to_f32(&self, t: &TensorInfo) -> Vec<f32> {
         to_f32(self.bytes(t), t.dtype)

@@ -30,7 +30,7 @@ mod common;
 use common::*;
 
 /// Every architecture the reference covers (`hf_reference.py`'s `ARCHS`), by directory stem.
-const ARCHS: [&str; 9] = [
+const ARCHS: [&str; 11] = [
     "llama",
     "mistral",
     "qwen2",
@@ -40,6 +40,8 @@ const ARCHS: [&str; 9] = [
     "mixtral",
     "qwen2-moe",
     "bamba",
+    "granite-hybrid",
+    "granite-hybrid-dense",
 ];
 
 /// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides
@@ -500,7 +502,7 @@ fn an_fp8_checkpoint_runs_as_its_dequantized_weights() {
 /// Every family the llama.cpp plugin is checked on, by reference directory stem, with the
 /// `general.architecture` llama.cpp's converter gives it: the float32 reference checkpoints
 /// converted to GGUF by llama.cpp's own converter (`testkit/python/hf_to_gguf.py`). The first
-/// six are native-engine checkpoints too (`hf_reference.py`'s `LLAMA_CPP_SHARED`); the rest only
+/// eight are native-engine checkpoints too (`hf_reference.py`'s `LLAMA_CPP_SHARED`); the rest only
 /// llama.cpp runs (`LLAMA_CPP_ONLY`). Left out: Qwen3-MoE with a dense layer among the sparse
 /// ones (llama.cpp's `qwen3moe` takes none; `qwen3-moe-sparse` instead) and Mistral (llama.cpp
 /// runs `MistralForCausalLM` as `llama`, without its `sliding_window`: on this checkpoint's
@@ -509,13 +511,15 @@ fn an_fp8_checkpoint_runs_as_its_dequantized_weights() {
 /// `GGML_ASSERT(buf != NULL && "tensor buffer not set")`). Where a family's released shapes
 /// matter to llama.cpp, the checkpoint takes them (`hf_reference.py` says which and why). The
 /// plugin's manifest lists exactly these architectures.
-const LLAMA_CPP_FAMILIES: [(&str, &str); 48] = [
+const LLAMA_CPP_FAMILIES: [(&str, &str); 49] = [
     ("llama", "llama"),
     ("qwen2", "qwen2"),
     ("qwen3", "qwen3"),
     ("gemma3", "gemma3"),
     ("mixtral", "llama"),
     ("qwen2-moe", "qwen2moe"),
+    ("granite-hybrid", "granitehybrid"),
+    ("granite-hybrid-dense", "granitehybrid"),
     ("gemma2", "gemma2"),
     ("olmo2", "olmo2"),
     ("starcoder2", "starcoder2"),
@@ -555,20 +559,20 @@ const LLAMA_CPP_FAMILIES: [(&str, &str); 48] = [
     ("mamba2", "mamba2"),
     ("jamba", "jamba"),
     ("bamba-full-rope", "granitehybrid"),
-    ("granite-hybrid", "granitehybrid"),
     ("falcon-h1", "falcon-h1"),
     ("lfm2", "lfm2"),
 ];
 
 /// The families with recurrent state (Mamba and short-convolution layers): their prompts go in
 /// one token per step, since neither engine samples after every token of a recurrent batch.
-const RECURRENT: [&str; 8] = [
+const RECURRENT: [&str; 9] = [
     "mamba",
     "mamba2",
     "jamba",
     "bamba",
     "bamba-full-rope",
     "granite-hybrid",
+    "granite-hybrid-dense",
     "falcon-h1",
     "lfm2",
 ];

@@ -17,7 +17,7 @@ pub(super) fn mamba(
     hidden: usize,
     layers: &mut [LayerKind],
 ) -> Result<Option<Mamba2>, EngineError> {
-    if family != Architecture::Bamba {
+    if !matches!(family, Architecture::Bamba | Architecture::GraniteMoeHybrid) {
         return Ok(None);
     }
     let n_layers = layers.len();
@@ -57,6 +57,31 @@ pub(super) fn mamba(
             m.heads, m.groups
         )));
     }
+    if family == Architecture::GraniteMoeHybrid {
+        // `layer_types`: "mamba" or "attention" per layer (all Mamba when absent).
+        match f.get("layer_types") {
+            None | Some(Value::Null) => layers.iter_mut().for_each(|l| l.mamba = true),
+            Some(Value::Array(items)) if items.len() == n_layers => {
+                for (i, (l, v)) in layers.iter_mut().zip(items).enumerate() {
+                    l.mamba = match v.as_str() {
+                        Some("mamba") => true,
+                        Some("attention") => false,
+                        _ => {
+                            return Err(corrupt(format!(
+                                "config.json `layer_types[{i}]` {v} is not mamba or attention"
+                            )));
+                        }
+                    };
+                }
+            }
+            Some(v) => {
+                return Err(corrupt(format!(
+                    "config.json `layer_types` must list {n_layers} layer types, got {v}"
+                )));
+            }
+        }
+        return Ok(Some(m));
+    }
     let attention: Vec<usize> = match f.get("attn_layer_indices") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items
@@ -85,12 +110,22 @@ pub(super) fn mamba(
 }
 
 /// How many dimensions of each head RoPE rotates: `partial_rotary_factor` × `head_dim` (Bamba
-/// defaults to half), the whole head elsewhere.
+/// defaults to half), none for Granite 4.0-H unless `position_embedding_type` is `rope`, the
+/// whole head elsewhere.
 pub(super) fn rotary_dim(
     f: &Fields<'_>,
     family: Architecture,
     head_dim: usize,
 ) -> Result<usize, EngineError> {
+    if family == Architecture::GraniteMoeHybrid {
+        return match f.str("position_embedding_type")? {
+            Some("rope") => Ok(head_dim),
+            None | Some("nope") => Ok(0),
+            Some(other) => Err(super::fields::unsupported(format!(
+                "config.json `position_embedding_type` `{other}`: GraniteMoeHybridForCausalLM takes rope or nope"
+            ))),
+        };
+    }
     let default = if family == Architecture::Bamba {
         0.5
     } else {

@@ -35,11 +35,14 @@ pub enum Architecture {
     Qwen2Moe,
     /// Mamba-2 layers and attention layers (partial RoPE), each followed by a SiLU-gated MLP.
     Bamba,
+    /// Granite 4.0-H: Mamba-2 and attention layers (RoPE or none), a shared MLP in every
+    /// layer with or without a mixture of experts beside it, µP multipliers.
+    GraniteMoeHybrid,
 }
 
 impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Architecture); 9] = [
+    pub const CLASSES: [(&'static str, Architecture); 10] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -49,6 +52,10 @@ impl Architecture {
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
         ("BambaForCausalLM", Architecture::Bamba),
+        (
+            "GraniteMoeHybridForCausalLM",
+            Architecture::GraniteMoeHybrid,
+        ),
     ];
 
     pub fn from_class(class: &str) -> Option<Architecture> {
@@ -120,9 +127,10 @@ pub struct Moe {
     pub intermediate: usize,
     pub normalize: bool,
     pub naming: MoeNaming,
-    /// A shared expert every token runs (of this many rows), its output scaled by
-    /// `sigmoid(shared_expert_gate · x)` and added (Qwen2-MoE).
+    /// A shared expert every token runs (of this many rows), its output added: scaled by
+    /// `sigmoid(shared_expert_gate · x)` (Qwen2-MoE) or as is (Granite, `shared_gate` false).
     pub shared: Option<usize>,
+    pub shared_gate: bool,
 }
 
 /// How a checkpoint names a mixture-of-experts layer's tensors under `model.layers.{i}.`.
@@ -132,6 +140,11 @@ pub enum MoeNaming {
     Qwen,
     /// `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.{w1,w3,w2}` (Mixtral).
     Mixtral,
+    /// `block_sparse_moe.router.layer` (router), every expert in one tensor each:
+    /// `block_sparse_moe.input_linear` `[experts][2 × ff][hidden]` (gate rows, then up rows)
+    /// and `output_linear` `[experts][hidden][ff]`; the shared MLP `shared_mlp.input_linear`
+    /// and `output_linear` likewise (Granite).
+    Granite,
 }
 
 impl MoeNaming {
@@ -140,6 +153,7 @@ impl MoeNaming {
         match self {
             MoeNaming::Qwen => format!("model.layers.{layer}.mlp.gate"),
             MoeNaming::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate"),
+            MoeNaming::Granite => format!("model.layers.{layer}.block_sparse_moe.router.layer"),
         }
     }
 
@@ -170,6 +184,15 @@ impl MoeNaming {
             MoeNaming::Mixtral => {
                 let p = format!("model.layers.{layer}.block_sparse_moe.experts.{e}");
                 [format!("{p}.w1"), format!("{p}.w3"), format!("{p}.w2")]
+            }
+            // One tensor for every expert: `load_stack` takes expert `e`'s rows.
+            MoeNaming::Granite => {
+                let p = format!("model.layers.{layer}.block_sparse_moe");
+                [
+                    format!("{p}.input_linear"),
+                    format!("{p}.input_linear"),
+                    format!("{p}.output_linear"),
+                ]
             }
         }
     }
@@ -210,15 +233,20 @@ pub struct ModelConfig {
     /// Gemma 3's extra norms around attention and MLP outputs.
     pub sandwich_norms: bool,
     pub activation: Activation,
-    /// Multiplies the token embeddings (Gemma: sqrt(hidden)).
+    /// Multiplies the token embeddings (Gemma: sqrt(hidden); Granite: `embedding_multiplier`).
     pub embed_scale: f32,
+    /// Multiplies each layer's attention (or mixer) and MLP output before it joins the residual
+    /// stream (Granite's `residual_multiplier`; 1 elsewhere).
+    pub residual_scale: f32,
+    /// Divides the logits (Granite's `logits_scaling`; 1 elsewhere).
+    pub logit_divisor: f32,
     /// Multiplies q·k.
     pub attn_scale: f32,
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
     /// Dimensions of each head RoPE rotates, from the first (`partial_rotary_factor`; the whole
-    /// head elsewhere).
+    /// head elsewhere; 0 = no position encoding, Granite 4.0-H's `nope`).
     pub rotary_dim: usize,
     pub layers: Vec<LayerKind>,
     /// The state-space mixer of the layers whose [`LayerKind::mamba`] is set.

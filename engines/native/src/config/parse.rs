@@ -67,13 +67,16 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     }
     let intermediate = f.req_usize("intermediate_size")?;
     let vocab = f.req_usize("vocab_size")?;
-    let rms_eps = f
-        .f64("rms_norm_eps")?
-        .unwrap_or(if family == Architecture::Gemma3 {
+    let rms_eps = f.f64("rms_norm_eps")?.unwrap_or(
+        if matches!(
+            family,
+            Architecture::Gemma3 | Architecture::GraniteMoeHybrid
+        ) {
             1e-6
         } else {
             1e-5
-        }) as f32;
+        },
+    ) as f32;
     let max_position = f.usize("max_position_embeddings")?.unwrap_or(4096) as u32;
 
     // transformers' defaults per family where config.json leaves the key out.
@@ -87,7 +90,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         Architecture::Llama
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
-        | Architecture::Gemma3 => {
+        | Architecture::Gemma3
+        | Architecture::GraniteMoeHybrid => {
             let b = attention_bias.unwrap_or(false);
             (b, b)
         }
@@ -129,7 +133,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         Architecture::Llama
         | Architecture::Qwen3Moe
         | Architecture::Qwen2Moe
-        | Architecture::Bamba => 10_000.0,
+        | Architecture::Bamba
+        | Architecture::GraniteMoeHybrid => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -267,7 +272,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                 }
             }
         }
-        Architecture::Llama | Architecture::Bamba => {}
+        Architecture::Llama | Architecture::Bamba | Architecture::GraniteMoeHybrid => {}
     }
 
     let moe = moe(f, family, &mut layers)?;
@@ -279,7 +284,32 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
             let scalar = f.f64("query_pre_attn_scalar")?.unwrap_or(head_dim as f64);
             ((hidden as f32).sqrt(), (1.0 / scalar.sqrt()) as f32)
         }
+        // Granite's µP multipliers (GraniteMoeHybridConfig defaults: 1).
+        Architecture::GraniteMoeHybrid => (
+            f.f64("embedding_multiplier")?.unwrap_or(1.0) as f32,
+            f.f64("attention_multiplier")?.unwrap_or(1.0) as f32,
+        ),
         _ => (1.0, 1.0 / (head_dim as f32).sqrt()),
+    };
+    let (residual_scale, logit_divisor) = match family {
+        Architecture::GraniteMoeHybrid => {
+            let divisor = f.f64("logits_scaling")?.unwrap_or(1.0);
+            if divisor == 0.0 {
+                return Err(corrupt("config.json `logits_scaling` must not be 0"));
+            }
+            (
+                f.f64("residual_multiplier")?.unwrap_or(1.0) as f32,
+                divisor as f32,
+            )
+        }
+        _ => (1.0, 1.0),
+    };
+    // Granite 4.0-H's dense MLP is its shared MLP.
+    let intermediate = match (family, &moe) {
+        (Architecture::GraniteMoeHybrid, None) => {
+            f.usize("shared_intermediate_size")?.unwrap_or(1024)
+        }
+        _ => intermediate,
     };
     let softcap = |key: &str| -> Result<Option<f32>, EngineError> {
         Ok(f.f64(key)?.filter(|c| *c > 0.0).map(|c| c as f32))
@@ -336,6 +366,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         sandwich_norms: family == Architecture::Gemma3,
         activation,
         embed_scale,
+        residual_scale,
+        logit_divisor,
         attn_scale,
         attn_softcap,
         final_softcap,
@@ -406,6 +438,7 @@ fn moe(
                 } else {
                     None
                 },
+                shared_gate: qwen2,
             };
             let sparse = (0..n_layers)
                 .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
@@ -420,6 +453,25 @@ fn moe(
                 normalize: true,
                 naming: MoeNaming::Mixtral,
                 shared: None,
+                shared_gate: false,
+            };
+            (moe, vec![true; n_layers])
+        }
+        Architecture::GraniteMoeHybrid => {
+            // No experts (Granite 4.0-H Micro): every layer runs the shared MLP alone.
+            if f.get("num_local_experts").and_then(Value::as_u64) == Some(0) {
+                return Ok(None);
+            }
+            let experts = f.usize("num_local_experts")?.unwrap_or(8);
+            // Softmax over the top-k router logits: the full softmax renormalised over them.
+            let moe = Moe {
+                experts,
+                top_k: f.usize("num_experts_per_tok")?.unwrap_or(2),
+                intermediate: f.req_usize("intermediate_size")?,
+                normalize: true,
+                naming: MoeNaming::Granite,
+                shared: Some(f.usize("shared_intermediate_size")?.unwrap_or(1024)),
+                shared_gate: false,
             };
             (moe, vec![true; n_layers])
         }

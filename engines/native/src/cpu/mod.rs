@@ -63,6 +63,17 @@ impl TensorLoader for Loader<'_> {
         Ok(self.w.to_f32(t))
     }
 
+    fn linear_rows(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        start: usize,
+        rows: usize,
+    ) -> Result<Linear, EngineError> {
+        let t = self.w.expect(&format!("{name}.weight"), shape)?;
+        Ok(Linear::new(self.w, &self.w.rows_of(t, start, rows), None))
+    }
+
     fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
         let t = self.w.expect(name, shape)?;
         Ok(self.w.to_f32(t))
@@ -304,7 +315,8 @@ impl CpuBackend {
             if let Some(n) = &layer.post_attn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let rs = cfg.residual_scale;
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o * rs);
 
             ops::rms_norm(
                 &x,
@@ -348,7 +360,8 @@ impl CpuBackend {
             if let Some(n) = &layer.post_ffn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let rs = cfg.residual_scale;
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o * rs);
         }
 
         let rows = input.logits_rows.len();
@@ -367,6 +380,9 @@ impl CpuBackend {
             .forward(w, &last, rows, &mut logits, &mut scratch);
         if let Some(cap) = cfg.final_softcap {
             logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+        }
+        if cfg.logit_divisor != 1.0 {
+            logits.iter_mut().for_each(|l| *l /= cfg.logit_divisor);
         }
         Ok(logits)
     }

@@ -60,7 +60,7 @@ pub fn forward(
     w: &Weights,
     router: &Linear,
     experts: &[Ffn<Linear>],
-    shared: Option<&(Ffn<Linear>, Linear)>,
+    shared: Option<&(Ffn<Linear>, Option<Linear>)>,
     moe: &Moe,
     activation: Activation,
     x: &[f32],
@@ -112,7 +112,8 @@ pub fn forward(
             }
         }
     }
-    // The shared expert runs every token; its output is weighted by a sigmoid gate per token.
+    // The shared expert runs every token; its output is weighted by a sigmoid gate per token
+    // where it has one.
     if let Some((expert, gate)) = shared {
         let ff = expert.gate.rows;
         let (mut g, mut u, mut y) = (
@@ -127,10 +128,16 @@ pub fn forward(
             Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
         }
         expert.down.forward(w, &g, t, &mut y, scratch);
-        let mut score = vec![0.0f32; t];
-        gate.forward(w, x, t, &mut score, scratch);
-        for (tok, s) in score.iter().enumerate() {
-            let weight = 1.0 / (1.0 + (-s).exp());
+        // Ungated (Granite): weight 1.
+        let weights: Vec<f32> = match gate {
+            Some(gate) => {
+                let mut score = vec![0.0f32; t];
+                gate.forward(w, x, t, &mut score, scratch);
+                score.iter().map(|s| 1.0 / (1.0 + (-s).exp())).collect()
+            }
+            None => vec![1.0; t],
+        };
+        for (tok, &weight) in weights.iter().enumerate() {
             let dst = &mut out[tok * h..(tok + 1) * h];
             for (d, v) in dst.iter_mut().zip(&y[tok * h..(tok + 1) * h]) {
                 *d += weight * v;
@@ -152,6 +159,7 @@ mod tests {
             normalize,
             naming: MoeNaming::Qwen,
             shared: None,
+            shared_gate: false,
         }
     }
 

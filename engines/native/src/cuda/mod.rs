@@ -158,6 +158,12 @@ impl CudaBackend {
                 cfg.class
             )));
         }
+        if cfg.residual_scale != 1.0 || cfg.logit_divisor != 1.0 {
+            return Err(EngineError::unsupported(format!(
+                "{}: residual and logit multipliers: the CUDA backend of the native engine does not apply them yet (its CPU backend does)",
+                cfg.class
+            )));
+        }
         if cfg.rotary_dim != cfg.head_dim {
             return Err(EngineError::unsupported(format!(
                 "{}: partial RoPE ({} of {} dimensions): the CUDA backend of the native engine rotates whole heads (its CPU backend does both)",
