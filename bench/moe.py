@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Mixture of experts on the CPU: the native engine vs Hugging Face transformers, same checkpoint.
+"""Mixture of experts (and hybrid Mamba-2) on the CPU: the native engine vs Hugging Face
+transformers, same checkpoint.
 
-The model: a random Qwen3-MoE checkpoint written by transformers itself (`make`, cached under
-`${GANTRY_CACHE:-~/.cache/gantry}/bench/qwen3-moe-490m`): hidden 1024, 8 layers, 16 query and 4
-key/value heads, 32 experts of 512 with 4 chosen per token (renormalised), a 32,000-token
-vocabulary with a word-level tokenizer (`t0` .. `t31999`), bf16; 490 M parameters, about 100 M
-active per token. No registry ships a small MoE, so speed is measured on random weights
-(correctness is engines/native/tests/reference.rs's job).
+The models, random checkpoints written by transformers itself (`make`, cached under
+`${GANTRY_CACHE:-~/.cache/gantry}/bench/`), each with a 32,000-token vocabulary and a word-level
+tokenizer (`t0` .. `t31999`), bf16:
+- `qwen3-moe` (default, `qwen3-moe-490m`): hidden 1024, 8 layers, 16 query and 4 key/value
+  heads, 32 experts of 512 with 4 chosen per token (renormalised); 490 M parameters, about 100 M
+  active per token.
+- `granite-hybrid` (`--model granite-hybrid`, `granite-4h-tiny-shape`): Granite 4.0-H Tiny's
+  layout at 1024 wide: 8 layers, of which 6 Mamba-2 (32 heads of 64, 128-value states) and 2
+  attention (no RoPE), each with 32 experts of 512 (4 chosen) beside a shared MLP of 1024;
+  538 M parameters.
+No registry ships a small MoE or hybrid, so speed is measured on random weights (correctness is
+engines/native/tests/reference.rs's job).
 
 - Gantry: `gantry-node serve` with the native engine, streaming completions at temperature 0
   through the OpenAI API, `concurrency` requests at a time, the response cache and the prefix
@@ -21,6 +28,7 @@ Writes JSON.
 
 Usage: bench/moe.py --node target/release/gantry-node \\
            --python ~/.cache/gantry/venv-reference/bin/python --out bench/results/moe-cpu.json
+       bench/moe.py ... --model granite-hybrid --out bench/results/granite-hybrid-cpu.json
 """
 import argparse
 import json
@@ -42,17 +50,33 @@ def prompt_ids(i):
     return [rng.randrange(2, VOCAB) for _ in range(PROMPT_TOKENS)]
 
 
-def make(out: Path):
+# name: (cache directory, description, config for AutoConfig.for_model).
+MODELS = {
+    "qwen3-moe": ("qwen3-moe-490m", "random Qwen3-MoE, 490M total / ~100M active, bf16", dict(
+        model_type="qwen3_moe", vocab_size=VOCAB, hidden_size=1024, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=64, intermediate_size=2048, num_experts=32,
+        num_experts_per_tok=4, moe_intermediate_size=512, norm_topk_prob=True, max_position_embeddings=4096,
+        rope_theta=1e6, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
+    "granite-hybrid": ("granite-4h-tiny-shape",
+                       "random Granite 4.0-H (6 Mamba-2 + 2 attention layers, 32 experts top 4 + shared MLP), "
+                       "538M, bf16", dict(
+        model_type="granitemoehybrid", vocab_size=VOCAB, hidden_size=1024, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=4, intermediate_size=512, num_local_experts=32,
+        num_experts_per_tok=4, shared_intermediate_size=1024, layer_types=["mamba"] * 3 + ["attention"]
+        + ["mamba"] * 3 + ["attention"], mamba_n_heads=32, mamba_d_head=64, mamba_d_state=128,
+        mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, position_embedding_type="nope",
+        max_position_embeddings=4096, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
+}
+
+
+def make(out: Path, which: str):
     """Write the checkpoint with transformers (run with the reference virtualenv)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(
-        "qwen3_moe", vocab_size=VOCAB, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=4, head_dim=64, intermediate_size=2048, num_experts=32, num_experts_per_tok=4,
-        moe_intermediate_size=512, norm_topk_prob=True, max_position_embeddings=4096, rope_theta=1e6,
-        bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    config = dict(MODELS[which][2])
+    cfg = AutoConfig.for_model(config.pop("model_type"), **config)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +142,7 @@ def gantry(node: str, model_dir: Path, concurrency: list[int], max_tokens: int, 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "make":
-        make(Path(sys.argv[2]))
+        make(Path(sys.argv[2]), sys.argv[3])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "peer":
         peer(sys.argv[2], [int(x) for x in sys.argv[3].split(",")], int(sys.argv[4]), int(sys.argv[5]),
@@ -132,13 +156,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen3-moe")
     ap.add_argument("--machine-note", default="nothing else ran on the machine")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     cache = Path(os.environ.get("GANTRY_CACHE", Path.home() / ".cache/gantry"))
-    model_dir = cache / "bench" / "qwen3-moe-490m"
+    dir_name, description, _ = MODELS[args.model]
+    model_dir = cache / "bench" / dir_name
     if not (model_dir / ".complete").exists():
-        subprocess.run([args.python, __file__, "make", str(model_dir)], check=True)
+        subprocess.run([args.python, __file__, "make", str(model_dir), args.model], check=True)
     ours = gantry(args.node, model_dir, levels, args.max_tokens, args.threads, args.rounds)
     p = subprocess.run([args.python, __file__, "peer", str(model_dir), args.concurrency, str(args.max_tokens),
                         str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True)
@@ -149,7 +175,7 @@ def main():
         rows.append({"concurrency": c, "gantry_aggregate_tps": g, "transformers_aggregate_tps": t,
                      "ratio": g / t, "gantry_runs": ours[c], "transformers_runs": theirs[c]})
         print(f"c={c}: gantry {g:.1f} tok/s, transformers {t:.1f} tok/s, ratio {g / t:.2f}", flush=True)
-    report = {"benchmark": "moe_cpu", "model": "random Qwen3-MoE, 490M total / ~100M active, bf16",
+    report = {"benchmark": "moe_cpu", "model": description,
               "threads": args.threads, "max_tokens": args.max_tokens, "prompt_tokens": PROMPT_TOKENS,
               "runs": rows}
     sys.path.insert(0, str(HERE))
