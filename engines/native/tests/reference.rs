@@ -397,6 +397,35 @@ fn every_architecture_matches_transformers_alone_and_in_a_batch() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The largest |engine − reference| component over the embeddings of `prompts`, each engine
+/// vector checked to be of unit length.
+fn embedding_gap(exec: &mut ModelExec, prompts: &Value, embeddings: &Value, name: &str) -> f32 {
+    let mut worst = 0.0f32;
+    for (p, want) in prompts
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .zip(embeddings.as_array().expect("embeddings"))
+    {
+        let got = exec.embed(&ints(p)).expect("embed");
+        let want: Vec<f32> = want
+            .as_array()
+            .expect("a vector")
+            .iter()
+            .map(|x| x.as_f64().expect("a number") as f32)
+            .collect();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{name}: |v| = {norm}");
+        worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(worst, f32::max);
+    }
+    worst
+}
+
 /// Embedding models (`BertModel`): the engine's pooled, normalised vector of each prompt
 /// against transformers' `last_hidden_state`, mean-pooled and normalised as the checkpoint's
 /// sentence-transformers `modules.json` declares.
@@ -428,29 +457,7 @@ fn every_encoder_embeds_as_transformers_does() {
             "{name}: {info:?}"
         );
         assert_eq!(info.embedding_dims, 64, "{name}");
-        let mut worst = 0.0f32;
-        for (p, want) in top["prompts"]
-            .as_array()
-            .expect("prompts")
-            .iter()
-            .zip(v["embeddings"].as_array().expect("embeddings"))
-        {
-            let got = exec.embed(&ints(p)).expect("embed");
-            let want: Vec<f32> = want
-                .as_array()
-                .expect("a vector")
-                .iter()
-                .map(|x| x.as_f64().expect("a number") as f32)
-                .collect();
-            assert_eq!(got.len(), want.len(), "{name}");
-            let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
-            assert!((norm - 1.0).abs() < 1e-5, "{name}: |v| = {norm}");
-            worst = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(worst, f32::max);
-        }
+        let worst = embedding_gap(&mut exec, &top["prompts"], &v["embeddings"], &name);
         println!("{name}: max |engine - transformers| per component {worst:.2e}");
         let bound = if dtype == "float32" { 1e-5 } else { 1e-3 };
         assert!(worst < bound, "{name}: {worst:.2e} (bound {bound:.0e})");
@@ -577,6 +584,29 @@ const RECURRENT: [&str; 9] = [
     "lfm2",
 ];
 
+/// The float32 checkpoint `name` and its GGUF as setup converted it, whose architecture must be
+/// `arch`: (directory, GGUF path, GGUF header).
+fn converted(
+    root: &Path,
+    name: &str,
+    arch: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    gantry_formats::gguf::GgufHeader,
+) {
+    let dir = root.join(format!("{name}-float32"));
+    let gguf = dir.join("model-f32.gguf");
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run scripts/setup.sh",
+        gguf.display()
+    );
+    let header = gantry_formats::gguf::read_header(&gguf).expect("a GGUF header");
+    assert_eq!(header.architecture(), Some(arch), "{name}");
+    (dir, gguf, header)
+}
+
 /// Recurrent state per sequence of some of them, f32, from their configs: Mamba-2 (three
 /// layers of (4 - 1) × (128 + 2 × 16) convolution inputs and 16 × 128 scan values), the
 /// full-RoPE Bamba (two such layers), LFM2 (two short-convolution layers of (3 - 1) × 64).
@@ -595,15 +625,7 @@ fn the_llama_cpp_plugin_matches_transformers_on_the_converted_checkpoints() {
     let mut report = Vec::new();
     let mut failures = Vec::new();
     for (name, gguf_arch) in LLAMA_CPP_FAMILIES {
-        let dir = root.join(format!("{name}-float32"));
-        let gguf = dir.join("model-f32.gguf");
-        assert!(
-            gguf.is_file(),
-            "{} is missing: run scripts/setup.sh",
-            gguf.display()
-        );
-        let header = gantry_formats::gguf::read_header(&gguf).expect("a GGUF header");
-        assert_eq!(header.architecture(), Some(gguf_arch), "{name}");
+        let (dir, gguf, header) = converted(&root, name, gguf_arch);
         eprintln!("llama.cpp plugin: {name} ({gguf_arch})");
         let r = read_reference(&dir, false);
         let plugin = plugin("llama_cpp", 4, 128);
@@ -723,15 +745,7 @@ const LLAMA_CPP_ENCODER: (&str, &str) = ("bert", "bert");
 fn the_llama_cpp_plugin_embeds_the_converted_encoder_as_transformers_does() {
     let root = env_path("GANTRY_HF_REFERENCE");
     let (stem, arch) = LLAMA_CPP_ENCODER;
-    let dir = root.join(format!("{stem}-float32"));
-    let gguf = dir.join("model-f32.gguf");
-    assert!(
-        gguf.is_file(),
-        "{} is missing: run scripts/setup.sh",
-        gguf.display()
-    );
-    let header = gantry_formats::gguf::read_header(&gguf).expect("a GGUF header");
-    assert_eq!(header.architecture(), Some(arch));
+    let (dir, gguf, _) = converted(&root, stem, arch);
     let top: Value =
         serde_json::from_slice(&std::fs::read(dir.join("reference.json")).expect("reference"))
             .expect("reference.json");
@@ -742,27 +756,7 @@ fn the_llama_cpp_plugin_embeds_the_converted_encoder_as_transformers_does() {
     let info = shared.info();
     assert!(info.supports_embedding(), "{info:?}");
     assert_eq!(info.embedding_dims, 64);
-    let mut worst = 0.0f32;
-    for (p, want) in top["prompts"]
-        .as_array()
-        .expect("prompts")
-        .iter()
-        .zip(top["embeddings"].as_array().expect("embeddings"))
-    {
-        let got = exec.embed(&ints(p)).expect("embed");
-        let want: Vec<f32> = want
-            .as_array()
-            .expect("a vector")
-            .iter()
-            .map(|x| x.as_f64().expect("a number") as f32)
-            .collect();
-        assert_eq!(got.len(), want.len());
-        worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(worst, f32::max);
-    }
+    let worst = embedding_gap(&mut exec, &top["prompts"], &top["embeddings"], stem);
     println!("bert (llama.cpp plugin): max |engine - transformers| per component {worst:.2e}");
     assert!(worst < 1e-3, "{worst:.2e} (bound 1e-3)");
 }
