@@ -21,6 +21,12 @@ engines/native/tests/reference.rs's job).
 - Peer: transformers' `generate` on the same directory in bf16 (`peer`, run by the reference
   virtualenv's Python), the `concurrency` prompts as one batch, greedy, `torch.set_num_threads`
   the same threads; one warm-up call first.
+- With `--llama-server PATH` (`bench/build-llama-server.sh`), also llama.cpp's server on the same
+  weights converted to a bf16 GGUF by llama.cpp's own converter (`testkit/python/hf_to_gguf.py`,
+  the converter `scripts/setup.sh reference` fetches; cached beside the checkpoint): the same
+  load through its OpenAI API, the prompt given as the same token ids, `ignore_eos` (llama.cpp
+  gives a vocabulary without an end token a default one), `-np` the largest concurrency, the
+  same threads, its prompt cache off (`cache_prompt: false`).
 
 Both decode `max_tokens` tokens after the same 100-token prompt, `concurrency` copies of it at
 once (no end token: the model has none). Reports aggregate output tokens/s per concurrency and the ratio Gantry / transformers.
@@ -140,6 +146,40 @@ def gantry(node: str, model_dir: Path, concurrency: list[int], max_tokens: int, 
     return out
 
 
+def llama_server(server: str, python: str, model_dir: Path, concurrency: list[int], max_tokens: int,
+                 threads: int, rounds: int):
+    sys.path.insert(0, str(HERE))
+    from native_vs_llama_cpp import one_request, run_load
+    from node_vs_llama_server import Server, free_port
+
+    cache = Path(os.environ.get("GANTRY_CACHE", Path.home() / ".cache/gantry"))
+    converter = next(cache.glob("llama-cpp-converter-*"), None)
+    if converter is None:
+        raise SystemExit("llama.cpp's converter is missing: run scripts/setup.sh reference")
+    gguf = model_dir / "model-bf16.gguf"
+    if not gguf.is_file():
+        subprocess.run([python, HERE.parent / "testkit/python/hf_to_gguf.py", converter, "--outtype", "bf16",
+                        model_dir, gguf], check=True)
+    body = {"prompt": prompt_ids(0), "ignore_eos": True, "cache_prompt": False}
+    parallel = max(concurrency)
+    port = free_port()
+    argv = [server, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+            "-tb", str(threads), "-np", str(parallel), "-c", str(512 * parallel), "--kv-unified", "--no-webui",
+            "-a", "moe"]
+    out = {}
+    with Server("moe-llama-server", argv, port, "/health"):
+        one_request(port, "moe", "warm", 4, body)
+        for c in concurrency:
+            runs = []
+            for r in range(rounds):
+                res = run_load(port, "moe", c, c, max_tokens, f"moe-{c}-{r}", body)
+                assert res["prompt_tokens"] in (PROMPT_TOKENS, PROMPT_TOKENS + 1), res
+                runs.append(res["aggregate_tps"])
+            out[c] = runs
+            print(f"llama-server c={c}: {statistics.median(runs):.1f} tok/s", file=sys.stderr, flush=True)
+    return out
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "make":
         make(Path(sys.argv[2]), sys.argv[3])
@@ -157,6 +197,7 @@ def main():
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--model", choices=sorted(MODELS), default="qwen3-moe")
+    ap.add_argument("--llama-server", help="also run llama.cpp's server (bench/build-llama-server.sh prints it)")
     ap.add_argument("--machine-note", default="nothing else ran on the machine")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -169,12 +210,22 @@ def main():
     p = subprocess.run([args.python, __file__, "peer", str(model_dir), args.concurrency, str(args.max_tokens),
                         str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True)
     theirs = {int(k): v for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
+    llama = None
+    if args.llama_server:
+        llama = llama_server(args.llama_server, args.python, model_dir, levels, args.max_tokens, args.threads,
+                             args.rounds)
     rows = []
     for c in levels:
         g, t = statistics.median(ours[c]), statistics.median(theirs[c])
-        rows.append({"concurrency": c, "gantry_aggregate_tps": g, "transformers_aggregate_tps": t,
-                     "ratio": g / t, "gantry_runs": ours[c], "transformers_runs": theirs[c]})
-        print(f"c={c}: gantry {g:.1f} tok/s, transformers {t:.1f} tok/s, ratio {g / t:.2f}", flush=True)
+        row = {"concurrency": c, "gantry_aggregate_tps": g, "transformers_aggregate_tps": t,
+               "ratio": g / t, "gantry_runs": ours[c], "transformers_runs": theirs[c]}
+        line = f"c={c}: gantry {g:.1f} tok/s, transformers {t:.1f} tok/s, ratio {g / t:.2f}"
+        if llama:
+            l = statistics.median(llama[c])
+            row.update({"llama_server_aggregate_tps": l, "ratio_vs_llama_server": g / l, "llama_server_runs": llama[c]})
+            line += f"; llama-server {l:.1f} tok/s, ratio {g / l:.2f}"
+        rows.append(row)
+        print(line, flush=True)
     report = {"benchmark": "moe_cpu", "model": description,
               "threads": args.threads, "max_tokens": args.max_tokens, "prompt_tokens": PROMPT_TOKENS,
               "runs": rows}

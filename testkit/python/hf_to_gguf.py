@@ -7,8 +7,8 @@ load: this wrapper gives the converter the checkpoint's tokens as a GPT-2-style 
 one placeholder merge (llama.cpp refuses a BPE vocabulary without merges), then runs the
 converter unchanged on everything else (tensor names, layouts, hyper-parameters).
 
-Usage: hf_to_gguf.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf [MODEL_DIR OUT.gguf ...]
-(several in one process: PyTorch and the converter are imported once)
+Usage: hf_to_gguf.py LLAMA_CPP_DIR [--outtype f32|bf16] MODEL_DIR OUT.gguf [MODEL_DIR OUT.gguf ...]
+(several in one process: PyTorch and the converter are imported once; f32 unless told)
 LLAMA_CPP_DIR holds convert_hf_to_gguf.py, conversion/ and gguf-py/ (the llama.cpp release
 whose server bench/build-llama-server.sh builds, from the same PyPI sdist).
 """
@@ -22,6 +22,9 @@ from pathlib import Path
 
 def main():
     src, pairs = Path(sys.argv[1]), sys.argv[2:]
+    outtype = "f32"
+    if pairs[:1] == ["--outtype"]:
+        outtype, pairs = pairs[1], pairs[2:]
     if not pairs or len(pairs) % 2:
         sys.exit(__doc__)
     sys.path.insert(0, str(src))
@@ -52,7 +55,7 @@ def main():
             cls.set_vocab = set_vocab
         stack.extend(cls.__subclasses__())
     for model_dir, out in zip(pairs[::2], pairs[1::2]):
-        sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", out]
+        sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", outtype, "--outfile", out]
         runpy.run_path(str(src / "convert_hf_to_gguf.py"), run_name="__main__")
 
 

@@ -128,22 +128,26 @@ fn scan_token(
     let (xs, bc) = xbc.split_at(inner);
     let (b, c) = bc.split_at(g * n);
     let per_group = heads / g;
-    for h in 0..heads {
-        let dt = softplus(dt[h] + m.dt_bias[h]);
-        let da = (-m.a_log[h].exp() * dt).exp();
-        let grp = h / per_group;
-        let (bh, ch) = (&b[grp * n..(grp + 1) * n], &c[grp * n..(grp + 1) * n]);
-        for q in 0..p {
-            let xv = xs[h * p + q];
-            let s = &mut ssm[(h * p + q) * n..(h * p + q + 1) * n];
-            let mut acc = 0.0f32;
-            for ((sv, &bv), &cv) in s.iter_mut().zip(bh).zip(ch) {
-                *sv = *sv * da + dt * xv * bv;
-                acc += *sv * cv;
+    // Heads in parallel too: one sequence's scan is most of a decode step's work outside the
+    // products when few sequences run.
+    ssm.par_chunks_mut(p * n)
+        .zip(y.par_chunks_mut(p))
+        .enumerate()
+        .for_each(|(h, (state, yh))| {
+            let dt = softplus(dt[h] + m.dt_bias[h]);
+            let da = (-m.a_log[h].exp() * dt).exp();
+            let grp = h / per_group;
+            let (bh, ch) = (&b[grp * n..(grp + 1) * n], &c[grp * n..(grp + 1) * n]);
+            for (q, (s, yq)) in state.chunks_exact_mut(n).zip(yh.iter_mut()).enumerate() {
+                let xv = xs[h * p + q];
+                let mut acc = 0.0f32;
+                for ((sv, &bv), &cv) in s.iter_mut().zip(bh).zip(ch) {
+                    *sv = *sv * da + dt * xv * bv;
+                    acc += *sv * cv;
+                }
+                *yq = acc + m.d[h] * xv;
             }
-            y[h * p + q] = acc + m.d[h] * xv;
-        }
-    }
+        });
     // y · SiLU(z), RMS-normalised per norm group, times the norm's weight.
     for (v, &zv) in y.iter_mut().zip(z) {
         *v *= silu(zv);
