@@ -1,6 +1,7 @@
 //! The wire format's round trips and its refusals of malformed frames (worker protocol tests).
 
 use super::*;
+use gantry_engine_abi::Status;
 
 #[test]
 fn a_step_survives_the_round_trip() {
