@@ -1,8 +1,9 @@
 //! Native engine plugin (engine layer, below the engine host): runs Hugging Face safetensors
 //! models in Rust, written against `gantry-engine-abi` alone.
 //!
-//! Load: `config.json` chooses the architecture by its `architectures` class ([`config`]); the
-//! shards are memory-mapped ([`weights`]); `tokenizer.json` and `tokenizer_config.json` give
+//! Load (`decoder_load.rs` for decoders, `encoder_model.rs` for encoders): `config.json`
+//! chooses the architecture by its `architectures` class ([`config`]); the shards are
+//! memory-mapped ([`weights`]); `tokenizer.json` and `tokenizer_config.json` give
 //! the tokenizer, chat template and special tokens ([`tokenizer`]); the backend prepares the
 //! weights and allocates the paged KV cache ([`cpu`] or [`cuda`], behind [`backend::Backend`],
 //! by the engine config's backend).
@@ -25,6 +26,7 @@ pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
+mod decoder_load;
 pub mod encoder;
 mod encoder_model;
 pub mod kv;
@@ -36,13 +38,12 @@ pub mod weights;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use gantry_engine_abi::ffi::GANTRY_MODALITY_COMPLETION;
 use gantry_engine_abi::sdk::{Engine, HostLog, Model};
 use gantry_engine_abi::{
     AdapterDescriptor, Backend as AbiBackend, EngineConfig, EngineError, Format, LoadedAdapter,
-    LogLevel, ModelDescriptor, ModelInfo, SampledToken, Status, StepEntry,
+    ModelDescriptor, ModelInfo, SampledToken, Status, StepEntry,
 };
 
 use crate::backend::Backend;
@@ -51,7 +52,6 @@ use crate::encoder_model::EncoderModel;
 use crate::kv::{BlockPool, SeqBlocks};
 use crate::sampler::SeqSampler;
 use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
 
 /// Token positions per KV block.
 pub const BLOCK_SIZE: usize = 16;
@@ -212,161 +212,6 @@ fn read_optional(path: &Path) -> Option<Vec<u8>> {
 }
 
 impl DecoderModel {
-    fn load(
-        cfg: &EngineConfig,
-        desc: &ModelDescriptor,
-        dir: &Path,
-        bytes: &[u8],
-        log: HostLog,
-    ) -> Result<Self, EngineError> {
-        let dir = dir.to_path_buf();
-        let generation = read_optional(&dir.join("generation_config.json"));
-        let mc = config::parse(bytes, generation.as_deref())?;
-        let tokenizer = Tokenizer::load(&dir, mc.bos_token)?;
-        tokenizer.check_vocab(mc.vocab)?;
-        let weights = Arc::new(Weights::open_quantized(&dir, &desc.primary_file, mc.fp8)?);
-
-        let max_seqs = match desc.max_sequences {
-            0 => cfg.max_batch_size,
-            n => n,
-        }
-        .max(1);
-        let wanted = match desc.context_length {
-            0 => cfg.context_length,
-            n => n,
-        };
-        let per_seq = if wanted == 0 {
-            mc.max_position
-        } else {
-            wanted.min(mc.max_position)
-        };
-        let capacity = u64::from(per_seq) * u64::from(max_seqs);
-        // Room for every sequence's partial last block, and a copy per sequence.
-        let n_blocks = (capacity as usize).div_ceil(BLOCK_SIZE) + 2 * max_seqs as usize;
-        let kv_bytes =
-            (n_blocks * BLOCK_SIZE * mc.n_kv_heads * mc.head_dim * 2 * 4 * mc.attention_layers())
-                as u64;
-        // State-space layers hold a state per open sequence instead of K/V.
-        let state_bytes = (mc.state_floats_per_sequence() * 4) as u64 * u64::from(max_seqs);
-        let needed = weights.mapped_bytes() + kv_bytes + state_bytes;
-        if cfg.vram_limit_bytes > 0 && needed > cfg.vram_limit_bytes {
-            return Err(EngineError::new(
-                Status::OomRam,
-                format!(
-                    "model {} needs ~{needed} bytes (weights {} + KV {kv_bytes} + recurrent state {state_bytes}), the limit is {} bytes",
-                    desc.model_id,
-                    weights.mapped_bytes(),
-                    cfg.vram_limit_bytes
-                ),
-            ));
-        }
-        let backend: Box<dyn Backend> = if cfg.backend == AbiBackend::Cuda {
-            let devices = if desc.device_ids.is_empty() {
-                &cfg.device_ids
-            } else {
-                &desc.device_ids
-            };
-            if devices.len() > 1 {
-                return Err(EngineError::unsupported(format!(
-                    "model {} is placed on {} GPUs; the native engine runs a model on one (ask for gpus: 1, or replicas)",
-                    desc.model_id,
-                    devices.len()
-                )));
-            }
-            let ordinal = devices.first().copied().unwrap_or(0);
-            let ordinal = usize::try_from(ordinal).map_err(|_| {
-                EngineError::unsupported(format!("device id {ordinal} is not a CUDA ordinal"))
-            })?;
-            let mut b = cuda::CudaBackend::new(&mc, &weights, n_blocks, BLOCK_SIZE, ordinal)?;
-            // The step's buffers for every sequence at once and a prompt chunk beside them.
-            b.reserve(max_seqs as usize, max_seqs as usize + 512)?;
-            Box::new(b)
-        } else {
-            let threads = match cfg.n_threads {
-                0 => std::thread::available_parallelism().map_or(4, |n| n.get()),
-                n => n as usize,
-            };
-            Box::new(cpu::CpuBackend::new(
-                &mc,
-                Arc::clone(&weights),
-                n_blocks,
-                BLOCK_SIZE,
-                threads,
-                max_seqs as usize,
-            )?)
-        };
-
-        let mut eog: Vec<i32> = mc.eos_tokens.clone();
-        if let Some(e) = tokenizer.eos {
-            eog.push(e);
-        }
-        // End-of-turn markers of chat templates end generation too.
-        for marker in [
-            "<end_of_turn>",
-            "<|im_end|>",
-            "<|eot_id|>",
-            "<|endoftext|>",
-            "</s>",
-        ] {
-            if let Some(id) = tokenizer.id(marker) {
-                eog.push(id);
-            }
-        }
-        eog.sort_unstable();
-        eog.dedup();
-        let eos = tokenizer.eos.or(mc.eos_tokens.first().copied());
-        let info = ModelInfo {
-            architecture: mc.class.clone(),
-            vocab_size: mc.vocab as u32,
-            context_length: per_seq,
-            trained_context_length: mc.max_position,
-            kv_capacity_tokens: capacity,
-            max_sequences: max_seqs,
-            bos_token: tokenizer.bos,
-            eos_token: eos,
-            eog_tokens: eog,
-            bos_text: tokenizer.bos_text.clone(),
-            eos_text: tokenizer.eos_text.clone(),
-            chat_template: tokenizer.chat_template.clone(),
-            bytes_used: backend.bytes_used(),
-            modalities: GANTRY_MODALITY_COMPLETION,
-            embedding_dims: 0,
-            add_bos: tokenizer.add_bos,
-            recurrent_state_bytes: (mc.state_floats_per_sequence() * 4) as u64,
-        };
-        log.log(
-            LogLevel::Info,
-            &format!(
-                "loaded {} ({}, {} layers, ctx {per_seq} x {max_seqs} seqs, {n_blocks} KV blocks of {BLOCK_SIZE}; {})",
-                desc.model_id,
-                mc.class,
-                mc.n_layers,
-                backend.describe()
-            ),
-        );
-        let mut pool = BlockPool::new(n_blocks, BLOCK_SIZE);
-        // A recurrent state summarises a whole prefix and cannot be shared by block: models
-        // with state-space layers reuse no prefix.
-        pool.prefix_cache = mc.mamba.is_none()
-            && std::env::var("GANTRY_NATIVE_PREFIX_CACHE").map_or(true, |v| v != "0");
-        Ok(Self {
-            exec: Mutex::new(Exec {
-                backend,
-                pool,
-                seqs: HashMap::new(),
-                next_id: 1,
-                adapters: HashMap::new(),
-                next_adapter: 1,
-                free_slots: (0..max_seqs as usize).rev().collect(),
-            }),
-            tokenizer,
-            info,
-            vocab: mc.vocab,
-            log,
-            config: mc,
-        })
-    }
-
     fn exec(&self) -> std::sync::MutexGuard<'_, Exec> {
         // A panic inside step poisons the lock; the bookkeeping it guards stays consistent
         // enough to release sequences, so keep going.
