@@ -126,7 +126,7 @@ ARCHS = {
 
 # Families only the llama.cpp plugin runs (float32 only; the native engine refuses them):
 # converted to GGUF by llama.cpp's own converter in setup, checked by
-# engines/native/tests/reference.rs like the others. Each config is the family's own shape at
+# engines/native/tests/reference_llama_cpp.rs like the others. Each config is the family's own shape at
 # toy size: its rotary fraction, biases, sliding-window pattern (the one llama.cpp assumes where
 # it assumes one), experts, multipliers, and for the recurrent families their state sizes.
 DEEPSEEK = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,

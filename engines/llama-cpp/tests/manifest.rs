@@ -1,7 +1,7 @@
 //! The plugin's manifest may list only architectures of the llama.cpp it links.
 //!
 //! The manifest lists the architectures checked against transformers
-//! (`engines/native/tests/reference.rs` keeps it equal to the families it runs); each must
+//! (`engines/native/tests/reference_llama_cpp.rs` keeps it equal to the families it runs); each must
 //! still exist in the vendored `src/llama-arch.cpp` (`LLM_ARCH_NAMES`), so that an upgrade of
 //! llama-cpp-sys-2 that renames or drops one is caught here.
 

@@ -48,7 +48,7 @@ fn a_hybrid_model_keeps_each_sequence_state_in_its_slot() {
         .expect("load the Bamba checkpoint");
     assert_eq!(shared.info().architecture, "BambaForCausalLM");
     // ABI 1.7: two Mamba-2 layers of (4 - 1) × 160 convolution inputs and 8 × 16 × 16 scan
-    // values, f32 (what llama.cpp's layout gives the same shape, `tests/reference.rs`).
+    // values, f32 (what llama.cpp's layout gives the same shape, `tests/reference_llama_cpp.rs`).
     assert_eq!(
         shared.info().recurrent_state_bytes,
         2 * (3 * 160 + 8 * 16 * 16) * 4
