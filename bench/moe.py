@@ -121,35 +121,41 @@ def peer(model_dir: str, concurrency: list[int], max_tokens: int, threads: int, 
 
 def gantry(node: str, model_dir: Path, concurrency: list[int], max_tokens: int, threads: int, rounds: int):
     sys.path.insert(0, str(HERE))
-    from native_vs_llama_cpp import one_request, run_load
     from node_vs_llama_server import Server, free_port
 
     # The shared request loop, with this model's prompt: the token ids as `t<id>` words, which
     # the word-level tokenizer maps back to the same ids the peer is given.
     prompt = {"prompt": " ".join(f"t{t}" for t in prompt_ids(0))}
-    out = {}
     port = free_port()
     argv = [node, "serve", "--model", str(model_dir), "--model-id", "moe", "--listen", f"127.0.0.1:{port}",
             "--threads", str(threads), "--context-length", "512", "--max-batch-size", str(max(concurrency)),
             "--request-timeout", "0", "--no-response-cache"]
     os.environ["GANTRY_NATIVE_PREFIX_CACHE"] = "0"
     with Server("moe-gantry", argv, port, "/readyz"):
-        one_request(port, "moe", "warm", 4, prompt)
-        for c in concurrency:
-            runs = []
-            for r in range(rounds):
-                res = run_load(port, "moe", c, c, max_tokens, f"moe-{c}-{r}", prompt)
-                assert res["prompt_tokens"] in (PROMPT_TOKENS, PROMPT_TOKENS + 1), res
-                runs.append(res["aggregate_tps"])
-            out[c] = runs
-            print(f"gantry c={c}: {statistics.median(runs):.1f} tok/s", file=sys.stderr, flush=True)
+        return measure("gantry", port, prompt, concurrency, max_tokens, rounds)
+
+
+def measure(name: str, port: int, body: dict, concurrency: list[int], max_tokens: int, rounds: int):
+    """One warm-up request, then `rounds` loads of `c` requests at a time for each level:
+    {concurrency: [aggregate tok/s per round]}."""
+    from native_vs_llama_cpp import one_request, run_load
+
+    one_request(port, "moe", "warm", 4, body)
+    out = {}
+    for c in concurrency:
+        runs = []
+        for r in range(rounds):
+            res = run_load(port, "moe", c, c, max_tokens, f"moe-{c}-{r}", body)
+            assert res["prompt_tokens"] in (PROMPT_TOKENS, PROMPT_TOKENS + 1), res
+            runs.append(res["aggregate_tps"])
+        out[c] = runs
+        print(f"{name} c={c}: {statistics.median(runs):.1f} tok/s", file=sys.stderr, flush=True)
     return out
 
 
 def llama_server(server: str, python: str, model_dir: Path, concurrency: list[int], max_tokens: int,
                  threads: int, rounds: int):
     sys.path.insert(0, str(HERE))
-    from native_vs_llama_cpp import one_request, run_load
     from node_vs_llama_server import Server, free_port
 
     cache = Path(os.environ.get("GANTRY_CACHE", Path.home() / ".cache/gantry"))
@@ -166,18 +172,8 @@ def llama_server(server: str, python: str, model_dir: Path, concurrency: list[in
     argv = [server, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
             "-tb", str(threads), "-np", str(parallel), "-c", str(512 * parallel), "--kv-unified", "--no-webui",
             "-a", "moe"]
-    out = {}
     with Server("moe-llama-server", argv, port, "/health"):
-        one_request(port, "moe", "warm", 4, body)
-        for c in concurrency:
-            runs = []
-            for r in range(rounds):
-                res = run_load(port, "moe", c, c, max_tokens, f"moe-{c}-{r}", body)
-                assert res["prompt_tokens"] in (PROMPT_TOKENS, PROMPT_TOKENS + 1), res
-                runs.append(res["aggregate_tps"])
-            out[c] = runs
-            print(f"llama-server c={c}: {statistics.median(runs):.1f} tok/s", file=sys.stderr, flush=True)
-    return out
+        return measure("llama-server", port, body, concurrency, max_tokens, rounds)
 
 
 def main():
