@@ -81,12 +81,15 @@ pub fn forward(
         if toks.positions[range.start] == 0 {
             slot.fill(0.0);
         }
+        // The convolved xBC of one token, reused for each token of the run.
+        let mut xbc = vec![0.0f32; spec.conv_dim()];
         for (k, tok) in range.enumerate() {
             scan_token(
                 m,
                 spec,
                 &proj[tok * rows..(tok + 1) * rows],
                 slot,
+                &mut xbc,
                 &mut ys[k * inner..(k + 1) * inner],
                 eps,
             );
@@ -102,6 +105,7 @@ fn scan_token(
     spec: &Mamba2,
     proj: &[f32],
     state: &mut [f32],
+    xbc: &mut [f32],
     y: &mut [f32],
     eps: f32,
 ) {
@@ -112,7 +116,6 @@ fn scan_token(
     let (conv_state, ssm) = state.split_at_mut((k - 1) * cd);
 
     // Causal depthwise convolution over the last k inputs (k - 1 kept, this one), SiLU.
-    let mut xbc = vec![0.0f32; cd];
     for (c, o) in xbc.iter_mut().enumerate() {
         let f = &m.conv[c * k..(c + 1) * k];
         let mut acc = m.conv_bias.as_ref().map_or(0.0, |b| b[c]);

@@ -315,8 +315,9 @@ impl CpuBackend {
             if let Some(n) = &layer.post_attn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
-            let rs = cfg.residual_scale;
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o * rs);
+            x.iter_mut()
+                .zip(&o)
+                .for_each(|(x, o)| *x += o * cfg.residual_scale);
 
             ops::rms_norm(
                 &x,
@@ -360,8 +361,9 @@ impl CpuBackend {
             if let Some(n) = &layer.post_ffn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
             }
-            let rs = cfg.residual_scale;
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o * rs);
+            x.iter_mut()
+                .zip(&o)
+                .for_each(|(x, o)| *x += o * cfg.residual_scale);
         }
 
         let rows = input.logits_rows.len();
