@@ -3,13 +3,17 @@
 
     bench/gpu_decode.py OUT_DIR SUMMARY.json
 
-Reads native-gemma.json, native-gemma-nographs.json (engines/native/examples/decode_bench.rs),
+Reads native-gemma.json, native-gemma-nographs.json, native-gemma-nogemv.json and
+native-llama8b-nogemv.json (engines/native/examples/decode_bench.rs),
 torch-gemma.json and the llama8b pair (bench/torch_decode.py) where they exist, and writes a
 row per concurrency with each side's figures under the key that names it: `native`, `torch`
 (`graph`, `compiled`, and the better of the two), `llama_cpp` (null: not part of this check),
 and the ratio of native to the better PyTorch loop. For the 8B shape, native's fraction of the
-bandwidth roofline that bench/torch_decode.py computes for the same batch.
+bandwidth roofline that bench/torch_decode.py computes for the same batch. Where the ncu phase
+ran (ncu-*.csv, Nsight Compute's CSV), each kernel's launches over the last two decode steps
+(a step ends with its `sample` launch): count, microseconds per step and DRAM bytes per step.
 """
+import csv
 import json
 import sys
 from pathlib import Path
@@ -43,8 +47,11 @@ def side(row):
     return {k: row.get(k) for k in KEYS if row.get(k) is not None}
 
 
-def rows_for(native, torch, nographs=None):
-    nat, tor, nog = by_batch(native), torch_rows(torch), by_batch(nographs)
+def rows_for(native, torch, variants=None):
+    """variants: {key: report} of the native engine run otherwise (graphs off, products on
+    cuBLAS), each put in the row of its concurrency under its key."""
+    nat, tor = by_batch(native), torch_rows(torch)
+    var = {k: by_batch(v) for k, v in (variants or {}).items()}
     out = []
     for c in sorted(set(nat) | set(tor)):
         t = {m: side(r) for m, r in tor.get(c, {}).items()}
@@ -54,8 +61,9 @@ def rows_for(native, torch, nographs=None):
             t["best_aggregate_tps"] = best
         n = side(nat.get(c))
         row = {"concurrency": c, "native": n, "torch": t or None, "llama_cpp": None}
-        if nog.get(c):
-            row["native_no_graphs"] = side(nog[c])
+        for key, rows in var.items():
+            if rows.get(c):
+                row[key] = side(rows[c])
         if n and "aggregate_tps" in n and best:
             row["ratio_native_to_best_torch"] = n["aggregate_tps"] / best
         roof = next((r.get("roofline_tps") for r in tor.get(c, {}).values() if r.get("roofline_tps")), None)
@@ -64,6 +72,43 @@ def rows_for(native, torch, nographs=None):
             row["native_roofline_fraction"] = n["aggregate_tps"] / roof
         out.append(row)
     return out
+
+
+# Nsight Compute's units, both spellings (2025 versions write "ns", older ones "nsecond").
+UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "s": 1e6, "second": 1e6, "byte": 1.0, "B": 1.0, "Kbyte": 1e3, "KB": 1e3,
+         "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}
+
+
+def ncu_summary(path):
+    """Per kernel, over the last two decode steps of an ncu CSV: launches, us and bytes per step."""
+    try:
+        lines = [line for line in Path(path).read_text().splitlines() if line.startswith('"')]
+    except OSError:
+        return None
+    launches = {}
+    for row in csv.DictReader(lines):
+        try:
+            value = float(row["Metric Value"].replace(",", "")) * UNITS[row["Metric Unit"]]
+        except (KeyError, ValueError):
+            continue
+        k = launches.setdefault(int(row["ID"]), {"kernel": row["Kernel Name"].split("(")[0]})
+        k[row["Metric Name"]] = value
+    order = [launches[i] for i in sorted(launches)]
+    ends = [i for i, k in enumerate(order) if k["kernel"] == "sample"]
+    if len(ends) < 3:
+        return {"error": f"{len(ends)} sampler launches: fewer than two whole steps"}
+    steps = order[ends[-3] + 1:ends[-1] + 1]
+    out = {}
+    for k in steps:
+        name = k["kernel"] if len(k["kernel"]) <= 60 else k["kernel"][:60] + "..."
+        s = out.setdefault(name, {"launches_per_step": 0, "us_per_step": 0.0, "dram_bytes_per_step": 0.0})
+        s["launches_per_step"] += 0.5
+        s["us_per_step"] += k.get("gpu__time_duration.sum", 0.0) / 2
+        s["dram_bytes_per_step"] += (k.get("dram__bytes_read.sum", 0.0) + k.get("dram__bytes_write.sum", 0.0)) / 2
+    total = sum(v["us_per_step"] for v in out.values())
+    return {"kernels_per_step": len(steps) / 2, "us_per_step": total,
+            "by_kernel": dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_step"]))}
 
 
 def main():
@@ -84,10 +129,15 @@ def main():
         "phases": dict(p.split(" ", 1) for p in phases if " " in p),
         "tests": tests,
         "native_step_profile": profile,
+        "ncu": {label: ncu_summary(out_dir / f"ncu-{label}.csv")
+                for label in ("gemma-c1", "gemma-c64", "llama8b-c1")
+                if (out_dir / f"ncu-{label}.csv").exists()},
         "llama_cpp": "not part of this check (the llama.cpp CUDA plugin's figures are bench/results/gpu-check-h100.json)",
-        "gemma3_270m": rows_for(load(out_dir / "native-gemma.json"), tg,
-                                load(out_dir / "native-gemma-nographs.json")),
-        "llama3_8b": rows_for(load(out_dir / "native-llama8b.json"), load(out_dir / "torch-llama8b.json")),
+        "gemma3_270m": rows_for(load(out_dir / "native-gemma.json"), tg, {
+            "native_no_graphs": load(out_dir / "native-gemma-nographs.json"),
+            "native_products_on_cublas": load(out_dir / "native-gemma-nogemv.json")}),
+        "llama3_8b": rows_for(load(out_dir / "native-llama8b.json"), load(out_dir / "torch-llama8b.json"), {
+            "native_products_on_cublas": load(out_dir / "native-llama8b-nogemv.json")}),
     }
     summary.write_text(json.dumps(report, indent=2) + "\n")
     for shape in ("gemma3_270m", "llama3_8b"):

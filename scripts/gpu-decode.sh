@@ -17,15 +17,20 @@
 #   tests     the CUDA tests with --include-ignored (tests/cuda.rs, tests/cuda_sampling.rs and the CUDA test of tests/speculation.rs;
 #             the real Gemma 3 270M test is skipped: no real weights travel)
 #   gemma     the native engine on Gemma 3 270M's shapes (random bf16 weights written by
-#             decode_bench, no download), c = 1, 8, 64, 256: native-gemma.json
+#             decode_bench, no download), c = 1, 2, 4, 8, 64, 256: native-gemma.json
 #   torch     bench/torch_decode.py on the same shapes, CUDA graph and torch.compile + graph:
 #             torch-gemma.json
 #   llama8b   both on Llama 3 8B's shapes at c = 1 and 64 (16 GB of random weights made
 #             there): native-llama8b.json, torch-llama8b.json
 #   nographs  the native engine with GANTRY_NATIVE_CUDA_GRAPHS=0 at c = 1 and 64
+#   nogemv    the native engine with GANTRY_NATIVE_CUDA_GEMV=0 (every product on cuBLAS) at
+#             c = 1, 2, 4, 8 (and the 8B shape at c = 1 within llama8b)
 #   profile   the native engine with GANTRY_NATIVE_CUDA_PROFILE=1 at c = 1, 64, 256 (and the
 #             8B shape at 1 and 64 within llama8b): CUDA events
 #             between a decode step's phases, one line per batch size in bench.log
+#   ncu       Nsight Compute's reading of every kernel's duration and DRAM bytes (graphs off,
+#             `--clock-control none`) at c = 1 and 64 (and the 8B shape at c = 1 within
+#             llama8b): ncu-*.csv, summarised per kernel over the last two decode steps
 # and bench/gpu_decode.py writes OUT/gpu-decode.json from what ran (the small files it reads
 # are then moved out of OUT, so what comes back is the summary, the logs and the main JSONs). Every phase is bounded
 # by its own timeout; a phase that fails is recorded and the next one runs.
@@ -72,7 +77,7 @@ esac
 
 dir="${2:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
 out="${3:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
-phases="${4:-tests,gemma,profile,nographs,torch,llama8b}"
+phases="${4:-tests,gemma,profile,nographs,nogemv,ncu,torch,llama8b}"
 torch_modes="${GANTRY_TORCH_MODES:-graph,compiled}"
 want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out"
@@ -104,11 +109,11 @@ if want tests; then
   fi
 fi
 gemma="$work/models/gemma3-270m"
-if want gemma || want nographs || want profile; then
+if want gemma || want nographs || want nogemv || want ncu || want profile; then
   [ -s "$gemma/model.safetensors" ] || "$bench" write --shape gemma3-270m "$gemma" 2>> "$out/bench.log"
 fi
 if want gemma; then
-  if bounded 200 "$bench" run --model "$gemma" --batches 1,8,64,256 --prompt 128 --gen 128 \
+  if bounded 200 "$bench" run --model "$gemma" --batches 1,2,4,8,64,256 --prompt 128 --gen 128 \
        --out "$out/native-gemma.json" 2>> "$out/bench.log"; then
     status gemma passed
   else
@@ -122,6 +127,33 @@ if want nographs; then
     status nographs passed
   else
     status nographs failed
+  fi
+fi
+if want nogemv; then
+  if GANTRY_NATIVE_CUDA_GEMV=0 bounded 90 "$bench" run --model "$gemma" --batches 1,2,4,8 \
+       --prompt 128 --gen 64 --label native-no-gemv --out "$out/native-gemma-nogemv.json" \
+       2>> "$out/bench.log"; then
+    status nogemv passed
+  else
+    status nogemv failed
+  fi
+fi
+# Nsight Compute over one run of decode_bench (4 decode steps after the prompt): label, model
+# directory, batch size.
+ncu_run() {
+  local exe
+  exe="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+  [ -n "$exe" ] || { log "no ncu on this machine"; return 1; }
+  GANTRY_NATIVE_CUDA_GRAPHS=0 bounded 120 "$exe" --clock-control none --csv \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    "$bench" run --model "$2" --batches "$3" --prompt 128 --gen 4 --label ncu \
+    --out "$work/ncu-$1.json" > "$out/ncu-$1.csv" 2>> "$out/bench.log"
+}
+if want ncu; then
+  if ncu_run gemma-c1 "$gemma" 1 && ncu_run gemma-c64 "$gemma" 64; then
+    status ncu passed
+  else
+    status ncu failed
   fi
 fi
 if want profile; then
@@ -151,6 +183,14 @@ if want llama8b; then
   else
     status llama8b-native failed
   fi
+  if want nogemv; then
+    GANTRY_NATIVE_CUDA_GEMV=0 bounded 90 "$bench" run --model "$llama" --batches 1 --prompt 128 \
+      --gen 64 --label native-no-gemv --out "$out/native-llama8b-nogemv.json" 2>> "$out/bench.log" \
+      || log "the 8B run without gemv failed"
+  fi
+  if want ncu; then
+    ncu_run llama8b-c1 "$llama" 1 || log "the 8B ncu run failed"
+  fi
   if want profile; then
     GANTRY_NATIVE_CUDA_PROFILE=1 bounded 90 "$bench" run --model "$llama" --batches 1,64 --prompt 128 \
       --gen 16 --label native-profile --out "$work/native-llama8b-profile.json" 2>> "$out/bench.log" \
@@ -167,7 +207,9 @@ if want llama8b; then
 fi
 "$python" bench/gpu_decode.py "$out" "$out/gpu-decode.json" || log "no summary"
 mkdir -p "$work/small"
-for f in nvidia-smi.txt bundle.txt phases.txt native-gemma-nographs.json native-gemma-profile.json; do
+for f in nvidia-smi.txt bundle.txt phases.txt native-gemma-nographs.json native-gemma-nogemv.json \
+  native-llama8b-nogemv.json native-gemma-profile.json ncu-gemma-c1.csv ncu-gemma-c64.csv \
+  ncu-llama8b-c1.csv; do
   [ -e "$out/$f" ] && mv "$out/$f" "$work/small/"
 done
 log "results in $out"

@@ -282,6 +282,23 @@ impl Tensors {
 
 /// Write a tiny `family` model into `dir` (created if needed).
 pub fn write_tiny_hf(dir: &Path, family: HfFamily, seed: u64) -> Result<()> {
+    write_tiny_hf_with_head_dim(dir, family, seed, None)
+}
+
+/// [`write_tiny_hf`] with the attention heads' size set (the families that state it in their
+/// config, Qwen3 and Gemma 3), for the head sizes real models have (128, 256) where kernels
+/// take other paths than for the tiny default of 32.
+pub fn write_tiny_hf_with_head_dim(
+    dir: &Path,
+    family: HfFamily,
+    seed: u64,
+    head_dim: Option<usize>,
+) -> Result<()> {
+    anyhow::ensure!(
+        head_dim.is_none() || matches!(family, HfFamily::Qwen3 | HfFamily::Gemma3),
+        "{}: its config has no head_dim to set",
+        family.name()
+    );
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let (tokenizer, tok_config, n_tokens) = if family.byte_level() {
         byte_level_tokenizer()
@@ -290,7 +307,7 @@ pub fn write_tiny_hf(dir: &Path, family: HfFamily, seed: u64) -> Result<()> {
     };
     let vocab = n_tokens + 3; // a few ids past the tokenizer, as real checkpoints pad
     let head_dim = match family {
-        HfFamily::Qwen3 | HfFamily::Gemma3 => 32,
+        HfFamily::Qwen3 | HfFamily::Gemma3 => head_dim.unwrap_or(32),
         _ => HIDDEN / HEADS,
     };
     let mut config = json!({

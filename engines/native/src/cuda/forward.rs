@@ -14,21 +14,40 @@ use gantry_engine_abi::EngineError;
 use super::{CudaBackend, cuda_err, int};
 use crate::config::Activation;
 
-/// Threads per block of the per-token kernels (norms).
+/// Threads per block of the grid-stride kernels.
 const THREADS: u32 = 256;
+
+/// Threads per block of the norms (one block per token): about two values of the row each,
+/// so a decode step of one token, one block on the whole GPU, is not a long serial loop.
+fn norm_threads(dim: usize) -> u32 {
+    ((dim / 2).div_ceil(32) * 32).clamp(256, 1024) as u32
+}
+
 /// Threads per block of attention (4 warps per piece of the key span).
 const ATTN_THREADS: u32 = 128;
 
-/// Pieces each token's key span is cut into: many for a few tokens (a small decode batch
-/// still fills the GPU), one for a prompt chunk. tokens x pieces <= max(1024, tokens), which
-/// is what the step's buffers hold.
-pub(super) fn attention_splits(tokens: usize) -> usize {
-    match tokens {
-        0..=64 => 16,
-        65..=256 => 4,
-        _ => 1,
-    }
+/// Query heads one attention block serves (`ATTN_HEADS` in `kernels/attention.cu`).
+const ATTN_HEADS: usize = 4;
+
+/// Pieces each token's key span is cut into: enough that the step has about four attention
+/// blocks per multiprocessor (a small decode batch still fills the GPU; a batch that fills it
+/// already is not cut), at most 16, one for a long prompt chunk. `blocks` is the blocks per
+/// token before the split (K/V heads x groups of query heads). tokens x pieces <=
+/// max(1024, tokens), which is what the step's buffers hold.
+pub(super) fn attention_splits(tokens: usize, blocks: usize, sms: usize) -> usize {
+    let base = (tokens * blocks).max(1);
+    (4 * sms)
+        .div_ceil(base)
+        .clamp(1, 16)
+        .min((1024 / tokens.max(1)).max(1))
 }
+
+/// Attention blocks per token before the split: one per K/V head and group of up to
+/// [`ATTN_HEADS`] of its query heads.
+fn attention_blocks(n_heads: usize, n_kv_heads: usize) -> usize {
+    n_kv_heads * (n_heads / n_kv_heads).div_ceil(ATTN_HEADS)
+}
+
 /// Threads per block of the sampler (one block per row over the whole vocabulary).
 const SAMPLE_THREADS: u32 = 1024;
 
@@ -103,14 +122,15 @@ impl CudaBackend {
                 .arg(&plus_one);
             // SAFETY: the table holds vocab x hidden values (token ids were checked on the
             // host), x and h hold the buffers' token capacity >= n rows of hidden.
-            unsafe { lb.launch(per_row(n, THREADS)) }.map_err(cuda_err("embed_norm"))?;
+            unsafe { lb.launch(per_row(n, norm_threads(h))) }.map_err(cuda_err("embed_norm"))?;
             self.profile.mark("embed_norm", &self.stream);
         }
 
         let qkv_stride = i64::from(int((nh + 2 * nkv) * hd)?);
         let rope_threads = (hd / 2).div_ceil(32).max(1) as u32 * 32;
         let bs32 = int(self.block_size)?;
-        let splits = attention_splits(n);
+        let attn_blocks = attention_blocks(nh, nkv);
+        let splits = attention_splits(n, attn_blocks, self.sms);
         let splits32 = int(splits)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let kind = &c.layers[li];
@@ -153,9 +173,9 @@ impl CudaBackend {
                 let softcap = c.attn_softcap.unwrap_or(0.0);
                 let nwarps = ATTN_THREADS / 32;
                 let cfg = LaunchConfig {
-                    grid_dim: (n as u32, nh as u32, splits as u32),
+                    grid_dim: (n as u32, attn_blocks as u32, splits as u32),
                     block_dim: (ATTN_THREADS, 1, 1),
-                    shared_mem_bytes: (nwarps as usize * (2 + hd) * 4) as u32,
+                    shared_mem_bytes: (ATTN_HEADS * nwarps as usize * (2 + hd) * 4) as u32,
                 };
                 let mut lb = self.stream.launch_builder(&self.k.attention);
                 lb.arg(&b.qkv)
@@ -310,7 +330,8 @@ impl CudaBackend {
             .arg(&plus_one)
             .arg(&b.input);
         // SAFETY: x, dlt and h hold n rows of hidden; the norm weights hidden values.
-        unsafe { lb.launch(per_row(n, THREADS)) }.map_err(cuda_err("residual_norm"))?;
+        unsafe { lb.launch(per_row(n, norm_threads(c.hidden))) }
+            .map_err(cuda_err("residual_norm"))?;
         self.profile.mark("residual_norm", &self.stream);
         Ok(())
     }

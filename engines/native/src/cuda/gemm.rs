@@ -1,15 +1,25 @@
-//! Native engine, CUDA backend, in the step: the matrix products on cuBLAS (`cublasGemmEx`).
+//! Native engine, CUDA backend, in the step: the matrix products, on cuBLAS (`cublasGemmEx`)
+//! or, for decode steps of a few tokens over 16-bit weights, on the `gemv` kernel
+//! (`kernels/gemv.cu`).
 //!
 //! Weights are read in their dtype (bf16/f16 by the tensor cores, f32 as plain fp32) with f32
 //! accumulation and f32 output; the input activations are already in the weights' type (the
 //! kernel before each product writes them so). cuBLAS gets a workspace of its own at load, so
 //! a product allocates nothing and can be captured in a CUDA graph.
+//!
+//! With one or two tokens a product is a read of the weights and little arithmetic, and
+//! cuBLAS's kernels for it read them at 2.0–3.9 TB/s on an H200 (`docs/benchmarks.md`);
+//! `gemv` keeps eight 16-byte loads of weights per lane in flight. `GANTRY_NATIVE_CUDA_GEMV`
+//! sets the most tokens it takes (default [`GEMV_MAX`], 0: cuBLAS for every product), for
+//! comparisons.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use gantry_engine_abi::{EngineError, Status};
 
 use super::upload::DevLinear;
@@ -19,10 +29,32 @@ use crate::weights::DType;
 /// cuBLAS's workspace (the size PyTorch gives it on Hopper).
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// The most tokens `gemv` takes (its largest instance, `gemv2`): from four tokens on, cuBLAS's
+/// products were faster on an H200 (`docs/benchmarks.md`), and eight-token instances of this
+/// kernel lost to them by a quarter.
+pub const GEMV_MAX: usize = 2;
+/// The token counts `gemv` is compiled for (`gemv1`, `gemv2` in `kernels/gemv.cu`).
+pub const GEMV_SIZES: [usize; 2] = [1, 2];
+/// Warps per block of `gemv`, and rows of W per warp (`GEMV_ROWS`).
+const GEMV_WARPS: u32 = 4;
+const GEMV_ROWS: usize = 4;
+
 pub(super) struct Gemm {
     blas: CudaBlas,
     _workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
+    /// `gemv` for each of [`GEMV_SIZES`].
+    gemv: [CudaFunction; 2],
+    /// Products of at most this many tokens go to `gemv` (0: none).
+    gemv_max: usize,
+}
+
+/// `GANTRY_NATIVE_CUDA_GEMV`: the most tokens `gemv` takes, at most [`GEMV_MAX`].
+fn gemv_max_from_env() -> usize {
+    std::env::var("GANTRY_NATIVE_CUDA_GEMV")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(GEMV_MAX, |v| v.min(GEMV_MAX))
 }
 
 fn data_type(d: DType) -> blas_sys::cudaDataType {
@@ -35,7 +67,7 @@ fn data_type(d: DType) -> blas_sys::cudaDataType {
 }
 
 impl Gemm {
-    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, EngineError> {
+    pub fn new(stream: &Arc<CudaStream>, gemv: [CudaFunction; 2]) -> Result<Self, EngineError> {
         let blas = CudaBlas::new(Arc::clone(stream))
             .map_err(|e| EngineError::new(Status::LoadFailed, format!("cuBLAS: {e}")))?;
         let mut workspace = stream
@@ -55,13 +87,23 @@ impl Gemm {
             blas,
             _workspace: workspace,
             stream: Arc::clone(stream),
+            gemv,
+            gemv_max: gemv_max_from_env(),
         })
+    }
+
+    /// The most tokens a product runs on `gemv` for (0: none).
+    pub fn gemv_max(&self) -> usize {
+        self.gemv_max
     }
 
     /// `y[m][rows] = x[m][cols] · Wᵀ` (bias excluded: the kernel after the product adds it),
     /// with x in W's dtype at device address `x` and y f32 at `y`. cuBLAS is column-major: this
     /// is `yᵀ = W · xᵀ` with W read transposed (`[rows, cols]` row-major is `cols x rows`).
     pub fn run(&self, l: &DevLinear, x: u64, m: usize, y: u64) -> Result<(), EngineError> {
+        if m <= self.gemv_max && l.dtype != DType::F32 && l.cols.is_multiple_of(8) {
+            return self.run_gemv(l, x, m, y);
+        }
         let t = data_type(l.dtype);
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _w) = l.w.device_ptr(&self.stream);
@@ -92,5 +134,36 @@ impl Gemm {
             )
         }
         .map_err(|e| EngineError::internal(format!("cuBLAS product: {e}")))
+    }
+
+    /// The product on `gemv`: the smallest instance that holds the `m` tokens, one warp per
+    /// GEMV_ROWS rows of W.
+    fn run_gemv(&self, l: &DevLinear, x: u64, m: usize, y: u64) -> Result<(), EngineError> {
+        let (rows, cols, m32) = (int(l.rows)?, int(l.cols)?, int(m)?);
+        let dt: i32 = if l.dtype == DType::F16 { 1 } else { 2 };
+        let which = GEMV_SIZES
+            .iter()
+            .position(|&s| s >= m)
+            .ok_or_else(|| EngineError::internal(format!("gemv for {m} tokens")))?;
+        let (wp, _w) = l.w.device_ptr(&self.stream);
+        let per_block = GEMV_WARPS as usize * GEMV_ROWS;
+        let cfg = LaunchConfig {
+            grid_dim: (l.rows.div_ceil(per_block) as u32, 1, 1),
+            block_dim: (GEMV_WARPS * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut lb = self.stream.launch_builder(&self.gemv[which]);
+        lb.arg(&wp)
+            .arg(&x)
+            .arg(&y)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&m32)
+            .arg(&dt);
+        // SAFETY: W holds rows x cols 16-bit values in its own allocation (16-byte aligned,
+        // and cols a multiple of 8 keeps every row so), x at least m x cols of the same type
+        // at the start of a step buffer, y m x rows f32; m <= the instance's token count.
+        unsafe { lb.launch(cfg) }.map_err(cuda_err("gemv"))?;
+        Ok(())
     }
 }

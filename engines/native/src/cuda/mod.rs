@@ -102,6 +102,8 @@ pub struct CudaBackend {
     k: Kernels,
     device_name: String,
     arch: (i32, i32),
+    /// Multiprocessors of the device (how far attention splits a decode step's key spans).
+    sms: usize,
     model: DevModel,
     kv: Vec<LayerKv>,
     /// dtype codes of the activations that feed products, and of the K/V cache.
@@ -179,6 +181,12 @@ impl CudaBackend {
         let arch = ctx
             .compute_capability()
             .map_err(cuda_err("compute capability"))?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(cuda_err("multiprocessor count"))?
+            .max(1) as usize;
         let stream = ctx.new_stream().map_err(cuda_err("stream"))?;
         // SAFETY: the backend uses this one stream for every operation, in order, so
         // cudarc's cross-stream events are not needed.
@@ -216,7 +224,7 @@ impl CudaBackend {
             attention_merge: f("attention_merge")?,
             sample: f("sample")?,
         };
-        let gemm = Gemm::new(&stream)?;
+        let gemm = Gemm::new(&stream, [f("gemv1")?, f("gemv2")?])?;
         let model = upload::upload(cfg, weights, &stream)?;
         let mut kv = Vec::with_capacity(cfg.n_layers);
         let e = cuda_err("allocating the KV cache");
@@ -245,6 +253,7 @@ impl CudaBackend {
             k,
             device_name,
             arch,
+            sms,
             model,
             kv,
             act_dt: code,
@@ -578,10 +587,15 @@ impl Backend for CudaBackend {
     fn describe(&self) -> String {
         let (captured, captures, replays) = self.graph_stats();
         format!(
-            "cuda on {} (sm_{}{}), cuBLAS products in the weights' dtype ({}-byte activations and K/V), sampling on the device, decode graphs {} (buckets {:?}, captured {:?}, {captures} captures, {replays} replays)",
+            "cuda on {} (sm_{}{}, {} multiprocessors), products in the weights' dtype ({}, cuBLAS above), {}-byte activations and K/V, sampling on the device, decode graphs {} (buckets {:?}, captured {:?}, {captures} captures, {replays} replays)",
             self.device_name,
             self.arch.0,
             self.arch.1,
+            self.sms,
+            match self.gemm.gemv_max() {
+                0 => "gemv off".to_string(),
+                n => format!("gemv for up to {n} tokens of 16-bit weights"),
+            },
             self.act_size,
             if self.graphs.enabled { "on" } else { "off" },
             graph::BUCKETS,

@@ -19,11 +19,12 @@ pub const KERNELS: &str = concat!(
     include_str!("kernels/common.cuh"),
     include_str!("kernels/layer.cu"),
     include_str!("kernels/attention.cu"),
+    include_str!("kernels/gemv.cu"),
     include_str!("kernels/sample.cu"),
 );
 
 /// Every kernel the program defines (the backend loads each by name).
-pub const KERNEL_NAMES: [&str; 10] = [
+pub const KERNEL_NAMES: [&str; 12] = [
     "embed_norm",
     "residual_norm",
     "qkv_rope_store",
@@ -33,6 +34,8 @@ pub const KERNEL_NAMES: [&str; 10] = [
     "copy_u16",
     "attention",
     "attention_merge",
+    "gemv1",
+    "gemv2",
     "sample",
 ];
 

@@ -1,5 +1,6 @@
 // Native engine, CUDA backend: what every kernel file shares. The files are concatenated in
-// one NVRTC program (`cuda/nvrtc.rs`): this one first, then layer.cu, attention.cu, sample.cu.
+// one NVRTC program (`cuda/nvrtc.rs`): this one first, then layer.cu, attention.cu, gemv.cu,
+// sample.cu.
 //
 // No headers are included (NVRTC gets no include path in the image): the f16 conversions are
 // single PTX instructions, bf16 is the top half of an f32, and -inf is spelled by its bits.
@@ -77,6 +78,18 @@ __device__ __forceinline__ void st(void* p, long i, int dt, float v) {
         ((u16*)p)[i] = f32_to_f16(v);
     } else {
         ((u16*)p)[i] = f32_to_bf16(v);
+    }
+}
+
+// Eight 16-bit values (f16 for dt 1, bf16 otherwise) of one 16-byte load, as f32.
+__device__ __forceinline__ void unpack8(uint4 q, int dt, float* f) {
+    u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u16 lo = (u16)(w[i] & 0xffffu);
+        u16 hi = (u16)(w[i] >> 16);
+        f[2 * i] = dt == 1 ? f16_to_f32(lo) : bf16_to_f32(lo);
+        f[2 * i + 1] = dt == 1 ? f16_to_f32(hi) : bf16_to_f32(hi);
     }
 }
 

@@ -13,6 +13,10 @@
 // share, and its thread walks its tokens to the one. The order of the walk is fixed by the
 // vocabulary and the block size, not the batch, so a seeded sequence draws the same whatever
 // batch it is in.
+//
+// One block reads a whole row (1 MiB of logits for a 262,144-token vocabulary), so a pass is
+// bound by how many loads the block keeps in flight, not by the memory's bandwidth: every pass
+// goes through `for_row`, which reads 16-byte vectors four at a time ahead of using them.
 
 // Parameter words of a row (`cuda/pack.rs` writes them).
 #define P_FLAGS 0
@@ -110,6 +114,57 @@ __device__ __forceinline__ float row_value(const float* l, const u32* mask, int 
     return l[i];
 }
 
+// Visit a row's values in the sampler's one fixed order: thread t owns the groups of four tokens
+// g = t, t + blockDim.x, t + 2 blockDim.x, ... (tokens 4g .. 4g + 3), masked tokens as -inf.
+// `f(i, v)` returns false to stop this thread's visit. Four groups are loaded (as float4 where
+// the row allows) before any is used, so each thread keeps four 16-byte loads in flight.
+template <typename F>
+__device__ __forceinline__ void for_row(const float* l, const u32* mask, int vocab, F f) {
+    int groups = (vocab + 3) >> 2;
+    bool vec = (vocab & 3) == 0;
+    for (int g0 = threadIdx.x; g0 < groups; g0 += 4 * blockDim.x) {
+        float v[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int g = g0 + u * blockDim.x;
+            if (vec && g < groups) {
+                float4 q = ((const float4*)l)[g];
+                v[u][0] = q.x;
+                v[u][1] = q.y;
+                v[u][2] = q.z;
+                v[u][3] = q.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int i = 4 * g + j;
+                    v[u][j] = g < groups && i < vocab ? l[i] : NEG_INF;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int g = g0 + u * blockDim.x;
+            if (g >= groups) {
+                return;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int i = 4 * g + j;
+                if (i >= vocab) {
+                    return;
+                }
+                float x = v[u][j];
+                if (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) {
+                    x = NEG_INF;
+                }
+                if (!f(i, x)) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 // The key K with weight(key > K) < target <= weight(key >= K) among finite values whose key
 // is >= lower, where weight is 1 per token (by_mass 0) or exp(v - mx) (by_mass 1).
 __device__ u32 radix_select(const float* l, const u32* mask, int vocab, u32 lower, float target,
@@ -120,16 +175,15 @@ __device__ u32 radix_select(const float* l, const u32* mask, int vocab, u32 lowe
             hist[b] = 0.0f;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            float v = row_value(l, mask, i);
-            if (v == NEG_INF) {
-                continue;
+        for_row(l, mask, vocab, [&](int, float v) {
+            if (v != NEG_INF) {
+                u32 key = fkey(v);
+                if (key >= lower && (key & pmask) == prefix) {
+                    atomicAdd(&hist[(key >> shift) & 255u], by_mass ? expf(v - mx) : 1.0f);
+                }
             }
-            u32 key = fkey(v);
-            if (key >= lower && (key & pmask) == prefix) {
-                atomicAdd(&hist[(key >> shift) & 255u], by_mass ? expf(v - mx) : 1.0f);
-            }
-        }
+            return true;
+        });
         __syncthreads();
         if (threadIdx.x == 0) {
             float cum = 0.0f;
@@ -195,18 +249,19 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
     float lse = 0.0f;
     if (want_lp) {
         float mx = NEG_INF;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            mx = fmaxf(mx, row_value(l, mask, i));
-        }
+        for_row(l, mask, vocab, [&](int, float v) {
+            mx = fmaxf(mx, v);
+            return true;
+        });
         int dummy = 0;
         block_argmax(mx, dummy, fpart, ipart);
         double s = 0.0;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            float v = row_value(l, mask, i);
+        for_row(l, mask, vocab, [&](int, float v) {
             if (v != NEG_INF) {
                 s += (double)expf(v - mx);
             }
-        }
+            return true;
+        });
         s = block_sum(s, dpart);
         lse = mx + (float)log(s);
         float pv = POS_INF;
@@ -220,14 +275,14 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
             }
             float bv = NEG_INF;
             int bi = 0x7fffffff;
-            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                float v = row_value(l, mask, i);
+            for_row(l, mask, vocab, [&](int i, float v) {
                 bool after = v < pv || (v == pv && i > pi);
                 if (v != NEG_INF && after && better(v, i, bv, bi)) {
                     bv = v;
                     bi = i;
                 }
-            }
+                return true;
+            });
             block_argmax(bv, bi, fpart, ipart);
             if (threadIdx.x == 0) {
                 o[2 + 2 * j] = bv == NEG_INF ? -1 : bi;
@@ -269,23 +324,23 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
     if (flags & F_GREEDY) {
         float bv = NEG_INF;
         int bi = 0x7fffffff;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            float v = row_value(l, mask, i);
+        for_row(l, mask, vocab, [&](int i, float v) {
             if (better(v, i, bv, bi)) {
                 bv = v;
                 bi = i;
             }
-        }
+            return true;
+        });
         block_argmax(bv, bi, fpart, ipart);
         token = bv == NEG_INF ? -1 : bi;
     } else {
         float mx = NEG_INF;
         float finite = 0.0f;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            float v = row_value(l, mask, i);
+        for_row(l, mask, vocab, [&](int, float v) {
             mx = fmaxf(mx, v);
             finite += v != NEG_INF ? 1.0f : 0.0f;
-        }
+            return true;
+        });
         int dummy = 0;
         block_argmax(mx, dummy, fpart, ipart);
         finite = block_sum(finite, fpart);
@@ -297,12 +352,12 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
         float top_p = __uint_as_float(p[P_TOP_P]);
         if (mx != NEG_INF && top_p < 1.0f) {
             float z = 0.0f;
-            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                float v = row_value(l, mask, i);
+            for_row(l, mask, vocab, [&](int, float v) {
                 if (v != NEG_INF && fkey(v) >= lower) {
                     z += expf(v - mx);
                 }
-            }
+                return true;
+            });
             z = block_sum(z, fpart);
             lower = radix_select(l, mask, vocab, lower, top_p * z, 1, mx, hist, state);
         }
@@ -310,13 +365,15 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
         float inv_t = 1.0f / fmaxf(__uint_as_float(p[P_TEMP]), 1e-6f);
         // Each thread's tempered weight of its kept tokens (tokens threadIdx.x + k * blockDim.x).
         double own = 0.0;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            float v = row_value(l, mask, i);
-            if (v == NEG_INF || fkey(v) < lower || (min_p > 0.0f && expf(v - mx) < min_p)) {
-                continue;
+        auto kept = [&](float v) {
+            return v != NEG_INF && fkey(v) >= lower && !(min_p > 0.0f && expf(v - mx) < min_p);
+        };
+        for_row(l, mask, vocab, [&](int, float v) {
+            if (kept(v)) {
+                own += (double)expf((v - mx) * inv_t);
             }
-            own += (double)expf((v - mx) * inv_t);
-        }
+            return true;
+        });
         block_exclusive_scan(own, excl, dpart);
         double total = excl[blockDim.x];
         double target = uniform01(p) * total;
@@ -330,17 +387,14 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
             // rounding leaves the target past the walk, its last kept token is the one.
             double cum = lo;
             int pick = -1;
-            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                float v = row_value(l, mask, i);
-                if (v == NEG_INF || fkey(v) < lower || (min_p > 0.0f && expf(v - mx) < min_p)) {
-                    continue;
+            for_row(l, mask, vocab, [&](int i, float v) {
+                if (!kept(v)) {
+                    return true;
                 }
                 pick = i;
                 cum += (double)expf((v - mx) * inv_t);
-                if (cum > target) {
-                    break;
-                }
-            }
+                return cum <= target;
+            });
             chosen = pick;
         }
         __syncthreads();
