@@ -12,7 +12,10 @@ Workloads, each over the same 20 sentences (8 to 30 tokens) repeated:
 - one input per request, one request at a time (an online caller);
 - `--batch` inputs per request (Gantry) vs one padded batch per call (PyTorch), `--batch` at a time.
 
-Reports embeddings per second for each side and the ratio; writes JSON.
+Both sides stay up for the whole run and their rounds alternate (Gantry single, PyTorch single,
+Gantry batch, PyTorch batch, `--rounds` times), so drift on a shared machine hits both alike.
+Reports each side's median embeddings per second, the ratio, and every round's ratio; writes
+JSON.
 
 Usage: bench/embeddings.py --node target/release/gantry-node \\
            --python ~/.cache/gantry/venv-reference/bin/python --out bench/results/embeddings-cpu.json
@@ -34,7 +37,9 @@ def texts():
     return json.loads(ref.read_text())["texts"]
 
 
-def peer(model_dir: str, threads: int, batch: int, rounds: int, n: int):
+def peer(model_dir: str, threads: int, batch: int, n: int):
+    """The PyTorch side, kept running: one round of a workload per line on stdin ("single" or
+    "batch"), its embeddings per second on stdout."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -50,18 +55,15 @@ def peer(model_dir: str, threads: int, batch: int, rounds: int, n: int):
         v = (h * mask).sum(1) / mask.sum(1)
         return torch.nn.functional.normalize(v, dim=1)
 
-    out = {}
     with torch.no_grad():
         embed(sentences[:batch])
-        for name, size in (("single", 1), ("batch", batch)):
-            runs = []
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for i in range(0, n, size):
-                    embed(sentences[i:i + size])
-                runs.append(n / (time.perf_counter() - t0))
-            out[name] = runs
-    print(json.dumps(out))
+        print("ready", flush=True)
+        for line in sys.stdin:
+            size = 1 if line.strip() == "single" else batch
+            t0 = time.perf_counter()
+            for i in range(0, n, size):
+                embed(sentences[i:i + size])
+            print(n / (time.perf_counter() - t0), flush=True)
 
 
 def post(port, body):
@@ -74,60 +76,70 @@ def post(port, body):
     return json.loads(data)
 
 
-def gantry(node: str, model_dir: str, threads: int, batch: int, rounds: int, n: int):
-    sys.path.insert(0, str(HERE))
-    from node_vs_llama_server import Server, free_port
-
-    sentences = (texts() * (n // 20 + 1))[:n]
-    port = free_port()
-    argv = [node, "serve", "--model", model_dir, "--model-id", "minilm", "--listen", f"127.0.0.1:{port}",
-            "--threads", str(threads), "--no-response-cache"]
-    out = {}
-    with Server("embeddings-gantry", argv, port, "/readyz"):
-        post(port, {"model": "minilm", "input": sentences[:batch]})
-        for name, size in (("single", 1), ("batch", batch)):
-            runs = []
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for i in range(0, n, size):
-                    chunk = sentences[i:i + size]
-                    r = post(port, {"model": "minilm", "input": chunk if size > 1 else chunk[0]})
-                    assert len(r["data"]) == len(chunk)
-                runs.append(n / (time.perf_counter() - t0))
-            out[name] = runs
-    return out
+def gantry_round(port: int, sentences: list, size: int) -> float:
+    """One round of a workload through the node: embeddings per second."""
+    t0 = time.perf_counter()
+    for i in range(0, len(sentences), size):
+        chunk = sentences[i:i + size]
+        r = post(port, {"model": "minilm", "input": chunk if size > 1 else chunk[0]})
+        assert len(r["data"]) == len(chunk)
+    return len(sentences) / (time.perf_counter() - t0)
 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "peer":
-        peer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        peer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
         return
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--node", required=True)
     ap.add_argument("--python", required=True, help="a Python with torch and transformers (the reference venv)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--inputs", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--inputs", type=int, default=640, help="inputs per round and workload")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--machine-note", default="nothing else ran on the machine")
     args = ap.parse_args()
     model_dir = os.environ["GANTRY_MINILM_DIR"]
-    ours = gantry(args.node, model_dir, args.threads, args.batch, args.rounds, args.inputs)
-    p = subprocess.run([args.python, __file__, "peer", model_dir, str(args.threads), str(args.batch),
-                        str(args.rounds), str(args.inputs)], check=True, stdout=subprocess.PIPE, text=True)
-    theirs = json.loads(p.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, str(HERE))
+    from node_vs_llama_server import Server, free_port
+
+    sentences = (texts() * (args.inputs // 20 + 1))[:args.inputs]
+    port = free_port()
+    argv = [args.node, "serve", "--model", model_dir, "--model-id", "minilm", "--listen",
+            f"127.0.0.1:{port}", "--threads", str(args.threads), "--no-response-cache"]
+    ours = {"single": [], "batch": []}
+    theirs = {"single": [], "batch": []}
+    peer_proc = subprocess.Popen(
+        [args.python, __file__, "peer", model_dir, str(args.threads), str(args.batch), str(args.inputs)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer_proc.stdout.readline().strip() == "ready", "the PyTorch side did not start"
+        with Server("embeddings-gantry", argv, port, "/readyz"):
+            post(port, {"model": "minilm", "input": sentences[:args.batch]})
+            # Rounds alternate between the two sides, so drift on the machine hits both alike.
+            for _ in range(args.rounds):
+                for name, size in (("single", 1), ("batch", args.batch)):
+                    ours[name].append(gantry_round(port, sentences, size))
+                    peer_proc.stdin.write(name + "\n")
+                    peer_proc.stdin.flush()
+                    theirs[name].append(float(peer_proc.stdout.readline()))
+    finally:
+        peer_proc.stdin.close()
+        peer_proc.wait(timeout=60)
     rows = []
     for name in ("single", "batch"):
         g, t = sorted(ours[name])[len(ours[name]) // 2], sorted(theirs[name])[len(theirs[name]) // 2]
+        ratios = sorted(a / b for a, b in zip(ours[name], theirs[name]))
         rows.append({"workload": name, "inputs_per_call": 1 if name == "single" else args.batch,
                      "gantry_embeddings_per_s": g, "pytorch_embeddings_per_s": t, "ratio": g / t,
-                     "gantry_runs": ours[name], "pytorch_runs": theirs[name]})
-        print(f"{name}: gantry {g:.1f}/s, pytorch {t:.1f}/s, ratio {g / t:.2f}", flush=True)
+                     "round_ratios": ratios, "gantry_runs": ours[name], "pytorch_runs": theirs[name]})
+        print(f"{name}: gantry {g:.1f}/s, pytorch {t:.1f}/s, ratio {g / t:.2f} "
+              f"(rounds {min(ratios):.2f} to {max(ratios):.2f})", flush=True)
     report = {"benchmark": "embeddings_cpu", "model": "all-MiniLM-L6-v2 (f32 safetensors)",
-              "threads": args.threads, "inputs": args.inputs,
+              "threads": args.threads, "inputs": args.inputs, "rounds": args.rounds,
+              "order": "rounds alternate: Gantry single, PyTorch single, Gantry batch, PyTorch batch",
               "runs": rows}
-    sys.path.insert(0, str(HERE))
     from common import write_report
 
     write_report(args.out, report, args.machine_note)

@@ -58,8 +58,14 @@ pub(crate) trait ExecCalls: Send {
     fn adapter_unload(&mut self, adapter: u64);
     /// ABI 1.6 `seq_set_adapter`; `Unsupported` when the plugin lacks it.
     fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError>;
-    /// `dims` is the model's embedding size, the first guess of the output length.
-    fn embed(&mut self, tokens: &[i32], dims: usize) -> Result<Vec<f32>, EngineError>;
+    /// One vector per input, in order (ABI 1.8 `embed_batch`, or `embed` once per input where
+    /// the plugin lacks it). `dims` is the model's embedding size, the first guess of one
+    /// vector's length.
+    fn embed_batch(
+        &mut self,
+        inputs: &[Vec<i32>],
+        dims: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError>;
     /// The worker process under the calls (`process` isolation).
     fn worker(&self) -> Option<Arc<dyn WorkerProcess>> {
         None
@@ -236,8 +242,17 @@ impl ModelExec {
         self.calls.seq_set_adapter(seq, adapter)
     }
 
+    /// The embedding of one input.
     pub fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        self.embed_batch(&[tokens.to_vec()])?
+            .pop()
+            .ok_or_else(|| EngineError::internal("embed: no vector"))
+    }
+
+    /// The embeddings of several inputs, in one engine call where the plugin has ABI 1.8's
+    /// `embed_batch`.
+    pub fn embed_batch(&mut self, inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError> {
         let dims = self.shared.info.embedding_dims as usize;
-        self.calls.embed(tokens, dims)
+        self.calls.embed_batch(inputs, dims)
     }
 }

@@ -259,24 +259,37 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
     let (_m, ready) = s.node.ready_model(&valid.model).await?;
     let inputs = limits::embedding(&ready, &valid)?;
     let _guard = InflightGuard::new(s.node.clone());
-    let mut data = Vec::with_capacity(inputs.len());
-    let mut total = 0usize;
-    for (i, tokens) in inputs.into_iter().enumerate() {
-        total += tokens.len();
+    let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
+    let total: usize = lengths.iter().sum();
+    // The inputs go to the engine in runs of at most a prompt chunk's tokens, each one call
+    // (ABI 1.8 `embed_batch`); all are queued at once and answered in order.
+    let budget = s.node.config.scheduler.prefill_chunk_tokens as usize;
+    let mut inputs = inputs.into_iter();
+    let mut pending = Vec::new();
+    for run in crate::scheduler::batch::embed_batches(&lengths, budget) {
         let (tx, rx) = oneshot::channel();
-        ready
-            .scheduler
-            .submit(Job::Embed(EmbedJob { tokens, reply: tx }))?;
-        let v = rx
+        let batch: Vec<Vec<i32>> = inputs.by_ref().take(run.len()).collect();
+        ready.scheduler.submit(Job::Embed(EmbedJob {
+            inputs: batch,
+            reply: tx,
+        }))?;
+        pending.push(rx);
+    }
+    let mut data = Vec::with_capacity(lengths.len());
+    for rx in pending {
+        let vectors = rx
             .await
             .map_err(|_| ApiError::internal("the scheduler dropped the embedding"))??;
-        let embedding = if valid.base64 {
-            let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
-            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
-        } else {
-            json!(v)
-        };
-        data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+        for v in vectors {
+            let embedding = if valid.base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            let i = data.len();
+            data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+        }
     }
     Ok((
         valid.model.clone(),

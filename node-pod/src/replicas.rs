@@ -59,8 +59,8 @@ impl Engine for PluginEngine {
     fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
         self.0.seq_set_adapter(seq, adapter)
     }
-    fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
-        self.0.embed(tokens)
+    fn embed_batch(&mut self, inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.0.embed_batch(inputs)
     }
     fn token_bytes(&self, token: i32) -> Vec<u8> {
         self.0

@@ -435,6 +435,15 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
         (err.status, err.message.as_str()),
         (Status::Unsupported, "echo has no embeddings")
     );
+    // ABI 1.8: the example leaves `embed_batch` empty, so the host calls `embed` per input
+    // and names the input that failed.
+    let err = exec
+        .embed_batch(&[toks.clone(), toks])
+        .expect_err("no embeddings");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (Status::Unsupported, "input 0: echo has no embeddings")
+    );
 }
 
 #[test]

@@ -6,7 +6,28 @@
 //!   KV cells for its whole prompt; nobody overtakes it;
 //! - [`plan_step`]: one decode token for every sequence that has one, plus at most the
 //!   prefill budget of prompt tokens, given to prompts in order, so a long prompt is fed in
-//!   chunks and never stalls the running streams for more than one chunk.
+//!   chunks and never stalls the running streams for more than one chunk;
+//! - [`embed_batches`]: an embeddings request's inputs cut into engine calls of at most the
+//!   same budget of tokens, so steps run between them.
+
+/// An embeddings request's inputs (their token counts, in order) cut into consecutive runs of
+/// at most `budget` tokens each, every run at least one input (an input longer than the
+/// budget goes alone). Each run is one engine call (ABI 1.8 `embed_batch`).
+pub fn embed_batches(lengths: &[usize], budget: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut tokens) = (0, 0usize);
+    for (i, &n) in lengths.iter().enumerate() {
+        if i > start && tokens + n > budget {
+            out.push(start..i);
+            (start, tokens) = (i, 0);
+        }
+        tokens += n;
+    }
+    if start < lengths.len() {
+        out.push(start..lengths.len());
+    }
+    out
+}
 
 /// What the running sequences hold.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -268,5 +289,18 @@ mod tests {
             ],
             "the third prompt waits: the budget is spent"
         );
+    }
+
+    #[test]
+    fn embeddings_are_cut_into_runs_within_the_token_budget() {
+        // Inputs fill a run up to the budget; the next one starts a new run.
+        assert_eq!(embed_batches(&[3, 4, 5, 2], 8), vec![0..2, 2..4]);
+        assert_eq!(embed_batches(&[4, 4, 4], 8), vec![0..2, 2..3]);
+        // An input longer than the budget goes alone, and nothing is dropped.
+        assert_eq!(embed_batches(&[2, 20, 3], 8), vec![0..1, 1..2, 2..3]);
+        assert_eq!(embed_batches(&[20], 8), vec![0..1]);
+        assert!(embed_batches(&[], 8).is_empty());
+        // Everything fits in one run.
+        assert_eq!(embed_batches(&[1; 32], 512), vec![0..32]);
     }
 }

@@ -298,7 +298,7 @@ mod tests {
         fn seq_cached_tokens(&mut self, _seq: u64) -> Option<u64> {
             None
         }
-        fn embed(&mut self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        fn embed_batch(&mut self, _inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError> {
             Err(EngineError::unsupported("toy"))
         }
         fn token_bytes(&self, _token: i32) -> Vec<u8> {

@@ -60,7 +60,8 @@ pub trait Engine: Send + 'static {
     }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
-    fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError>;
+    /// One vector per input, in order, in one engine call where the engine can batch them.
+    fn embed_batch(&mut self, inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError>;
     /// The bytes of one token (empty when the engine cannot say).
     fn token_bytes(&self, token: i32) -> Vec<u8>;
     /// The crash that ended the engine's worker process, once it has ended.

@@ -147,11 +147,13 @@ impl GenerateJob {
     }
 }
 
-/// An embedding request.
+/// Inputs of an embedding request, embedded together (one engine call): the node cuts a
+/// request into jobs of at most the prompt chunk's tokens, so steps run between them.
 #[derive(Debug)]
 pub struct EmbedJob {
-    pub tokens: Vec<i32>,
-    pub reply: oneshot::Sender<Result<Vec<f32>, GenError>>,
+    pub inputs: Vec<Vec<i32>>,
+    /// One vector per input, in order.
+    pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, GenError>>,
 }
 
 /// A change to the LoRA adapters loaded into one replica's engine; it runs between steps.

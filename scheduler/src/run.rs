@@ -197,7 +197,7 @@ impl<E: Engine> Scheduler<E> {
             Job::Embed(e) => {
                 // Embeddings run between steps, in arrival order with the rest.
                 self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
-                let result = self.engine.embed(&e.tokens);
+                let result = self.engine.embed_batch(&e.inputs);
                 let result = result.map_err(|err| self.failure(err));
                 let _ = e.reply.send(result);
             }

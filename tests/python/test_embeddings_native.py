@@ -10,12 +10,16 @@ tokenizer, mean pooling and normalisation (testkit/python/hf_reference.py `minil
 - similar sentences are nearer than unrelated ones (the model's purpose, on real weights);
 - base64 encoding gives the same floats; `dimensions` other than the model's is a 400 naming the
   field; too long an input is a 400 naming the limit; completions on the model are a 400.
+
+Each runs twice: with the engine in the node process and in a worker process (`isolation`), so
+a request's inputs go through the engine's batched call (ABI 1.8 `embed_batch`) on both paths.
 """
 import base64
 import json
 import os
 import struct
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +37,23 @@ def _minilm() -> tuple[Path, dict]:
     return d, json.loads(ref.read_text())
 
 
-@pytest.fixture(scope="module")
-def minilm_node():
+@pytest.fixture(scope="module", params=["inProcess", "process"])
+def minilm_node(request):
     model_dir, expected = _minilm()
     work = Path(tempfile.mkdtemp(prefix="gantry-minilm-"))
     config = work / "node.json"
     config.write_text(json.dumps({
         "models": [{"id": "minilm", "path": str(model_dir), "format": "safetensors"}],
-        "scheduler": {"responseCacheRamFraction": 0.0},
+        # A small prompt chunk, so the 20 sentences go to the engine as several batches.
+        "scheduler": {"responseCacheRamFraction": 0.0, "prefillChunkTokens": 64},
+        "isolation": {"default": request.param},
     }))
     with serving(config, work) as base:
+        with urllib.request.urlopen(f"{base}/v1/status") as r:
+            status = json.load(r)
+        replica = next(m for m in status["models"] if m["id"] == "minilm")["replicas"][0]
+        # The worker's pid is there exactly when the engine runs in a worker process.
+        assert ("workerPid" in replica) == (request.param == "process"), replica
         yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0), expected
 
 

@@ -48,6 +48,8 @@ pub(super) struct Vtable {
     pub(super) adapter_load: Option<ffi::AdapterLoadFn>,
     pub(super) adapter_unload: Option<ffi::AdapterUnloadFn>,
     pub(super) seq_set_adapter: Option<ffi::SeqSetAdapterFn>,
+    /// ABI 1.8, optional: without it, `embed` once per input.
+    pub(super) embed_batch: Option<ffi::EmbedBatchFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -104,6 +106,7 @@ impl Vtable {
             adapter_load: later!(adapter_load),
             adapter_unload: later!(adapter_unload),
             seq_set_adapter: later!(seq_set_adapter),
+            embed_batch: later!(embed_batch),
         })
     }
 }
@@ -204,8 +207,8 @@ pub(super) fn read_err(status: ffi::gantry_status_t, err: &ffi::gantry_error_t) 
 }
 
 /// Call a plugin function that fills a host buffer and reports the full
-/// length it needed (`tokenize`, `detokenize`, `embed`): when the length
-/// exceeds the buffer, grow it once and call again.
+/// length it needed (`tokenize`, `detokenize`, `embed`, `embed_batch`): when the
+/// length exceeds the buffer, grow it once and call again.
 pub(super) fn fill_growing<T: Clone + Default>(
     what: &str,
     initial: usize,

@@ -390,7 +390,69 @@ impl ExecCalls for LocalModel {
         u64::try_from(n).ok()
     }
 
-    fn embed(&mut self, tokens: &[i32], dims: usize) -> Result<Vec<f32>, EngineError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Vec<i32>],
+        dims: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let h = &self.0;
+        let Some(batch) = h.plugin.vt.embed_batch else {
+            // A plugin older than ABI 1.8: one call per input, the failing one named where
+            // there are several.
+            let several = inputs.len() > 1;
+            return inputs
+                .iter()
+                .enumerate()
+                .map(|(i, tokens)| {
+                    self.embed_one(tokens, dims).map_err(|e| match several {
+                        true => EngineError::new(e.status, format!("input {i}: {}", e.message)),
+                        false => e,
+                    })
+                })
+                .collect();
+        };
+        let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
+        let tokens: Vec<i32> = inputs.concat();
+        // The plugin reports one vector's size; the buffer holds every input's.
+        let mut dim = dims;
+        let flat = fill_growing(
+            "embed_batch",
+            dims * inputs.len(),
+            |out: &mut [f32], n, err| {
+                let mut d = 0usize;
+                // SAFETY: `tokens` holds the sum of `lengths`, `out` its length in floats;
+                // exclusive via &mut self.
+                let status = unsafe {
+                    batch(
+                        h.raw,
+                        tokens.as_ptr(),
+                        lengths.as_ptr(),
+                        lengths.len(),
+                        out.as_mut_ptr(),
+                        out.len(),
+                        &mut d,
+                        err,
+                    )
+                };
+                dim = d;
+                *n = d.saturating_mul(lengths.len());
+                status
+            },
+        )?;
+        if dim == 0 || flat.len() != dim * inputs.len() {
+            return Err(EngineError::internal(format!(
+                "embed_batch: {} floats for {} inputs of {dim}",
+                flat.len(),
+                inputs.len()
+            )));
+        }
+        Ok(flat.chunks_exact(dim).map(<[f32]>::to_vec).collect())
+    }
+}
+
+impl LocalModel {
+    /// One input through ABI 1.0's `embed`.
+    fn embed_one(&mut self, tokens: &[i32], dims: usize) -> Result<Vec<f32>, EngineError> {
         let h = &self.0;
         fill_growing("embed", dims, |out: &mut [f32], n, err| {
             // SAFETY: buffers valid for the lengths given; exclusive via &mut self.

@@ -219,10 +219,19 @@ impl ExecCalls for RemoteExec {
         self.exec_call(&w.buf).map(|_| ())
     }
 
-    fn embed(&mut self, tokens: &[i32], _dims: usize) -> Result<Vec<f32>, EngineError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Vec<i32>],
+        _dims: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let mut w = Writer::op(Op::Embed);
-        w.i32s(tokens);
-        self.exec_call(&w.buf)?.f32s()
+        w.len(inputs.len());
+        for tokens in inputs {
+            w.i32s(tokens);
+        }
+        let mut r = self.exec_call(&w.buf)?;
+        let n = r.u32()? as usize;
+        (0..n).map(|_| r.f32s()).collect()
     }
 
     fn step(

@@ -202,8 +202,13 @@ fn handle(
             exec(state)?.seq_set_adapter(seq, adapter)?;
         }
         Op::Embed => {
-            let tokens = r.i32s()?;
-            w.f32s(&exec(state)?.embed(&tokens)?);
+            let n = r.u32()? as usize;
+            let inputs = (0..n).map(|_| r.i32s()).collect::<Result<Vec<_>, _>>()?;
+            let vectors = exec(state)?.embed_batch(&inputs)?;
+            w.len(vectors.len());
+            for v in &vectors {
+                w.f32s(v);
+            }
         }
         Op::MapShm => {
             let path = PathBuf::from(r.string()?);

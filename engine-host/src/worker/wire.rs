@@ -39,6 +39,7 @@ pub enum Op {
     /// The request is in this connection's shared mapping; so is the reply's payload.
     Step = 8,
     SeqCachedTokens = 9,
+    /// Inputs (a count, then each one's tokens); the reply is a vector per input.
     Embed = 10,
     /// Map the shared-memory file at this path for this connection's steps.
     MapShm = 11,

@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.7.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.8.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -48,7 +48,8 @@
  *   - `create`, `destroy`, `load_model` and `unload_model` on one engine are
  *     serialized by the host.
  *   - `seq_open`, `seq_release`, `step`, `embed`, `seq_cached_tokens`, `seq_fork`,
- *     `seq_truncate`, `adapter_load`, `adapter_unload` and `seq_set_adapter` on one
+ *     `seq_truncate`, `adapter_load`, `adapter_unload`, `seq_set_adapter` and
+ *     `embed_batch` on one
  *     model are never called concurrently with each other (the host's scheduler
  *     owns them), but
  *     different models may be stepped concurrently from different threads.
@@ -76,7 +77,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 7
+#define GANTRY_ABI_MINOR 8
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -439,6 +440,20 @@ typedef struct gantry_engine_vtable {
      * never reused for a sequence under another (a warm prefix is keyed by the adapter). */
     gantry_status_t (*seq_set_adapter)(gantry_model_t* model, uint64_t seq, uint64_t adapter,
                                        gantry_error_t* err);
+
+    /* Since 1.8; optional (NULL, or a vtable whose `struct_size` does not cover it: the host
+     * calls `embed` once per input). Embed `n_inputs` inputs in one call, as `embed` embeds
+     * one: input i is the `lengths[i]` tokens that follow input i - 1's in `tokens`. Writes
+     * input i's vector at `out + i * dims`, at most `capacity` floats in all, and sets
+     * `*dims` to one vector's size; when `n_inputs * dims` exceeds `capacity` it writes
+     * nothing and the host calls again with room for all. An input the model cannot embed
+     * (empty, too long, a token outside the vocabulary) fails the whole call with the input's
+     * index in the message; nothing is kept between calls. Only for models with
+     * GANTRY_MODALITY_EMBEDDING. Lets an engine run the inputs as one batch (one pass over
+     * the weights for all of them) instead of one pass each. */
+    gantry_status_t (*embed_batch)(gantry_model_t* model, const int32_t* tokens,
+                                   const size_t* lengths, size_t n_inputs, float* out,
+                                   size_t capacity, size_t* dims, gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 7;
+pub const GANTRY_ABI_MINOR: u32 = 8;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -306,6 +306,17 @@ pub type AdapterUnloadFn = unsafe extern "C" fn(*mut gantry_model_t, u64);
 /// Since 1.6: run a sequence with an adapter (0 = the base model).
 pub type SeqSetAdapterFn =
     unsafe extern "C" fn(*mut gantry_model_t, u64, u64, *mut gantry_error_t) -> gantry_status_t;
+/// Since 1.8: embed several inputs in one call (tokens, lengths, n_inputs, out, capacity, dims).
+pub type EmbedBatchFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    *const i32,
+    *const usize,
+    usize,
+    *mut f32,
+    usize,
+    *mut usize,
+    *mut gantry_error_t,
+) -> gantry_status_t;
 
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
@@ -334,6 +345,8 @@ pub struct gantry_engine_vtable_t {
     pub adapter_unload: Option<AdapterUnloadFn>,
     /// Since 1.6; required with `GANTRY_CAP_ADAPTERS`.
     pub seq_set_adapter: Option<SeqSetAdapterFn>,
+    /// Since 1.8; optional.
+    pub embed_batch: Option<EmbedBatchFn>,
 }
 
 #[repr(C)]

@@ -66,6 +66,23 @@ pub trait Model: Send + Sync + 'static {
     /// entries that asked for a sample.
     fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError>;
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError>;
+    /// Embed several inputs at once (since ABI 1.8, `embed_batch`): one vector per input, in
+    /// order. An engine that can run them as one batch overrides it; the default embeds them
+    /// one by one, and a failing input fails the call with its index (where there are
+    /// several).
+    fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let several = inputs.len() > 1;
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                self.embed(t).map_err(|e| match several {
+                    true => EngineError::new(e.status, format!("input {i}: {}", e.message)),
+                    false => e,
+                })
+            })
+            .collect()
+    }
     /// How many tokens of `seq`'s first entry came from a cache instead of being evaluated
     /// (since ABI 1.4, `seq_cached_tokens`); `None` when unknown. The host asks after the step
     /// that carried the first entry. The default reports nothing, as a 1.3 plugin does.

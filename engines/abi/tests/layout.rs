@@ -172,7 +172,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             seq_truncate,
             adapter_load,
             adapter_unload,
-            seq_set_adapter
+            seq_set_adapter,
+            embed_batch
         }
     );
     layout!(

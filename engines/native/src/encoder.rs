@@ -1,5 +1,6 @@
 //! Native engine, embedding models (engine layer, below the engine host's `embed`): BERT-style
-//! encoders (`BertModel`) from a sentence-transformers directory, one input per call.
+//! encoders (`BertModel`) from a sentence-transformers directory, one input or a batch per
+//! call.
 //!
 //! Load: `config.json` (the encoder's shape), the tensors by their transformers names (with or
 //! without the `bert.` prefix of a checkpoint saved from a task head), and the pooling the
@@ -9,7 +10,9 @@
 //! `modules.json` gets mean pooling and L2 normalisation, the sentence-transformers default.
 //!
 //! Embed: word, position and token-type embeddings, a LayerNorm, then each post-LN layer
-//! (bidirectional self-attention over the whole input, GELU feed-forward), then pooling. The
+//! (bidirectional self-attention over the whole input, GELU feed-forward), then pooling. A
+//! batch stacks its inputs' tokens as the rows of one matrix: the products run once over all
+//! of them, attention and pooling within each input's rows. The
 //! linear layers are the CPU backend's products ([`crate::cpu::matmul::Linear`]), on the
 //! engine's own thread pool. No KV cache, no sampling: `step` is refused, `embed` is the call.
 
@@ -19,7 +22,10 @@ use std::sync::Arc;
 use gantry_engine_abi::{EngineError, Status};
 use serde_json::Value;
 
-use crate::cpu::matmul::Linear;
+use rayon::prelude::*;
+
+use crate::cpu::matmul::{Linear, dot};
+use crate::cpu::ops;
 use crate::weights::Weights;
 
 /// How token vectors become one embedding.
@@ -282,36 +288,80 @@ impl Encoder {
 
     /// The pooled (and, as declared, normalised) embedding of one input.
     pub fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
-        if tokens.is_empty() {
-            return Err(unsupported("cannot embed an empty input"));
-        }
-        if tokens.len() > self.cfg.max_tokens {
-            return Err(unsupported(format!(
-                "input has {} tokens, the most this model embeds is {}",
-                tokens.len(),
-                self.cfg.max_tokens
-            )));
-        }
-        self.pool.install(|| self.run(tokens))
+        let mut v = self.embed_batch(&[tokens])?;
+        Ok(v.remove(0))
     }
 
-    fn run(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+    /// The embeddings of several inputs in one pass (ABI 1.8 `embed_batch`): their tokens are
+    /// the rows of one matrix, so each product reads its weights once for all of them and
+    /// runs as one large matrix product; attention and pooling stay within each input's rows.
+    /// An input that cannot be embedded fails the call, named by its index when there are
+    /// several.
+    pub fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let which = |i: usize| {
+            if inputs.len() > 1 {
+                format!("input {i}: ")
+            } else {
+                String::new()
+            }
+        };
+        for (i, tokens) in inputs.iter().enumerate() {
+            if tokens.is_empty() {
+                return Err(unsupported(format!(
+                    "{}cannot embed an empty input",
+                    which(i)
+                )));
+            }
+            if tokens.len() > self.cfg.max_tokens {
+                return Err(unsupported(format!(
+                    "{}input has {} tokens, the most this model embeds is {}",
+                    which(i),
+                    tokens.len(),
+                    self.cfg.max_tokens
+                )));
+            }
+            if let Some(t) = tokens
+                .iter()
+                .find(|&&t| usize::try_from(t).map_or(true, |id| id >= self.cfg.vocab))
+            {
+                return Err(unsupported(format!(
+                    "{}token id {t} is outside the vocabulary",
+                    which(i)
+                )));
+            }
+        }
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.pool.install(|| self.run(inputs)))
+    }
+
+    /// The forward pass over checked inputs.
+    fn run(&self, inputs: &[&[i32]]) -> Vec<Vec<f32>> {
         let cfg = &self.cfg;
-        let (n, h) = (tokens.len(), cfg.hidden);
+        let h = cfg.hidden;
         let w = &*self.weights;
+        // Each input's rows in the stacked matrix.
+        let mut spans = Vec::with_capacity(inputs.len());
+        let mut n = 0;
+        for t in inputs {
+            spans.push(n..n + t.len());
+            n += t.len();
+        }
         let mut x = vec![0.0f32; n * h];
-        for (i, &t) in tokens.iter().enumerate() {
-            let id = usize::try_from(t)
-                .ok()
-                .filter(|&id| id < cfg.vocab)
-                .ok_or_else(|| unsupported(format!("token id {t} is outside the vocabulary")))?;
-            let row = &mut x[i * h..(i + 1) * h];
-            let word = &self.word[id * h..(id + 1) * h];
-            let pos = &self.position[i * h..(i + 1) * h];
-            // Every token is of segment 0 (one input per call).
-            let seg = &self.token_type[..h];
-            for d in 0..h {
-                row[d] = word[d] + pos[d] + seg[d];
+        for (tokens, span) in inputs.iter().zip(&spans) {
+            for (i, &t) in tokens.iter().enumerate() {
+                // Checked by embed_batch: inside the vocabulary.
+                let id = t as usize;
+                let row = &mut x[(span.start + i) * h..(span.start + i + 1) * h];
+                let word = &self.word[id * h..(id + 1) * h];
+                // Positions count from each input's start.
+                let pos = &self.position[i * h..(i + 1) * h];
+                // Every token is of segment 0 (one text per input).
+                let seg = &self.token_type[..h];
+                for d in 0..h {
+                    row[d] = word[d] + pos[d] + seg[d];
+                }
             }
         }
         layer_norm(&mut x, &self.embed_norm, h, cfg.eps);
@@ -328,64 +378,86 @@ impl Encoder {
             layer.q.forward(w, &x, n, &mut q, &mut scratch);
             layer.k.forward(w, &x, n, &mut k, &mut scratch);
             layer.v.forward(w, &x, n, &mut v, &mut scratch);
-            attention(&q, &k, &v, n, cfg.n_heads, h / cfg.n_heads, &mut att);
+            attention(&q, &k, &v, &spans, cfg.n_heads, h / cfg.n_heads, &mut att);
             layer.o.forward(w, &att, n, &mut o, &mut scratch);
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             layer_norm(&mut x, &layer.attn_norm, h, cfg.eps);
             layer.up.forward(w, &x, n, &mut up, &mut scratch);
-            up.iter_mut().for_each(|u| *u = gelu(*u));
+            // Both threads, a row each at a time.
+            up.par_chunks_mut(cfg.intermediate).for_each(ops::gelu_erf);
             layer.down.forward(w, &up, n, &mut o, &mut scratch);
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             layer_norm(&mut x, &layer.out_norm, h, cfg.eps);
         }
-        Ok(pool(&x, n, h, cfg.pooling, cfg.normalize))
+        spans
+            .iter()
+            .map(|s| {
+                pool(
+                    &x[s.start * h..s.end * h],
+                    s.len(),
+                    h,
+                    cfg.pooling,
+                    cfg.normalize,
+                )
+            })
+            .collect()
     }
 }
 
-/// LayerNorm of every `h`-wide row of `x`, in place.
+/// LayerNorm of every `h`-wide row of `x`, in place, the rows on the encoder's threads.
 fn layer_norm(x: &mut [f32], n: &LayerNorm, h: usize, eps: f32) {
-    for row in x.chunks_exact_mut(h) {
+    x.par_chunks_exact_mut(h).for_each(|row| {
         let mean = row.iter().sum::<f32>() / h as f32;
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
         let inv = 1.0 / (var + eps).sqrt();
         for ((v, w), b) in row.iter_mut().zip(&n.w).zip(&n.b) {
             *v = (*v - mean) * inv * w + b;
         }
-    }
+    });
 }
 
-/// GELU with the exact error function (BERT's `gelu`). `libm` gives `erf`, which Rust's
-/// standard library does not.
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-/// Bidirectional multi-head attention of `n` tokens (`[n][heads * hd]` each) into `out`.
-fn attention(q: &[f32], k: &[f32], v: &[f32], n: usize, heads: usize, hd: usize, out: &mut [f32]) {
+/// Bidirectional multi-head attention (`[rows][heads * hd]` each) into `out`: every row
+/// attends to the rows of its own input (`spans`, consecutive and covering every row).
+fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spans: &[std::ops::Range<usize>],
+    heads: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
     use rayon::prelude::*;
     let h = heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
+    let span_of: Vec<std::ops::Range<usize>> = spans
+        .iter()
+        .flat_map(|s| std::iter::repeat_n(s.clone(), s.len()))
+        .collect();
     out.par_chunks_mut(h).enumerate().for_each(|(i, row)| {
-        let mut scores = vec![0.0f32; n];
+        let span = span_of[i].clone();
+        let mut scores = vec![0.0f32; span.len()];
         for head in 0..heads {
             let qi = &q[i * h + head * hd..i * h + (head + 1) * hd];
             let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
+            for (j, s) in span.clone().zip(scores.iter_mut()) {
                 let kj = &k[j * h + head * hd..j * h + (head + 1) * hd];
-                *s = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                *s = dot(qi, kj) * scale;
                 max = max.max(*s);
             }
             let mut sum = 0.0;
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
+                *s = ops::exp(*s - max);
                 sum += *s;
             }
+            let inv = 1.0 / sum;
             let dst = &mut row[head * hd..(head + 1) * hd];
             dst.fill(0.0);
-            for (j, s) in scores.iter().enumerate() {
+            for (j, s) in span.clone().zip(&scores) {
                 let vj = &v[j * h + head * hd..j * h + (head + 1) * hd];
+                let p = s * inv;
                 for (d, x) in dst.iter_mut().zip(vj) {
-                    *d += s / sum * x;
+                    *d += p * x;
                 }
             }
         }

@@ -135,4 +135,8 @@ impl Model for EncoderModel {
     fn embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
         self.encoder.embed(tokens)
     }
+
+    fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.encoder.embed_batch(inputs)
+    }
 }

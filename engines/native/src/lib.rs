@@ -436,6 +436,10 @@ impl Model for NativeModel {
         each!(self, m => m.embed(tokens))
     }
 
+    fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
+        each!(self, m => m.embed_batch(inputs))
+    }
+
     fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
         each!(self, m => m.seq_cached_tokens(seq))
     }

@@ -56,6 +56,7 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         adapter_load: Some(shim_adapter_load::<E::Model>),
         adapter_unload: Some(shim_adapter_unload::<E::Model>),
         seq_set_adapter: Some(shim_seq_set_adapter::<E::Model>),
+        embed_batch: Some(shim_embed_batch::<E::Model>),
     }
 }
 
@@ -500,6 +501,61 @@ unsafe extern "C" fn shim_embed<M: Model>(
                 return Err(EngineError::internal("embed: null dims"));
             }
             *dims = v.len();
+            Ok(())
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // The ABI's signature.
+unsafe extern "C" fn shim_embed_batch<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    tokens: *const i32,
+    lengths: *const usize,
+    n_inputs: usize,
+    out: *mut f32,
+    capacity: usize,
+    dims: *mut usize,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: buffers are valid for the given lengths per the header: `lengths` holds
+    // `n_inputs` counts and `tokens` their sum.
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            let lengths = slice_or_empty(lengths, n_inputs);
+            let total = lengths
+                .iter()
+                .try_fold(0usize, |a, &n| a.checked_add(n))
+                .ok_or_else(|| EngineError::internal("embed_batch: lengths overflow"))?;
+            let all = slice_or_empty(tokens, total);
+            let mut inputs = Vec::with_capacity(n_inputs);
+            let mut at = 0;
+            for &n in lengths {
+                inputs.push(&all[at..at + n]);
+                at += n;
+            }
+            let vectors = m.model.embed_batch(&inputs)?;
+            if vectors.len() != n_inputs {
+                return Err(EngineError::internal(format!(
+                    "embed_batch: {} vectors for {n_inputs} inputs",
+                    vectors.len()
+                )));
+            }
+            let d = vectors.first().map_or(0, Vec::len);
+            if vectors.iter().any(|v| v.len() != d) {
+                return Err(EngineError::internal(
+                    "embed_batch: vectors of different sizes",
+                ));
+            }
+            if dims.is_null() {
+                return Err(EngineError::internal("embed_batch: null dims"));
+            }
+            *dims = d;
+            if n_inputs * d <= capacity && !out.is_null() {
+                for (i, v) in vectors.iter().enumerate() {
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(i * d), d);
+                }
+            }
             Ok(())
         })
     }

@@ -63,6 +63,7 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     adapter_load: None,
     adapter_unload: None,
     seq_set_adapter: None,
+    embed_batch: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {

@@ -1,15 +1,17 @@
 //! Native engine, CPU backend: the linear layers, `y = x · Wᵀ` for a weight `W` stored
 //! `[out, in]` as in Hugging Face checkpoints.
 //!
-//! Two kernels:
+//! Three kernels:
 //! - bf16 weights on a CPU with AVX-512 BF16: a hand-written kernel (`vdpbf16ps`, 32 bf16
 //!   products per instruction, f32 accumulators), reading the weights in place from the
 //!   memory-mapped file. No maintained Rust GEMM crate multiplies bf16 with these instructions
 //!   (`gemm` has f16/f32/f64 kernels, none for bf16), and at decode time the step is bound by
 //!   streaming the weights once: the kernel reads each weight row once per step whatever the
 //!   batch, like llama.cpp's own bf16 path, which also rounds the activations to bf16 first.
-//! - everything else (f32 weights, and f16/bf16 weights converted to f32 at load on CPUs
-//!   without AVX-512 BF16): the `gemm` crate, except for a few rows (decode steps, short
+//! - f32 weights (and f16/bf16 weights converted to f32 at load on CPUs without AVX-512 BF16)
+//!   on a CPU with AVX-512F: packed at load into panels for a hand-written AVX-512 kernel
+//!   ([`super::panels`], which says why not `gemm` there);
+//! - the same elsewhere: the `gemm` crate, except for a few rows (decode steps, short
 //!   embedding inputs: up to [`SMALL_M`]), where `gemm` spends more time packing the weight
 //!   matrix on every call than multiplying, and a row-parallel dot-product loop that reads each
 //!   weight row once for all the step's rows serves instead.
@@ -24,6 +26,7 @@
 
 use rayon::prelude::*;
 
+use super::panels::{self, Panels};
 use crate::weights::{DType, TensorInfo, Weights};
 
 /// Weight storage the kernels read.
@@ -32,6 +35,8 @@ pub enum WeightData {
     MappedBf16(TensorInfo),
     /// f32 values owned by the engine (converted from f16/bf16, or copied from f32).
     F32(Vec<f32>),
+    /// The same, packed for the AVX-512F kernel.
+    Panels(Panels),
 }
 
 /// A linear layer: `rows` outputs of `cols` inputs, with an optional bias.
@@ -82,7 +87,7 @@ unsafe impl Sync for SharedOut {}
 
 /// Dot product with 16 independent accumulators (the compiler keeps them in vector registers
 /// and uses fused multiply-adds), then the tail.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let (ta, tb) = (ca.remainder(), cb.remainder());
@@ -150,6 +155,8 @@ impl Linear {
         let (rows, cols) = (t.shape[0], t.shape[1]);
         let data = if t.dtype == DType::Bf16 && has_bf16_kernel() {
             WeightData::MappedBf16(t.clone())
+        } else if panels::available() {
+            WeightData::Panels(Panels::pack(&w.to_f32(t), rows, cols))
         } else {
             WeightData::F32(w.to_f32(t))
         };
@@ -166,6 +173,7 @@ impl Linear {
         match &self.data {
             WeightData::MappedBf16(_) => 0,
             WeightData::F32(v) => (v.len() * 4) as u64,
+            WeightData::Panels(p) => p.bytes(),
         }
     }
 
@@ -190,6 +198,7 @@ impl Linear {
                     unreachable!("bf16 weights are converted at load without the kernel");
                 }
             }
+            WeightData::Panels(p) => p.matmul(x, m, y),
             WeightData::F32(wf) if m <= SMALL_M => small_m(x, wf, m, self.rows, self.cols, y),
             WeightData::F32(wf) => {
                 let threads = rayon::current_num_threads();

@@ -13,6 +13,7 @@ pub mod mamba;
 pub mod matmul;
 pub mod moe;
 pub mod ops;
+pub mod panels;
 
 use std::collections::HashMap;
 use std::sync::Arc;

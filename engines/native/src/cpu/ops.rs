@@ -111,7 +111,7 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[f32], sin: &[
 #[inline]
 pub fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.7);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
@@ -121,6 +121,29 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r * r + r + 1.0;
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// erf(x) by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7, 5e-7 in f32) over
+/// [`exp`]: branch free, so a loop of it vectorises, where libm's `erff` is a call per value
+/// (13 % of an embedding batch's time in a profile, on one thread). PyTorch's vectorised CPU
+/// `erf` uses the same formula.
+#[inline]
+pub fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let p = 1.061_405_4;
+    let p = p * t - 1.453_152;
+    let p = p * t + 1.421_413_7;
+    let p = p * t - 0.284_496_72;
+    let p = p * t + 0.254_829_6;
+    (1.0 - p * t * exp(-a * a)).copysign(x)
+}
+
+/// GELU with the exact error function (BERT's `gelu`), in place.
+pub fn gelu_erf(x: &mut [f32]) {
+    for v in x {
+        *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2));
+    }
 }
 
 /// SiLU(g)·u into g.
@@ -263,6 +286,15 @@ mod tests {
             let x = i as f32 / 10.0;
             let (a, b) = (exp(x), x.exp());
             assert!(((a - b) / b).abs() < 1e-6, "{x}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn the_fast_erf_is_close_to_libm() {
+        for i in -600..600 {
+            let x = i as f32 / 100.0;
+            let (a, b) = (erf(x), libm::erff(x));
+            assert!((a - b).abs() < 5e-7, "{x}: {a} vs {b}");
         }
     }
 

@@ -247,17 +247,28 @@ pub fn run_gap(a: &[Top], b: &[Top]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// The largest |engine − reference| component over the embeddings of `prompts`, each engine
-/// vector checked to be of unit length.
+/// The largest |engine − reference| component over the embeddings of `prompts`, embedded one
+/// by one and all in one batch (ABI 1.8 `embed_batch`), each engine vector checked to be of
+/// unit length.
 pub fn embedding_gap(exec: &mut ModelExec, prompts: &Value, embeddings: &Value, name: &str) -> f32 {
-    let mut worst = 0.0f32;
-    for (p, want) in prompts
+    let prompts: Vec<Vec<i32>> = prompts
         .as_array()
         .expect("prompts")
         .iter()
-        .zip(embeddings.as_array().expect("embeddings"))
+        .map(ints)
+        .collect();
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| exec.embed(p).expect("embed"))
+        .collect();
+    let batch = exec.embed_batch(&prompts).expect("embed_batch");
+    assert_eq!(batch.len(), prompts.len(), "{name}: one vector per input");
+    let mut worst = 0.0f32;
+    for (got, want) in alone
+        .iter()
+        .chain(&batch)
+        .zip(embeddings.as_array().expect("embeddings").iter().cycle())
     {
-        let got = exec.embed(&ints(p)).expect("embed");
         let want: Vec<f32> = want
             .as_array()
             .expect("a vector")
