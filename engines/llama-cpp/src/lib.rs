@@ -246,6 +246,10 @@ impl Model for LlamaLoaded {
         self.run_embed(tokens)
     }
 
+    fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.run_embed_batch(inputs)
+    }
+
     fn adapter_load(&self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
         self.load_adapter(desc)
     }

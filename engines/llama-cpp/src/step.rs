@@ -318,54 +318,99 @@ impl LlamaLoaded {
 
     /// A pooled embedding of `tokens` (embedding models), in a free slot for one pass.
     pub(crate) fn run_embed(&self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        let mut v = self.run_embed_batch(&[tokens])?;
+        Ok(v.remove(0))
+    }
+
+    /// Pooled embeddings of several inputs (ABI 1.8 `embed_batch`): each input in a free
+    /// sequence slot of its own, as many per `llama_decode` as there are free slots and room
+    /// in the batch (`n_batch` tokens), so one pass serves many inputs.
+    pub(crate) fn run_embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
         if !self.embedding {
             return Err(EngineError::unsupported(format!(
                 "{} is not an embedding model",
                 self.info.architecture
             )));
         }
-        if tokens.is_empty() {
-            return Err(EngineError::unsupported("cannot embed an empty input"));
-        }
-        if tokens.len() > self.n_batch {
-            return Err(EngineError::unsupported(format!(
-                "input has {} tokens, the most an embedding takes is {}",
-                tokens.len(),
-                self.n_batch
-            )));
+        let which = |i: usize| match inputs.len() {
+            1 => String::new(),
+            _ => format!("input {i}: "),
+        };
+        for (i, tokens) in inputs.iter().enumerate() {
+            if tokens.is_empty() {
+                return Err(EngineError::unsupported(format!(
+                    "{}cannot embed an empty input",
+                    which(i)
+                )));
+            }
+            if tokens.len() > self.n_batch {
+                return Err(EngineError::unsupported(format!(
+                    "{}input has {} tokens, the most an embedding takes is {}",
+                    which(i),
+                    tokens.len(),
+                    self.n_batch
+                )));
+            }
         }
         let mut guard = self.exec();
         let ex = &mut *guard;
-        let free = ex
-            .free_slots
-            .last_mut()
-            .ok_or_else(|| oom("no free sequence slot for embedding".into()))?;
-        let slot = free.id;
-        // An embedding takes the slot's cells for one pass: its warm prefix goes.
-        free.tokens.clear();
-        let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
-        ex.batch.clear();
-        for (i, &t) in tokens.iter().enumerate() {
-            ex.batch
-                .add(LlamaToken(t), i as i32, &[slot], true)
-                .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+        if ex.free_slots.is_empty() {
+            return Err(oom("no free sequence slot for embedding".into()));
         }
-        // Embeddings are the base model's.
-        let result = ex
-            .use_adapter(0)
-            .and_then(|()| {
-                ex.ctx
-                    .decode(&mut ex.batch)
-                    .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
+        // Embeddings take free slots' cells for one pass: their warm prefixes go.
+        let slots: Vec<i32> = ex
+            .free_slots
+            .iter_mut()
+            .map(|f| {
+                f.tokens.clear();
+                f.id
             })
-            .and_then(|()| {
-                ex.ctx
-                    .embeddings_seq_ith(slot)
-                    .map(unit_length)
-                    .map_err(|err| EngineError::internal(format!("no pooled embedding: {err}")))
-            });
-        let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
-        result
+            .collect();
+        // Embeddings are the base model's.
+        ex.use_adapter(0)?;
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut next = 0;
+        while next < inputs.len() {
+            ex.batch.clear();
+            let (mut used, mut taken) = (0, 0);
+            while next < inputs.len()
+                && used < slots.len()
+                && taken + inputs[next].len() <= self.n_batch
+            {
+                let slot = slots[used];
+                let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+                for (p, &t) in inputs[next].iter().enumerate() {
+                    ex.batch
+                        .add(LlamaToken(t), p as i32, &[slot], true)
+                        .map_err(|err| EngineError::internal(format!("batch: {err}")))?;
+                }
+                taken += inputs[next].len();
+                used += 1;
+                next += 1;
+            }
+            let pass = ex
+                .ctx
+                .decode(&mut ex.batch)
+                .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
+                .and_then(|()| {
+                    slots[..used]
+                        .iter()
+                        .map(|&slot| {
+                            ex.ctx
+                                .embeddings_seq_ith(slot)
+                                .map(unit_length)
+                                .map_err(|err| {
+                                    EngineError::internal(format!("no pooled embedding: {err}"))
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                });
+            for &slot in &slots[..used] {
+                let _ = ex.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
+            }
+            out.extend(pass?);
+        }
+        Ok(out)
     }
 }
 

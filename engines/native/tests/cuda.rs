@@ -94,37 +94,48 @@ fn the_cuda_backend_starts_where_a_gpu_is_and_is_refused_with_the_reason_where_n
 /// One prompt step of two sequences (prompts of 9 and 5 tokens, across block boundaries of
 /// 4-token blocks) and one decode step of each, on a backend; the logits of every sampled row.
 fn two_steps(b: &mut dyn Backend) -> Vec<Vec<f32>> {
-    let t0: Vec<i32> = (1..10).collect();
-    let t1: Vec<i32> = vec![7, 3, 9, 2, 5];
-    let table0: Vec<u32> = vec![0, 1, 2];
-    let table1: Vec<u32> = vec![3, 4];
-    let tables: Vec<&[u32]> = vec![&table0, &table1];
-    let mut tokens = t0.clone();
-    tokens.extend(&t1);
-    let mut positions: Vec<usize> = (0..t0.len()).collect();
-    positions.extend(0..t1.len());
-    let mut seq_of = vec![0; t0.len()];
-    seq_of.extend(vec![1; t1.len()]);
+    let prompts = vec![(1..10).collect(), vec![7, 3, 9, 2, 5]];
+    steps(b, &prompts, &[vec![0, 1, 2], vec![3, 4]], &[11, 12])
+}
+
+/// One prompt step of `prompts` (sequence i in the blocks of `tables[i]`) and one decode step
+/// of each with its token of `next`; the logits of every sampled row.
+fn steps(
+    b: &mut dyn Backend,
+    prompts: &[Vec<i32>],
+    tables: &[Vec<u32>],
+    next: &[i32],
+) -> Vec<Vec<f32>> {
+    let tables: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
+    let (mut tokens, mut positions, mut seq_of, mut last) = (vec![], vec![], vec![], vec![]);
+    for (s, p) in prompts.iter().enumerate() {
+        tokens.extend(p);
+        positions.extend(0..p.len());
+        seq_of.extend(std::iter::repeat_n(s, p.len()));
+        last.push(tokens.len() - 1);
+    }
+    let slots: Vec<usize> = (0..prompts.len()).collect();
     let prompt = b
         .forward(&StepInput {
             tokens: &tokens,
             positions: &positions,
             seq_of: &seq_of,
             tables: &tables,
-            logits_rows: &[t0.len() - 1, tokens.len() - 1],
+            logits_rows: &last,
             adapters: &[],
-            slots: &[0, 1],
+            slots: &slots,
         })
         .expect("prompt step");
+    let at: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let decode = b
         .forward(&StepInput {
-            tokens: &[11, 12],
-            positions: &[t0.len(), t1.len()],
-            seq_of: &[0, 1],
+            tokens: next,
+            positions: &at,
+            seq_of: &slots,
             tables: &tables,
-            logits_rows: &[0, 1],
+            logits_rows: &slots,
             adapters: &[],
-            slots: &[0, 1],
+            slots: &slots,
         })
         .expect("decode step");
     vec![prompt, decode]
@@ -177,40 +188,8 @@ fn batch_steps(b: &mut dyn Backend, k: usize) -> Vec<Vec<f32>> {
     let tables: Vec<Vec<u32>> = (0..k)
         .map(|s| (0..3).map(|j| (3 * s + j) as u32).collect())
         .collect();
-    let tables: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
-    let (mut tokens, mut positions, mut seq_of, mut last) = (vec![], vec![], vec![], vec![]);
-    for (s, p) in prompts.iter().enumerate() {
-        tokens.extend(p);
-        positions.extend(0..p.len());
-        seq_of.extend(std::iter::repeat_n(s, p.len()));
-        last.push(tokens.len() - 1);
-    }
-    let slots: Vec<usize> = (0..k).collect();
-    let prompt = b
-        .forward(&StepInput {
-            tokens: &tokens,
-            positions: &positions,
-            seq_of: &seq_of,
-            tables: &tables,
-            logits_rows: &last,
-            adapters: &[],
-            slots: &slots,
-        })
-        .expect("prompt step");
     let next: Vec<i32> = (0..k).map(|s| (s + 11) as i32).collect();
-    let at: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let decode = b
-        .forward(&StepInput {
-            tokens: &next,
-            positions: &at,
-            seq_of: &slots,
-            tables: &tables,
-            logits_rows: &slots,
-            adapters: &[],
-            slots: &slots,
-        })
-        .expect("decode step");
-    vec![prompt, decode]
+    steps(b, &prompts, &tables, &next)
 }
 
 /// The CUDA and CPU backends' logits of [`two_steps`] on a tiny `family` model (see

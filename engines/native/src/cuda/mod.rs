@@ -2,9 +2,9 @@
 //! forward pass as the CPU backend on one NVIDIA GPU, through `cudarc`, with sampling on the
 //! device.
 //!
-//! Laid out by job: [`nvrtc`] (can CUDA run here; the kernels compiled for the device),
-//! `upload.rs` (weights into device memory, QKV and gate/up fused), `gemm.rs` (cuBLAS
-//! products), `bufs.rs` (the step's buffers, allocated once), `pack.rs` (the step's one input
+//! Laid out by job: [`nvrtc`] (can CUDA run here; the kernels compiled for the device and
+//! loaded), `upload.rs` (weights into device memory, QKV and gate/up fused), `gemm.rs` (cuBLAS
+//! products, `gemv` for one or two tokens), `bufs.rs` (the step's buffers, allocated once), `pack.rs` (the step's one input
 //! copy and one output copy), `forward.rs` (the launches of a step), `graph.rs` (decode steps
 //! captured as CUDA graphs), and the kernels in `kernels/`.
 //!
@@ -29,8 +29,7 @@ mod upload;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-    result,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, result,
 };
 use gantry_engine_abi::{EngineError, SampledToken, Status};
 
@@ -44,6 +43,7 @@ use bufs::{Bufs, Caps, Pinned};
 use forward::Shape;
 use gemm::Gemm;
 use graph::{Graphs, Slot, bucket_for};
+use nvrtc::Kernels;
 use pack::{OUT_WORDS, Packed, Padding, pack, unpack};
 use profile::Profile;
 use upload::DevModel;
@@ -74,19 +74,6 @@ fn dtype_code(d: DType) -> i32 {
         DType::F16 => 1,
         DType::Bf16 => 2,
     }
-}
-
-struct Kernels {
-    embed_norm: CudaFunction,
-    residual_norm: CudaFunction,
-    qkv_rope_store: CudaFunction,
-    gated_act: CudaFunction,
-    gather_rows: CudaFunction,
-    softcap: CudaFunction,
-    copy_u16: CudaFunction,
-    attention: CudaFunction,
-    attention_merge: CudaFunction,
-    sample: CudaFunction,
 }
 
 struct LayerKv {
@@ -206,25 +193,8 @@ impl CudaBackend {
             ));
         }
 
-        let cubin = nvrtc::cubin_for(arch.0, arch.1)
-            .map_err(|e| EngineError::new(Status::LoadFailed, e))?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.as_ref().clone()))
-            .map_err(cuda_err("loading the kernels"))?;
-        let f = |name: &str| module.load_function(name).map_err(cuda_err("kernel"));
-        let k = Kernels {
-            embed_norm: f("embed_norm")?,
-            residual_norm: f("residual_norm")?,
-            qkv_rope_store: f("qkv_rope_store")?,
-            gated_act: f("gated_act")?,
-            gather_rows: f("gather_rows")?,
-            softcap: f("softcap")?,
-            copy_u16: f("copy_u16")?,
-            attention: f("attention")?,
-            attention_merge: f("attention_merge")?,
-            sample: f("sample")?,
-        };
-        let gemm = Gemm::new(&stream, [f("gemv1")?, f("gemv2")?])?;
+        let k = Kernels::load(&ctx, arch)?;
+        let gemm = Gemm::new(&stream, k.gemv.clone())?;
         let model = upload::upload(cfg, weights, &stream)?;
         let mut kv = Vec::with_capacity(cfg.n_layers);
         let e = cuda_err("allocating the KV cache");

@@ -1,5 +1,6 @@
 //! Native engine, CUDA backend, at load: whether CUDA can run here, and the kernels compiled
-//! by NVRTC for the device's architecture (cached per architecture for the process).
+//! by NVRTC for the device's architecture (cached per architecture for the process) and
+//! loaded into the backend's context ([`Kernels`]).
 //!
 //! Every CUDA library is loaded at run time (`dynamic-loading`): the plugin builds and loads on
 //! machines without CUDA, and [`unavailable`] says why a CUDA backend cannot run here, which the
@@ -11,8 +12,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use gantry_engine_abi::{EngineError, Status};
+
+use super::cuda_err;
 
 /// The kernels' source, one NVRTC program: the shared prelude, then the files by job.
 pub const KERNELS: &str = concat!(
@@ -154,4 +158,45 @@ pub(super) fn cubin_for(major: i32, minor: i32) -> Result<Arc<Vec<u8>>, String> 
         .unwrap_or_else(|p| p.into_inner())
         .insert((major, minor), Arc::clone(&c));
     Ok(c)
+}
+
+/// The kernels a backend launches, loaded into its context.
+pub(super) struct Kernels {
+    pub embed_norm: CudaFunction,
+    pub residual_norm: CudaFunction,
+    pub qkv_rope_store: CudaFunction,
+    pub gated_act: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub softcap: CudaFunction,
+    pub copy_u16: CudaFunction,
+    pub attention: CudaFunction,
+    pub attention_merge: CudaFunction,
+    pub sample: CudaFunction,
+    /// `gemv1`, `gemv2` (`gemm.rs`).
+    pub gemv: [CudaFunction; 2],
+}
+
+impl Kernels {
+    /// The kernels for `arch` (compiled once per process) loaded into `ctx`.
+    pub(super) fn load(ctx: &Arc<CudaContext>, arch: (i32, i32)) -> Result<Self, EngineError> {
+        let cubin =
+            cubin_for(arch.0, arch.1).map_err(|e| EngineError::new(Status::LoadFailed, e))?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.as_ref().clone()))
+            .map_err(cuda_err("loading the kernels"))?;
+        let f = |name: &str| module.load_function(name).map_err(cuda_err("kernel"));
+        Ok(Self {
+            embed_norm: f("embed_norm")?,
+            residual_norm: f("residual_norm")?,
+            qkv_rope_store: f("qkv_rope_store")?,
+            gated_act: f("gated_act")?,
+            gather_rows: f("gather_rows")?,
+            softcap: f("softcap")?,
+            copy_u16: f("copy_u16")?,
+            attention: f("attention")?,
+            attention_merge: f("attention_merge")?,
+            sample: f("sample")?,
+            gemv: [f("gemv1")?, f("gemv2")?],
+        })
+    }
 }
