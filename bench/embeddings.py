@@ -12,6 +12,9 @@ Workloads, each over the same 20 sentences (8 to 30 tokens) repeated:
 - one input per request, one request at a time (an online caller);
 - `--batch` inputs per request (Gantry) vs one padded batch per call (PyTorch), `--batch` at a time.
 
+With `--gguf` and `--llama-server`, also the same model as a GGUF through the node's llama.cpp
+plugin against llama.cpp's own server with as many slots as a batch has inputs.
+
 Both sides stay up for the whole run and their rounds alternate (Gantry single, PyTorch single,
 Gantry batch, PyTorch batch, `--rounds` times), so drift on a shared machine hits both alike.
 Reports each side's median embeddings per second, the ratio, and every round's ratio; writes
@@ -77,13 +80,40 @@ def post(port, body):
 
 
 def gantry_round(port: int, sentences: list, size: int) -> float:
-    """One round of a workload through the node: embeddings per second."""
+    """One round of a workload through an OpenAI-style `/v1/embeddings` server (the node, or
+    llama-server): embeddings per second."""
     t0 = time.perf_counter()
     for i in range(0, len(sentences), size):
         chunk = sentences[i:i + size]
         r = post(port, {"model": "minilm", "input": chunk if size > 1 else chunk[0]})
         assert len(r["data"]) == len(chunk)
     return len(sentences) / (time.perf_counter() - t0)
+
+
+def alternate(rounds: int, workloads, ours, theirs) -> tuple[dict, dict]:
+    """`rounds` rounds of each workload (name, inputs per call), the two sides' rounds
+    alternating so drift on the machine hits both alike: each side's embeddings per second."""
+    a = {name: [] for name, _ in workloads}
+    b = {name: [] for name, _ in workloads}
+    for _ in range(rounds):
+        for name, size in workloads:
+            a[name].append(ours(name, size))
+            b[name].append(theirs(name, size))
+    return a, b
+
+
+def summarise(workloads, ours: dict, theirs: dict, us: str, them: str) -> list:
+    """One row per workload: each side's median, the ratio, every round's ratio."""
+    rows = []
+    for name, size in workloads:
+        g, t = sorted(ours[name])[len(ours[name]) // 2], sorted(theirs[name])[len(theirs[name]) // 2]
+        ratios = sorted(x / y for x, y in zip(ours[name], theirs[name]))
+        rows.append({"workload": name, "inputs_per_call": size,
+                     f"{us}_embeddings_per_s": g, f"{them}_embeddings_per_s": t, "ratio": g / t,
+                     "round_ratios": ratios, f"{us}_runs": ours[name], f"{them}_runs": theirs[name]})
+        print(f"{name}: {us} {g:.1f}/s, {them} {t:.1f}/s, ratio {g / t:.2f} "
+              f"(rounds {min(ratios):.2f} to {max(ratios):.2f})", flush=True)
+    return rows
 
 
 def main():
@@ -98,6 +128,9 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--inputs", type=int, default=640, help="inputs per round and workload")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gguf", help="the same model as a GGUF (llama.cpp's converter): also compare "
+                    "the node's llama.cpp plugin with --llama-server on it")
+    ap.add_argument("--llama-server", help="llama.cpp's server (bench/build-llama-server.sh)")
     ap.add_argument("--machine-note", default="nothing else ran on the machine")
     args = ap.parse_args()
     model_dir = os.environ["GANTRY_MINILM_DIR"]
@@ -105,41 +138,52 @@ def main():
     from node_vs_llama_server import Server, free_port
 
     sentences = (texts() * (args.inputs // 20 + 1))[:args.inputs]
+    workloads = (("single", 1), ("batch", args.batch))
+    serve = ["serve", "--model-id", "minilm", "--threads", str(args.threads), "--no-response-cache"]
     port = free_port()
-    argv = [args.node, "serve", "--model", model_dir, "--model-id", "minilm", "--listen",
-            f"127.0.0.1:{port}", "--threads", str(args.threads), "--no-response-cache"]
-    ours = {"single": [], "batch": []}
-    theirs = {"single": [], "batch": []}
+    argv = [args.node, *serve, "--model", model_dir, "--listen", f"127.0.0.1:{port}"]
     peer_proc = subprocess.Popen(
         [args.python, __file__, "peer", model_dir, str(args.threads), str(args.batch), str(args.inputs)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def pytorch_round(name, _size):
+        peer_proc.stdin.write(name + "\n")
+        peer_proc.stdin.flush()
+        return float(peer_proc.stdout.readline())
+
     try:
         assert peer_proc.stdout.readline().strip() == "ready", "the PyTorch side did not start"
         with Server("embeddings-gantry", argv, port, "/readyz"):
             post(port, {"model": "minilm", "input": sentences[:args.batch]})
-            # Rounds alternate between the two sides, so drift on the machine hits both alike.
-            for _ in range(args.rounds):
-                for name, size in (("single", 1), ("batch", args.batch)):
-                    ours[name].append(gantry_round(port, sentences, size))
-                    peer_proc.stdin.write(name + "\n")
-                    peer_proc.stdin.flush()
-                    theirs[name].append(float(peer_proc.stdout.readline()))
+            ours, theirs = alternate(args.rounds, workloads,
+                                     lambda _n, size: gantry_round(port, sentences, size), pytorch_round)
     finally:
         peer_proc.stdin.close()
         peer_proc.wait(timeout=60)
-    rows = []
-    for name in ("single", "batch"):
-        g, t = sorted(ours[name])[len(ours[name]) // 2], sorted(theirs[name])[len(theirs[name]) // 2]
-        ratios = sorted(a / b for a, b in zip(ours[name], theirs[name]))
-        rows.append({"workload": name, "inputs_per_call": 1 if name == "single" else args.batch,
-                     "gantry_embeddings_per_s": g, "pytorch_embeddings_per_s": t, "ratio": g / t,
-                     "round_ratios": ratios, "gantry_runs": ours[name], "pytorch_runs": theirs[name]})
-        print(f"{name}: gantry {g:.1f}/s, pytorch {t:.1f}/s, ratio {g / t:.2f} "
-              f"(rounds {min(ratios):.2f} to {max(ratios):.2f})", flush=True)
     report = {"benchmark": "embeddings_cpu", "model": "all-MiniLM-L6-v2 (f32 safetensors)",
               "threads": args.threads, "inputs": args.inputs, "rounds": args.rounds,
               "order": "rounds alternate: Gantry single, PyTorch single, Gantry batch, PyTorch batch",
-              "runs": rows}
+              "runs": summarise(workloads, ours, theirs, "gantry", "pytorch")}
+    if args.gguf and args.llama_server:
+        # The same GGUF on both sides: the node's llama.cpp plugin (`embed_batch`: one slot per
+        # input, as many per pass as it has slots) and llama-server with as many slots.
+        pg, pl = free_port(), free_port()
+        node = [args.node, *serve, "--model", args.gguf, "--listen", f"127.0.0.1:{pg}",
+                "--max-batch-size", str(args.batch), "--context-length", "512"]
+        peer_argv = [args.llama_server, "-m", args.gguf, "--embedding", "--pooling", "mean",
+                     "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.batch),
+                     "-c", str(512 * args.batch), "-b", "2048", "-ub", "2048",
+                     "--host", "127.0.0.1", "--port", str(pl)]
+        with Server("embeddings-gantry-gguf", node, pg, "/readyz"), \
+                Server("embeddings-llama-server", peer_argv, pl, "/health"):
+            for p in (pg, pl):
+                post(p, {"model": "minilm", "input": sentences[:args.batch]})
+            ours, theirs = alternate(args.rounds, workloads,
+                                     lambda _n, size: gantry_round(pg, sentences, size),
+                                     lambda _n, size: gantry_round(pl, sentences, size))
+        report["gguf"] = {"model": "all-MiniLM-L6-v2 as an f32 GGUF (llama.cpp's converter)",
+                          "peer": "llama-server --embedding --pooling mean, one slot per input of a batch",
+                          "runs": summarise(workloads, ours, theirs, "gantry_llama_cpp", "llama_server")}
     from common import write_report
 
     write_report(args.out, report, args.machine_note)

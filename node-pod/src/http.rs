@@ -262,7 +262,9 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
     let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
     let total: usize = lengths.iter().sum();
     // The inputs go to the engine in runs of at most a prompt chunk's tokens, each one call
-    // (ABI 1.8 `embed_batch`); all are queued at once and answered in order.
+    // (ABI 1.8 `embed_batch`); all are queued at once and answered in order. A request that
+    // ends early (the client left, a run failed) drops its receivers, and the scheduler skips
+    // the runs nobody waits for.
     let budget = s.node.config.scheduler.prefill_chunk_tokens as usize;
     let mut inputs = inputs.into_iter();
     let mut pending = Vec::new();
@@ -273,13 +275,28 @@ async fn embed_inner(s: &AppState, body: &[u8]) -> Result<(String, Value), ApiEr
             inputs: batch,
             reply: tx,
         }))?;
-        pending.push(rx);
+        pending.push((run, rx));
     }
     let mut data = Vec::with_capacity(lengths.len());
-    for rx in pending {
+    for (run, rx) in pending {
         let vectors = rx
             .await
-            .map_err(|_| ApiError::internal("the scheduler dropped the embedding"))??;
+            .map_err(|_| ApiError::internal("the scheduler dropped the embedding"))?
+            .map_err(|e| {
+                // The engine numbers a run's inputs from 0: say where the run starts.
+                let mut e = ApiError::from(e);
+                if run.start > 0 {
+                    e.message = format!("(inputs from index {} on) {}", run.start, e.message);
+                }
+                e
+            })?;
+        if vectors.len() != run.len() {
+            return Err(ApiError::internal(format!(
+                "the engine returned {} embeddings for {} inputs",
+                vectors.len(),
+                run.len()
+            )));
+        }
         for v in vectors {
             let embedding = if valid.base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();

@@ -195,8 +195,12 @@ impl<E: Engine> Scheduler<E> {
         match job {
             Job::Generate(g) => self.waiting.push_back(g),
             Job::Embed(e) => {
-                // Embeddings run between steps, in arrival order with the rest.
+                // Embeddings run between steps, in arrival order with the rest; a run whose
+                // request has ended (nobody waits for the reply) is skipped.
                 self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+                if e.reply.is_closed() {
+                    return;
+                }
                 let result = self.engine.embed_batch(&e.inputs);
                 let result = result.map_err(|err| self.failure(err));
                 let _ = e.reply.send(result);

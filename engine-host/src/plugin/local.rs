@@ -396,6 +396,9 @@ impl ExecCalls for LocalModel {
         dims: usize,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let h = &self.0;
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
         let Some(batch) = h.plugin.vt.embed_batch else {
             // A plugin older than ABI 1.8: one call per input, the failing one named where
             // there are several.

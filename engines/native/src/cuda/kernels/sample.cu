@@ -363,7 +363,8 @@ sample(float* logits, int vocab, const int* in, float* adj_orig, int* out) {
         }
         float min_p = __uint_as_float(p[P_MIN_P]);
         float inv_t = 1.0f / fmaxf(__uint_as_float(p[P_TEMP]), 1e-6f);
-        // Each thread's tempered weight of its kept tokens (tokens threadIdx.x + k * blockDim.x).
+        // Each thread's tempered weight of its kept tokens (its groups of four, as for_row
+        // visits them).
         double own = 0.0;
         auto kept = [&](float v) {
             return v != NEG_INF && fkey(v) >= lower && !(min_p > 0.0f && expf(v - mx) < min_p);
