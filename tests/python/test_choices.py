@@ -69,8 +69,10 @@ def test_the_prompt_is_evaluated_once_for_all_choices(client, node, model, n):
     assert e1 <= one.usage.prompt_tokens and en <= prompt_tokens, (
         f"{n} choices evaluated {en} prompt tokens for a prompt of {prompt_tokens}")
     assert en >= prompt_tokens - 64, f"the prompt was new, yet only {en} tokens were evaluated"
-    # Evaluating it n times would take about n times as long.
-    assert tn < 0.5 * n * t1 + 0.3, f"n={n} took {tn:.2f} s, n=1 {t1:.2f} s"
+    # Evaluating it n times would take about n times as long; once, about as long as n = 1.
+    # The bound is halfway between (for n = 2: 1.5 x), so timing noise on a shared machine
+    # cannot pass the one or fail the other.
+    assert tn < 0.5 * (1 + n) * t1, f"n={n} took {tn:.2f} s, n=1 {t1:.2f} s"
 
 
 @pytest.mark.parametrize("model", MODELS)
