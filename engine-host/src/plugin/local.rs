@@ -402,15 +402,12 @@ impl ExecCalls for LocalModel {
         let Some(batch) = h.plugin.vt.embed_batch else {
             // A plugin older than ABI 1.8: one call per input, the failing one named where
             // there are several.
-            let several = inputs.len() > 1;
             return inputs
                 .iter()
                 .enumerate()
                 .map(|(i, tokens)| {
-                    self.embed_one(tokens, dims).map_err(|e| match several {
-                        true => EngineError::new(e.status, format!("input {i}: {}", e.message)),
-                        false => e,
-                    })
+                    self.embed_one(tokens, dims)
+                        .map_err(|e| e.for_input(i, inputs.len()))
                 })
                 .collect();
         };

@@ -71,16 +71,10 @@ pub trait Model: Send + Sync + 'static {
     /// one by one, and a failing input fails the call with its index (where there are
     /// several).
     fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let several = inputs.len() > 1;
         inputs
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                self.embed(t).map_err(|e| match several {
-                    true => EngineError::new(e.status, format!("input {i}: {}", e.message)),
-                    false => e,
-                })
-            })
+            .map(|(i, t)| self.embed(t).map_err(|e| e.for_input(i, inputs.len())))
             .collect()
     }
     /// How many tokens of `seq`'s first entry came from a cache instead of being evaluated

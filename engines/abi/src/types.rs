@@ -104,6 +104,14 @@ impl EngineError {
     pub fn unsupported(message: impl Into<String>) -> Self {
         Self::new(Status::Unsupported, message)
     }
+    /// This error as that of input `i` of a batch of `n` (`embed_batch`): the message names
+    /// the input where there are several, and is left as it is for one.
+    pub fn for_input(self, i: usize, n: usize) -> Self {
+        match n {
+            1 => self,
+            _ => Self::new(self.status, format!("input {i}: {}", self.message)),
+        }
+    }
 }
 
 impl fmt::Display for EngineError {

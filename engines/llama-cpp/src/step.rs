@@ -332,25 +332,19 @@ impl LlamaLoaded {
                 self.info.architecture
             )));
         }
-        let which = |i: usize| match inputs.len() {
-            1 => String::new(),
-            _ => format!("input {i}: "),
-        };
         for (i, tokens) in inputs.iter().enumerate() {
-            if tokens.is_empty() {
-                return Err(EngineError::unsupported(format!(
-                    "{}cannot embed an empty input",
-                    which(i)
-                )));
-            }
-            if tokens.len() > self.n_batch {
-                return Err(EngineError::unsupported(format!(
-                    "{}input has {} tokens, the most an embedding takes is {}",
-                    which(i),
+            let fault = if tokens.is_empty() {
+                "cannot embed an empty input".to_string()
+            } else if tokens.len() > self.n_batch {
+                format!(
+                    "input has {} tokens, the most an embedding takes is {}",
                     tokens.len(),
                     self.n_batch
-                )));
-            }
+                )
+            } else {
+                continue;
+            };
+            return Err(EngineError::unsupported(fault).for_input(i, inputs.len()));
         }
         let mut guard = self.exec();
         let ex = &mut *guard;

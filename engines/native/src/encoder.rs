@@ -12,9 +12,8 @@
 //! Embed: word, position and token-type embeddings, a LayerNorm, then each post-LN layer
 //! (bidirectional self-attention over the whole input, GELU feed-forward), then pooling. A
 //! batch stacks its inputs' tokens as the rows of one matrix: the products run once over all
-//! of them, attention and pooling within each input's rows. The
-//! linear layers are the CPU backend's products ([`crate::cpu::matmul::Linear`]), on the
-//! engine's own thread pool. No KV cache, no sampling: `step` is refused, `embed` is the call.
+//! of them, attention and pooling within each input's rows. The linear layers are the CPU
+//! backend's products ([`crate::cpu::matmul::Linear`]), on the engine's own thread pool. No KV cache, no sampling: `step` is refused, `embed` is the call.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -298,42 +297,38 @@ impl Encoder {
     /// An input that cannot be embedded fails the call, named by its index when there are
     /// several.
     pub fn embed_batch(&self, inputs: &[&[i32]]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let which = |i: usize| {
-            if inputs.len() > 1 {
-                format!("input {i}: ")
-            } else {
-                String::new()
-            }
-        };
         for (i, tokens) in inputs.iter().enumerate() {
-            if tokens.is_empty() {
-                return Err(unsupported(format!(
-                    "{}cannot embed an empty input",
-                    which(i)
-                )));
-            }
-            if tokens.len() > self.cfg.max_tokens {
-                return Err(unsupported(format!(
-                    "{}input has {} tokens, the most this model embeds is {}",
-                    which(i),
-                    tokens.len(),
-                    self.cfg.max_tokens
-                )));
-            }
-            if let Some(t) = tokens
-                .iter()
-                .find(|&&t| usize::try_from(t).map_or(true, |id| id >= self.cfg.vocab))
-            {
-                return Err(unsupported(format!(
-                    "{}token id {t} is outside the vocabulary",
-                    which(i)
-                )));
-            }
+            self.check(tokens)
+                .map_err(|e| e.for_input(i, inputs.len()))?;
         }
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
         Ok(self.pool.install(|| self.run(inputs)))
+    }
+
+    /// Whether one input can be embedded: not empty, not too long, every token in the
+    /// vocabulary.
+    fn check(&self, tokens: &[i32]) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(unsupported("cannot embed an empty input"));
+        }
+        if tokens.len() > self.cfg.max_tokens {
+            return Err(unsupported(format!(
+                "input has {} tokens, the most this model embeds is {}",
+                tokens.len(),
+                self.cfg.max_tokens
+            )));
+        }
+        match tokens
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |id| id >= self.cfg.vocab))
+        {
+            Some(t) => Err(unsupported(format!(
+                "token id {t} is outside the vocabulary"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The forward pass over checked inputs.

@@ -33,8 +33,6 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// products were faster on an H200 (`docs/benchmarks.md`), and eight-token instances of this
 /// kernel lost to them by a quarter.
 pub const GEMV_MAX: usize = 2;
-/// The token counts `gemv` is compiled for (`gemv1`, `gemv2` in `kernels/gemv.cu`).
-pub const GEMV_SIZES: [usize; 2] = [1, 2];
 /// Warps per block of `gemv`, and rows of W per warp (`GEMV_ROWS`).
 const GEMV_WARPS: u32 = 4;
 const GEMV_ROWS: usize = 4;
@@ -43,8 +41,8 @@ pub(super) struct Gemm {
     blas: CudaBlas,
     _workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
-    /// `gemv` for each of [`GEMV_SIZES`].
-    gemv: [CudaFunction; 2],
+    /// `gemv1`, `gemv2` (`kernels/gemv.cu`): the instance for `m` tokens is `gemv[m - 1]`.
+    gemv: [CudaFunction; GEMV_MAX],
     /// Products of at most this many tokens go to `gemv` (0: none).
     gemv_max: usize,
 }
@@ -67,7 +65,10 @@ fn data_type(d: DType) -> blas_sys::cudaDataType {
 }
 
 impl Gemm {
-    pub fn new(stream: &Arc<CudaStream>, gemv: [CudaFunction; 2]) -> Result<Self, EngineError> {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        gemv: [CudaFunction; GEMV_MAX],
+    ) -> Result<Self, EngineError> {
         let blas = CudaBlas::new(Arc::clone(stream))
             .map_err(|e| EngineError::new(Status::LoadFailed, format!("cuBLAS: {e}")))?;
         let mut workspace = stream
@@ -136,15 +137,11 @@ impl Gemm {
         .map_err(|e| EngineError::internal(format!("cuBLAS product: {e}")))
     }
 
-    /// The product on `gemv`: the smallest instance that holds the `m` tokens, one warp per
-    /// GEMV_ROWS rows of W.
+    /// The product on `gemv`: the instance for `m` tokens (at most [`GEMV_MAX`], as `run`
+    /// checks), one warp per GEMV_ROWS rows of W.
     fn run_gemv(&self, l: &DevLinear, x: u64, m: usize, y: u64) -> Result<(), EngineError> {
         let (rows, cols, m32) = (int(l.rows)?, int(l.cols)?, int(m)?);
         let dt: i32 = if l.dtype == DType::F16 { 1 } else { 2 };
-        let which = GEMV_SIZES
-            .iter()
-            .position(|&s| s >= m)
-            .ok_or_else(|| EngineError::internal(format!("gemv for {m} tokens")))?;
         let (wp, _w) = l.w.device_ptr(&self.stream);
         let per_block = GEMV_WARPS as usize * GEMV_ROWS;
         let cfg = LaunchConfig {
@@ -152,7 +149,7 @@ impl Gemm {
             block_dim: (GEMV_WARPS * 32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut lb = self.stream.launch_builder(&self.gemv[which]);
+        let mut lb = self.stream.launch_builder(&self.gemv[m.max(1) - 1]);
         lb.arg(&wp)
             .arg(&x)
             .arg(&y)

@@ -173,7 +173,7 @@ pub(super) struct Kernels {
     pub attention_merge: CudaFunction,
     pub sample: CudaFunction,
     /// `gemv1`, `gemv2` (`gemm.rs`).
-    pub gemv: [CudaFunction; 2],
+    pub gemv: [CudaFunction; super::gemm::GEMV_MAX],
 }
 
 impl Kernels {
