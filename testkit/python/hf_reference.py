@@ -33,7 +33,12 @@ that way from transformers' `last_hidden_state`.
 Families only the llama.cpp plugin runs (`LLAMA_CPP_ONLY`, float32 only) get the same reference;
 OUT_DIR/llama-cpp-families.txt names every checkpoint setup converts to GGUF for that plugin.
 
+Families transformers 4.57 does not have (`ARCHS_V5`: Nemotron-H) are written the same way by
+transformers 5 (scripts/requirements-reference-5.txt, installed beside the same PyTorch):
+`hf_reference.py v5 OUT_DIR`.
+
 Usage: hf_reference.py OUT_DIR
+       hf_reference.py v5 OUT_DIR   (ARCHS_V5 only, under transformers 5)
        hf_reference.py minilm MODEL_DIR OUT_JSON   (a real sentence-transformers model: the
            embeddings transformers gives the texts of MINILM_TEXTS, tokenized by its own
            tokenizer, mean-pooled and normalised as the model's modules.json says)
@@ -69,6 +74,8 @@ COMMON = dict(
     pad_token_id=0,
     tie_word_embeddings=False,
 )
+
+OMIT = object()  # a COMMON key the family's config must not be given
 
 # Mamba-2 mixers at toy size (Bamba, Granite 4.0-H, Falcon-H1).
 MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
@@ -123,6 +130,22 @@ ARCHS = {
     )),
 }
 
+# Families only transformers 5 has, written by `hf_reference.py v5` (same seeds and prompts).
+# Nemotron-H: every block type (Mamba-2 with two groups of B/C and two norm groups, attention
+# without position encoding, a relu² MLP, relu² experts with DeepSeek-V3 routing in two groups,
+# one kept, a learned choice bias and a scale, and a shared expert), a scan chunk shorter than
+# the longest prompt.
+ARCHS_V5 = {
+    "nemotron-h": ("nemotron_h", dict(
+        num_hidden_layers=OMIT, rms_norm_eps=OMIT, layer_norm_epsilon=1e-6,
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
+        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
+        expand=2, chunk_size=8, intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+        routed_scaling_factor=2.5, norm_topk_prob=True,
+    )),
+}
+
 
 # Families only the llama.cpp plugin runs (float32 only; the native engine refuses them):
 # converted to GGUF by llama.cpp's own converter in setup, checked by
@@ -132,7 +155,6 @@ ARCHS = {
 DEEPSEEK = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                 first_k_dense_replace=1, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
                 qk_nope_head_dim=16, v_head_dim=16, head_dim=8, rope_theta=10000.0, n_group=1, topk_group=1)
-OMIT = object()  # a COMMON key the family's config must not be given
 LLAMA_CPP_ONLY = {
     "gemma2": ("gemma2", dict(
         sliding_window=8, rope_theta=10000.0, query_pre_attn_scalar=16, tie_word_embeddings=True,
@@ -303,7 +325,7 @@ def make_model(model_type: str, extra: dict, seed: int):
             if "norm" in name or ".ln_" in name or name.startswith("ln_"):
                 # Gemma's norms multiply by (1 + w): neutral is 0, elsewhere 1.
                 p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
+            elif "embed_tokens" in name or name == "model.embeddings.weight":
                 # Gemma scales its embeddings by sqrt(hidden): keep the scaled rows near RMS 1.
                 scale = 1.0 / math.sqrt(p.shape[1]) if gemma else 1.0
                 p.copy_(scale * torch.randn(p.shape, generator=g))
@@ -312,8 +334,15 @@ def make_model(model_type: str, extra: dict, seed: int):
                 if name.startswith("lm_head"):
                     scale *= 3.0
                 p.copy_(scale * torch.randn(p.shape, generator=g))
+            elif model_type == "nemotron_h" and p.dim() == 3:
+                # Its experts, stored as one [experts][rows][cols] tensor each (transformers 5).
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[2]))
             else:  # biases
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                # A learned routing bias (a buffer, zero at initialisation).
+                b.copy_(0.2 * torch.randn(b.shape, generator=g))
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
@@ -374,27 +403,35 @@ def write_tokenizer(out: Path, named: dict | None = None):
     tok.save(str(out / "tokenizer.json"))
 
 
-def round_input(_module, args):
-    """A linear layer's input rounded to bfloat16 (round to nearest even), kept in float32."""
-    return (args[0].to(torch.bfloat16).to(torch.float32),) + tuple(args[1:])
-
-
 def with_bf16_activations(model, compute):
-    """`compute(model)` with every linear layer's input rounded to bf16 (the engine's bf16
-    kernel), the model left as it was after."""
-    hooks = [m.register_forward_pre_hook(round_input)
-             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    """`compute(model)` with the input of every linear product rounded to bf16 (round to
+    nearest even, kept in float32: the engine's bf16 kernel), `nn.Linear` layers and experts
+    stored as one tensor (`F.linear` on a slice) alike; a router the model runs in float32
+    (DeepSeek-V3's, Nemotron-H's: `_keep_in_fp32_modules_strict`) keeps its input, as the
+    engine's does."""
+    keep = {m.weight.data_ptr() for m in model.modules() if type(m).__name__.endswith("TopkRouter")}
+    plain = torch.nn.functional.linear
+
+    def linear(x, w, b=None):
+        if w.data_ptr() not in keep:
+            x = x.to(torch.bfloat16).to(torch.float32)
+        return plain(x, w, b)
+
+    torch.nn.functional.linear = linear
     try:
         return compute(model)
     finally:
-        for h in hooks:
-            h.remove()
+        torch.nn.functional.linear = plain
 
 
 def read_back(out: Path):
     """The decoder checkpoint in `out` as written, in float32, generating without end tokens."""
+    # transformers 5 picks a grouped product for experts stored as one tensor; the eager one
+    # goes through F.linear, which `with_bf16_activations` rounds.
+    v5 = int(__import__("transformers").__version__.split(".")[0]) >= 5
+    extra = {"experts_implementation": "eager"} if v5 else {}
     model = AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float32, attn_implementation="eager").eval()
+        out, dtype=torch.float32, attn_implementation="eager", **extra).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -467,37 +504,53 @@ def minilm(model_dir: Path, out: Path):
                                "transformers": __import__("transformers").__version__}))
 
 
+def write_decoder(out_root: Path, name: str, model_type: str, extra: dict, seed: int, prompts):
+    """One decoder family's float32 and bfloat16 checkpoints and their references; the model."""
+    model = make_model(model_type, extra, seed)
+    for dtype in ("float32", "bfloat16"):
+        out = save_twin(model, out_root / f"{name}-{dtype}", dtype)
+        # The reference computes from the checkpoint as written, read back in float32
+        # (a model cast in memory would also round its rotary buffers).
+        ref_model = read_back(out)
+        plain = decoder_reference(ref_model, prompts)
+        rounded = None
+        if dtype == "bfloat16":
+            rounded = with_bf16_activations(ref_model, lambda m: decoder_reference(m, prompts))
+        (out / "reference.json").write_text(json.dumps({
+            "name": name,
+            "class": model.config.architectures[0],
+            "dtype": dtype,
+            "transformers": __import__("transformers").__version__,
+            "torch": torch.__version__,
+            "prompts": prompts,
+            **plain,
+            "bf16_activations": rounded,
+        }))
+        print(f"{out.name}: {model.config.architectures[0]}, greedy {plain['greedy'][0][:8]}...",
+              file=sys.stderr)
+    return model
+
+
+def prompt_set():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
 def main():
     if sys.argv[1] == "minilm":
         minilm(Path(sys.argv[2]), Path(sys.argv[3]))
         return
+    if sys.argv[1] == "v5":
+        out_root = Path(sys.argv[2])
+        out_root.mkdir(parents=True, exist_ok=True)
+        for seed, (name, (model_type, extra)) in enumerate(ARCHS_V5.items(), start=200):
+            write_decoder(out_root, name, model_type, extra, seed, prompt_set())
+        return
     out_root = Path(sys.argv[1])
     out_root.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+    prompts = prompt_set()
     for seed, (name, (model_type, extra)) in enumerate(ARCHS.items(), start=1):
-        model = make_model(model_type, extra, seed)
-        for dtype in ("float32", "bfloat16"):
-            out = save_twin(model, out_root / f"{name}-{dtype}", dtype)
-            # The reference computes from the checkpoint as written, read back in float32
-            # (a model cast in memory would also round its rotary buffers).
-            ref_model = read_back(out)
-            plain = decoder_reference(ref_model, prompts)
-            rounded = None
-            if dtype == "bfloat16":
-                rounded = with_bf16_activations(ref_model, lambda m: decoder_reference(m, prompts))
-            (out / "reference.json").write_text(json.dumps({
-                "name": name,
-                "class": model.config.architectures[0],
-                "dtype": dtype,
-                "transformers": __import__("transformers").__version__,
-                "torch": torch.__version__,
-                "prompts": prompts,
-                **plain,
-                "bf16_activations": rounded,
-            }))
-            print(f"{out.name}: {model.config.architectures[0]}, greedy {plain['greedy'][0][:8]}...",
-                  file=sys.stderr)
+        model = write_decoder(out_root, name, model_type, extra, seed, prompts)
         if name == "qwen3":
             out = out_root / "qwen3-fp8"
             dequantized = quantize_fp8(model, out)

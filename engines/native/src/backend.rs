@@ -109,6 +109,8 @@ pub enum Mixer<V, L> {
     Attention(Attention<V, L>),
     /// A Mamba-2 mixer ([`crate::config::Mamba2`]).
     Mamba(Mamba<V, L>),
+    /// None: the layer is an MLP alone (Nemotron-H's `mlp` and `moe` blocks).
+    None,
 }
 
 /// Self-attention's projections and per-head norms.
@@ -141,7 +143,7 @@ impl<V, L> Mixer<V, L> {
     pub fn attention(&self) -> Option<&Attention<V, L>> {
         match self {
             Mixer::Attention(a) => Some(a),
-            Mixer::Mamba(_) => None,
+            Mixer::Mamba(_) | Mixer::None => None,
         }
     }
 
@@ -150,15 +152,24 @@ impl<V, L> Mixer<V, L> {
         match self {
             Mixer::Attention(a) => vec![&a.q, &a.k, &a.v, &a.o],
             Mixer::Mamba(m) => vec![&m.in_proj, &m.out_proj],
+            Mixer::None => Vec::new(),
         }
     }
 }
 
-/// A gated MLP: `down(act(gate(x)) * up(x))`.
+/// An MLP: `down(act(gate(x)) * up(x))`, or `down(act(up(x)))` without a gate
+/// ([`crate::config::Activation::gated`]).
 pub struct Ffn<L> {
-    pub gate: L,
+    pub gate: Option<L>,
     pub up: L,
     pub down: L,
+}
+
+impl<L> Ffn<L> {
+    /// Its linear layers, gate first when it has one.
+    pub fn linears(&self) -> impl Iterator<Item = &L> {
+        self.gate.iter().chain([&self.up, &self.down])
+    }
 }
 
 /// A layer's MLP: one dense [`Ffn`], or a mixture of experts ([`crate::config::Moe`]).
@@ -166,32 +177,34 @@ pub enum Mlp<L> {
     Dense(Ffn<L>),
     Experts {
         router: L,
+        /// The per-expert bias added to the scores when choosing (not when weighting): the
+        /// router's `e_score_correction_bias` ([`crate::config::Routing::Sigmoid`]).
+        choice_bias: Option<Vec<f32>>,
         experts: Vec<Ffn<L>>,
         /// The shared expert and its one-row gate, when it has one
         /// ([`crate::config::Moe::shared`]).
         shared: Option<(Ffn<L>, Option<L>)>,
         spec: crate::config::Moe,
     },
+    /// None: the layer is a mixer alone (Nemotron-H's Mamba and attention blocks).
+    None,
 }
 
 impl<L> Mlp<L> {
     /// Every linear layer of the MLP (router first).
     pub fn linears(&self) -> Vec<&L> {
         match self {
-            Mlp::Dense(f) => vec![&f.gate, &f.up, &f.down],
+            Mlp::Dense(f) => f.linears().collect(),
             Mlp::Experts {
                 router,
                 experts,
                 shared,
                 ..
             } => std::iter::once(router)
-                .chain(experts.iter().flat_map(|f| [&f.gate, &f.up, &f.down]))
-                .chain(
-                    shared
-                        .iter()
-                        .flat_map(|(f, g)| [&f.gate, &f.up, &f.down].into_iter().chain(g)),
-                )
+                .chain(experts.iter().flat_map(Ffn::linears))
+                .chain(shared.iter().flat_map(|(f, g)| f.linears().chain(g)))
                 .collect(),
+            Mlp::None => Vec::new(),
         }
     }
 }
@@ -226,6 +239,17 @@ pub trait TensorLoader {
             "{name}: this backend of the native engine does not run state-space layers"
         )))
     }
+    /// `{name}.weight` of shape `[rows, cols]`, no bias, computed in f32 whatever its dtype
+    /// and the backend's kernels (a router the model runs in f32: Nemotron-H's). A backend
+    /// without that distinction reads it as [`TensorLoader::linear`] does.
+    fn linear_f32(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self::Linear, EngineError> {
+        self.linear(name, rows, cols, false)
+    }
     /// `{name}.weight` of shape `[rows, cols]`, and `{name}.bias` when `bias`.
     fn linear(
         &mut self,
@@ -257,6 +281,9 @@ pub fn load_stack<T: TensorLoader>(
         cfg.n_kv_heads,
         cfg.intermediate,
     );
+    if cfg.architecture == Architecture::NemotronH {
+        return crate::nemotron_h::load_stack(cfg, weights, t);
+    }
     let gemma = cfg.sandwich_norms;
     let bamba = cfg.architecture == Architecture::Bamba;
     let mut layers = Vec::with_capacity(cfg.n_layers);
@@ -264,7 +291,9 @@ pub fn load_stack<T: TensorLoader>(
         let p = format!("model.layers.{i}");
         let in_norm = t.vec(&format!("{p}.input_layernorm.weight"), h)?;
         let mixer = match &cfg.mamba {
-            Some(m) if cfg.layers[i].mamba => Mixer::Mamba(load_mamba(m, h, &p, t)?),
+            Some(m) if cfg.layers[i].mamba => {
+                Mixer::Mamba(load_mamba(m, h, &format!("{p}.mamba"), t)?)
+            }
             _ => {
                 let (q_norm, k_norm) = if cfg.qk_norm {
                     (
@@ -317,13 +346,13 @@ pub fn load_stack<T: TensorLoader>(
                             // Expert e's gate and up rows, then its down rows.
                             let (n, two) = (moe.experts, 2 * ff);
                             return Ok(Ffn {
-                                gate: t.linear_rows(&g, &[n, two, h], e * two, ff)?,
+                                gate: Some(t.linear_rows(&g, &[n, two, h], e * two, ff)?),
                                 up: t.linear_rows(&u, &[n, two, h], e * two + ff, ff)?,
                                 down: t.linear_rows(&d, &[n, h, ff], e * h, h)?,
                             });
                         }
                         Ok(Ffn {
-                            gate: t.linear(&g, ff, h, false)?,
+                            gate: Some(t.linear(&g, ff, h, false)?),
                             up: t.linear(&u, ff, h, false)?,
                             down: t.linear(&d, h, ff, false)?,
                         })
@@ -335,7 +364,7 @@ pub fn load_stack<T: TensorLoader>(
                         let ([g, u, d], gate) = moe.naming.shared(i);
                         Some((
                             Ffn {
-                                gate: t.linear(&g, ff, h, false)?,
+                                gate: Some(t.linear(&g, ff, h, false)?),
                                 up: t.linear(&u, ff, h, false)?,
                                 down: t.linear(&d, h, ff, false)?,
                             },
@@ -346,6 +375,7 @@ pub fn load_stack<T: TensorLoader>(
                 };
                 Mlp::Experts {
                     router,
+                    choice_bias: None,
                     experts,
                     shared,
                     spec: moe.clone(),
@@ -353,7 +383,7 @@ pub fn load_stack<T: TensorLoader>(
             }
             _ if granite => Mlp::Dense(granite_shared(&p, ff, h, t)?),
             _ => Mlp::Dense(Ffn {
-                gate: t.linear(&format!("{p}.{mlp_name}.gate_proj"), ff, h, cfg.mlp_bias)?,
+                gate: Some(t.linear(&format!("{p}.{mlp_name}.gate_proj"), ff, h, cfg.mlp_bias)?),
                 up: t.linear(&format!("{p}.{mlp_name}.up_proj"), ff, h, cfg.mlp_bias)?,
                 down: t.linear(&format!("{p}.{mlp_name}.down_proj"), h, ff, cfg.mlp_bias)?,
             }),
@@ -394,20 +424,20 @@ fn granite_shared<T: TensorLoader>(
 ) -> Result<Ffn<T::Linear>, EngineError> {
     let input = format!("{p}.shared_mlp.input_linear");
     Ok(Ffn {
-        gate: t.linear_rows(&input, &[2 * ff, hidden], 0, ff)?,
+        gate: Some(t.linear_rows(&input, &[2 * ff, hidden], 0, ff)?),
         up: t.linear_rows(&input, &[2 * ff, hidden], ff, ff)?,
         down: t.linear(&format!("{p}.shared_mlp.output_linear"), hidden, ff, false)?,
     })
 }
 
-/// A Mamba-2 mixer's tensors under `{p}.mamba.` (Bamba's and Granite 4.0-H's names).
-fn load_mamba<T: TensorLoader>(
+/// A Mamba-2 mixer's tensors under `{p}.` (Bamba's and Granite 4.0-H's `….mamba`,
+/// Nemotron-H's `….mixer`).
+pub(crate) fn load_mamba<T: TensorLoader>(
     m: &Mamba2,
     hidden: usize,
     p: &str,
     t: &mut T,
 ) -> Result<Mamba<T::Vec, T::Linear>, EngineError> {
-    let p = format!("{p}.mamba");
     let (cd, heads, inner) = (m.conv_dim(), m.heads, m.inner());
     Ok(Mamba {
         in_proj: t.linear(

@@ -31,6 +31,7 @@ pub mod encoder;
 mod encoder_model;
 pub mod kv;
 pub mod lora;
+mod nemotron_h;
 pub mod sampler;
 mod step;
 pub mod tokenizer;

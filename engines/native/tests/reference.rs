@@ -30,8 +30,9 @@ use common::*;
 mod harness;
 use harness::*;
 
-/// Every architecture the reference covers (`hf_reference.py`'s `ARCHS`), by directory stem.
-const ARCHS: [&str; 11] = [
+/// Every architecture the reference covers (`hf_reference.py`'s `ARCHS` and, written by
+/// transformers 5, `ARCHS_V5`), by directory stem.
+const ARCHS: [&str; 12] = [
     "llama",
     "mistral",
     "qwen2",
@@ -43,6 +44,7 @@ const ARCHS: [&str; 11] = [
     "bamba",
     "granite-hybrid",
     "granite-hybrid-dense",
+    "nemotron-h",
 ];
 
 /// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides

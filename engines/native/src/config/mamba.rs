@@ -39,6 +39,7 @@ pub(super) fn mamba(
         conv_bias: f.bool("mamba_conv_bias")?.unwrap_or(true),
         proj_bias: f.bool("mamba_proj_bias")?.unwrap_or(false),
         norm_groups: 1,
+        dt_limit: (0.0, f32::INFINITY),
     };
     if m.heads == 0 || m.head_dim == 0 || m.state == 0 || m.groups == 0 || m.conv_kernel < 2 {
         return Err(corrupt(

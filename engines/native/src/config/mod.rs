@@ -11,6 +11,7 @@
 
 mod fields;
 mod mamba;
+mod nemotron_h;
 mod parse;
 mod rope;
 #[cfg(test)]
@@ -38,11 +39,15 @@ pub enum Architecture {
     /// Granite 4.0-H: Mamba-2 and attention layers (RoPE or none), a shared MLP in every
     /// layer with or without a mixture of experts beside it, µP multipliers.
     GraniteMoeHybrid,
+    /// Nemotron-H: one mixer per layer (a Mamba-2 scan, attention without position encoding,
+    /// a relu² MLP, or a mixture of relu² experts with sigmoid routing) as its layer pattern
+    /// says.
+    NemotronH,
 }
 
 impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Architecture); 10] = [
+    pub const CLASSES: [(&'static str, Architecture); 11] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -56,6 +61,7 @@ impl Architecture {
             "GraniteMoeHybridForCausalLM",
             Architecture::GraniteMoeHybrid,
         ),
+        ("NemotronHForCausalLM", Architecture::NemotronH),
     ];
 
     pub fn from_class(class: &str) -> Option<Architecture> {
@@ -77,6 +83,27 @@ pub struct LayerKind {
     /// The layer mixes tokens with [`ModelConfig::mamba`]'s state-space scan instead of
     /// attention (no K/V; a recurrent state per sequence).
     pub mamba: bool,
+    /// The layer mixes tokens (attention or a scan); Nemotron-H's MLP and MoE layers do not.
+    pub mixer: bool,
+    /// The layer has an MLP (dense or experts); Nemotron-H's mixer layers do not.
+    pub mlp: bool,
+}
+
+impl LayerKind {
+    /// An attention layer with an MLP, all positions, the first rotary setting.
+    pub const ATTENTION: LayerKind = LayerKind {
+        window: None,
+        rope: 0,
+        moe: false,
+        mamba: false,
+        mixer: true,
+        mlp: true,
+    };
+
+    /// Whether the layer keeps K/V in the paged cache.
+    pub fn attends(&self) -> bool {
+        self.mixer && !self.mamba
+    }
 }
 
 /// Mamba-2 mixers (Bamba): `in_proj` splits into a gate `z` (`heads × head_dim`), the
@@ -95,6 +122,9 @@ pub struct Mamba2 {
     pub proj_bias: bool,
     /// Groups the gated RMSNorm normalises over separately (Bamba: 1, the whole width).
     pub norm_groups: usize,
+    /// The time step is clamped to this range after softplus (`time_step_limit`; unbounded,
+    /// `(0, inf)`, unless the config says otherwise).
+    pub dt_limit: (f32, f32),
 }
 
 impl Mamba2 {
@@ -131,6 +161,26 @@ pub struct Moe {
     /// `sigmoid(shared_expert_gate · x)` (Qwen2-MoE) or as is (Granite, `shared_gate` false).
     pub shared: Option<usize>,
     pub shared_gate: bool,
+    /// How the router's scores become the chosen experts' weights.
+    pub routing: Routing,
+}
+
+/// A mixture of experts' routing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Routing {
+    /// The softmax of the router's scores; the top-k kept (and renormalised when
+    /// [`Moe::normalize`]).
+    Softmax,
+    /// DeepSeek-V3's (Nemotron-H): sigmoid scores; the experts chosen by score plus a learned
+    /// per-expert bias (`e_score_correction_bias`, read per layer), among the `topk_groups`
+    /// best of `groups` equal groups (a group's score: its two best); weighted by their
+    /// sigmoid scores (renormalised when [`Moe::normalize`]) times `scale`
+    /// (`routed_scaling_factor`).
+    Sigmoid {
+        groups: usize,
+        topk_groups: usize,
+        scale: f32,
+    },
 }
 
 /// How a checkpoint names a mixture-of-experts layer's tensors under `model.layers.{i}.`.
@@ -145,6 +195,10 @@ pub enum MoeNaming {
     /// and `output_linear` `[experts][hidden][ff]`; the shared MLP `shared_mlp.input_linear`
     /// and `output_linear` likewise (Granite).
     Granite,
+    /// `backbone.layers.{i}.mixer.gate` (router, with `e_score_correction_bias`),
+    /// `mixer.experts.{e}.{up,down}_proj` (no gate: relu² experts) and
+    /// `mixer.shared_experts.{up,down}_proj` (Nemotron-H).
+    NemotronH,
 }
 
 impl MoeNaming {
@@ -154,11 +208,23 @@ impl MoeNaming {
             MoeNaming::Qwen => format!("model.layers.{layer}.mlp.gate"),
             MoeNaming::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate"),
             MoeNaming::Granite => format!("model.layers.{layer}.block_sparse_moe.router.layer"),
+            MoeNaming::NemotronH => format!("backbone.layers.{layer}.mixer.gate"),
         }
     }
 
     /// The shared expert's gate, up and down projections and its gate (without `.weight`).
     pub fn shared(self, layer: usize) -> ([String; 3], String) {
+        if self == MoeNaming::NemotronH {
+            let p = format!("backbone.layers.{layer}.mixer.shared_experts");
+            return (
+                [
+                    String::new(),
+                    format!("{p}.up_proj"),
+                    format!("{p}.down_proj"),
+                ],
+                String::new(),
+            );
+        }
         let p = format!("model.layers.{layer}.mlp");
         (
             [
@@ -194,6 +260,15 @@ impl MoeNaming {
                     format!("{p}.output_linear"),
                 ]
             }
+            // No gate projection: the first name is empty.
+            MoeNaming::NemotronH => {
+                let p = format!("backbone.layers.{layer}.mixer.experts.{e}");
+                [
+                    String::new(),
+                    format!("{p}.up_proj"),
+                    format!("{p}.down_proj"),
+                ]
+            }
         }
     }
 }
@@ -204,6 +279,15 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (gate) * up.
     GeluTanh,
+    /// relu(up)², no gate (Nemotron-H's MLPs and experts).
+    Relu2,
+}
+
+impl Activation {
+    /// Whether the MLP has a gate projection.
+    pub fn gated(self) -> bool {
+        self != Activation::Relu2
+    }
 }
 
 /// Everything the forward pass needs, checked.
@@ -262,7 +346,15 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Layers with K/V (attention layers).
     pub fn attention_layers(&self) -> usize {
-        self.layers.iter().filter(|l| !l.mamba).count()
+        self.layers.iter().filter(|l| l.attends()).count()
+    }
+    /// The token embedding table's tensor name.
+    pub fn embed_name(&self) -> &'static str {
+        if self.architecture == Architecture::NemotronH {
+            "backbone.embeddings.weight"
+        } else {
+            "model.embed_tokens.weight"
+        }
     }
     /// f32 values of recurrent state one sequence holds, all layers together (0 without
     /// state-space layers).

@@ -8,13 +8,20 @@ use serde_json::Value;
 use super::fields::{Fields, corrupt, unsupported};
 use super::mamba::{mamba, rotary_dim};
 use super::rope::rope_from;
-use super::{Activation, Architecture, LayerKind, ModelConfig, Moe, MoeNaming, Rope, RopeScaling};
+use super::{
+    Activation, Architecture, LayerKind, ModelConfig, Moe, MoeNaming, Rope, RopeScaling, Routing,
+};
 use crate::weights::Fp8;
 
 /// Parse `config.json` bytes (and the `eos_token_id` of `generation_config.json`, when given).
 pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, EngineError> {
-    let root: Value = serde_json::from_slice(bytes)
-        .map_err(|e| corrupt(format!("config.json is not valid JSON: {e}")))?;
+    let root: Value = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        // Python's json writes infinite floats as bare `Infinity` (Nemotron-H's
+        // `time_step_limit`), which JSON does not have.
+        Err(e) => serde_json::from_slice(&quote_non_finite(bytes))
+            .map_err(|_| corrupt(format!("config.json is not valid JSON: {e}")))?,
+    };
     let Value::Object(obj) = &root else {
         return Err(corrupt("config.json must be a JSON object"));
     };
@@ -40,6 +47,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     // Multimodal configs nest the language model; this engine runs text models only.
     let f = &top;
     let fp8 = quantization(f.get("quantization_config"))?;
+    let (bos_token, eos_tokens) = end_tokens(&top, generation)?;
+    if family == Architecture::NemotronH {
+        return super::nemotron_h::parse(f, class, fp8, bos_token, eos_tokens);
+    }
     let hidden = f.req_usize("hidden_size")?;
     let n_layers = f.req_usize("num_hidden_layers")?;
     let n_heads = f.req_usize("num_attention_heads")?;
@@ -91,7 +102,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
         | Architecture::Gemma3
-        | Architecture::GraniteMoeHybrid => {
+        | Architecture::GraniteMoeHybrid
+        | Architecture::NemotronH => {
             let b = attention_bias.unwrap_or(false);
             (b, b)
         }
@@ -134,7 +146,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         | Architecture::Qwen3Moe
         | Architecture::Qwen2Moe
         | Architecture::Bamba
-        | Architecture::GraniteMoeHybrid => 10_000.0,
+        | Architecture::GraniteMoeHybrid
+        | Architecture::NemotronH => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -175,15 +188,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     };
     ropes.push(global);
 
-    let mut layers = vec![
-        LayerKind {
-            window: None,
-            rope: 0,
-            moe: false,
-            mamba: false,
-        };
-        n_layers
-    ];
+    let mut layers = vec![LayerKind::ATTENTION; n_layers];
     let window = f.usize("sliding_window")?;
     match family {
         Architecture::Gemma3 => {
@@ -246,8 +251,7 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                     *l = LayerKind {
                         window: Some(window),
                         rope: 1,
-                        moe: false,
-                        mamba: false,
+                        ..LayerKind::ATTENTION
                     };
                 }
             }
@@ -272,7 +276,10 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
                 }
             }
         }
-        Architecture::Llama | Architecture::Bamba | Architecture::GraniteMoeHybrid => {}
+        Architecture::Llama
+        | Architecture::Bamba
+        | Architecture::GraniteMoeHybrid
+        | Architecture::NemotronH => {}
     }
 
     let moe = moe(f, family, &mut layers)?;
@@ -324,24 +331,6 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         )));
     }
 
-    let mut eos_tokens = top.token_ids("eos_token_id")?;
-    if let Some(g) = generation {
-        // generation_config.json overrides config.json: it is what transformers generates with.
-        if let Ok(Value::Object(gobj)) = serde_json::from_slice::<Value>(g) {
-            let gf = Fields {
-                obj: &gobj,
-                prefix: "",
-            };
-            let ids = gf
-                .token_ids("eos_token_id")
-                .map_err(|e| corrupt(e.message.replace("config.json", "generation_config.json")))?;
-            if !ids.is_empty() {
-                eos_tokens = ids;
-            }
-        }
-    }
-    let bos_token = top.token_ids("bos_token_id")?.first().copied();
-
     Ok(ModelConfig {
         architecture: family,
         class,
@@ -380,6 +369,70 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         bos_token,
         eos_tokens,
     })
+}
+
+/// The first `bos_token_id` and the end tokens: `generation_config.json`'s `eos_token_id`
+/// where it has one (what transformers generates with), else config.json's.
+pub(super) fn end_tokens(
+    top: &Fields<'_>,
+    generation: Option<&[u8]>,
+) -> Result<(Option<i32>, Vec<i32>), EngineError> {
+    let mut eos_tokens = top.token_ids("eos_token_id")?;
+    if let Some(g) = generation {
+        // generation_config.json overrides config.json: it is what transformers generates with.
+        if let Ok(Value::Object(gobj)) = serde_json::from_slice::<Value>(g) {
+            let gf = Fields {
+                obj: &gobj,
+                prefix: "",
+            };
+            let ids = gf
+                .token_ids("eos_token_id")
+                .map_err(|e| corrupt(e.message.replace("config.json", "generation_config.json")))?;
+            if !ids.is_empty() {
+                eos_tokens = ids;
+            }
+        }
+    }
+    let bos_token = top.token_ids("bos_token_id")?.first().copied();
+    Ok((bos_token, eos_tokens))
+}
+
+/// `config.json` with Python's non-finite literals (`Infinity`, `-Infinity`, `NaN`) outside
+/// strings turned into the strings `"Infinity"`, `"-Infinity"`, `"NaN"`, so serde_json reads
+/// it (it has no option for them) and the field that holds one decides what it means.
+fn quote_non_finite(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 16);
+    let (mut in_string, mut escaped, mut i) = (false, false, 0);
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            out.push(b);
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+        }
+        let word = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|w| bytes[i..].starts_with(w.as_bytes()));
+        if let Some(w) = word {
+            out.push(b'"');
+            out.extend_from_slice(w.as_bytes());
+            out.push(b'"');
+            i += w.len();
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// The mixture of experts of a MoE family, and which layers run it (the others keep the dense
@@ -439,6 +492,7 @@ fn moe(
                     None
                 },
                 shared_gate: qwen2,
+                routing: Routing::Softmax,
             };
             let sparse = (0..n_layers)
                 .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
@@ -454,6 +508,7 @@ fn moe(
                 naming: MoeNaming::Mixtral,
                 shared: None,
                 shared_gate: false,
+                routing: Routing::Softmax,
             };
             (moe, vec![true; n_layers])
         }
@@ -472,6 +527,7 @@ fn moe(
                 naming: MoeNaming::Granite,
                 shared: Some(f.usize("shared_intermediate_size")?.unwrap_or(1024)),
                 shared_gate: false,
+                routing: Routing::Softmax,
             };
             (moe, vec![true; n_layers])
         }

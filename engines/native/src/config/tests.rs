@@ -258,3 +258,87 @@ fn inconsistent_bamba_shapes_are_refused_naming_the_fields() {
     let e = bamba(r#", "partial_rotary_factor": 0.1"#).expect_err("1 of 16 dimensions");
     assert!(e.message.contains("partial_rotary_factor"), "{}", e.message);
 }
+
+/// A Nemotron-H config as the Hub writes it: the layer pattern as a string, the old key names,
+/// `time_step_limit` with Python's bare `Infinity`.
+fn nemotron_h(extra: &str) -> Result<ModelConfig, EngineError> {
+    let text = format!(
+        r#"{{"architectures": ["NemotronHForCausalLM"], "hidden_size": 64, "num_hidden_layers": 5,
+        "hybrid_override_pattern": "M-E*M", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 96, "vocab_size": 100, "mamba_num_heads": 8,
+        "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 48, "n_group": 2, "topk_group": 1,
+        "routed_scaling_factor": 2.5, "layer_norm_epsilon": 1e-5,
+        "time_step_limit": [0.0, Infinity] {extra}}}"#
+    );
+    parse(text.as_bytes(), None)
+}
+
+#[test]
+fn a_nemotron_h_config_reads_its_layer_pattern_routing_and_infinite_time_step_limit() {
+    let c = nemotron_h("").expect("config");
+    assert_eq!(c.architecture, Architecture::NemotronH);
+    let kinds: Vec<(bool, bool, bool, bool)> = c
+        .layers
+        .iter()
+        .map(|l| (l.mixer, l.mamba, l.mlp, l.moe))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (true, true, false, false),
+            (false, false, true, false),
+            (false, false, true, true),
+            (true, false, false, false),
+            (true, true, false, false),
+        ]
+    );
+    // K/V only for the one attention layer; recurrent state for the two Mamba layers.
+    assert_eq!(c.attention_layers(), 1);
+    let m = c.mamba.as_ref().expect("a Mamba-2 spec");
+    assert_eq!(
+        (m.inner(), m.norm_groups, m.dt_limit),
+        (128, 2, (0.0, f32::INFINITY))
+    );
+    assert_eq!(c.state_floats_per_sequence(), 2 * (3 * 192 + 8 * 16 * 16));
+    assert_eq!((c.rotary_dim, c.activation), (0, Activation::Relu2));
+    let moe = c.moe.as_ref().expect("experts");
+    assert_eq!(
+        moe.routing,
+        Routing::Sigmoid {
+            groups: 2,
+            topk_groups: 1,
+            scale: 2.5
+        }
+    );
+    assert_eq!((moe.shared, moe.normalize), (Some(48), true));
+    assert_eq!(c.embed_name(), "backbone.embeddings.weight");
+    // transformers 5 writes the list and infinity its own way.
+    let v5 = nemotron_h(
+        r#", "layers_block_type": ["linear_attention", "mlp", "moe", "full_attention", "linear_attention"],
+        "time_step_limit": [0.001, {"__float__": "Infinity"}]"#,
+    )
+    .expect("config");
+    assert_eq!(v5.layers, c.layers);
+    assert_eq!(v5.mamba.expect("spec").dt_limit, (0.001, f32::INFINITY));
+}
+
+#[test]
+fn nemotron_h_options_the_engine_lacks_are_refused_naming_the_field() {
+    let e = nemotron_h(r#", "moe_latent_size": 16"#).expect_err("latent experts");
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(e.message.contains("moe_latent_size"), "{}", e.message);
+    let e = nemotron_h(r#", "mlp_hidden_act": "gelu""#).expect_err("gelu");
+    assert!(e.message.contains("mlp_hidden_act"), "{}", e.message);
+    let e = nemotron_h(r#", "num_hidden_layers": 6"#).expect_err("6 layers, a pattern of 5");
+    assert!(e.message.contains("num_hidden_layers"), "{}", e.message);
+    let e = nemotron_h(r#", "hybrid_override_pattern": "M-X""#).expect_err("X");
+    assert!(
+        e.message.contains("hybrid_override_pattern[2]"),
+        "{}",
+        e.message
+    );
+    let e = nemotron_h(r#", "n_group": 3"#).expect_err("8 experts in 3 groups");
+    assert!(e.message.contains("n_group"), "{}", e.message);
+}

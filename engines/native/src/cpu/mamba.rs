@@ -137,7 +137,7 @@ fn scan_token(
         .zip(y.par_chunks_mut(p))
         .enumerate()
         .for_each(|(h, (state, yh))| {
-            let dt = softplus(dt[h] + m.dt_bias[h]);
+            let dt = softplus(dt[h] + m.dt_bias[h]).clamp(spec.dt_limit.0, spec.dt_limit.1);
             let da = (-m.a_log[h].exp() * dt).exp();
             let grp = h / per_group;
             let (bh, ch) = (&b[grp * n..(grp + 1) * n], &c[grp * n..(grp + 1) * n]);

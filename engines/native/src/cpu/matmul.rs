@@ -168,6 +168,22 @@ impl Linear {
         }
     }
 
+    /// A `[rows, cols]` weight computed in f32 (its input not rounded), whatever its dtype.
+    pub fn f32(w: &Weights, t: &TensorInfo) -> Self {
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        let data = if panels::available() {
+            WeightData::Panels(Panels::pack(&w.to_f32(t), rows, cols))
+        } else {
+            WeightData::F32(w.to_f32(t))
+        };
+        Self {
+            rows,
+            cols,
+            data,
+            bias: None,
+        }
+    }
+
     /// Bytes this layer adds to the process beyond the mapped file.
     pub fn owned_bytes(&self) -> u64 {
         match &self.data {

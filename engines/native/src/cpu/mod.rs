@@ -21,7 +21,7 @@ use std::sync::Arc;
 use gantry_engine_abi::{EngineError, Status};
 
 use crate::backend::{Backend, Mixer, Mlp, StepInput, TensorLoader, load_stack};
-use crate::config::{Activation, ModelConfig};
+use crate::config::ModelConfig;
 use crate::kv::BlockCopy;
 use crate::lora::{LoraWeights, Target};
 use crate::weights::{TensorInfo, Weights};
@@ -75,6 +75,11 @@ impl TensorLoader for Loader<'_> {
         Ok(Linear::new(self.w, &self.w.rows_of(t, start, rows), None))
     }
 
+    fn linear_f32(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear, EngineError> {
+        let t = self.w.expect(&format!("{name}.weight"), &[rows, cols])?;
+        Ok(Linear::f32(self.w, t))
+    }
+
     fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
         let t = self.w.expect(name, shape)?;
         Ok(self.w.to_f32(t))
@@ -109,9 +114,7 @@ impl CpuBackend {
         slots: usize,
     ) -> Result<Self, EngineError> {
         let (h, hd, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_kv_heads);
-        let embed = weights
-            .expect("model.embed_tokens.weight", &[cfg.vocab, h])?
-            .clone();
+        let embed = weights.expect(cfg.embed_name(), &[cfg.vocab, h])?.clone();
         let stack = load_stack(cfg, &weights, &mut Loader { w: &weights })?;
         let lm_head = stack
             .lm_head
@@ -140,7 +143,7 @@ impl CpuBackend {
             .layers
             .iter()
             .map(|l| {
-                if l.mamba {
+                if !l.attends() {
                     return Ok(LayerKv {
                         k: Vec::new(),
                         v: Vec::new(),
@@ -243,83 +246,93 @@ impl CpuBackend {
         let mut lora = lora::Runs::new(input.adapters, &self.adapters)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let kind = &cfg.layers[li];
-            ops::rms_norm(
-                &x,
-                &layer.in_norm,
-                cfg.rms_eps,
-                cfg.norm_plus_one,
-                &mut hbuf,
-            );
-            let attn = match &layer.mixer {
-                Mixer::Mamba(m) => {
-                    let spec = cfg
-                        .mamba
-                        .as_ref()
-                        .expect("a state-space layer has its spec");
-                    let toks = mamba::Tokens {
-                        positions: input.positions,
-                        seq_of: input.seq_of,
-                        slots: input.slots,
-                    };
-                    mamba::forward(
-                        w,
-                        m,
-                        spec,
-                        cfg.rms_eps,
-                        &hbuf,
-                        &toks,
-                        h,
-                        &mut self.states[li],
-                        &mut o,
-                        &mut scratch,
-                    );
-                    None
-                }
-                Mixer::Attention(a) => Some(a),
-            };
-            if let Some(layer_attn) = attn {
-                layer_attn.q.forward(w, &hbuf, t, &mut q, &mut scratch);
-                layer_attn.k.forward(w, &hbuf, t, &mut k, &mut scratch);
-                layer_attn.v.forward(w, &hbuf, t, &mut v, &mut scratch);
-                lora.apply(li, Target::Q, &hbuf, &mut q);
-                lora.apply(li, Target::K, &hbuf, &mut k);
-                lora.apply(li, Target::V, &hbuf, &mut v);
-                if let (Some(qn), Some(kn)) = (&layer_attn.q_norm, &layer_attn.k_norm) {
-                    ops::rms_norm_inplace(&mut q, qn, cfg.rms_eps, cfg.norm_plus_one);
-                    ops::rms_norm_inplace(&mut k, kn, cfg.rms_eps, cfg.norm_plus_one);
-                }
-                let (cos, sin) = &tables[kind.rope];
-                ops::rope(&mut q, nh, hd, cos, sin);
-                ops::rope(&mut k, nkv, hd, cos, sin);
-                // Append this step's K/V at each token's position.
-                let kvl = &mut self.kv[li];
-                for i in 0..t {
-                    let p = input.positions[i];
-                    let table = input.tables[input.seq_of[i]];
-                    let cell = table[p / bs] as usize * bs + p % bs;
-                    kvl.k[cell * kvd..(cell + 1) * kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
-                    kvl.v[cell * kvd..(cell + 1) * kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
-                }
-                let shape = AttnShape {
-                    n_heads: nh,
-                    n_kv_heads: nkv,
-                    head_dim: hd,
-                    block_size: bs,
-                    window: kind.window,
-                    scale: cfg.attn_scale,
-                    softcap: cfg.attn_softcap,
+            if matches!(layer.mixer, Mixer::None) {
+                // An MLP-only block (Nemotron-H): no token mixing, straight to the MLP half.
+            } else {
+                ops::rms_norm(
+                    &x,
+                    &layer.in_norm,
+                    cfg.rms_eps,
+                    cfg.norm_plus_one,
+                    &mut hbuf,
+                );
+                let attn = match &layer.mixer {
+                    Mixer::Mamba(m) => {
+                        let spec = cfg
+                            .mamba
+                            .as_ref()
+                            .expect("a state-space layer has its spec");
+                        let toks = mamba::Tokens {
+                            positions: input.positions,
+                            seq_of: input.seq_of,
+                            slots: input.slots,
+                        };
+                        mamba::forward(
+                            w,
+                            m,
+                            spec,
+                            cfg.rms_eps,
+                            &hbuf,
+                            &toks,
+                            h,
+                            &mut self.states[li],
+                            &mut o,
+                            &mut scratch,
+                        );
+                        None
+                    }
+                    Mixer::Attention(a) => Some(a),
+                    Mixer::None => None,
                 };
-                ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
-                layer_attn.o.forward(w, &att, t, &mut o, &mut scratch);
-                lora.apply(li, Target::O, &att, &mut o);
+                if let Some(layer_attn) = attn {
+                    layer_attn.q.forward(w, &hbuf, t, &mut q, &mut scratch);
+                    layer_attn.k.forward(w, &hbuf, t, &mut k, &mut scratch);
+                    layer_attn.v.forward(w, &hbuf, t, &mut v, &mut scratch);
+                    lora.apply(li, Target::Q, &hbuf, &mut q);
+                    lora.apply(li, Target::K, &hbuf, &mut k);
+                    lora.apply(li, Target::V, &hbuf, &mut v);
+                    if let (Some(qn), Some(kn)) = (&layer_attn.q_norm, &layer_attn.k_norm) {
+                        ops::rms_norm_inplace(&mut q, qn, cfg.rms_eps, cfg.norm_plus_one);
+                        ops::rms_norm_inplace(&mut k, kn, cfg.rms_eps, cfg.norm_plus_one);
+                    }
+                    let (cos, sin) = &tables[kind.rope];
+                    ops::rope(&mut q, nh, hd, cos, sin);
+                    ops::rope(&mut k, nkv, hd, cos, sin);
+                    // Append this step's K/V at each token's position.
+                    let kvl = &mut self.kv[li];
+                    for i in 0..t {
+                        let p = input.positions[i];
+                        let table = input.tables[input.seq_of[i]];
+                        let cell = table[p / bs] as usize * bs + p % bs;
+                        kvl.k[cell * kvd..(cell + 1) * kvd]
+                            .copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                        kvl.v[cell * kvd..(cell + 1) * kvd]
+                            .copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+                    }
+                    let shape = AttnShape {
+                        n_heads: nh,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        block_size: bs,
+                        window: kind.window,
+                        scale: cfg.attn_scale,
+                        softcap: cfg.attn_softcap,
+                    };
+                    ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
+                    layer_attn.o.forward(w, &att, t, &mut o, &mut scratch);
+                    lora.apply(li, Target::O, &att, &mut o);
+                }
+                if let Some(n) = &layer.post_attn_norm {
+                    ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
+                }
+                x.iter_mut()
+                    .zip(&o)
+                    .for_each(|(x, o)| *x += o * cfg.residual_scale);
             }
-            if let Some(n) = &layer.post_attn_norm {
-                ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);
+            if matches!(layer.mlp, Mlp::None) {
+                // A mixer-only block (Nemotron-H).
+                continue;
             }
-            x.iter_mut()
-                .zip(&o)
-                .for_each(|(x, o)| *x += o * cfg.residual_scale);
-
             ops::rms_norm(
                 &x,
                 &layer.ffn_norm,
@@ -330,12 +343,13 @@ impl CpuBackend {
             match &layer.mlp {
                 Mlp::Experts {
                     router,
+                    choice_bias,
                     experts,
                     shared,
                     spec,
                 } => moe::forward(
                     w,
-                    router,
+                    (router, choice_bias.as_deref()),
                     experts,
                     shared.as_ref(),
                     spec,
@@ -347,17 +361,17 @@ impl CpuBackend {
                     &mut scratch,
                 ),
                 Mlp::Dense(f) => {
-                    f.gate.forward(w, &hbuf, t, &mut g, &mut scratch);
                     f.up.forward(w, &hbuf, t, &mut u, &mut scratch);
-                    lora.apply(li, Target::Gate, &hbuf, &mut g);
                     lora.apply(li, Target::Up, &hbuf, &mut u);
-                    match cfg.activation {
-                        Activation::Silu => ops::silu_mul(&mut g, &u),
-                        Activation::GeluTanh => ops::gelu_tanh_mul(&mut g, &u),
+                    if let Some(gate) = &f.gate {
+                        gate.forward(w, &hbuf, t, &mut g, &mut scratch);
+                        lora.apply(li, Target::Gate, &hbuf, &mut g);
                     }
+                    ops::activate(cfg.activation, &mut g, &u);
                     f.down.forward(w, &g, t, &mut o, &mut scratch);
                     lora.apply(li, Target::Down, &g, &mut o);
                 }
+                Mlp::None => unreachable!("a block without an MLP skipped it above"),
             }
             if let Some(n) = &layer.post_ffn_norm {
                 ops::rms_norm_inplace(&mut o, n, cfg.rms_eps, cfg.norm_plus_one);

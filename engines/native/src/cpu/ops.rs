@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 
+use crate::config::Activation;
+
 const LANES: usize = 16;
 
 /// Σ a[i]·b[i] in 16 partial sums.
@@ -162,6 +164,21 @@ pub fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
         // tanh(y) = 1 - 2 / (e^(2y) + 1)
         let t = 1.0 - 2.0 / (exp(2.0 * y) + 1.0);
         *g = 0.5 * x * (1.0 + t) * u;
+    }
+}
+
+/// The MLP's activation into `g`: `act(g) * u` for a gated MLP, `relu(u)²` for
+/// [`Activation::Relu2`] (no gate; `g` only receives).
+pub fn activate(act: Activation, g: &mut [f32], u: &[f32]) {
+    match act {
+        Activation::Silu => silu_mul(g, u),
+        Activation::GeluTanh => gelu_tanh_mul(g, u),
+        Activation::Relu2 => {
+            for (g, &u) in g.iter_mut().zip(u) {
+                let r = u.max(0.0);
+                *g = r * r;
+            }
+        }
     }
 }
 

@@ -230,6 +230,7 @@ impl CudaBackend {
                 let kind = match c.activation {
                     Activation::Silu => 0i32,
                     Activation::GeluTanh => 1,
+                    Activation::Relu2 => unreachable!("refused at load (cuda/mod.rs)"),
                 };
                 let mut lb = self.stream.launch_builder(&self.k.gated_act);
                 lb.arg(&b.gu)

@@ -147,6 +147,12 @@ impl CudaBackend {
                 cfg.class
             )));
         }
+        if !cfg.activation.gated() || cfg.layers.iter().any(|l| !l.mixer || !l.mlp) {
+            return Err(EngineError::unsupported(format!(
+                "{}: blocks of one mixer or one MLP and relu² MLPs (Nemotron-H): the CUDA backend of the native engine does not run them yet (its CPU backend does)",
+                cfg.class
+            )));
+        }
         if cfg.residual_scale != 1.0 || cfg.logit_divisor != 1.0 {
             return Err(EngineError::unsupported(format!(
                 "{}: residual and logit multipliers: the CUDA backend of the native engine does not apply them yet (its CPU backend does)",
@@ -160,7 +166,7 @@ impl CudaBackend {
             )));
         }
         let act = weights
-            .expect("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?
+            .expect(cfg.embed_name(), &[cfg.vocab, cfg.hidden])?
             .dtype;
         let act_size = if act == DType::F32 { 4 } else { 2 };
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("opening the device"))?;

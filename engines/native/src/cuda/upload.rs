@@ -222,6 +222,11 @@ pub(super) fn upload(
                 "{what}: state-space layers are refused before the upload"
             )));
         };
+        let Some(gate) = &mlp.gate else {
+            return Err(EngineError::internal(format!(
+                "{what}: MLPs without a gate are refused before the upload"
+            )));
+        };
         layers.push(DevLayer {
             in_norm: up.f32s(&l.in_norm, &what)?,
             qkv: up.fused(&[&a.q, &a.k, &a.v], &what)?,
@@ -231,7 +236,7 @@ pub(super) fn upload(
             post_attn_norm: up.opt(&l.post_attn_norm, &what)?,
             ffn_norm: up.f32s(&l.ffn_norm, &what)?,
             post_ffn_norm: up.opt(&l.post_ffn_norm, &what)?,
-            gate_up: up.fused(&[&mlp.gate, &mlp.up], &what)?,
+            gate_up: up.fused(&[gate, &mlp.up], &what)?,
             down: up.fused(&[&mlp.down], &what)?,
         });
     }

@@ -289,7 +289,7 @@ pub fn embedding_gap(exec: &mut ModelExec, prompts: &Value, embeddings: &Value, 
 
 /// The families with recurrent state (Mamba and short-convolution layers): their prompts go in
 /// one token per step, since neither engine samples after every token of a recurrent batch.
-pub const RECURRENT: [&str; 9] = [
+pub const RECURRENT: [&str; 10] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -299,4 +299,5 @@ pub const RECURRENT: [&str; 9] = [
     "granite-hybrid-dense",
     "falcon-h1",
     "lfm2",
+    "nemotron-h",
 ];
