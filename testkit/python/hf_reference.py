@@ -131,18 +131,27 @@ ARCHS = {
 }
 
 # Families only transformers 5 has, written by `hf_reference.py v5` (same seeds and prompts).
-# Nemotron-H: every block type (Mamba-2 with two groups of B/C and two norm groups, attention
-# without position encoding, a relu² MLP, relu² experts with DeepSeek-V3 routing in two groups,
-# one kept, a learned choice bias and a scale, and a shared expert), a scan chunk shorter than
-# the longest prompt.
+# Nemotron-H in its two released shapes: dense (Nemotron-H 8B, Nemotron Nano 2: Mamba-2,
+# attention without position encoding, relu² MLPs) and with experts (Nemotron 3 Nano: Mamba-2,
+# attention, relu² experts with DeepSeek-V3 routing, here in two groups with one kept, a learned
+# choice bias, a scale and a shared expert). Mamba-2 with two groups of B/C and two norm
+# groups, a scan chunk shorter than the longest prompt. llama.cpp runs both (its nemotron_h and
+# nemotron_h_moe; the latter takes no dense MLP layers, as released).
+NEMOTRON_H = dict(
+    num_hidden_layers=OMIT, rms_norm_eps=OMIT, layer_norm_epsilon=1e-6,
+    mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
+    expand=2, chunk_size=8, intermediate_size=96,
+)
 ARCHS_V5 = {
     "nemotron-h": ("nemotron_h", dict(
-        num_hidden_layers=OMIT, rms_norm_eps=OMIT, layer_norm_epsilon=1e-6,
-        layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
-        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
-        expand=2, chunk_size=8, intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=2, topk_group=1, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
-        routed_scaling_factor=2.5, norm_topk_prob=True,
+        NEMOTRON_H,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
+    )),
+    "nemotron-h-moe": ("nemotron_h", dict(
+        NEMOTRON_H,
+        layers_block_type=["linear_attention", "moe", "full_attention", "linear_attention", "moe"],
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, norm_topk_prob=True,
     )),
 }
 
@@ -386,6 +395,20 @@ def save_twin(model, out: Path, dtype: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     saved = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
     saved.save_pretrained(out, safe_serialization=True)
+    if model.config.model_type == "nemotron_h" and "moe" not in model.config.layers_block_type:
+        # Written as a dense release's file is (Nemotron-H 8B): the layer pattern as the
+        # `hybrid_override_pattern` string (llama.cpp's converter reads the MLP layers from
+        # it), and none of the expert defaults transformers 5 writes into every Nemotron-H
+        # config (the converter takes their presence for a mixture of experts).
+        cfg = json.loads((out / "config.json").read_text())
+        letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+        cfg["hybrid_override_pattern"] = "".join(letters[t] for t in cfg.pop("layers_block_type"))
+        cfg["num_hidden_layers"] = len(cfg["hybrid_override_pattern"])
+        for key in [k for k in cfg if k.startswith("moe_") or k in (
+                "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_group",
+                "topk_group", "routed_scaling_factor", "norm_topk_prob")]:
+            del cfg[key]
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
     write_tokenizer(out)
     return out
 
@@ -545,6 +568,9 @@ def main():
         out_root.mkdir(parents=True, exist_ok=True)
         for seed, (name, (model_type, extra)) in enumerate(ARCHS_V5.items(), start=200):
             write_decoder(out_root, name, model_type, extra, seed, prompt_set())
+        # llama.cpp converts them too (setup reads this list after both runs).
+        with (out_root / "llama-cpp-families.txt").open("a") as f:
+            f.write("".join(f"{name}\n" for name in ARCHS_V5))
         return
     out_root = Path(sys.argv[1])
     out_root.mkdir(parents=True, exist_ok=True)

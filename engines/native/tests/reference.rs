@@ -32,7 +32,7 @@ use harness::*;
 
 /// Every architecture the reference covers (`hf_reference.py`'s `ARCHS` and, written by
 /// transformers 5, `ARCHS_V5`), by directory stem.
-const ARCHS: [&str; 12] = [
+const ARCHS: [&str; 13] = [
     "llama",
     "mistral",
     "qwen2",
@@ -45,6 +45,7 @@ const ARCHS: [&str; 12] = [
     "granite-hybrid",
     "granite-hybrid-dense",
     "nemotron-h",
+    "nemotron-h-moe",
 ];
 
 /// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides

@@ -27,7 +27,7 @@ use harness::*;
 /// `GGML_ASSERT(buf != NULL && "tensor buffer not set")`). Where a family's released shapes
 /// matter to llama.cpp, the checkpoint takes them (`hf_reference.py` says which and why). The
 /// plugin's manifest lists exactly these architectures.
-const LLAMA_CPP_FAMILIES: [(&str, &str); 49] = [
+const LLAMA_CPP_FAMILIES: [(&str, &str); 51] = [
     ("llama", "llama"),
     ("qwen2", "qwen2"),
     ("qwen3", "qwen3"),
@@ -73,6 +73,8 @@ const LLAMA_CPP_FAMILIES: [(&str, &str); 49] = [
     ("qwen3-moe-sparse", "qwen3moe"),
     ("mamba", "mamba"),
     ("mamba2", "mamba2"),
+    ("nemotron-h", "nemotron_h"),
+    ("nemotron-h-moe", "nemotron_h_moe"),
     ("jamba", "jamba"),
     ("bamba-full-rope", "granitehybrid"),
     ("falcon-h1", "falcon-h1"),

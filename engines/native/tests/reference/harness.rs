@@ -289,7 +289,7 @@ pub fn embedding_gap(exec: &mut ModelExec, prompts: &Value, embeddings: &Value, 
 
 /// The families with recurrent state (Mamba and short-convolution layers): their prompts go in
 /// one token per step, since neither engine samples after every token of a recurrent batch.
-pub const RECURRENT: [&str; 10] = [
+pub const RECURRENT: [&str; 11] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -300,4 +300,5 @@ pub const RECURRENT: [&str; 10] = [
     "falcon-h1",
     "lfm2",
     "nemotron-h",
+    "nemotron-h-moe",
 ];
