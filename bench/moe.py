@@ -12,6 +12,11 @@ tokenizer (`t0` .. `t31999`), bf16:
   layout at 1024 wide: 8 layers, of which 6 Mamba-2 (32 heads of 64, 128-value states) and 2
   attention (no RoPE), each with 32 experts of 512 (4 chosen) beside a shared MLP of 1024;
   538 M parameters.
+- `nemotron-h` (`--model nemotron-h`, `nemotron-3-nano-shape`): Nemotron 3 Nano's block types at
+  1024 wide: 8 layers, one mixer each: 3 Mamba-2 (32 heads of 64, 128-value states, 8 groups),
+  1 attention (8 heads of 128, no position encoding), 4 mixture-of-experts layers (32 relu²
+  experts of 512, 4 chosen by sigmoid score, a shared expert of 1024). Written and run by
+  transformers 5 (the directory `scripts/setup.sh reference` installs it into).
 No registry ships a small MoE or hybrid, so speed is measured on random weights (correctness is
 engines/native/tests/reference.rs's job).
 
@@ -35,6 +40,7 @@ Writes JSON.
 Usage: bench/moe.py --node target/release/gantry-node \\
            --python ~/.cache/gantry/venv-reference/bin/python --out bench/results/moe-cpu.json
        bench/moe.py ... --model granite-hybrid --out bench/results/granite-hybrid-cpu.json
+       bench/moe.py ... --model nemotron-h --out bench/results/nemotron-h-cpu.json
 """
 import argparse
 import json
@@ -72,7 +78,21 @@ MODELS = {
         + ["mamba"] * 3 + ["attention"], mamba_n_heads=32, mamba_d_head=64, mamba_d_state=128,
         mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, position_embedding_type="nope",
         max_position_embeddings=4096, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
+    # Written and run by transformers 5 (TRANSFORMERS5: the directory setup installs it into).
+    "nemotron-h": ("nemotron-3-nano-shape",
+                   "random Nemotron-H with Nemotron 3 Nano's block types (3 Mamba-2, 1 attention, 4 expert "
+                   "layers: 32 relu² experts top 4 + shared expert, sigmoid routing), 1024 wide, bf16", dict(
+        model_type="nemotron_h", vocab_size=VOCAB, hidden_size=1024,
+        layers_block_type=["linear_attention", "moe", "linear_attention", "moe", "full_attention", "moe",
+                           "linear_attention", "moe"],
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, mamba_num_heads=32, mamba_head_dim=64,
+        ssm_state_size=128, n_groups=8, conv_kernel=4, n_routed_experts=32, num_experts_per_tok=4,
+        moe_intermediate_size=512, moe_shared_expert_intermediate_size=1024, n_group=1, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=4096, bos_token_id=None,
+        eos_token_id=None, tie_word_embeddings=False)),
 }
+# Models only transformers 5 has: their `make` and `peer` run with it in front of the packages.
+TRANSFORMERS5 = {"nemotron-h"}
 
 
 def make(out: Path, which: str):
@@ -200,11 +220,15 @@ def main():
     cache = Path(os.environ.get("GANTRY_CACHE", Path.home() / ".cache/gantry"))
     dir_name, description, _ = MODELS[args.model]
     model_dir = cache / "bench" / dir_name
+    env = dict(os.environ)
+    if args.model in TRANSFORMERS5:
+        env["PYTHONPATH"] = str(cache / "transformers5")
     if not (model_dir / ".complete").exists():
-        subprocess.run([args.python, __file__, "make", str(model_dir), args.model], check=True)
+        subprocess.run([args.python, __file__, "make", str(model_dir), args.model], check=True, env=env)
     ours = gantry(args.node, model_dir, levels, args.max_tokens, args.threads, args.rounds)
     p = subprocess.run([args.python, __file__, "peer", str(model_dir), args.concurrency, str(args.max_tokens),
-                        str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True)
+                        str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True,
+                       env=env)
     theirs = {int(k): v for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
     llama = None
     if args.llama_server:
