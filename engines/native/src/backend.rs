@@ -274,16 +274,36 @@ pub fn load_stack<T: TensorLoader>(
     weights: &Weights,
     t: &mut T,
 ) -> Result<Stack<T::Vec, T::Linear>, EngineError> {
-    let (h, hd, nh, nkv, ff) = (
-        cfg.hidden,
-        cfg.head_dim,
-        cfg.n_heads,
-        cfg.n_kv_heads,
-        cfg.intermediate,
-    );
-    if cfg.architecture == Architecture::NemotronH {
-        return crate::nemotron_h::load_stack(cfg, weights, t);
-    }
+    let h = cfg.hidden;
+    let (layers, final_norm) = if cfg.architecture == Architecture::NemotronH {
+        (
+            crate::nemotron_h::load_layers(cfg, weights, t)?,
+            "backbone.norm_f.weight",
+        )
+    } else if cfg.architecture == Architecture::Bamba {
+        (load_layers(cfg, t)?, "model.final_layernorm.weight")
+    } else {
+        (load_layers(cfg, t)?, "model.norm.weight")
+    };
+    let final_norm = t.vec(final_norm, h)?;
+    let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
+        Some(t.linear("lm_head", cfg.vocab, h, false)?)
+    } else {
+        None
+    };
+    Ok(Stack {
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+/// A loader's decoder layers.
+pub type Layers<T> = Vec<Layer<<T as TensorLoader>::Vec, <T as TensorLoader>::Linear>>;
+
+/// The decoder layers, by transformers' `model.layers.{i}` names.
+fn load_layers<T: TensorLoader>(cfg: &ModelConfig, t: &mut T) -> Result<Layers<T>, EngineError> {
+    let (h, hd, nh, nkv, ff) = cfg.dims();
     let gemma = cfg.sandwich_norms;
     let bamba = cfg.architecture == Architecture::Bamba;
     let mut layers = Vec::with_capacity(cfg.n_layers);
@@ -397,21 +417,7 @@ pub fn load_stack<T: TensorLoader>(
             mlp,
         });
     }
-    let final_norm = if bamba {
-        t.vec("model.final_layernorm.weight", h)?
-    } else {
-        t.vec("model.norm.weight", h)?
-    };
-    let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
-        Some(t.linear("lm_head", cfg.vocab, h, false)?)
-    } else {
-        None
-    };
-    Ok(Stack {
-        layers,
-        final_norm,
-        lm_head,
-    })
+    Ok(layers)
 }
 
 /// Granite's shared MLP under `{p}.shared_mlp.`: `input_linear` `[2 × ff][hidden]` (gate rows,

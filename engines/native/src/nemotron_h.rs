@@ -7,26 +7,21 @@
 //! (`gate.weight` and `gate.e_score_correction_bias`, `experts.{e}.{up,down}_proj`,
 //! `shared_experts.{up,down}_proj`). A block with a mixer becomes a layer without an MLP, a
 //! block with an MLP one without a mixer; the block's norm is the one in front of whichever it
-//! has. The final norm is `backbone.norm_f`.
+//! has. ([`crate::backend::load_stack`] reads the final norm, `backbone.norm_f`, and the
+//! output layer.)
 
 use gantry_engine_abi::EngineError;
 
-use crate::backend::{Attention, Ffn, Layer, Mixer, Mlp, Stack, TensorLoader, load_mamba};
+use crate::backend::{Attention, Ffn, Layer, Layers, Mixer, Mlp, TensorLoader, load_mamba};
 use crate::config::ModelConfig;
 use crate::weights::Weights;
 
-pub fn load_stack<T: TensorLoader>(
+pub fn load_layers<T: TensorLoader>(
     cfg: &ModelConfig,
     weights: &Weights,
     t: &mut T,
-) -> Result<Stack<T::Vec, T::Linear>, EngineError> {
-    let (h, hd, nh, nkv, ff) = (
-        cfg.hidden,
-        cfg.head_dim,
-        cfg.n_heads,
-        cfg.n_kv_heads,
-        cfg.intermediate,
-    );
+) -> Result<Layers<T>, EngineError> {
+    let (h, hd, nh, nkv, ff) = cfg.dims();
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for (i, kind) in cfg.layers.iter().enumerate() {
         let p = format!("backbone.layers.{i}");
@@ -100,15 +95,5 @@ pub fn load_stack<T: TensorLoader>(
             mlp,
         });
     }
-    let final_norm = t.vec("backbone.norm_f.weight", h)?;
-    let lm_head = if !cfg.tie_embeddings || weights.contains("lm_head.weight") {
-        Some(t.linear("lm_head", cfg.vocab, h, false)?)
-    } else {
-        None
-    };
-    Ok(Stack {
-        layers,
-        final_norm,
-        lm_head,
-    })
+    Ok(layers)
 }

@@ -344,6 +344,16 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// `(hidden, head_dim, n_heads, n_kv_heads, intermediate)`, the shapes every layer reads.
+    pub fn dims(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.hidden,
+            self.head_dim,
+            self.n_heads,
+            self.n_kv_heads,
+            self.intermediate,
+        )
+    }
     /// Layers with K/V (attention layers).
     pub fn attention_layers(&self) -> usize {
         self.layers.iter().filter(|l| l.attends()).count()

@@ -152,8 +152,20 @@ pub fn bf16_kernel_name() -> &'static str {
 impl Linear {
     /// Prepare a `[rows, cols]` weight for this CPU.
     pub fn new(w: &Weights, t: &TensorInfo, bias: Option<Vec<f32>>) -> Self {
+        let bf16 = t.dtype == DType::Bf16 && has_bf16_kernel();
+        Self::prepare(w, t, bias, bf16)
+    }
+
+    /// A `[rows, cols]` weight computed in f32 (its input not rounded), whatever its dtype.
+    pub fn f32(w: &Weights, t: &TensorInfo) -> Self {
+        Self::prepare(w, t, None, false)
+    }
+
+    /// bf16 weights read in place by the bf16 kernel (`bf16`), else f32 values owned (packed
+    /// for the AVX-512F kernel where there is one).
+    fn prepare(w: &Weights, t: &TensorInfo, bias: Option<Vec<f32>>, bf16: bool) -> Self {
         let (rows, cols) = (t.shape[0], t.shape[1]);
-        let data = if t.dtype == DType::Bf16 && has_bf16_kernel() {
+        let data = if bf16 {
             WeightData::MappedBf16(t.clone())
         } else if panels::available() {
             WeightData::Panels(Panels::pack(&w.to_f32(t), rows, cols))
@@ -165,22 +177,6 @@ impl Linear {
             cols,
             data,
             bias,
-        }
-    }
-
-    /// A `[rows, cols]` weight computed in f32 (its input not rounded), whatever its dtype.
-    pub fn f32(w: &Weights, t: &TensorInfo) -> Self {
-        let (rows, cols) = (t.shape[0], t.shape[1]);
-        let data = if panels::available() {
-            WeightData::Panels(Panels::pack(&w.to_f32(t), rows, cols))
-        } else {
-            WeightData::F32(w.to_f32(t))
-        };
-        Self {
-            rows,
-            cols,
-            data,
-            bias: None,
         }
     }
 

@@ -194,13 +194,7 @@ impl CpuBackend {
         let cfg = &self.cfg;
         let w = &*self.weights;
         let t = input.tokens.len();
-        let (h, hd, nh, nkv, ff) = (
-            cfg.hidden,
-            cfg.head_dim,
-            cfg.n_heads,
-            cfg.n_kv_heads,
-            cfg.intermediate,
-        );
+        let (h, hd, nh, nkv, ff) = cfg.dims();
         let (qd, kvd) = (nh * hd, nkv * hd);
         let mut scratch = Vec::new();
 
