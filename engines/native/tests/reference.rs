@@ -30,7 +30,7 @@ use common::*;
 mod harness;
 use harness::*;
 
-/// Every architecture the reference covers (`hf_reference.py`'s `ARCHS` and, written by
+/// Every architecture the reference covers (`hf_families.py`'s `ARCHS` and, written by
 /// transformers 5, `ARCHS_V5`), by directory stem.
 const ARCHS: [&str; 13] = [
     "llama",

@@ -18,8 +18,9 @@ use harness::*;
 /// Every family the llama.cpp plugin is checked on, by reference directory stem, with the
 /// `general.architecture` llama.cpp's converter gives it: the float32 reference checkpoints
 /// converted to GGUF by llama.cpp's own converter (`testkit/python/hf_to_gguf.py`). The first
-/// eight are native-engine checkpoints too (`hf_reference.py`'s `LLAMA_CPP_SHARED`); the rest only
-/// llama.cpp runs (`LLAMA_CPP_ONLY`). Left out: Qwen3-MoE with a dense layer among the sparse
+/// eight are native-engine checkpoints too (`hf_families.py`'s `LLAMA_CPP_SHARED`), and so are
+/// the two Nemotron-H ones (`ARCHS_V5`, written by transformers 5); the rest only llama.cpp runs
+/// (`LLAMA_CPP_ONLY`). Left out: Qwen3-MoE with a dense layer among the sparse
 /// ones (llama.cpp's `qwen3moe` takes none; `qwen3-moe-sparse` instead) and Mistral (llama.cpp
 /// runs `MistralForCausalLM` as `llama`, without its `sliding_window`: on this checkpoint's
 /// 8-token window it is wrong past position 8, 25 of 96 greedy tokens; Mistral releases without
@@ -227,7 +228,7 @@ fn llama_cpp_tolerance(header: &gantry_formats::gguf::GgufHeader, arch: &str) ->
 /// with the decoder families.
 const LLAMA_CPP_ENCODER: (&str, &str) = ("bert", "bert");
 
-/// The tiny BertModel (`hf_reference.py`'s `ENCODERS`, float32) converted by llama.cpp's
+/// The tiny BertModel (`hf_families.py`'s `ENCODERS`, float32) converted by llama.cpp's
 /// converter: the llama.cpp plugin's embeddings (llama.cpp pools as the GGUF says: mean, then
 /// the plugin scales to unit length) against transformers' mean-pooled, normalised
 /// `last_hidden_state` (measured: 9.3e-5 per component at most; llama.cpp runs BERT without a
