@@ -155,6 +155,7 @@ pub(super) fn parse(
     eos_tokens: Vec<i32>,
 ) -> Result<ModelConfig, EngineError> {
     let layers = layers(f)?;
+    let attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     let hidden = f.req_usize("hidden_size")?;
     let n_heads = f.usize("num_attention_heads")?.unwrap_or(32);
     let n_kv_heads = f.usize("num_key_value_heads")?.unwrap_or(n_heads);
@@ -178,20 +179,20 @@ pub(super) fn parse(
             "config.json `moe_latent_size`: latent expert projections are not implemented by the native engine",
         ));
     }
-    let use_bias = f.bool("use_bias")?.unwrap_or(false);
-    let heads = first_usize(f, &["mamba_num_heads"], 128)?;
+    let groups = first_usize(f, &["n_groups", "mamba_n_groups"], 8)?;
     let m = Mamba2 {
-        heads,
-        head_dim: first_usize(f, &["mamba_head_dim"], 64)?,
-        state: first_usize(f, &["ssm_state_size"], 128)?,
-        groups: first_usize(f, &["n_groups", "mamba_n_groups"], 8)?,
+        heads: f.usize("mamba_num_heads")?.unwrap_or(128),
+        head_dim: f.usize("mamba_head_dim")?.unwrap_or(64),
+        state: f.usize("ssm_state_size")?.unwrap_or(128),
+        groups,
         conv_kernel: first_usize(f, &["conv_kernel", "mamba_d_conv"], 4)?,
         conv_bias: match f.bool("use_conv_bias")? {
             Some(b) => b,
             None => f.bool("mamba_conv_bias")?.unwrap_or(true),
         },
-        proj_bias: use_bias,
-        norm_groups: first_usize(f, &["n_groups", "mamba_n_groups"], 8)?,
+        proj_bias: f.bool("use_bias")?.unwrap_or(false),
+        // The gated norm normalises each group of the scan's output apart.
+        norm_groups: groups,
         dt_limit: dt_limit(f)?,
     };
     if m.conv_kernel < 2 || !m.heads.is_multiple_of(m.groups) || !m.inner().is_multiple_of(m.groups)
@@ -231,12 +232,7 @@ pub(super) fn parse(
                 scale: f.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
             },
         };
-        if moe.top_k == 0 || moe.top_k > moe.experts {
-            return Err(corrupt(format!(
-                "config.json `num_experts_per_tok` ({}) must be between 1 and the number of experts ({})",
-                moe.top_k, moe.experts
-            )));
-        }
+        super::parse::check_top_k(&moe)?;
         Some(moe)
     } else {
         None
@@ -255,8 +251,8 @@ pub(super) fn parse(
         rms_eps: f.f64("layer_norm_epsilon")?.unwrap_or(1e-5) as f32,
         max_position: f.usize("max_position_embeddings")?.unwrap_or(4096) as u32,
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        qkv_bias: f.bool("attention_bias")?.unwrap_or(false),
-        o_bias: f.bool("attention_bias")?.unwrap_or(false),
+        qkv_bias: attention_bias,
+        o_bias: attention_bias,
         mlp_bias: f.bool("mlp_bias")?.unwrap_or(false),
         qk_norm: false,
         norm_plus_one: false,

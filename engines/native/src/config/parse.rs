@@ -533,16 +533,22 @@ fn moe(
         }
         _ => return Ok(None),
     };
+    check_top_k(&moe)?;
+    for (l, s) in layers.iter_mut().zip(sparse) {
+        l.moe = s;
+    }
+    Ok(Some(moe))
+}
+
+/// `num_experts_per_tok` within 1..=experts, for every mixture-of-experts family.
+pub(super) fn check_top_k(moe: &Moe) -> Result<(), EngineError> {
     if moe.top_k == 0 || moe.top_k > moe.experts {
         return Err(corrupt(format!(
             "config.json `num_experts_per_tok` ({}) must be between 1 and the number of experts ({})",
             moe.top_k, moe.experts
         )));
     }
-    for (l, s) in layers.iter_mut().zip(sparse) {
-        l.moe = s;
-    }
-    Ok(Some(moe))
+    Ok(())
 }
 
 /// `quantization_config`: FP8 (`quant_method: fp8`, `float8_e4m3fn` weights with block or

@@ -240,9 +240,8 @@ impl CpuBackend {
         let mut lora = lora::Runs::new(input.adapters, &self.adapters)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let kind = &cfg.layers[li];
-            if matches!(layer.mixer, Mixer::None) {
-                // An MLP-only block (Nemotron-H): no token mixing, straight to the MLP half.
-            } else {
+            // An MLP-only block (Nemotron-H) mixes no tokens: straight to the MLP half.
+            if !matches!(layer.mixer, Mixer::None) {
                 ops::rms_norm(
                     &x,
                     &layer.in_norm,

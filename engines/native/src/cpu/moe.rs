@@ -33,23 +33,28 @@ pub fn route(
         scale,
     } = moe.routing
     {
-        let zero = vec![0.0f32; e];
-        let bias = choice_bias.unwrap_or(&zero);
         return (0..t)
             .map(|i| {
                 let sig: Vec<f32> = scores[i * e..(i + 1) * e]
                     .iter()
                     .map(|s| 1.0 / (1.0 + (-s).exp()))
                     .collect();
-                let mut choice: Vec<f32> = sig.iter().zip(bias).map(|(s, b)| s + b).collect();
+                let mut choice: Vec<f32> = match choice_bias {
+                    Some(bias) => sig.iter().zip(bias).map(|(s, b)| s + b).collect(),
+                    None => sig.clone(),
+                };
                 if groups > 1 {
                     // A group's score is the sum of its two best; the experts of all but the
                     // `topk_groups` best groups are out.
                     let per = e / groups;
                     let score = |g: usize| {
-                        let mut v = choice[g * per..(g + 1) * per].to_vec();
-                        v.sort_by(|a, b| b.total_cmp(a));
-                        v[0] + v[1]
+                        let (best, second) = choice[g * per..(g + 1) * per].iter().fold(
+                            (f32::NEG_INFINITY, f32::NEG_INFINITY),
+                            |(a, b), &v| {
+                                if v > a { (v, a) } else { (a, b.max(v)) }
+                            },
+                        );
+                        best + second
                     };
                     let mut order: Vec<usize> = (0..groups).collect();
                     let gs: Vec<f32> = order.iter().map(|&g| score(g)).collect();
@@ -125,7 +130,6 @@ pub fn forward(
     router.forward(w, x, t, &mut scores, scratch);
     let groups = by_expert(&route(&scores, t, moe, choice_bias), moe.experts);
     out.fill(0.0);
-    let ff = moe.intermediate;
     // The experts a step uses run side by side on the pool (each one's products are small
     // in decode: a few rows), then their weighted rows are added back in expert order, so the
     // sums do not depend on which finished first.
@@ -141,7 +145,7 @@ pub fn forward(
                 xs.extend_from_slice(&x[tok * h..(tok + 1) * h]);
             }
             let mut y = vec![0.0f32; n * h];
-            ffn(w, expert, activation, &xs, n, ff, &mut y, &mut Vec::new());
+            ffn(w, expert, activation, &xs, n, &mut y, &mut Vec::new());
             (e, y)
         })
         .collect();
@@ -157,7 +161,7 @@ pub fn forward(
     // where it has one.
     if let Some((expert, gate)) = shared {
         let mut y = vec![0.0f32; t * h];
-        ffn(w, expert, activation, x, t, expert.up.rows, &mut y, scratch);
+        ffn(w, expert, activation, x, t, &mut y, scratch);
         // Ungated (Granite): weight 1.
         let weights: Vec<f32> = match gate {
             Some(gate) => {
@@ -176,18 +180,17 @@ pub fn forward(
     }
 }
 
-/// One expert's MLP over `n` rows of `x` into `y` (`[n][h]`); `ff` its width.
-#[allow(clippy::too_many_arguments)]
+/// One expert's MLP over `n` rows of `x` into `y` (`[n][h]`).
 fn ffn(
     w: &Weights,
     f: &Ffn<Linear>,
     activation: Activation,
     x: &[f32],
     n: usize,
-    ff: usize,
     y: &mut [f32],
     scratch: &mut Vec<u16>,
 ) {
+    let ff = f.up.rows;
     let (mut g, mut u) = (vec![0.0f32; n * ff], vec![0.0f32; n * ff]);
     if let Some(gate) = &f.gate {
         gate.forward(w, x, n, &mut g, scratch);
