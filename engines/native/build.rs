@@ -32,13 +32,14 @@ fn main() {
 /// Classes the CPU backend runs and the CUDA backend does not yet (mixture-of-experts layers,
 /// state-space layers and partial RoPE, encoders): the CUDA build's manifest leaves them out,
 /// so the node and the operator never place such a model on it. The chart's `native-cuda` EnginePlugin lists the same (tests/python/test_chart.py).
-const CPU_ONLY: [&str; 7] = [
+const CPU_ONLY: [&str; 8] = [
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "BambaForCausalLM",
     "GraniteMoeHybridForCausalLM",
     "NemotronHForCausalLM",
+    "GptOssForCausalLM",
     "BertModel",
 ];
 

@@ -26,7 +26,7 @@ mod node;
 mod tests;
 
 pub use measure::{
-    RamSource, fp8_checkpoint, parse_cgroup_limit, parse_mem_total, ram_limit, weight_bytes,
+    RamSource, load_copies, parse_cgroup_limit, parse_mem_total, ram_limit, weight_bytes,
 };
 pub(crate) use node::is_idle;
 

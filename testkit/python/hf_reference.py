@@ -128,6 +128,14 @@ def make_model(model_type: str, extra: dict, seed: int):
             elif model_type == "nemotron_h" and p.dim() == 3:
                 # Its experts, stored as one [experts][rows][cols] tensor each (transformers 5).
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[2]))
+            elif model_type == "gpt_oss" and p.dim() == 3:
+                # Its experts, [experts][in][out]; gate/up four times larger, so some gate and
+                # up values pass the SwiGLU clamp (7).
+                scale = (4.0 if "gate_up" in name else 1.0) / math.sqrt(p.shape[1])
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+            elif name.endswith(".sinks"):
+                # gpt-oss's per-head sink logits, of the attention scores' size.
+                p.copy_(torch.randn(p.shape, generator=g))
             else:  # biases
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():
@@ -169,6 +177,66 @@ def quantize_fp8(model, out: Path):
     cfg["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return dequantized
+
+
+FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4(w):
+    """`w` `[..][out][in]` as MXFP4 blocks `[..][out][in / 32][16]` (two e2m1 codes a byte, low
+    nibble first) and scales `[..][out][in / 32]` (a power of two, biased by 127): each block of
+    32 scaled so its largest magnitude fits e2m1's 6, each value rounded to the nearest code."""
+    blocks = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=2.0 ** -126)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    codes = (blocks / torch.exp2(exp)).unsqueeze(-1).sub(FP4_VALUES).abs().argmin(dim=-1).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.contiguous(), (exp.squeeze(-1) + 127).to(torch.uint8).contiguous()
+
+
+def write_mxfp4(model, out: Path):
+    """`model` (gpt-oss) as its released files are: the experts' fused projections in MXFP4
+    (`*_blocks`, `*_scales`, rows as outputs), everything else in bf16, `quant_method: mxfp4`."""
+    from safetensors.torch import save_file
+    tensors = {}
+    for name, p in model.state_dict().items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = mxfp4(p.detach().float().transpose(1, 2))
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        else:
+            tensors[name] = p.detach().to(torch.bfloat16).contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    cfg["torch_dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_tokenizer(out)
+
+
+def read_mxfp4(model, out: Path):
+    """The MXFP4 checkpoint in `out` as transformers reads it on a CPU: every tensor from the
+    file, the experts' blocks dequantized by transformers' own `convert_moe_packed_tensors`
+    (what `from_pretrained` does without a GPU; its quantizer also needs `accelerate`, which
+    nothing else here does), into a float32 copy of `model`."""
+    from safetensors.torch import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    saved = load_file(str(out / "model.safetensors"))
+    state = {}
+    for name, t in saved.items():
+        if name.endswith("_blocks"):
+            base = name[: -len("_blocks")]
+            state[base] = convert_moe_packed_tensors(t, saved[base + "_scales"]).float()
+        elif not name.endswith("_scales"):
+            state[name] = t.float()
+    ref_model = copy.deepcopy(model).float()
+    ref_model.load_state_dict(state)
+    ref_model.config._attn_implementation = "eager"
+    return ref_model.eval()
 
 
 def save_twin(model, out: Path, dtype: str) -> Path:
@@ -222,11 +290,29 @@ def with_bf16_activations(model, compute):
             x = x.to(torch.bfloat16).to(torch.float32)
         return plain(x, w, b)
 
+    # gpt-oss's experts multiply with `@` (Tensor.__matmul__), rounded likewise while they run
+    # (and only then: its rotary embedding multiplies with `@` too).
+    plain_matmul = torch.Tensor.__matmul__
+    experts = [m for m in model.modules() if type(m).__name__ == "GptOssExperts"]
+
+    def rounding(forward):
+        def run(*args, **kwargs):
+            torch.Tensor.__matmul__ = lambda a, b: plain_matmul(a.to(torch.bfloat16).to(torch.float32), b)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.Tensor.__matmul__ = plain_matmul
+        return run
+
+    for m in experts:
+        m.forward = rounding(m.forward)
     torch.nn.functional.linear = linear
     try:
         return compute(model)
     finally:
         torch.nn.functional.linear = plain
+        for m in experts:
+            del m.forward
 
 
 def read_back(out: Path):
@@ -359,6 +445,18 @@ def main():
     prompts = prompt_set()
     for seed, (name, (model_type, extra)) in enumerate(ARCHS.items(), start=1):
         model = write_decoder(out_root, name, model_type, extra, seed, prompts)
+        if name == "gpt-oss":
+            out = out_root / "gpt-oss-mxfp4"
+            write_mxfp4(model, out)
+            ref_model = read_mxfp4(model, out)
+            plain = decoder_reference(ref_model, prompts)
+            rounded = with_bf16_activations(ref_model, lambda m: decoder_reference(m, prompts))
+            (out / "reference.json").write_text(json.dumps({
+                "name": "gpt-oss-mxfp4", "class": model.config.architectures[0], "dtype": "mxfp4",
+                "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+                "prompts": prompts, **plain, "bf16_activations": rounded,
+            }))
+            print(f"{out.name}: MXFP4 experts, greedy {plain['greedy'][0][:8]}...", file=sys.stderr)
         if name == "qwen3":
             out = out_root / "qwen3-fp8"
             dequantized = quantize_fp8(model, out)

@@ -121,6 +121,8 @@ pub struct Attention<V, L> {
     pub o: L,
     pub q_norm: Option<V>,
     pub k_norm: Option<V>,
+    /// A learned logit per head in each softmax's denominator (gpt-oss's sinks).
+    pub sinks: Option<V>,
 }
 
 /// A Mamba-2 mixer's tensors ([`crate::config::Mamba2`] says how they are used).
@@ -330,6 +332,10 @@ fn load_layers<T: TensorLoader>(cfg: &ModelConfig, t: &mut T) -> Result<Layers<T
                     o: t.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, cfg.o_bias)?,
                     q_norm,
                     k_norm,
+                    sinks: match cfg.attn_sinks {
+                        true => Some(t.vec(&format!("{p}.self_attn.sinks"), nh)?),
+                        false => None,
+                    },
                 })
             }
         };
@@ -357,7 +363,9 @@ fn load_layers<T: TensorLoader>(cfg: &ModelConfig, t: &mut T) -> Result<Layers<T
         let granite = cfg.architecture == Architecture::GraniteMoeHybrid;
         let mlp = match (&cfg.moe, cfg.layers[i].moe) {
             (Some(moe), true) => {
-                let router = t.linear(&moe.naming.router(i), moe.experts, h, false)?;
+                // gpt-oss's router and experts carry biases.
+                let bias = moe.naming == MoeNaming::GptOss;
+                let router = t.linear(&moe.naming.router(i), moe.experts, h, bias)?;
                 let ff = moe.intermediate;
                 let experts = (0..moe.experts)
                     .map(|e| {
@@ -372,9 +380,9 @@ fn load_layers<T: TensorLoader>(cfg: &ModelConfig, t: &mut T) -> Result<Layers<T
                             });
                         }
                         Ok(Ffn {
-                            gate: Some(t.linear(&g, ff, h, false)?),
-                            up: t.linear(&u, ff, h, false)?,
-                            down: t.linear(&d, h, ff, false)?,
+                            gate: Some(t.linear(&g, ff, h, bias)?),
+                            up: t.linear(&u, ff, h, bias)?,
+                            down: t.linear(&d, h, ff, bias)?,
                         })
                     })
                     .collect::<Result<_, EngineError>>()?;

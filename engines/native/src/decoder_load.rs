@@ -33,7 +33,11 @@ impl DecoderModel {
         let mc = config::parse(bytes, generation.as_deref())?;
         let tokenizer = Tokenizer::load(&dir, mc.bos_token)?;
         tokenizer.check_vocab(mc.vocab)?;
-        let weights = Arc::new(Weights::open_quantized(&dir, &desc.primary_file, mc.fp8)?);
+        let mut weights = Weights::open_quantized(&dir, &desc.primary_file, mc.fp8, mc.mxfp4)?;
+        if mc.architecture == config::Architecture::GptOss {
+            crate::gpt_oss::split_experts(&mc, &mut weights)?;
+        }
+        let weights = Arc::new(weights);
 
         let max_seqs = match desc.max_sequences {
             0 => cfg.max_batch_size,

@@ -29,6 +29,7 @@ pub mod cuda;
 mod decoder_load;
 pub mod encoder;
 mod encoder_model;
+mod gpt_oss;
 pub mod kv;
 pub mod lora;
 mod nemotron_h;

@@ -35,6 +35,7 @@ pub fn load_layers<T: TensorLoader>(
                 o: t.linear(&format!("{x}.o_proj"), h, nh * hd, cfg.o_bias)?,
                 q_norm: None,
                 k_norm: None,
+                sinks: None,
             }),
             _ => Mixer::None,
         };

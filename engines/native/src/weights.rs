@@ -49,6 +49,69 @@ pub struct TensorInfo {
 pub struct Weights {
     shards: Vec<(PathBuf, Backing)>,
     tensors: HashMap<String, TensorInfo>,
+    /// MXFP4 tensors (`*_blocks`, `*_scales`, `uint8`), kept apart from the float tensors until
+    /// the loader that knows their layout dequantizes them ([`Weights::packed`]).
+    packed: HashMap<String, (usize, usize, usize, Vec<usize>)>,
+}
+
+/// Tensors made at load (FP8 weights dequantized, experts rearranged), gathered into one
+/// owned shard that [`Weights::add`] joins to the mapped ones.
+pub struct Made {
+    label: &'static str,
+    bytes: Vec<u8>,
+    infos: Vec<(String, TensorInfo)>,
+}
+
+impl Made {
+    /// Room for `total` bytes, or `OOM_RAM`.
+    pub fn with_capacity(label: &'static str, total: usize) -> Result<Self, EngineError> {
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(total).map_err(|_| {
+            EngineError::new(
+                Status::OomRam,
+                format!("cannot allocate {total} bytes for the {label}"),
+            )
+        })?;
+        Ok(Self {
+            label,
+            bytes,
+            infos: Vec::new(),
+        })
+    }
+
+    /// A tensor of `shape` in `dtype` whose values `values` yields in row-major order.
+    pub fn push(
+        &mut self,
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        values: impl Iterator<Item = f32>,
+    ) {
+        let offset = self.bytes.len();
+        for v in values {
+            match dtype {
+                DType::Bf16 => self
+                    .bytes
+                    .extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+                DType::F16 => self
+                    .bytes
+                    .extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                DType::F32 => self.bytes.extend_from_slice(&v.to_le_bytes()),
+            }
+        }
+        let len = self.bytes.len() - offset;
+        debug_assert_eq!(len, shape.iter().product::<usize>() * dtype.size());
+        self.infos.push((
+            name,
+            TensorInfo {
+                shard: usize::MAX,
+                offset,
+                len,
+                dtype,
+                shape,
+            },
+        ));
+    }
 }
 
 /// A shard's bytes: the file mapped, or values made at load (FP8 weights dequantized).
@@ -78,17 +141,19 @@ pub struct Fp8 {
 impl Weights {
     /// Map the model's weights: `primary` is a `.safetensors` file or an index.
     pub fn open(dir: &Path, primary: &Path) -> Result<Self, EngineError> {
-        Self::open_quantized(dir, primary, None)
+        Self::open_quantized(dir, primary, None, false)
     }
 
     /// [`Weights::open`] for a checkpoint whose linear layers may be FP8 (`fp8`): each FP8
     /// weight is dequantized once, at load, to bf16 in memory of its own, and is a bf16
     /// tensor from then on (every backend reads it as such). Without `fp8`, an FP8 tensor is
-    /// refused.
+    /// refused. With `mxfp4`, `uint8` tensors named `*_blocks` and `*_scales` are kept apart
+    /// for the loader ([`Weights::packed`]); without it they are refused.
     pub fn open_quantized(
         dir: &Path,
         primary: &Path,
         fp8: Option<Fp8>,
+        mxfp4: bool,
     ) -> Result<Self, EngineError> {
         let index = if primary
             .file_name()
@@ -121,6 +186,7 @@ impl Weights {
         };
         let mut shards = Vec::with_capacity(files.len());
         let mut tensors = HashMap::new();
+        let mut packed = HashMap::new();
         // FP8 weights found while mapping, dequantized once every shard is mapped (their
         // scales may live in another shard).
         let mut fp8_weights: Vec<(String, usize, usize, usize, Vec<usize>)> = Vec::new();
@@ -169,11 +235,19 @@ impl Weights {
                         ));
                         continue;
                     }
+                    Dtype::U8
+                        if mxfp4 && (name.ends_with("_blocks") || name.ends_with("_scales")) =>
+                    {
+                        let data = view.data();
+                        let at = (i, data.as_ptr() as usize - base, data.len());
+                        packed.insert(name.clone(), (at.0, at.1, at.2, view.shape().to_vec()));
+                        continue;
+                    }
                     other => {
                         return Err(EngineError::new(
                             Status::Unsupported,
                             format!(
-                                "tensor {name} in {} is {other:?}; the native engine runs bf16, f16 and f32 weights (and float8_e4m3fn ones with a `quant_method: fp8` quantization_config)",
+                                "tensor {name} in {} is {other:?}; the native engine runs bf16, f16 and f32 weights (and float8_e4m3fn ones with a `quant_method: fp8` quantization_config, MXFP4 experts with `mxfp4`)",
                                 path.display()
                             ),
                         ));
@@ -193,7 +267,11 @@ impl Weights {
             }
             shards.push((path, Backing::Mapped(map)));
         }
-        let mut weights = Self { shards, tensors };
+        let mut weights = Self {
+            shards,
+            tensors,
+            packed,
+        };
         if let Some(fp8) = fp8 {
             weights.dequantize(fp8, fp8_weights)?;
         }
@@ -207,15 +285,7 @@ impl Weights {
         found: Vec<(String, usize, usize, usize, Vec<usize>)>,
     ) -> Result<(), EngineError> {
         let total: usize = found.iter().map(|f| f.3 * 2).sum();
-        let mut owned: Vec<u8> = Vec::new();
-        owned.try_reserve_exact(total).map_err(|_| {
-            EngineError::new(
-                Status::OomRam,
-                format!("cannot allocate {total} bytes for the dequantized FP8 weights"),
-            )
-        })?;
-        let shard = self.shards.len();
-        let mut infos = Vec::with_capacity(found.len());
+        let mut made = Made::with_capacity("FP8 weights dequantized to bf16", total)?;
         for (name, src, offset, len, shape) in found {
             let [rows, cols] = shape[..] else {
                 return Err(corrupt(format!(
@@ -241,33 +311,35 @@ impl Weights {
                 )));
             }
             let q = &self.shards[src].1[offset..offset + len];
-            let start = owned.len();
             let per_row = cols.div_ceil(bc);
-            for r in 0..rows {
-                for c in 0..cols {
-                    let v = e4m3_to_f32(q[r * cols + c]) * scales[(r / br) * per_row + c / bc];
-                    owned.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
-                }
-            }
-            infos.push((
-                name,
-                TensorInfo {
-                    shard,
-                    offset: start,
-                    len: rows * cols * 2,
-                    dtype: DType::Bf16,
-                    shape,
-                },
-            ));
+            let values = (0..rows * cols).map(|i| {
+                let (r, c) = (i / cols, i % cols);
+                e4m3_to_f32(q[i]) * scales[(r / br) * per_row + c / bc]
+            });
+            made.push(name, DType::Bf16, shape, values);
         }
-        self.shards.push((
-            PathBuf::from("(FP8 weights dequantized to bf16)"),
-            Backing::Owned(owned),
-        ));
-        for (name, info) in infos {
+        self.add(made);
+        Ok(())
+    }
+
+    /// Join the tensors made at load; a name already mapped now reads the made tensor.
+    pub fn add(&mut self, made: Made) {
+        let shard = self.shards.len();
+        for (name, mut info) in made.infos {
+            info.shard = shard;
             self.tensors.insert(name, info);
         }
-        Ok(())
+        self.shards.push((
+            PathBuf::from(format!("({})", made.label)),
+            Backing::Owned(made.bytes),
+        ));
+    }
+
+    /// An MXFP4 tensor kept apart at open (`uint8`): its bytes and shape.
+    pub fn packed(&self, name: &str) -> Option<(&[u8], &[usize])> {
+        self.packed.get(name).map(|(shard, offset, len, shape)| {
+            (&self.shards[*shard].1[*offset..offset + len], &shape[..])
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {

@@ -32,7 +32,7 @@ use harness::*;
 
 /// Every architecture the reference covers (`hf_families.py`'s `ARCHS` and, written by
 /// transformers 5, `ARCHS_V5`), by directory stem.
-const ARCHS: [&str; 13] = [
+const ARCHS: [&str; 14] = [
     "llama",
     "mistral",
     "qwen2",
@@ -46,6 +46,7 @@ const ARCHS: [&str; 13] = [
     "granite-hybrid-dense",
     "nemotron-h",
     "nemotron-h-moe",
+    "gpt-oss",
 ];
 
 /// Largest |engine − transformers| log-probability accepted, by checkpoint dtype. Both sides
@@ -232,4 +233,30 @@ fn an_fp8_checkpoint_runs_as_its_dequantized_weights() {
     );
     assert!(exact < tolerance("bfloat16"), "{exact:.2e}");
     assert!(near < 1.0, "{near:.2e}");
+}
+
+/// gpt-oss as released: the experts in MXFP4 (`*_blocks`, `*_scales`, `quant_method: mxfp4`),
+/// everything else bf16. The engine dequantizes the blocks at load (exactly: every MXFP4 value
+/// is a bf16 value) and agrees with transformers run on its own dequantization of the same
+/// file as closely as a bf16 checkpoint does.
+#[test]
+fn an_mxfp4_gpt_oss_checkpoint_runs_as_transformers_dequantizes_it() {
+    let root = env_path("GANTRY_HF_REFERENCE");
+    let bf16_kernel = gantry_engine_native::cpu::matmul::has_bf16_kernel();
+    let dir = root.join("gpt-oss-mxfp4");
+    let r = read_reference(&dir, bf16_kernel);
+    let plugin = plugin("native", 4, 128);
+    let (shared, mut exec) = plugin
+        .load_model(&st_desc("gpt-oss-mxfp4", &dir))
+        .unwrap_or_else(|e| panic!("gpt-oss-mxfp4: load: {e}"));
+    assert_eq!(shared.info().architecture, r.class);
+    let mut worst = 0.0f32;
+    for i in 0..r.prompts.len() {
+        let got = run_alone(&mut exec, &r, i, Feed::Verify);
+        worst = worst
+            .max(max_diff(&got.prompt, &r.prompt_logprobs[i]))
+            .max(max_diff(&got.decode, &r.greedy_logprobs[i]));
+    }
+    println!("gpt-oss-mxfp4: max |engine - transformers| {worst:.2e}");
+    assert!(worst < tolerance("bfloat16"), "{worst:.2e}");
 }

@@ -25,7 +25,9 @@ use harness::*;
 /// runs `MistralForCausalLM` as `llama`, without its `sliding_window`: on this checkpoint's
 /// 8-token window it is wrong past position 8, 25 of 96 greedy tokens; Mistral releases without
 /// a window are unaffected), and Llama 4 (llama.cpp aborts on the converted text model:
-/// `GGML_ASSERT(buf != NULL && "tensor buffer not set")`). Where a family's released shapes
+/// `GGML_ASSERT(buf != NULL && "tensor buffer not set")`). gpt-oss is checked with YaRN's ramp
+/// rounded (`gpt-oss-truncated-yarn`): llama.cpp always rounds it, and on the released
+/// `truncate: false` it disagrees (`hf_families.py` says by how much). Where a family's released shapes
 /// matter to llama.cpp, the checkpoint takes them (`hf_reference.py` says which and why). The
 /// plugin's manifest lists exactly these architectures.
 const LLAMA_CPP_FAMILIES: [(&str, &str); 51] = [
@@ -60,7 +62,7 @@ const LLAMA_CPP_FAMILIES: [(&str, &str); 51] = [
     ("deepseek3", "deepseek2"),
     ("exaone4", "exaone4"),
     ("smollm3", "smollm3"),
-    ("gpt-oss", "gpt-oss"),
+    ("gpt-oss-truncated-yarn", "gpt-oss"),
     ("ernie4.5", "ernie4_5"),
     ("ernie4.5-moe", "ernie4_5-moe"),
     ("seed-oss", "seed_oss"),

@@ -68,18 +68,28 @@ pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// Whether the safetensors model beside `primary` is an FP8 checkpoint (`config.json`
-/// `quantization_config.quant_method: fp8`), which the native engine dequantizes at load.
-pub fn fp8_checkpoint(primary: &Path) -> bool {
+/// The copies the native engine makes of a safetensors model's weights at load, from the
+/// `config.json` beside `primary`: what they are and how many times the files' bytes they take
+/// at most. FP8 weights dequantized to bf16 (2×), gpt-oss's MXFP4 experts dequantized to bf16
+/// (4×: 4.25 bits a value become 16), an unquantized gpt-oss's fused experts rearranged (1×);
+/// `None` for a model read in place.
+pub fn load_copies(primary: &Path) -> Option<(&'static str, u64)> {
     let dir = if primary.is_dir() {
         primary
     } else {
         primary.parent().unwrap_or(Path::new("."))
     };
-    std::fs::read(dir.join("config.json"))
+    let config = std::fs::read(dir.join("config.json"))
         .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .is_some_and(|v| v["quantization_config"]["quant_method"] == "fp8")
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())?;
+    match config["quantization_config"]["quant_method"].as_str() {
+        Some("fp8") => Some(("FP8 dequantized to bf16", 2)),
+        Some("mxfp4") => Some(("MXFP4 experts dequantized to bf16", 4)),
+        _ if config["architectures"][0] == "GptOssForCausalLM" => {
+            Some(("gpt-oss experts rearranged", 1))
+        }
+        _ => None,
+    }
 }
 
 /// Bytes of a model's weight files: the GGUF (every shard of a split one),

@@ -406,15 +406,14 @@ fn counted(
 fn footprint(primary: &Path, format: Format, ctx: u32, seqs: u32) -> (u64, String) {
     let mut weights = super::weight_bytes(primary, format);
     let mut how = format!("weights {}", super::human(weights));
-    if format == Format::Safetensors && super::fp8_checkpoint(primary) {
-        // The engine dequantizes FP8 weights to bf16 copies of its own at load: twice the
-        // file's bytes more (an upper bound: not every tensor of the file is FP8).
-        let copies = weights.saturating_mul(2);
+    if format == Format::Safetensors
+        && let Some((what, times)) = super::load_copies(primary)
+    {
+        // The engine's own copies of the weights, made at load (an upper bound: not every
+        // tensor of the files is copied).
+        let copies = weights.saturating_mul(times);
         weights = weights.saturating_add(copies);
-        how.push_str(&format!(
-            " + FP8 dequantized to bf16 {}",
-            super::human(copies)
-        ));
+        how.push_str(&format!(" + {what} {}", super::human(copies)));
     }
     let mut kv = 0u64;
     if format == Format::Gguf {

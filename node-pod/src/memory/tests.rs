@@ -189,23 +189,34 @@ fn weights_are_every_shard_of_a_split_gguf_or_every_safetensors_file() {
 }
 
 #[test]
-fn an_fp8_checkpoint_is_known_by_its_quantization_config() {
+fn the_copies_made_at_load_are_known_by_the_config() {
     let dir = tempfile::tempdir().expect("tempdir");
     let primary = dir.path().join("model.safetensors");
     std::fs::write(&primary, b"x").expect("write");
-    assert!(!fp8_checkpoint(&primary), "no config.json");
-    std::fs::write(
-        dir.path().join("config.json"),
-        br#"{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#,
-    )
-    .expect("write");
-    assert!(fp8_checkpoint(&primary));
-    std::fs::write(
-        dir.path().join("config.json"),
-        br#"{"quantization_config": {"quant_method": "awq"}}"#,
-    )
-    .expect("write");
-    assert!(!fp8_checkpoint(&primary));
+    assert_eq!(load_copies(&primary), None, "no config.json");
+    let config = |text: &[u8]| {
+        std::fs::write(dir.path().join("config.json"), text).expect("write");
+        load_copies(&primary).map(|(_, times)| times)
+    };
+    assert_eq!(
+        config(
+            br#"{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#
+        ),
+        Some(2)
+    );
+    assert_eq!(
+        config(br#"{"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "mxfp4"}}"#),
+        Some(4)
+    );
+    assert_eq!(
+        config(br#"{"architectures": ["GptOssForCausalLM"]}"#),
+        Some(1)
+    );
+    assert_eq!(
+        config(br#"{"quantization_config": {"quant_method": "awq"}}"#),
+        None
+    );
+    assert_eq!(config(br#"{"architectures": ["LlamaForCausalLM"]}"#), None);
 }
 
 #[test]

@@ -10,14 +10,17 @@
 //! (`config/parse.rs`) puts them together per family.
 
 mod fields;
+mod gpt_oss;
 mod mamba;
 mod nemotron_h;
 mod parse;
+mod quant;
 mod rope;
 #[cfg(test)]
 mod tests;
 
 pub use parse::parse;
+pub use quant::Quant;
 pub use rope::{Rope, RopeScaling};
 
 /// The architectures this engine runs, one per `architectures` class it lists in its manifest.
@@ -43,11 +46,15 @@ pub enum Architecture {
     /// a relu² MLP, or a mixture of relu² experts with sigmoid routing) as its layer pattern
     /// says.
     NemotronH,
+    /// gpt-oss: attention with q/k/v/o biases and a learned sink per head, sliding and full
+    /// layers alternating, YaRN; a mixture of experts with a biased router and clamped SwiGLU
+    /// experts with biases, stored fused (and in MXFP4 as released).
+    GptOss,
 }
 
 impl Architecture {
     /// The `architectures` classes, in the manifest's order.
-    pub const CLASSES: [(&'static str, Architecture); 11] = [
+    pub const CLASSES: [(&'static str, Architecture); 12] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -62,6 +69,7 @@ impl Architecture {
             Architecture::GraniteMoeHybrid,
         ),
         ("NemotronHForCausalLM", Architecture::NemotronH),
+        ("GptOssForCausalLM", Architecture::GptOss),
     ];
 
     pub fn from_class(class: &str) -> Option<Architecture> {
@@ -199,6 +207,9 @@ pub enum MoeNaming {
     /// `mixer.experts.{e}.{up,down}_proj` (no gate: relu² experts) and
     /// `mixer.shared_experts.{up,down}_proj` (Nemotron-H).
     NemotronH,
+    /// `mlp.router` (with a bias), `mlp.experts.{e}.{gate,up,down}_proj` with biases: the
+    /// per-expert tensors `crate::gpt_oss` makes at load from the checkpoint's fused ones.
+    GptOss,
 }
 
 impl MoeNaming {
@@ -209,6 +220,7 @@ impl MoeNaming {
             MoeNaming::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate"),
             MoeNaming::Granite => format!("model.layers.{layer}.block_sparse_moe.router.layer"),
             MoeNaming::NemotronH => format!("backbone.layers.{layer}.mixer.gate"),
+            MoeNaming::GptOss => format!("model.layers.{layer}.mlp.router"),
         }
     }
 
@@ -239,7 +251,7 @@ impl MoeNaming {
     /// Expert `e`'s gate, up and down projections (without `.weight`) in layer `layer`.
     pub fn expert(self, layer: usize, e: usize) -> [String; 3] {
         match self {
-            MoeNaming::Qwen => {
+            MoeNaming::Qwen | MoeNaming::GptOss => {
                 let p = format!("model.layers.{layer}.mlp.experts.{e}");
                 [
                     format!("{p}.gate_proj"),
@@ -273,7 +285,7 @@ impl MoeNaming {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// SiLU(gate) * up.
     Silu,
@@ -281,6 +293,9 @@ pub enum Activation {
     GeluTanh,
     /// relu(up)², no gate (Nemotron-H's MLPs and experts).
     Relu2,
+    /// gpt-oss's: `g · sigmoid(1.702 g) · (u + 1)` with the gate `g` clamped above at
+    /// `limit` and the up value `u` to `±limit` (`swiglu_limit`).
+    ClampedSwiglu { limit: f32 },
 }
 
 impl Activation {
@@ -339,6 +354,11 @@ pub struct ModelConfig {
     pub moe: Option<Moe>,
     /// FP8 weights (`quantization_config` `quant_method: fp8`), dequantized at load.
     pub fp8: Option<crate::weights::Fp8>,
+    /// MXFP4 experts (`quant_method: mxfp4`, gpt-oss), dequantized to bf16 at load.
+    pub mxfp4: bool,
+    /// A learned logit per head joins each attention softmax's denominator (gpt-oss's sinks,
+    /// `self_attn.sinks`).
+    pub attn_sinks: bool,
     pub bos_token: Option<i32>,
     pub eos_tokens: Vec<i32>,
 }

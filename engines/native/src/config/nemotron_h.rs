@@ -274,6 +274,8 @@ pub(super) fn parse(
         mamba,
         moe,
         fp8,
+        mxfp4: false,
+        attn_sinks: false,
         bos_token,
         eos_tokens,
     })

@@ -7,11 +7,11 @@ use serde_json::Value;
 
 use super::fields::{Fields, corrupt, unsupported};
 use super::mamba::{mamba, rotary_dim};
+use super::quant::quantization;
 use super::rope::rope_from;
 use super::{
     Activation, Architecture, LayerKind, ModelConfig, Moe, MoeNaming, Rope, RopeScaling, Routing,
 };
-use crate::weights::Fp8;
 
 /// Parse `config.json` bytes (and the `eos_token_id` of `generation_config.json`, when given).
 pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, EngineError> {
@@ -46,10 +46,16 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
     })?;
     // Multimodal configs nest the language model; this engine runs text models only.
     let f = &top;
-    let fp8 = quantization(f.get("quantization_config"))?;
+    let quant = quantization(f.get("quantization_config"), family)?;
     let (bos_token, eos_tokens) = end_tokens(&top, generation)?;
-    if family == Architecture::NemotronH {
-        return super::nemotron_h::parse(f, class, fp8, bos_token, eos_tokens);
+    match family {
+        Architecture::NemotronH => {
+            return super::nemotron_h::parse(f, class, quant.fp8, bos_token, eos_tokens);
+        }
+        Architecture::GptOss => {
+            return super::gpt_oss::parse(f, class, quant, bos_token, eos_tokens);
+        }
+        _ => {}
     }
     let hidden = f.req_usize("hidden_size")?;
     let n_layers = f.req_usize("num_hidden_layers")?;
@@ -103,7 +109,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         | Architecture::Qwen3Moe
         | Architecture::Gemma3
         | Architecture::GraniteMoeHybrid
-        | Architecture::NemotronH => {
+        | Architecture::NemotronH
+        | Architecture::GptOss => {
             let b = attention_bias.unwrap_or(false);
             (b, b)
         }
@@ -147,7 +154,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         | Architecture::Qwen2Moe
         | Architecture::Bamba
         | Architecture::GraniteMoeHybrid
-        | Architecture::NemotronH => 10_000.0,
+        | Architecture::NemotronH
+        | Architecture::GptOss => 10_000.0,
     };
     let mut ropes = Vec::new();
     let params = f.get("rope_parameters");
@@ -213,31 +221,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
             });
             let window = window
                 .ok_or_else(|| corrupt("config.json `sliding_window` is missing (Gemma 3)"))?;
-            let types: Vec<bool> = match f.get("layer_types") {
-                Some(Value::Array(items)) => {
-                    if items.len() != n_layers {
-                        return Err(corrupt(format!(
-                            "config.json `layer_types` lists {} layers, `num_hidden_layers` is {n_layers}",
-                            items.len()
-                        )));
-                    }
-                    items
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| match v.as_str() {
-                            Some("sliding_attention") => Ok(true),
-                            Some("full_attention") => Ok(false),
-                            _ => Err(unsupported(format!(
-                                "config.json `layer_types[{i}]` {v} is not sliding_attention or full_attention"
-                            ))),
-                        })
-                        .collect::<Result<_, _>>()?
-                }
-                Some(v) => {
-                    return Err(corrupt(format!(
-                        "config.json `layer_types` must be a list, got {v}"
-                    )));
-                }
+            let types = match sliding_layers(f, n_layers)? {
+                Some(types) => types,
                 None => {
                     let pattern = f
                         .usize("sliding_window_pattern")?
@@ -279,7 +264,8 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         Architecture::Llama
         | Architecture::Bamba
         | Architecture::GraniteMoeHybrid
-        | Architecture::NemotronH => {}
+        | Architecture::NemotronH
+        | Architecture::GptOss => {}
     }
 
     let moe = moe(f, family, &mut layers)?;
@@ -365,7 +351,9 @@ pub fn parse(bytes: &[u8], generation: Option<&[u8]>) -> Result<ModelConfig, Eng
         layers,
         moe,
         mamba,
-        fp8,
+        fp8: quant.fp8,
+        mxfp4: false,
+        attn_sinks: false,
         bos_token,
         eos_tokens,
     })
@@ -540,6 +528,40 @@ fn moe(
     Ok(Some(moe))
 }
 
+/// `layer_types` (`sliding_attention` or `full_attention`, one per layer) as whether each
+/// layer slides; `None` when the config has no list.
+pub(super) fn sliding_layers(
+    f: &Fields<'_>,
+    n_layers: usize,
+) -> Result<Option<Vec<bool>>, EngineError> {
+    match f.get("layer_types") {
+        None => Ok(None),
+        Some(Value::Array(items)) => {
+            if items.len() != n_layers {
+                return Err(corrupt(format!(
+                    "config.json `layer_types` lists {} layers, `num_hidden_layers` is {n_layers}",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(unsupported(format!(
+                        "config.json `layer_types[{i}]` {v} is not sliding_attention or full_attention"
+                    ))),
+                })
+                .collect::<Result<_, _>>()
+                .map(Some)
+        }
+        Some(v) => Err(corrupt(format!(
+            "config.json `layer_types` must be a list, got {v}"
+        ))),
+    }
+}
+
 /// `num_experts_per_tok` within 1..=experts, for every mixture-of-experts family.
 pub(super) fn check_top_k(moe: &Moe) -> Result<(), EngineError> {
     if moe.top_k == 0 || moe.top_k > moe.experts {
@@ -549,47 +571,4 @@ pub(super) fn check_top_k(moe: &Moe) -> Result<(), EngineError> {
         )));
     }
     Ok(())
-}
-
-/// `quantization_config`: FP8 (`quant_method: fp8`, `float8_e4m3fn` weights with block or
-/// tensor scales) is dequantized at load; every other method is refused by name.
-fn quantization(q: Option<&Value>) -> Result<Option<Fp8>, EngineError> {
-    let Some(q) = q.filter(|q| !q.is_null()) else {
-        return Ok(None);
-    };
-    let method = q
-        .get("quant_method")
-        .and_then(Value::as_str)
-        .unwrap_or("(no quant_method)");
-    if method != "fp8" {
-        return Err(unsupported(format!(
-            "config.json `quantization_config.quant_method` `{method}`: the native engine runs bf16, f16 and f32 checkpoints and FP8 ones (`fp8`)"
-        )));
-    }
-    if let Some(fmt) = q.get("fmt").and_then(Value::as_str)
-        && fmt != "e4m3"
-    {
-        return Err(unsupported(format!(
-            "config.json `quantization_config.fmt` `{fmt}`: the native engine reads e4m3 FP8 weights"
-        )));
-    }
-    let block = match q.get("weight_block_size") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(b)) => match b.iter().map(Value::as_u64).collect::<Option<Vec<_>>>() {
-            Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0 && x <= 1 << 20) => {
-                Some([v[0] as usize, v[1] as usize])
-            }
-            _ => {
-                return Err(corrupt(
-                    "config.json `quantization_config.weight_block_size` must be two positive integers",
-                ));
-            }
-        },
-        Some(v) => {
-            return Err(corrupt(format!(
-                "config.json `quantization_config.weight_block_size` must be a list, got {v}"
-            )));
-        }
-    };
-    Ok(Some(Fp8 { block }))
 }

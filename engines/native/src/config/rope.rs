@@ -39,6 +39,9 @@ pub enum RopeScaling {
         beta_fast: f64,
         beta_slow: f64,
         attention_factor: f64,
+        /// The ramp's ends rounded out to whole dimensions (`truncate`, true unless the config
+        /// says false: gpt-oss).
+        truncate: bool,
     },
 }
 
@@ -87,14 +90,18 @@ impl Rope {
                 beta_fast,
                 beta_slow,
                 attention_factor,
+                truncate,
             } => {
                 let dim = head_dim as f64;
                 // The dimension whose wavelength fits `rot` rotations in the original context.
                 let corr = |rot: f64| {
                     dim * (old / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * self.theta.ln())
                 };
-                let low = corr(*beta_fast).floor().max(0.0);
-                let high = corr(*beta_slow).ceil().min(dim - 1.0);
+                let (low, high) = match truncate {
+                    true => (corr(*beta_fast).floor(), corr(*beta_slow).ceil()),
+                    false => (corr(*beta_fast), corr(*beta_slow)),
+                };
+                let (low, high) = (low.max(0.0), high.min(dim - 1.0));
                 let high = if low == high { high + 0.001 } else { high };
                 let f = base
                     .iter()
@@ -153,6 +160,7 @@ fn rope_scaling(f: &Fields<'_>, max_position: u32) -> Result<RopeScaling, Engine
                 beta_fast: f.f64("beta_fast")?.unwrap_or(32.0),
                 beta_slow: f.f64("beta_slow")?.unwrap_or(1.0),
                 attention_factor: f.f64("attention_factor")?.unwrap_or_else(|| mscale(factor)),
+                truncate: f.bool("truncate")?.unwrap_or(true),
             }
         }
         other => {

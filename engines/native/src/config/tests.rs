@@ -342,3 +342,79 @@ fn nemotron_h_options_the_engine_lacks_are_refused_naming_the_field() {
     let e = nemotron_h(r#", "n_group": 3"#).expect_err("8 experts in 3 groups");
     assert!(e.message.contains("n_group"), "{}", e.message);
 }
+
+#[test]
+fn a_gpt_oss_config_gets_its_released_defaults_and_mxfp4_is_read_for_it_alone() {
+    let c = parse(
+        br#"{"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "mxfp4"}}"#,
+        None,
+    )
+    .expect("gpt-oss");
+    assert_eq!(c.architecture, Architecture::GptOss);
+    assert_eq!((c.n_layers, c.hidden, c.head_dim), (36, 2880, 64));
+    // Sliding first, then full, alternating; every layer a mixture of experts.
+    assert_eq!(c.layers[0].window, Some(128));
+    assert_eq!(c.layers[1].window, None);
+    assert!(c.layers.iter().all(|l| l.moe && l.attends()));
+    let moe = c.moe.as_ref().expect("experts");
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.naming),
+        (128, 4, MoeNaming::GptOss)
+    );
+    assert!(c.qkv_bias && c.o_bias && c.attn_sinks && c.mxfp4);
+    assert_eq!(c.activation, Activation::ClampedSwiglu { limit: 7.0 });
+    assert!(matches!(
+        c.ropes[0].scaling,
+        RopeScaling::Yarn {
+            factor: 32.0,
+            truncate: false,
+            ..
+        }
+    ));
+    // An explicit layer pattern, the original checkpoint's `experts_per_token`, a limit.
+    let c = parse(
+        br#"{"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 2, "experts_per_token": 2,
+        "layer_types": ["full_attention", "sliding_attention"], "swiglu_limit": 5.0}"#,
+        None,
+    )
+    .expect("gpt-oss");
+    assert_eq!((c.layers[0].window, c.layers[1].window), (None, Some(128)));
+    assert_eq!(c.moe.expect("experts").top_k, 2);
+    assert_eq!(c.activation, Activation::ClampedSwiglu { limit: 5.0 });
+    assert!(!c.mxfp4);
+    let e = parse(
+        br#"{"architectures": ["GptOssForCausalLM"], "num_local_experts": 2, "num_experts_per_tok": 3}"#,
+        None,
+    )
+    .expect_err("top-k");
+    assert!(e.message.contains("num_experts_per_tok"), "{}", e.message);
+}
+
+#[test]
+fn yarn_without_truncation_ramps_between_the_exact_correction_dimensions() {
+    let rope = |truncate: bool| Rope {
+        theta: 10_000.0,
+        scaling: RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 64.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate,
+        },
+    };
+    // head_dim 16: the fast correction dimension is below 0 (clamped), the slow one
+    // 16·ln(64 / 2π) / (2·ln 10⁴) ≈ 2.016, rounded up to 3 when truncating.
+    let high = 16.0 * (64.0 / (2.0 * std::f64::consts::PI)).ln() / (2.0 * 10_000f64.ln());
+    for (truncate, high) in [(false, high), (true, high.ceil())] {
+        let (f, _) = rope(truncate).inv_freq(16);
+        let base = 1.0 / 10_000f64.powf(2.0 / 16.0);
+        let keep = 1.0 - 1.0 / high;
+        let want = base / 4.0 * (1.0 - keep) + base * keep;
+        assert!(
+            ((f[1] as f64) - want).abs() < 1e-7,
+            "truncate {truncate}: {} vs {want}",
+            f[1]
+        );
+    }
+}

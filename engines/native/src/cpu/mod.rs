@@ -310,6 +310,7 @@ impl CpuBackend {
                         window: kind.window,
                         scale: cfg.attn_scale,
                         softcap: cfg.attn_softcap,
+                        sinks: layer_attn.sinks.as_deref(),
                     };
                     ops::attention(&q, &self.kv[li], &toks, &shape, &mut att);
                     layer_attn.o.forward(w, &att, t, &mut o, &mut scratch);

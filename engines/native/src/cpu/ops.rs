@@ -171,6 +171,12 @@ pub fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
 /// [`Activation::Relu2`] (no gate; `g` only receives).
 pub fn activate(act: Activation, g: &mut [f32], u: &[f32]) {
     match act {
+        Activation::ClampedSwiglu { limit } => {
+            for (g, &u) in g.iter_mut().zip(u) {
+                let x = g.min(limit);
+                *g = x / (1.0 + (-1.702 * x).exp()) * (u.clamp(-limit, limit) + 1.0);
+            }
+        }
         Activation::Silu => silu_mul(g, u),
         Activation::GeluTanh => gelu_tanh_mul(g, u),
         Activation::Relu2 => {
@@ -196,7 +202,7 @@ pub struct AttnTokens<'a> {
     pub seq_of: &'a [usize],
 }
 
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -204,6 +210,8 @@ pub struct AttnShape {
     pub window: Option<usize>,
     pub scale: f32,
     pub softcap: Option<f32>,
+    /// A logit per head that joins each softmax's denominator and nothing else (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// A pointer the attention tasks share; each writes its own token's heads.
@@ -226,7 +234,13 @@ impl Out {
 /// Causal attention of every token over its own sequence's cached positions `0..=pos` (the
 /// last `window` of them for a sliding layer). `q` is `[T][n_heads][head_dim]`; the result goes
 /// to `out` in the same layout. Work is split by (token, kv head) across the thread pool.
-pub fn attention(q: &[f32], kv: &LayerKv, toks: &AttnTokens<'_>, s: &AttnShape, out: &mut [f32]) {
+pub fn attention(
+    q: &[f32],
+    kv: &LayerKv,
+    toks: &AttnTokens<'_>,
+    s: &AttnShape<'_>,
+    out: &mut [f32],
+) {
     let t_count = toks.positions.len();
     let group = s.n_heads / s.n_kv_heads;
     let hd = s.head_dim;
@@ -264,8 +278,12 @@ pub fn attention(q: &[f32], kv: &LayerKv, toks: &AttnTokens<'_>, s: &AttnShape, 
             let mut acc = vec![0.0f32; group * hd];
             for h in 0..group {
                 let sc = &mut scores[h * span..(h + 1) * span];
-                let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
+                let sink = s.sinks.map(|k| k[g * group + h]);
+                let max = sc
+                    .iter()
+                    .copied()
+                    .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+                let mut sum = sink.map_or(0.0, |k| (k - max).exp());
                 for v in sc.iter_mut() {
                     *v = (*v - max).exp();
                     sum += *v;

@@ -230,7 +230,9 @@ impl CudaBackend {
                 let kind = match c.activation {
                     Activation::Silu => 0i32,
                     Activation::GeluTanh => 1,
-                    Activation::Relu2 => unreachable!("refused at load (cuda/mod.rs)"),
+                    Activation::Relu2 | Activation::ClampedSwiglu { .. } => {
+                        unreachable!("refused at load (cuda/mod.rs)")
+                    }
                 };
                 let mut lb = self.stream.launch_builder(&self.k.gated_act);
                 lb.arg(&b.gu)
