@@ -17,8 +17,18 @@ tokenizer (`t0` .. `t31999`), bf16:
   1 attention (8 heads of 128, no position encoding), 4 mixture-of-experts layers (32 relu²
   experts of 512, 4 chosen by sigmoid score, a shared expert of 1024). Written and run by
   transformers 5 (the directory `scripts/setup.sh reference` installs it into).
+- `gpt-oss` (`--model gpt-oss`, `gpt-oss-20b-shape`): gpt-oss-20b's layout at 1024 wide: 8
+  layers alternating a 128-token sliding window and full attention (16 query and 4 key/value
+  heads of 64, biases, a sink per head, YaRN), each with 32 clamped-SwiGLU experts of 512 with
+  biases, 4 chosen per token; bf16 (the released MXFP4 is dequantized to bf16 at load anyway).
 No registry ships a small MoE or hybrid, so speed is measured on random weights (correctness is
 engines/native/tests/reference.rs's job).
+
+With `--mxfp4` (gpt-oss only), Gantry and llama-server run the same model with its experts in
+MXFP4, the released files' layout (`gpt-oss-20b-shape-mxfp4`, quantized by
+`testkit/python/hf_reference.py`'s `mxfp4`): the native engine dequantizes them to bf16 at load,
+llama.cpp's converter keeps them as MXFP4 and llama.cpp multiplies them as such. transformers is
+left out of that run (its MXFP4 loader needs a GPU or `accelerate`).
 
 - Gantry: `gantry-node serve` with the native engine, streaming completions at temperature 0
   through the OpenAI API, `concurrency` requests at a time, the response cache and the prefix
@@ -41,6 +51,8 @@ Usage: bench/moe.py --node target/release/gantry-node \\
            --python ~/.cache/gantry/venv-reference/bin/python --out bench/results/moe-cpu.json
        bench/moe.py ... --model granite-hybrid --out bench/results/granite-hybrid-cpu.json
        bench/moe.py ... --model nemotron-h --out bench/results/nemotron-h-cpu.json
+       bench/moe.py ... --model gpt-oss --out bench/results/gpt-oss-cpu.json
+       bench/moe.py ... --model gpt-oss --mxfp4 --llama-server PATH --out bench/results/gpt-oss-mxfp4-cpu.json
 """
 import argparse
 import json
@@ -90,6 +102,15 @@ MODELS = {
         moe_intermediate_size=512, moe_shared_expert_intermediate_size=1024, n_group=1, topk_group=1,
         routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=4096, bos_token_id=None,
         eos_token_id=None, tie_word_embeddings=False)),
+    "gpt-oss": ("gpt-oss-20b-shape",
+                "random gpt-oss with gpt-oss-20b's layout (8 layers alternating sliding 128 / full attention, "
+                "sinks, 32 clamped-SwiGLU experts top 4), 1024 wide, bf16", dict(
+        model_type="gpt_oss", vocab_size=VOCAB, hidden_size=1024, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=64, intermediate_size=512,
+        num_local_experts=32, num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
+        rope_theta=150000.0, rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                               truncate=False, original_max_position_embeddings=4096),
+        bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
 }
 # Models only transformers 5 has: their `make` and `peer` run with it in front of the packages.
 TRANSFORMERS5 = {"nemotron-h"}
@@ -110,6 +131,14 @@ def make(out: Path, which: str):
     tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(out / "tokenizer.json"))
+    if which == "gpt-oss":
+        # The MXFP4 twin, as the released files are (`--mxfp4`), with this vocabulary.
+        sys.path.insert(0, str(HERE.parent / "testkit/python"))
+        from hf_reference import write_mxfp4
+
+        twin = out.parent / (out.name + "-mxfp4")
+        write_mxfp4(model.float(), twin)
+        tok.save(str(twin / "tokenizer.json"))
     (out / ".complete").write_text("1")
 
 
@@ -214,6 +243,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--model", choices=sorted(MODELS), default="qwen3-moe")
     ap.add_argument("--llama-server", help="also run llama.cpp's server (bench/build-llama-server.sh prints it)")
+    ap.add_argument("--mxfp4", action="store_true", help="gpt-oss: run the MXFP4 twin (no transformers)")
     ap.add_argument("--machine-note", default="nothing else ran on the machine")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -225,21 +255,31 @@ def main():
         env["PYTHONPATH"] = str(cache / "transformers5")
     if not (model_dir / ".complete").exists():
         subprocess.run([args.python, __file__, "make", str(model_dir), args.model], check=True, env=env)
+    if args.mxfp4:
+        if args.model != "gpt-oss":
+            raise SystemExit("--mxfp4 is for --model gpt-oss")
+        model_dir = model_dir.parent / (model_dir.name + "-mxfp4")
+        description += "; experts in MXFP4"
     ours = gantry(args.node, model_dir, levels, args.max_tokens, args.threads, args.rounds)
-    p = subprocess.run([args.python, __file__, "peer", str(model_dir), args.concurrency, str(args.max_tokens),
-                        str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True,
-                       env=env)
-    theirs = {int(k): v for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
+    theirs = None
+    if not args.mxfp4:
+        p = subprocess.run([args.python, __file__, "peer", str(model_dir), args.concurrency, str(args.max_tokens),
+                            str(args.threads), str(args.rounds)], check=True, stdout=subprocess.PIPE, text=True,
+                           env=env)
+        theirs = {int(k): v for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
     llama = None
     if args.llama_server:
         llama = llama_server(args.llama_server, args.python, model_dir, levels, args.max_tokens, args.threads,
                              args.rounds)
     rows = []
     for c in levels:
-        g, t = statistics.median(ours[c]), statistics.median(theirs[c])
-        row = {"concurrency": c, "gantry_aggregate_tps": g, "transformers_aggregate_tps": t,
-               "ratio": g / t, "gantry_runs": ours[c], "transformers_runs": theirs[c]}
-        line = f"c={c}: gantry {g:.1f} tok/s, transformers {t:.1f} tok/s, ratio {g / t:.2f}"
+        g = statistics.median(ours[c])
+        row = {"concurrency": c, "gantry_aggregate_tps": g, "gantry_runs": ours[c]}
+        line = f"c={c}: gantry {g:.1f} tok/s"
+        if theirs:
+            t = statistics.median(theirs[c])
+            row.update({"transformers_aggregate_tps": t, "ratio": g / t, "transformers_runs": theirs[c]})
+            line += f", transformers {t:.1f} tok/s, ratio {g / t:.2f}"
         if llama:
             l = statistics.median(llama[c])
             row.update({"llama_server_aggregate_tps": l, "ratio_vs_llama_server": g / l, "llama_server_runs": llama[c]})
