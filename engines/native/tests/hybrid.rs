@@ -1,8 +1,9 @@
 //! The native engine's state-space (Mamba-2) layers as the step's bookkeeping sees them,
 //! through the node's engine host: a sequence's recurrent state lives in its slot, a fork
 //! copies it, a verification entry or a cut back is refused (the state summarises every token
-//! it took), a released slot starts the next sequence from zeros, and no prefix is reused.
-//! On the tiny transformers Bamba checkpoint of `hf_reference.py` (`GANTRY_HF_REFERENCE`).
+//! it took), a released slot starts the next sequence from zeros, and no prefix is reused; and
+//! sequences that join and leave a batch decode as they do alone. On the tiny transformers
+//! Bamba and Nemotron-H checkpoints of `hf_reference.py` (`GANTRY_HF_REFERENCE`).
 
 use gantry_engine_abi::{Sampling, Status, StepEntry};
 use gantry_node::engine_host::ModelExec;
@@ -122,4 +123,81 @@ fn a_hybrid_model_keeps_each_sequence_state_in_its_slot() {
     fed.extend(tail);
     let alone = continue_with(&mut exec, c2, &fed, &s);
     assert_eq!(both, alone[tail.len()..], "the batched sequence as alone");
+}
+
+/// Greedy tokens of `prompt` continued for `n` steps in sequence `seq` (prompt in one step).
+fn greedy(exec: &mut ModelExec, seq: u64, prompt: &[i32], n: usize, s: &Sampling) -> Vec<i32> {
+    let mut out = Vec::with_capacity(n);
+    let r = exec.step(&[entry(seq, prompt, true, s)]).expect("prompt");
+    out.push(r[0].as_ref().expect("a sample").token);
+    while out.len() < n {
+        let last = [*out.last().expect("a token")];
+        let r = exec.step(&[entry(seq, &last, false, s)]).expect("step");
+        out.push(r[0].as_ref().expect("a sample").token);
+    }
+    out
+}
+
+/// Nemotron 3 Nano's blocks (Mamba-2, attention, relu² experts; `nemotron-h-moe`): 8
+/// sequences decoded together, joining one step apart and leaving at different lengths, give
+/// each the greedy text it gives alone — each Mamba state stays in its slot whoever shares the
+/// step, and the experts' batched dispatch mixes no rows.
+#[test]
+fn eight_concurrent_nemotron_h_sequences_decode_as_eight_sequential_ones() {
+    let dir = env_path("GANTRY_HF_REFERENCE").join("nemotron-h-moe-float32");
+    let plugin = plugin("native", 8, 128);
+    let (shared, mut exec) = plugin
+        .load_model(&st_desc("nemotron-h-moe", &dir))
+        .expect("load the Nemotron-H checkpoint");
+    assert_eq!(shared.info().architecture, "NemotronHForCausalLM");
+    assert!(shared.info().recurrent_state_bytes > 0);
+    let s = Sampling::greedy();
+    let prompts: Vec<Vec<i32>> = (0..8)
+        .map(|i| {
+            (0..5 + 3 * i)
+                .map(|j| 2 + ((i * 37 + j * 11) % 250) as i32)
+                .collect()
+        })
+        .collect();
+    let lens: Vec<usize> = (0..8).map(|i| 10 + 2 * i).collect();
+    let alone: Vec<Vec<i32>> = prompts
+        .iter()
+        .zip(&lens)
+        .map(|(p, &n)| {
+            let seq = exec.seq_open().expect("open");
+            let out = greedy(&mut exec, seq, p, n, &s);
+            exec.seq_release(seq);
+            out
+        })
+        .collect();
+
+    // Sequence i joins at step i (its whole prompt in that step, beside the others' decode
+    // tokens) and leaves once it has its tokens.
+    let seqs: Vec<u64> = (0..8).map(|_| exec.seq_open().expect("open")).collect();
+    let mut got: Vec<Vec<i32>> = vec![Vec::new(); 8];
+    for step in 0.. {
+        let mut fed: Vec<(usize, Vec<i32>, bool)> = Vec::new();
+        for i in 0..8 {
+            if step == i {
+                fed.push((i, prompts[i].clone(), true));
+            } else if step > i && got[i].len() < lens[i] {
+                fed.push((i, vec![*got[i].last().expect("a token")], false));
+            }
+        }
+        if fed.is_empty() {
+            break;
+        }
+        let entries: Vec<StepEntry<'_>> = fed
+            .iter()
+            .map(|(i, t, fresh)| entry(seqs[*i], t, *fresh, &s))
+            .collect();
+        let r = exec.step(&entries).expect("a batched step");
+        for ((i, _, _), r) in fed.iter().zip(r) {
+            got[*i].push(r.expect("a sample").token);
+            if got[*i].len() == lens[*i] {
+                exec.seq_release(seqs[*i]);
+            }
+        }
+    }
+    assert_eq!(got, alone);
 }
