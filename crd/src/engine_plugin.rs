@@ -164,6 +164,14 @@ pub enum Modality {
     Completion,
     /// Embeddings.
     Embedding,
+    /// Speech recognition: audio in, text out (`/v1/audio/transcriptions`).
+    Transcription,
+    /// Speech synthesis: text in, audio out (`/v1/audio/speech`; declared, no engine yet).
+    Speech,
+    /// Image in, text out (vision-language models; declared, no engine yet).
+    Vision,
+    /// Text in, image out (declared, no engine yet).
+    Image,
 }
 
 /// How node pods get the plugin files.

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use gantry_api::WorkerCrash;
 use gantry_engine_abi::{
-    AdapterDescriptor, EngineError, EngineInfo, LoadedAdapter, ModelInfo, SampledToken, StepEntry,
+    AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, ModelInfo, SampledToken,
+    StepEntry,
 };
 
 /// The calls any thread may make at any time.
@@ -58,6 +59,8 @@ pub(crate) trait ExecCalls: Send {
     fn adapter_unload(&mut self, adapter: u64);
     /// ABI 1.6 `seq_set_adapter`; `Unsupported` when the plugin lacks it.
     fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError>;
+    /// ABI 1.9 `seq_set_input`; `Unsupported` when the plugin lacks it.
+    fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError>;
     /// One vector per input, in order (ABI 1.8 `embed_batch`, or `embed` once per input where
     /// the plugin lacks it). `dims` is the model's embedding size, the first guess of one
     /// vector's length.
@@ -240,6 +243,12 @@ impl ModelExec {
     /// Run `seq` with `adapter` (0 = the base) from its first step on (ABI 1.6).
     pub fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
         self.calls.seq_set_adapter(seq, adapter)
+    }
+
+    /// Condition `seq` on `input` before its first step (ABI 1.9): audio for a transcription
+    /// model, refused with the reason by a model that takes none.
+    pub fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
+        self.calls.seq_set_input(seq, input)
     }
 
     /// The embedding of one input.

@@ -444,6 +444,26 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
         (err.status, err.message.as_str()),
         (Status::Unsupported, "input 0: echo has no embeddings")
     );
+    // ABI 1.9: the example leaves `seq_set_input` empty: a sequence given audio is refused
+    // with the reason, and keeps stepping.
+    let err = exec
+        .seq_set_input(
+            seq,
+            &gantry_engine_abi::Input::Audio {
+                samples: &[0.0; 160],
+                sample_rate: 16_000,
+            },
+        )
+        .expect_err("no inputs");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (
+            Status::Unsupported,
+            "the plugin takes no inputs (no ABI 1.9 seq_set_input)"
+        )
+    );
+    assert!(!shared.info().supports_transcription());
+    assert_eq!(shared.info().audio_sample_rate, 0);
 }
 
 #[test]

@@ -50,6 +50,8 @@ pub(super) struct Vtable {
     pub(super) seq_set_adapter: Option<ffi::SeqSetAdapterFn>,
     /// ABI 1.8, optional: without it, `embed` once per input.
     pub(super) embed_batch: Option<ffi::EmbedBatchFn>,
+    /// ABI 1.9, optional (required with `GANTRY_MODALITY_TRANSCRIPTION`).
+    pub(super) seq_set_input: Option<ffi::SeqSetInputFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -107,6 +109,7 @@ impl Vtable {
             adapter_unload: later!(adapter_unload),
             seq_set_adapter: later!(seq_set_adapter),
             embed_batch: later!(embed_batch),
+            seq_set_input: later!(seq_set_input),
         })
     }
 }

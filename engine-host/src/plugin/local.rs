@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gantry_engine_abi::ffi;
 use gantry_engine_abi::{
-    AdapterDescriptor, EngineError, EngineInfo, LoadedAdapter, ModelDescriptor, ModelInfo,
+    AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, ModelDescriptor, ModelInfo,
     SampledToken, StepEntry,
 };
 
@@ -115,6 +115,9 @@ impl ModelHandle {
                 add_bos: raw.add_bos,
                 // Zero from a plugin older than 1.7 (it writes less of the zeroed struct).
                 recurrent_state_bytes: raw.recurrent_state_bytes,
+                // Zero from a plugin older than 1.9.
+                audio_sample_rate: raw.audio_sample_rate,
+                audio_max_samples: raw.audio_max_samples,
             })
         }
     }
@@ -376,6 +379,44 @@ impl ExecCalls for LocalModel {
         let mut err = new_err();
         // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
         let status = unsafe { f(h.raw, seq, adapter, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(())
+    }
+
+    fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.seq_set_input.ok_or_else(|| {
+            EngineError::unsupported("the plugin takes no inputs (no ABI 1.9 seq_set_input)")
+        })?;
+        let raw = match *input {
+            Input::Audio {
+                samples,
+                sample_rate,
+            } => ffi::gantry_input_t {
+                struct_size: size_of::<ffi::gantry_input_t>() as u32,
+                kind: ffi::GANTRY_INPUT_AUDIO,
+                data: samples.as_ptr().cast(),
+                n: samples.len(),
+                sample_rate,
+                width: 0,
+                height: 0,
+            },
+            Input::Image { rgb, width, height } => ffi::gantry_input_t {
+                struct_size: size_of::<ffi::gantry_input_t>() as u32,
+                kind: ffi::GANTRY_INPUT_IMAGE,
+                data: rgb.as_ptr().cast(),
+                n: rgb.len(),
+                sample_rate: 0,
+                width,
+                height,
+            },
+        };
+        let mut err = new_err();
+        // SAFETY: live handle; `raw` and the slice it points into outlive the call;
+        // `&mut self` keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, seq, &raw, err.as_mut()) };
         if status != ffi::GANTRY_OK {
             return Err(read_err(status, &err));
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use gantry_engine_abi::{
-    AdapterDescriptor, EngineError, EngineInfo, LoadedAdapter, SampledToken, StepEntry,
+    AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, SampledToken, StepEntry, ffi,
 };
 
 use super::client::{NEXT, Worker, io_error, shm_dir};
@@ -216,6 +216,26 @@ impl ExecCalls for RemoteExec {
     fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
         let mut w = Writer::op(Op::SeqSetAdapter);
         w.u64(seq).u64(adapter);
+        self.exec_call(&w.buf).map(|_| ())
+    }
+
+    fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
+        let mut w = Writer::op(Op::SeqSetInput);
+        w.u64(seq);
+        match *input {
+            Input::Audio {
+                samples,
+                sample_rate,
+            } => w
+                .u32(ffi::GANTRY_INPUT_AUDIO)
+                .f32s(samples)
+                .u32(sample_rate),
+            Input::Image { rgb, width, height } => w
+                .u32(ffi::GANTRY_INPUT_IMAGE)
+                .bytes(rgb)
+                .u32(width)
+                .u32(height),
+        };
         self.exec_call(&w.buf).map(|_| ())
     }
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gantry_engine_abi::{AdapterDescriptor, EngineError, Format};
+use gantry_engine_abi::{AdapterDescriptor, EngineError, Format, Input, ffi};
 
 use super::wire::{self, Op, Reader, Writer};
 use crate::{ModelExec, ModelShared, Plugin};
@@ -200,6 +200,33 @@ fn handle(
             let seq = r.u64()?;
             let adapter = r.u64()?;
             exec(state)?.seq_set_adapter(seq, adapter)?;
+        }
+        Op::SeqSetInput => {
+            let seq = r.u64()?;
+            let kind = r.u32()?;
+            let mut exec = exec(state)?;
+            if kind == ffi::GANTRY_INPUT_AUDIO {
+                let samples = r.f32s()?;
+                let sample_rate = r.u32()?;
+                exec.seq_set_input(
+                    seq,
+                    &Input::Audio {
+                        samples: &samples,
+                        sample_rate,
+                    },
+                )?;
+            } else {
+                let rgb = r.bytes()?.to_vec();
+                let (width, height) = (r.u32()?, r.u32()?);
+                exec.seq_set_input(
+                    seq,
+                    &Input::Image {
+                        rgb: &rgb,
+                        width,
+                        height,
+                    },
+                )?;
+            }
         }
         Op::Embed => {
             let n = r.u32()? as usize;

@@ -53,6 +53,9 @@ pub enum Op {
     AdapterUnload = 15,
     /// ABI 1.6: a sequence and its adapter.
     SeqSetAdapter = 16,
+    /// ABI 1.9: a sequence and its input (kind, then audio samples and rate, or image bytes
+    /// and size).
+    SeqSetInput = 17,
 }
 
 impl Op {
@@ -75,6 +78,7 @@ impl Op {
             AdapterLoad,
             AdapterUnload,
             SeqSetAdapter,
+            SeqSetInput,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)
@@ -175,7 +179,9 @@ pub fn put_model_info(w: &mut Writer, i: &ModelInfo) {
         .u32(i.modalities)
         .u32(i.embedding_dims)
         .bool(i.add_bos)
-        .u64(i.recurrent_state_bytes);
+        .u64(i.recurrent_state_bytes)
+        .u32(i.audio_sample_rate)
+        .u64(i.audio_max_samples);
 }
 
 pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
@@ -198,6 +204,8 @@ pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
         embedding_dims: r.u32()?,
         add_bos: r.bool()?,
         recurrent_state_bytes: r.u64()?,
+        audio_sample_rate: r.u32()?,
+        audio_max_samples: r.u64()?,
     })
 }
 

@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.8.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.9.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -48,8 +48,8 @@
  *   - `create`, `destroy`, `load_model` and `unload_model` on one engine are
  *     serialized by the host.
  *   - `seq_open`, `seq_release`, `step`, `embed`, `seq_cached_tokens`, `seq_fork`,
- *     `seq_truncate`, `adapter_load`, `adapter_unload`, `seq_set_adapter` and
- *     `embed_batch` on one
+ *     `seq_truncate`, `adapter_load`, `adapter_unload`, `seq_set_adapter`,
+ *     `embed_batch` and `seq_set_input` on one
  *     model are never called concurrently with each other (the host's scheduler
  *     owns them), but
  *     different models may be stepped concurrently from different threads.
@@ -77,7 +77,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 8
+#define GANTRY_ABI_MINOR 9
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -119,6 +119,25 @@ typedef uint32_t gantry_log_level_t;
 typedef uint32_t gantry_modality_t;
 #define GANTRY_MODALITY_COMPLETION 1u
 #define GANTRY_MODALITY_EMBEDDING 2u
+/* Since 1.9: audio in, text out (speech recognition). The host gives each sequence its audio
+ * with `seq_set_input` (GANTRY_INPUT_AUDIO) and then decodes the text with `step`, batched with
+ * every other sequence of the model, as any completion. */
+#define GANTRY_MODALITY_TRANSCRIPTION 4u
+/* Since 1.9, declared: text in, audio out (speech synthesis); its entry point comes with a
+ * later minor version. A manifest may announce it; no host route uses it yet. */
+#define GANTRY_MODALITY_SPEECH 8u
+/* Since 1.9, declared: image in, text out (vision-language models), through `seq_set_input`
+ * with GANTRY_INPUT_IMAGE. No engine implements it yet. */
+#define GANTRY_MODALITY_VISION 16u
+/* Since 1.9, declared: text in, image out (diffusion); no entry point yet. */
+#define GANTRY_MODALITY_IMAGE 32u
+
+/* Since 1.9: the kind of a `gantry_input_t`. */
+typedef uint32_t gantry_input_kind_t;
+/* Mono PCM, f32 samples in [-1, 1], at the model's `audio_sample_rate`. */
+#define GANTRY_INPUT_AUDIO 1u
+/* 8-bit RGB pixels, `width` x `height`, rows top to bottom (declared; see VISION above). */
+#define GANTRY_INPUT_IMAGE 2u
 
 /* Bit set of optional features a plugin implements (since 1.2, in
  * `gantry_engine_info_t.capabilities`). */
@@ -241,7 +260,26 @@ typedef struct gantry_model_info {
      * model reuses no prefix, and the host drafts nothing for it (a verification entry's
      * rejected tokens could not be cut back). */
     uint64_t recurrent_state_bytes;
+    /* Since 1.9: the sample rate `seq_set_input` takes audio at (GANTRY_MODALITY_TRANSCRIPTION;
+     * the host resamples what it is given); 0 for a model without audio. */
+    uint32_t audio_sample_rate;
+    /* Since 1.9: the most audio samples one `seq_set_input` takes (Whisper: 30 s); the host
+     * cuts longer audio into windows of at most this many and decodes each in turn. */
+    uint64_t audio_max_samples;
 } gantry_model_info_t;
+
+/* Since 1.9: what a sequence is conditioned on (`seq_set_input`). Host-owned, valid during
+ * that call only. */
+typedef struct gantry_input {
+    uint32_t struct_size;
+    gantry_input_kind_t kind;
+    /* GANTRY_INPUT_AUDIO: `n` floats. GANTRY_INPUT_IMAGE: `n` = width x height x 3 bytes. */
+    const void* data;
+    size_t n;
+    uint32_t sample_rate; /* AUDIO: equals the model's `audio_sample_rate` */
+    uint32_t width;       /* IMAGE */
+    uint32_t height;      /* IMAGE */
+} gantry_input_t;
 
 /* One logit bias entry. */
 typedef struct gantry_logit_bias {
@@ -454,6 +492,18 @@ typedef struct gantry_engine_vtable {
     gantry_status_t (*embed_batch)(gantry_model_t* model, const int32_t* tokens,
                                    const size_t* lengths, size_t n_inputs, float* out,
                                    size_t capacity, size_t* dims, gantry_error_t* err);
+
+    /* Since 1.9; required with GANTRY_MODALITY_TRANSCRIPTION (and VISION). Condition sequence
+     * `seq` on `input`: for audio, the model's encoder runs now and every later step of the
+     * sequence attends to what it computed (Whisper's cross-attention). The host calls it
+     * after `seq_open` and before the sequence's first step; a forked sequence shares its
+     * source's input. The text the sequence decodes starts with the model's own prompt tokens
+     * (Whisper: `<|startoftranscript|>`, a language, a task), which the host feeds with
+     * `step`. An input of a kind the model does not take, at another sample rate, empty, or
+     * longer than `audio_max_samples` is refused with GANTRY_UNSUPPORTED naming the limit; the
+     * sequence then stays open without an input. */
+    gantry_status_t (*seq_set_input)(gantry_model_t* model, uint64_t seq,
+                                     const gantry_input_t* input, gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

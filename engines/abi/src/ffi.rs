@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 8;
+pub const GANTRY_ABI_MINOR: u32 = 9;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -42,6 +42,20 @@ pub const GANTRY_LOG_DEBUG: gantry_log_level_t = 3;
 pub type gantry_modality_t = u32;
 pub const GANTRY_MODALITY_COMPLETION: gantry_modality_t = 1;
 pub const GANTRY_MODALITY_EMBEDDING: gantry_modality_t = 2;
+/// Since ABI 1.9: audio in, text out (`seq_set_input`, then `step`).
+pub const GANTRY_MODALITY_TRANSCRIPTION: gantry_modality_t = 4;
+/// Since ABI 1.9, declared: text in, audio out.
+pub const GANTRY_MODALITY_SPEECH: gantry_modality_t = 8;
+/// Since ABI 1.9, declared: image in, text out.
+pub const GANTRY_MODALITY_VISION: gantry_modality_t = 16;
+/// Since ABI 1.9, declared: text in, image out.
+pub const GANTRY_MODALITY_IMAGE: gantry_modality_t = 32;
+
+pub type gantry_input_kind_t = u32;
+/// Since ABI 1.9: mono f32 PCM at the model's `audio_sample_rate`.
+pub const GANTRY_INPUT_AUDIO: gantry_input_kind_t = 1;
+/// Since ABI 1.9, declared: 8-bit RGB pixels.
+pub const GANTRY_INPUT_IMAGE: gantry_input_kind_t = 2;
 
 pub type gantry_capability_t = u32;
 /// Since ABI 1.2: `step` honours `gantry_sampling_t::allowed_tokens` (see the header).
@@ -155,6 +169,22 @@ pub struct gantry_model_info_t {
     pub add_bos: bool,
     /// Since 1.7.
     pub recurrent_state_bytes: u64,
+    /// Since 1.9.
+    pub audio_sample_rate: u32,
+    /// Since 1.9.
+    pub audio_max_samples: u64,
+}
+
+/// Since 1.9.
+#[repr(C)]
+pub struct gantry_input_t {
+    pub struct_size: u32,
+    pub kind: gantry_input_kind_t,
+    pub data: *const c_void,
+    pub n: usize,
+    pub sample_rate: u32,
+    pub width: u32,
+    pub height: u32,
 }
 
 #[repr(C)]
@@ -318,6 +348,14 @@ pub type EmbedBatchFn = unsafe extern "C" fn(
     *mut gantry_error_t,
 ) -> gantry_status_t;
 
+/// Since 1.9: condition a sequence on an input (audio for a transcription model).
+pub type SeqSetInputFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    u64,
+    *const gantry_input_t,
+    *mut gantry_error_t,
+) -> gantry_status_t;
+
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
     pub struct_size: u32,
@@ -347,6 +385,8 @@ pub struct gantry_engine_vtable_t {
     pub seq_set_adapter: Option<SeqSetAdapterFn>,
     /// Since 1.8; optional.
     pub embed_batch: Option<EmbedBatchFn>,
+    /// Since 1.9; required with `GANTRY_MODALITY_TRANSCRIPTION`.
+    pub seq_set_input: Option<SeqSetInputFn>,
 }
 
 #[repr(C)]

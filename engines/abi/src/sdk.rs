@@ -15,6 +15,7 @@ use crate::types::*;
 
 mod convert;
 mod guard;
+mod media;
 mod shims;
 
 pub use convert::{allowed_from_c, sampling_from_c, write_error};
@@ -112,6 +113,14 @@ pub trait Model: Send + Sync + 'static {
         Err(EngineError::unsupported(
             "this engine serves no LoRA adapters",
         ))
+    }
+    /// Condition `seq` on `input` before its first step (since ABI 1.9, `seq_set_input`;
+    /// required with `GANTRY_MODALITY_TRANSCRIPTION`). The default refuses.
+    fn seq_set_input(&self, _seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(format!(
+            "this model takes no {} input",
+            input.kind()
+        )))
     }
 }
 

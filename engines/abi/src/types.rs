@@ -358,6 +358,12 @@ pub struct ModelInfo {
     /// open sequence holds whatever its length; 0 with K/V only. Nonzero: no prefix reuse and
     /// no drafts (see [`ModelInfo::has_recurrent_state`]).
     pub recurrent_state_bytes: u64,
+    /// Since ABI 1.9: the sample rate a transcription model takes its audio at
+    /// ([`Input::Audio`]); 0 without audio.
+    pub audio_sample_rate: u32,
+    /// Since ABI 1.9: the most samples one [`Input::Audio`] may hold (Whisper: 30 s); the host
+    /// cuts longer audio into windows.
+    pub audio_max_samples: u64,
 }
 
 impl ModelInfo {
@@ -371,6 +377,36 @@ impl ModelInfo {
     }
     pub fn supports_embedding(&self) -> bool {
         self.modalities & ffi::GANTRY_MODALITY_EMBEDDING != 0
+    }
+    /// Audio in, text out (ABI 1.9): `seq_set_input` with [`Input::Audio`], then `step`.
+    pub fn supports_transcription(&self) -> bool {
+        self.modalities & ffi::GANTRY_MODALITY_TRANSCRIPTION != 0
+    }
+}
+
+/// What a sequence is conditioned on (ABI 1.9 `seq_set_input`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Input<'a> {
+    /// Mono PCM in [-1, 1] at `sample_rate` (the model's [`ModelInfo::audio_sample_rate`]).
+    Audio {
+        samples: &'a [f32],
+        sample_rate: u32,
+    },
+    /// 8-bit RGB pixels, rows top to bottom (declared: no engine takes images yet).
+    Image {
+        rgb: &'a [u8],
+        width: u32,
+        height: u32,
+    },
+}
+
+impl Input<'_> {
+    /// The kind's name, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Input::Audio { .. } => "audio",
+            Input::Image { .. } => "image",
+        }
     }
 }
 

@@ -106,7 +106,21 @@ fn rust_layout() -> Vec<(String, usize)> {
             modalities,
             embedding_dims,
             add_bos,
-            recurrent_state_bytes
+            recurrent_state_bytes,
+            audio_sample_rate,
+            audio_max_samples
+        }
+    );
+    layout!(
+        rows,
+        gantry_input_t {
+            struct_size,
+            kind,
+            data,
+            n,
+            sample_rate,
+            width,
+            height
         }
     );
     layout!(rows, gantry_logit_bias_t { token, bias });
@@ -173,7 +187,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             adapter_load,
             adapter_unload,
             seq_set_adapter,
-            embed_batch
+            embed_batch,
+            seq_set_input
         }
     );
     layout!(
@@ -292,6 +307,21 @@ fn header_constants_match_rust_constants() {
         define("GANTRY_CAP_TOKEN_MASK"),
         GANTRY_CAP_TOKEN_MASK.to_string()
     );
+    for (name, value) in [
+        ("GANTRY_MODALITY_COMPLETION", GANTRY_MODALITY_COMPLETION),
+        ("GANTRY_MODALITY_EMBEDDING", GANTRY_MODALITY_EMBEDDING),
+        (
+            "GANTRY_MODALITY_TRANSCRIPTION",
+            GANTRY_MODALITY_TRANSCRIPTION,
+        ),
+        ("GANTRY_MODALITY_SPEECH", GANTRY_MODALITY_SPEECH),
+        ("GANTRY_MODALITY_VISION", GANTRY_MODALITY_VISION),
+        ("GANTRY_MODALITY_IMAGE", GANTRY_MODALITY_IMAGE),
+        ("GANTRY_INPUT_AUDIO", GANTRY_INPUT_AUDIO),
+        ("GANTRY_INPUT_IMAGE", GANTRY_INPUT_IMAGE),
+    ] {
+        assert_eq!(define(name), value.to_string(), "{name}");
+    }
     let codes = [
         ("GANTRY_OK", GANTRY_OK),
         ("GANTRY_OOM_VRAM", GANTRY_OOM_VRAM),

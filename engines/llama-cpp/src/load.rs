@@ -206,6 +206,8 @@ impl LlamaLoaded {
             },
             add_bos: vocab.should_add_bos(),
             recurrent_state_bytes: state_bytes,
+            audio_sample_rate: 0,
+            audio_max_samples: 0,
         };
         log.log(
             LogLevel::Info,

@@ -146,6 +146,8 @@ impl DecoderModel {
             embedding_dims: 0,
             add_bos: tokenizer.add_bos,
             recurrent_state_bytes: (mc.state_floats_per_sequence() * 4) as u64,
+            audio_sample_rate: 0,
+            audio_max_samples: 0,
         };
         log.log(
             LogLevel::Info,

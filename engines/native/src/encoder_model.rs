@@ -74,6 +74,8 @@ impl EncoderModel {
             // its markers ([CLS] … [SEP] for BERT), as the model was trained.
             add_bos: true,
             recurrent_state_bytes: 0,
+            audio_sample_rate: 0,
+            audio_max_samples: 0,
         };
         log.log(
             LogLevel::Info,

@@ -83,6 +83,8 @@ fn infos_survive_the_round_trip() {
         bytes_used: 1 << 30,
         add_bos: true,
         recurrent_state_bytes: 3 << 20,
+        audio_sample_rate: 16_000,
+        audio_max_samples: 480_000,
         ..ModelInfo::default()
     };
     let mut w = Writer::default();

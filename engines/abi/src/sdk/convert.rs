@@ -53,6 +53,8 @@ impl CModelInfo {
             embedding_dims: i.embedding_dims,
             add_bos: i.add_bos,
             recurrent_state_bytes: i.recurrent_state_bytes,
+            audio_sample_rate: i.audio_sample_rate,
+            audio_max_samples: i.audio_max_samples,
         };
         // SAFETY: `out` is the host's struct, whose `struct_size` it set (header rule).
         unsafe { write_sized(out, &full, size_of::<ffi::gantry_model_info_t>()) };

@@ -18,8 +18,8 @@ use super::guard::{guarded, guarded_void};
 use super::{Engine, HostLog, Model};
 
 /// Everything the shims need behind a `gantry_model_t*`.
-struct ModelBox<M> {
-    model: M,
+pub(super) struct ModelBox<M> {
+    pub(super) model: M,
     /// The C view of `model.info()`, built once so its pointers stay valid until unload.
     info: CModelInfo,
 }
@@ -57,6 +57,7 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         adapter_unload: Some(shim_adapter_unload::<E::Model>),
         seq_set_adapter: Some(shim_seq_set_adapter::<E::Model>),
         embed_batch: Some(shim_embed_batch::<E::Model>),
+        seq_set_input: Some(super::media::shim_seq_set_input::<E::Model>),
     }
 }
 
@@ -204,7 +205,7 @@ unsafe extern "C" fn shim_load_model<E: Engine>(
 
 /// # Safety
 /// `model` must be a live handle from `shim_load_model` for model type `M`.
-unsafe fn model_ref<'a, M: Model>(
+pub(super) unsafe fn model_ref<'a, M: Model>(
     model: *mut ffi::gantry_model_t,
 ) -> Result<&'a ModelBox<M>, EngineError> {
     if model.is_null() {

@@ -64,6 +64,7 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     adapter_unload: None,
     seq_set_adapter: None,
     embed_batch: None,
+    seq_set_input: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {
