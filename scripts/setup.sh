@@ -133,8 +133,9 @@ with zipfile.ZipFile(sys.argv[1]) as z:
   fi
   local out="$cache/reference" script="$here/../testkit/python/hf_reference.py"
   local to_gguf="$here/../testkit/python/hf_to_gguf.py" families="$here/../testkit/python/hf_families.py"
+  local whisper="$here/../testkit/python/hf_whisper.py"
   local made
-  made="$(cat "$script" "$families" "$to_gguf" "$req" "$req5" | sha256sum | cut -d' ' -f1)"
+  made="$(cat "$script" "$families" "$whisper" "$to_gguf" "$req" "$req5" | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$out/.made-by.sha256" 2>/dev/null)" != "$made" ]; then
     part "writing the transformers reference checkpoints into $out"
     rm -rf "$out"

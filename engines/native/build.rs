@@ -32,7 +32,7 @@ fn main() {
 /// Classes the CPU backend runs and the CUDA backend does not yet (mixture-of-experts layers,
 /// state-space layers and partial RoPE, encoders): the CUDA build's manifest leaves them out,
 /// so the node and the operator never place such a model on it. The chart's `native-cuda` EnginePlugin lists the same (tests/python/test_chart.py).
-const CPU_ONLY: [&str; 8] = [
+const CPU_ONLY: [&str; 9] = [
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
@@ -41,7 +41,12 @@ const CPU_ONLY: [&str; 8] = [
     "NemotronHForCausalLM",
     "GptOssForCausalLM",
     "BertModel",
+    "WhisperForConditionalGeneration",
 ];
+
+/// Modalities only [`CPU_ONLY`] classes serve (speech recognition): the CUDA build's manifest
+/// leaves them out too.
+const CPU_ONLY_MODALITIES: [&str; 1] = ["transcription"];
 
 fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -64,7 +69,8 @@ fn lay_out(dir: &Path, backend: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `manifest.json` (one array item per line, as committed) without the [`CPU_ONLY`] classes,
+/// `manifest.json` (one array item per line, as committed) without the [`CPU_ONLY`] classes
+/// and [`CPU_ONLY_MODALITIES`],
 /// the comma of a new last item dropped. A line filter, not a JSON parser: a build script
 /// dependency would be compiled again for the host in every profile.
 fn without_cpu_only(manifest: &str) -> String {
@@ -72,7 +78,10 @@ fn without_cpu_only(manifest: &str) -> String {
         .lines()
         .filter(|l| {
             let item = l.trim().trim_end_matches(',');
-            !CPU_ONLY.iter().any(|c| item == format!("\"{c}\""))
+            !CPU_ONLY
+                .iter()
+                .chain(&CPU_ONLY_MODALITIES)
+                .any(|c| item == format!("\"{c}\""))
         })
         .collect();
     let mut out = String::new();

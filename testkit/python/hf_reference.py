@@ -33,6 +33,9 @@ that way from transformers' `last_hidden_state`.
 Families only the llama.cpp plugin runs (`LLAMA_CPP_ONLY`, float32 only) get the same reference;
 OUT_DIR/llama-cpp-families.txt names every checkpoint setup converts to GGUF for that plugin.
 
+Speech recognition (`whisper-float32`): a tiny WhisperForConditionalGeneration and transformers'
+log-mel features and decoder log-probabilities on two signals, written by hf_whisper.py.
+
 Families transformers 4.57 does not have (`ARCHS_V5`: Nemotron-H) are written the same way by
 transformers 5 (scripts/requirements-reference-5.txt, installed beside the same PyTorch):
 `hf_reference.py v5 OUT_DIR`.
@@ -491,6 +494,8 @@ def main():
     # above and the float32 BERT.
     names = LLAMA_CPP_SHARED + list(LLAMA_CPP_ONLY) + list(ENCODERS)
     (out_root / "llama-cpp-families.txt").write_text("\n".join(names) + "\n")
+    # Speech recognition: a tiny Whisper and its answers on two signals (hf_whisper.py).
+    __import__("hf_whisper").write(out_root / "whisper-float32", 300)
     for seed, (name, (model_type, config)) in enumerate(ENCODERS.items(), start=100):
         model = make_encoder(model_type, config, seed)
         for dtype in ("float32", "bfloat16"):

@@ -323,19 +323,22 @@ def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
     cpu_only = re.search(r"const CPU_ONLY: \[&str; \d+\] = \[(.*?)\];", build_rs, re.S).group(1)
     cpu_only = re.findall(r'"([^"]+)"', cpu_only)
     assert cpu_only, "engines/native/build.rs lists no CPU_ONLY classes"
+    cpu_only_modalities = re.findall(r'"([^"]+)"', re.search(
+        r"const CPU_ONLY_MODALITIES: \[&str; \d+\] = \[(.*?)\];", build_rs, re.S).group(1))
     rendered = of_kind(render({"engines": {"native": {"cuda": {"enabled": True}},
                                            "llamaCpp": {"cuda": {"enabled": True}}}}), "EnginePlugin")
     assert {p["metadata"]["name"] for p in rendered} >= {"native-cpu", "native-cuda"}
     for p in rendered:
         manifest = manifests[p["spec"]["engineId"]]
-        archs = manifest["architectures"]
+        archs, modalities = manifest["architectures"], manifest["modalities"]
         if p["metadata"]["name"] == "native-cuda":
             archs = [a for a in archs if a not in cpu_only]
+            modalities = [m for m in modalities if m not in cpu_only_modalities]
         assert p["spec"]["formats"] == manifest["formats"]
         assert p["spec"]["architectures"] == archs, p["metadata"]["name"]
         assert p["spec"]["version"] == manifest["version"]
         assert p["spec"]["abiVersion"] == int(manifest["abi_version"])
-        assert p["spec"]["modalities"] == manifest["modalities"]
+        assert p["spec"]["modalities"] == modalities, p["metadata"]["name"]
 
 
 def test_dashboard_is_shipped_as_a_labelled_config_map():

@@ -184,9 +184,9 @@ fn pooling(dir: &Path) -> Result<(Pooling, bool), EngineError> {
     }
 }
 
-struct LayerNorm {
-    w: Vec<f32>,
-    b: Vec<f32>,
+pub(crate) struct LayerNorm {
+    pub(crate) w: Vec<f32>,
+    pub(crate) b: Vec<f32>,
 }
 
 struct EncoderLayer {
@@ -400,7 +400,7 @@ impl Encoder {
 }
 
 /// LayerNorm of every `h`-wide row of `x`, in place, the rows on the encoder's threads.
-fn layer_norm(x: &mut [f32], n: &LayerNorm, h: usize, eps: f32) {
+pub(crate) fn layer_norm(x: &mut [f32], n: &LayerNorm, h: usize, eps: f32) {
     x.par_chunks_exact_mut(h).for_each(|row| {
         let mean = row.iter().sum::<f32>() / h as f32;
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
@@ -413,7 +413,7 @@ fn layer_norm(x: &mut [f32], n: &LayerNorm, h: usize, eps: f32) {
 
 /// Bidirectional multi-head attention (`[rows][heads * hd]` each) into `out`: every row
 /// attends to the rows of its own input (`spans`, consecutive and covering every row).
-fn attention(
+pub(crate) fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],

@@ -37,6 +37,7 @@ pub mod sampler;
 mod step;
 pub mod tokenizer;
 pub mod weights;
+pub mod whisper;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -137,7 +138,12 @@ impl Engine for NativeEngine {
                 format!("{}: {e}", config_path.display()),
             )
         })?;
-        // Embedding models (encoders) and decoders share nothing past `config.json`.
+        // Embedding models (encoders), speech recognition and decoders share nothing past
+        // `config.json`.
+        if class_of(&bytes).as_deref() == Some(whisper::CLASS) {
+            return whisper::WhisperModel::load(&self.config, desc, &dir, &bytes, self.log)
+                .map(|m| NativeModel::Whisper(Box::new(m)));
+        }
         if let Some(class) = encoder_class(&bytes) {
             return EncoderModel::load(&self.config, desc, &dir, &bytes, &class, self.log)
                 .map(|m| NativeModel::Encoder(Box::new(m)));
@@ -177,6 +183,8 @@ struct Exec {
 pub enum NativeModel {
     Decoder(Box<DecoderModel>),
     Encoder(Box<EncoderModel>),
+    /// Speech recognition (audio through `seq_set_input`, then `step`).
+    Whisper(Box<whisper::WhisperModel>),
 }
 
 /// The model directory of a descriptor (its primary file's when not given).
@@ -191,11 +199,15 @@ fn model_dir(desc: &ModelDescriptor) -> std::path::PathBuf {
     }
 }
 
+/// The `architectures` class of `config.json`.
+fn class_of(config: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(config).ok()?;
+    Some(v.get("architectures")?.get(0)?.as_str()?.to_string())
+}
+
 /// The `architectures` class of `config.json` when it is an encoder this engine runs.
 fn encoder_class(config: &[u8]) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(config).ok()?;
-    let class = v.get("architectures")?.get(0)?.as_str()?;
-    encoder::CLASSES.contains(&class).then(|| class.to_string())
+    class_of(config).filter(|c| encoder::CLASSES.contains(&c.as_str()))
 }
 
 /// A decoder-only language model: paged KV cache, batched steps, sampling.
@@ -400,6 +412,7 @@ macro_rules! each {
         match $self {
             NativeModel::Decoder($m) => $e,
             NativeModel::Encoder($m) => $e,
+            NativeModel::Whisper($m) => $e,
         }
     };
 }
@@ -464,6 +477,14 @@ impl Model for NativeModel {
 
     fn seq_set_adapter(&self, seq: u64, adapter: u64) -> Result<(), EngineError> {
         each!(self, m => m.seq_set_adapter(seq, adapter))
+    }
+
+    fn seq_set_input(
+        &self,
+        seq: u64,
+        input: &gantry_engine_abi::Input<'_>,
+    ) -> Result<(), EngineError> {
+        each!(self, m => m.seq_set_input(seq, input))
     }
 }
 

@@ -1,0 +1,392 @@
+//! Native engine, a speech recognition model as the ABI sees it (engine layer, below the engine
+//! host): Whisper (`WhisperForConditionalGeneration`). `seq_set_input` (ABI 1.9) turns a
+//! sequence's audio into log-mel features (`mel.rs`) and runs the encoder once
+//! (`net.rs`), keeping each decoder layer's cross-attention keys and values with the sequence;
+//! `step` then runs the decoder over every entry of the batch at once (all sequences' rows in
+//! one product per layer) and samples as the decoders of this engine do. The host feeds the
+//! decoder prompt (`<|startoftranscript|>`, language, task) and reads the text, timestamps
+//! included, from the tokens. CPU backend only.
+
+pub mod mel;
+mod net;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use gantry_engine_abi::ffi::GANTRY_MODALITY_TRANSCRIPTION;
+use gantry_engine_abi::sdk::{HostLog, Model};
+use gantry_engine_abi::{
+    EngineConfig, EngineError, Input, LogLevel, ModelDescriptor, ModelInfo, SampledToken, Status,
+    StepEntry,
+};
+
+use crate::sampler::SeqSampler;
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+use mel::{LogMel, SAMPLE_RATE, WINDOW_SAMPLES};
+use net::{Encoded, Net, Row, SelfKv, WhisperConfig};
+
+pub const CLASS: &str = "WhisperForConditionalGeneration";
+
+struct WSeq {
+    encoded: Option<Arc<Encoded>>,
+    cache: SelfKv,
+    sampler: Option<SeqSampler>,
+}
+
+struct Exec {
+    seqs: HashMap<u64, WSeq>,
+    next_id: u64,
+}
+
+pub struct WhisperModel {
+    net: Net,
+    mel: LogMel,
+    tokenizer: Tokenizer,
+    info: ModelInfo,
+    exec: Mutex<Exec>,
+    pool: rayon::ThreadPool,
+}
+
+impl WhisperModel {
+    pub fn load(
+        cfg: &EngineConfig,
+        desc: &ModelDescriptor,
+        dir: &Path,
+        config: &[u8],
+        log: HostLog,
+    ) -> Result<Self, EngineError> {
+        if cfg.backend == gantry_engine_abi::Backend::Cuda {
+            return Err(EngineError::unsupported(format!(
+                "{CLASS}: the CUDA backend of the native engine does not run speech recognition yet (its CPU backend does)"
+            )));
+        }
+        let json: serde_json::Value = serde_json::from_slice(config).map_err(|e| {
+            EngineError::new(
+                Status::ModelCorrupt,
+                format!("config.json is not valid JSON: {e}"),
+            )
+        })?;
+        let wc = WhisperConfig::parse(&json)?;
+        let tokenizer = Tokenizer::load(dir, None)?;
+        tokenizer.check_vocab(wc.vocab)?;
+        let weights = Arc::new(Weights::open(dir, &desc.primary_file)?);
+        let net = Net::load(wc.clone(), weights)?;
+        let max_seqs = match desc.max_sequences {
+            0 => cfg.max_batch_size,
+            n => n,
+        }
+        .max(1);
+        // Per sequence: the cross keys and values of every layer over 1,500 positions, and
+        // self keys and values up to the decoder's positions, f32.
+        let per_seq =
+            ((2 * net::SOURCE_POSITIONS + 2 * wc.max_target) * wc.d_model * wc.decoder_layers * 4)
+                as u64;
+        let threads = match cfg.n_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("native-whisper-{i}"))
+            .build()
+            .map_err(|e| EngineError::internal(format!("thread pool: {e}")))?;
+        let info = ModelInfo {
+            architecture: CLASS.to_string(),
+            vocab_size: wc.vocab as u32,
+            context_length: wc.max_target as u32,
+            trained_context_length: wc.max_target as u32,
+            kv_capacity_tokens: (wc.max_target as u64) * u64::from(max_seqs),
+            max_sequences: max_seqs,
+            bos_token: None,
+            eos_token: Some(wc.eos),
+            eog_tokens: vec![wc.eos],
+            bytes_used: net.bytes_used() + per_seq * u64::from(max_seqs),
+            modalities: GANTRY_MODALITY_TRANSCRIPTION,
+            audio_sample_rate: SAMPLE_RATE,
+            audio_max_samples: WINDOW_SAMPLES as u64,
+            ..ModelInfo::default()
+        };
+        log.log(
+            LogLevel::Info,
+            &format!(
+                "{}: {CLASS}, {} wide, {}+{} layers, {} mel bins, {} sequences, {threads} threads",
+                desc.model_id,
+                wc.d_model,
+                wc.encoder_layers,
+                wc.decoder_layers,
+                wc.n_mels,
+                max_seqs
+            ),
+        );
+        Ok(Self {
+            mel: LogMel::new(wc.n_mels),
+            net,
+            tokenizer,
+            info,
+            exec: Mutex::new(Exec {
+                seqs: HashMap::new(),
+                next_id: 1,
+            }),
+            pool,
+        })
+    }
+
+    fn exec(&self) -> std::sync::MutexGuard<'_, Exec> {
+        self.exec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check(&self, ex: &Exec, entries: &[StepEntry<'_>]) -> Result<(), EngineError> {
+        let ctx = self.info.context_length as usize;
+        for e in entries {
+            let s = ex.seqs.get(&e.seq).ok_or_else(|| {
+                EngineError::internal(format!("step on unknown sequence {}", e.seq))
+            })?;
+            if s.encoded.is_none() {
+                return Err(EngineError::unsupported(format!(
+                    "sequence {}: a speech recognition model decodes only after its audio (seq_set_input)",
+                    e.seq
+                )));
+            }
+            if e.tokens.is_empty() {
+                return Err(EngineError::internal(format!(
+                    "sequence {}: an entry without tokens",
+                    e.seq
+                )));
+            }
+            if let Some(t) = e
+                .tokens
+                .iter()
+                .find(|t| !(0..self.info.vocab_size as i32).contains(t))
+            {
+                return Err(EngineError::unsupported(format!(
+                    "sequence {}: token {t} is outside the vocabulary of {}",
+                    e.seq, self.info.vocab_size
+                )));
+            }
+            if s.cache.len + e.tokens.len() > ctx {
+                return Err(EngineError::unsupported(format!(
+                    "sequence {} would hold {} tokens, Whisper's decoder takes {ctx}",
+                    e.seq,
+                    s.cache.len + e.tokens.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Model for WhisperModel {
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn tokenize(
+        &self,
+        text: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        self.tokenizer
+            .encode_bytes(text, add_special, parse_special)
+    }
+
+    fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
+        self.tokenizer.bytes_of(tokens, render_special)
+    }
+
+    fn seq_open(&self) -> Result<u64, EngineError> {
+        let mut ex = self.exec();
+        if ex.seqs.len() >= self.info.max_sequences as usize {
+            return Err(EngineError::new(
+                Status::OomRam,
+                format!("all {} sequence slots are in use", self.info.max_sequences),
+            ));
+        }
+        let id = ex.next_id;
+        ex.next_id += 1;
+        let layers = self.net.cfg.decoder_layers;
+        ex.seqs.insert(
+            id,
+            WSeq {
+                encoded: None,
+                cache: SelfKv {
+                    k: vec![Vec::new(); layers],
+                    v: vec![Vec::new(); layers],
+                    len: 0,
+                },
+                sampler: None,
+            },
+        );
+        Ok(id)
+    }
+
+    fn seq_release(&self, seq: u64) {
+        self.exec().seqs.remove(&seq);
+    }
+
+    fn seq_set_input(&self, seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
+        let Input::Audio {
+            samples,
+            sample_rate,
+        } = *input
+        else {
+            return Err(EngineError::unsupported(format!(
+                "{CLASS} takes audio, not an {} input",
+                input.kind()
+            )));
+        };
+        if sample_rate != SAMPLE_RATE {
+            return Err(EngineError::unsupported(format!(
+                "audio at {sample_rate} Hz: {CLASS} takes {SAMPLE_RATE} Hz (audio_sample_rate)"
+            )));
+        }
+        if samples.is_empty() || samples.len() > WINDOW_SAMPLES {
+            return Err(EngineError::unsupported(format!(
+                "audio of {} samples: {CLASS} takes 1 to {WINDOW_SAMPLES} (30 s at {SAMPLE_RATE} Hz) at a time",
+                samples.len()
+            )));
+        }
+        if !self.exec().seqs.contains_key(&seq) {
+            return Err(EngineError::internal(format!(
+                "seq_set_input on unknown sequence {seq}"
+            )));
+        }
+        // The encoder runs outside the lock: `step` is never concurrent with this call (the
+        // host's scheduler owns both), and `info`/`tokenize` do not take the lock.
+        let encoded = self
+            .pool
+            .install(|| self.net.encode(&self.mel.features(samples)));
+        let mut ex = self.exec();
+        let s = ex.seqs.get_mut(&seq).ok_or_else(|| {
+            EngineError::internal(format!("sequence {seq} was released during its input"))
+        })?;
+        s.encoded = Some(Arc::new(encoded));
+        Ok(())
+    }
+
+    fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let mut guard = self.exec();
+        let ex = &mut *guard;
+        self.check(ex, entries)?;
+        // The batch's rows, each entry's in position order; the rows whose logits are wanted.
+        let mut rows = Vec::new();
+        let mut want = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            let start = ex.seqs[&e.seq].cache.len;
+            for (j, &token) in e.tokens.iter().enumerate() {
+                let last = j + 1 == e.tokens.len();
+                if e.sample.is_some() && (last || e.verifies()) {
+                    want.push(rows.len());
+                }
+                rows.push(Row {
+                    seq: i,
+                    pos: start + j,
+                    token,
+                });
+            }
+        }
+        // One state per entry, in entry order (a sequence appears once per step).
+        let mut states: Vec<(u64, WSeq)> = entries
+            .iter()
+            .map(|e| {
+                ex.seqs.remove_entry(&e.seq).ok_or_else(|| {
+                    EngineError::internal(format!("sequence {} twice in a step", e.seq))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let logits = {
+            let encoded: Vec<Arc<Encoded>> = states
+                .iter()
+                .map(|(_, s)| s.encoded.clone().expect("checked"))
+                .collect();
+            let encoded: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
+            let mut caches: Vec<SelfKv> = states
+                .iter_mut()
+                .map(|(_, s)| std::mem::take(&mut s.cache))
+                .collect();
+            let logits = {
+                let mut refs: Vec<&mut SelfKv> = caches.iter_mut().collect();
+                self.pool
+                    .install(|| self.net.decode(&rows, &mut refs, &encoded, &want))
+            };
+            for ((_, s), (mut c, e)) in states.iter_mut().zip(caches.into_iter().zip(entries)) {
+                c.len += e.tokens.len();
+                s.cache = c;
+            }
+            logits
+        };
+        let vocab = self.info.vocab_size as usize;
+        let mut rows_out = logits.chunks_exact(vocab);
+        let mut out = Vec::with_capacity(want.len());
+        for ((_, s), e) in states.iter_mut().zip(entries) {
+            let Some(params) = e.sample else {
+                out.push(None);
+                continue;
+            };
+            let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
+            for _ in 0..e.result_slots() {
+                let mut l = rows_out
+                    .next()
+                    .ok_or_else(|| EngineError::internal("too few logits rows"))?
+                    .to_vec();
+                out.push(Some(sampler.sample(&mut l, params, e.allowed)?));
+            }
+        }
+        ex.seqs.extend(states);
+        Ok(out)
+    }
+
+    fn embed(&self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::unsupported(format!(
+            "{CLASS} is a speech recognition model; it embeds nothing"
+        )))
+    }
+
+    fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
+        // Nothing is reused from a cache: every sequence evaluates its own prompt.
+        self.exec().seqs.contains_key(&seq).then_some(0)
+    }
+
+    fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
+        let mut ex = self.exec();
+        if ex.seqs.len() >= self.info.max_sequences as usize {
+            return Err(EngineError::new(
+                Status::OomRam,
+                format!(
+                    "all {} sequence slots are in use: sequence {src} cannot be forked",
+                    self.info.max_sequences
+                ),
+            ));
+        }
+        let s = ex
+            .seqs
+            .get(&src)
+            .ok_or_else(|| EngineError::internal(format!("fork of unknown sequence {src}")))?;
+        let copy = WSeq {
+            encoded: s.encoded.clone(),
+            cache: s.cache.clone(),
+            sampler: None,
+        };
+        let id = ex.next_id;
+        ex.next_id += 1;
+        ex.seqs.insert(id, copy);
+        Ok(id)
+    }
+
+    fn seq_truncate(&self, seq: u64, n_keep: usize) -> Result<(), EngineError> {
+        let d = self.net.cfg.d_model;
+        let mut ex = self.exec();
+        let s = ex
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| EngineError::internal(format!("truncate of unknown sequence {seq}")))?;
+        let dropped = s.cache.len.saturating_sub(n_keep);
+        s.cache.truncate(n_keep, d);
+        if let Some(sampler) = s.sampler.as_mut() {
+            sampler.forget(dropped);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,249 @@
+//! Speech recognition in the native engine against Hugging Face transformers (load, ABI 1.9
+//! `seq_set_input` and the decoder's steps, through the node's engine host as `gantry-node`
+//! runs the plugin). `testkit/python/hf_whisper.py` (run by `scripts/setup.sh`) writes a tiny
+//! random `WhisperForConditionalGeneration` and, for two signals, transformers' log-mel
+//! features at a few frames, its log-probabilities after each token of the decoder prompt, its
+//! greedy continuation and the log-probabilities along it. Here:
+//! - the engine's front end gives the same features;
+//! - each signal, alone, gives the same log-probabilities (the engine's 20 most likely tokens
+//!   at every position) and the same greedy tokens;
+//! - both signals decoded in one batch give what each gives alone;
+//! - the inputs the model cannot take are refused with the reason.
+
+use gantry_engine_abi::{Input, Sampling, Status, StepEntry};
+use gantry_node::engine_host::ModelExec;
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+const RATE: u32 = 16_000;
+
+struct Case {
+    audio: Vec<f32>,
+    features: Vec<(usize, Vec<f32>)>,
+    prompt_logprobs: Vec<Vec<f32>>,
+    greedy: Vec<i32>,
+    greedy_logprobs: Vec<Vec<f32>>,
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| x.as_f64().expect("a number") as f32)
+        .collect()
+}
+
+fn rows(v: &Value) -> Vec<Vec<f32>> {
+    v.as_array().expect("rows").iter().map(floats).collect()
+}
+
+fn reference() -> (std::path::PathBuf, Vec<i32>, Vec<Case>) {
+    let dir = env_path("GANTRY_HF_REFERENCE").join("whisper-float32");
+    let r: Value = serde_json::from_slice(
+        &std::fs::read(dir.join("reference.json")).expect("reference.json: run scripts/setup.sh"),
+    )
+    .expect("json");
+    let prompt = r["prompt"]
+        .as_array()
+        .expect("prompt")
+        .iter()
+        .map(|t| t.as_i64().expect("a token") as i32)
+        .collect();
+    let cases = r["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| Case {
+            audio: floats(&c["audio"]),
+            features: c["features"]
+                .as_object()
+                .expect("features")
+                .iter()
+                .map(|(f, v)| (f.parse().expect("a frame"), floats(v)))
+                .collect(),
+            prompt_logprobs: rows(&c["prompt_logprobs"]),
+            greedy: c["greedy"]
+                .as_array()
+                .expect("greedy")
+                .iter()
+                .map(|t| t.as_i64().expect("a token") as i32)
+                .collect(),
+            greedy_logprobs: rows(&c["greedy_logprobs"]),
+        })
+        .collect();
+    (dir, prompt, cases)
+}
+
+fn sampling() -> Sampling {
+    Sampling {
+        top_logprobs: 20,
+        want_logprob: true,
+        ..Sampling::greedy()
+    }
+}
+
+/// The largest gap between the engine's top log-probabilities and the reference row's.
+fn gap(top: &[(i32, f32)], want: &[f32]) -> f32 {
+    top.iter()
+        .map(|(t, lp)| (lp - want[*t as usize]).abs())
+        .fold(0.0, f32::max)
+}
+
+fn entry<'a>(seq: u64, tokens: &'a [i32], s: &'a Sampling, all: bool) -> StepEntry<'a> {
+    StepEntry {
+        seq,
+        tokens,
+        sample: Some(s),
+        fresh: true,
+        allowed: None,
+        sample_all: all,
+    }
+}
+
+/// Open a sequence with `audio` as its input.
+fn open(exec: &mut ModelExec, audio: &[f32]) -> u64 {
+    let seq = exec.seq_open().expect("open");
+    exec.seq_set_input(
+        seq,
+        &Input::Audio {
+            samples: audio,
+            sample_rate: RATE,
+        },
+    )
+    .expect("seq_set_input");
+    seq
+}
+
+#[test]
+fn whisper_matches_transformers_alone_and_in_a_batch() {
+    let (dir, prompt, cases) = reference();
+
+    // The front end on its own.
+    let mel = gantry_engine_native::whisper::mel::LogMel::new(80);
+    let mut worst_mel = 0.0f32;
+    for c in &cases {
+        let f = mel.features(&c.audio);
+        for (frame, want) in &c.features {
+            for (m, w) in want.iter().enumerate() {
+                let got = f[m * gantry_engine_native::whisper::mel::FRAMES + frame];
+                worst_mel = worst_mel.max((got - w).abs());
+            }
+        }
+    }
+    println!("whisper: max |log-mel engine - transformers| {worst_mel:.2e}");
+    assert!(worst_mel < 1e-4, "{worst_mel:.2e}");
+
+    let plugin = plugin("native", 4, 64);
+    let (shared, mut exec) = plugin
+        .load_model(&st_desc("whisper", &dir))
+        .expect("load the Whisper checkpoint");
+    let info = shared.info();
+    assert_eq!(info.architecture, "WhisperForConditionalGeneration");
+    assert!(info.supports_transcription() && !info.supports_completion());
+    assert_eq!(
+        (info.audio_sample_rate, info.audio_max_samples),
+        (RATE, 480_000)
+    );
+    let s = sampling();
+
+    // Each signal alone: the prompt in one step sampled after every token, then the
+    // reference's continuation one token per step.
+    let mut worst = 0.0f32;
+    let mut alone = Vec::new();
+    for c in &cases {
+        let seq = open(&mut exec, &c.audio);
+        let r = exec
+            .step(&[entry(seq, &prompt, &s, true)])
+            .expect("the prompt");
+        for (got, want) in r.iter().zip(&c.prompt_logprobs) {
+            worst = worst.max(gap(&got.as_ref().expect("a sample").top, want));
+        }
+        let mut greedy = vec![r.last().expect("a row").as_ref().expect("a sample").token];
+        let mut tops = Vec::new();
+        for i in 0..c.greedy.len() {
+            let fed = [c.greedy[i]];
+            let r = exec.step(&[entry(seq, &fed, &s, false)]).expect("decode");
+            let t = r[0].as_ref().expect("a sample");
+            if i + 1 < c.greedy.len() {
+                worst = worst.max(gap(&t.top, &c.greedy_logprobs[i + 1]));
+                greedy.push(t.token);
+            }
+            tops.push(t.top.clone());
+        }
+        assert_eq!(greedy, c.greedy, "greedy tokens");
+        exec.seq_release(seq);
+        alone.push(tops);
+    }
+    println!("whisper: max |log-prob engine - transformers| {worst:.2e}");
+    assert!(worst < 1e-3, "{worst:.2e}");
+
+    // Both in one batch: the prompts in one step, then the continuations together.
+    let seqs: Vec<u64> = cases.iter().map(|c| open(&mut exec, &c.audio)).collect();
+    let entries: Vec<StepEntry<'_>> = seqs.iter().map(|&q| entry(q, &prompt, &s, false)).collect();
+    exec.step(&entries).expect("both prompts");
+    for i in 0..cases[0].greedy.len() {
+        let fed: Vec<[i32; 1]> = cases.iter().map(|c| [c.greedy[i]]).collect();
+        let entries: Vec<StepEntry<'_>> = seqs
+            .iter()
+            .zip(&fed)
+            .map(|(&q, t)| entry(q, t, &s, false))
+            .collect();
+        let r = exec.step(&entries).expect("both decode");
+        for (k, got) in r.iter().enumerate() {
+            assert_eq!(
+                got.as_ref().expect("a sample").top,
+                alone[k][i],
+                "signal {k} at step {i}: batched as alone"
+            );
+        }
+    }
+}
+
+#[test]
+fn whisper_refuses_what_it_cannot_take_and_keeps_serving() {
+    let (dir, prompt, cases) = reference();
+    let plugin = plugin("native", 2, 64);
+    let (_shared, mut exec) = plugin
+        .load_model(&st_desc("whisper", &dir))
+        .expect("load the Whisper checkpoint");
+    let seq = exec.seq_open().expect("open");
+    let s = sampling();
+    // No audio yet: nothing to decode.
+    let e = exec
+        .step(&[entry(seq, &prompt, &s, false)])
+        .expect_err("no audio");
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(e.message.contains("seq_set_input"), "{}", e.message);
+    fn audio(samples: &[f32], sample_rate: u32) -> Input<'_> {
+        Input::Audio {
+            samples,
+            sample_rate,
+        }
+    }
+    for (input, words) in [
+        (audio(&cases[0].audio, 44_100), "44100 Hz"),
+        (audio(&[], RATE), "0 samples"),
+        (audio(&vec![0.0; 480_001], RATE), "480001 samples"),
+        (
+            Input::Image {
+                rgb: &[0; 12],
+                width: 2,
+                height: 2,
+            },
+            "not an image input",
+        ),
+    ] {
+        let e = exec.seq_set_input(seq, &input).expect_err(words);
+        assert_eq!(e.status, Status::Unsupported, "{words}");
+        assert!(e.message.contains(words), "{}", e.message);
+    }
+    // The sequence takes its audio afterwards and decodes.
+    exec.seq_set_input(seq, &audio(&cases[0].audio, RATE))
+        .expect("the audio");
+    let r = exec
+        .step(&[entry(seq, &prompt, &s, false)])
+        .expect("the prompt");
+    assert_eq!(r[0].as_ref().expect("a sample").token, cases[0].greedy[0]);
+}
