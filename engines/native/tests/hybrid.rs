@@ -155,7 +155,7 @@ fn eight_concurrent_nemotron_h_sequences_decode_as_eight_sequential_ones() {
     let prompts: Vec<Vec<i32>> = (0..8)
         .map(|i| {
             (0..5 + 3 * i)
-                .map(|j| 2 + ((i * 37 + j * 11) % 250) as i32)
+                .map(|j| 2 + (i * 37 + j * 11) % 250)
                 .collect()
         })
         .collect();

@@ -183,7 +183,7 @@ fn whisper_matches_transformers_alone_and_in_a_batch() {
     let seqs: Vec<u64> = cases.iter().map(|c| open(&mut exec, &c.audio)).collect();
     let entries: Vec<StepEntry<'_>> = seqs.iter().map(|&q| entry(q, &prompt, &s, false)).collect();
     exec.step(&entries).expect("both prompts");
-    for i in 0..cases[0].greedy.len() {
+    for (i, _) in cases[0].greedy.iter().enumerate() {
         let fed: Vec<[i32; 1]> = cases.iter().map(|c| [c.greedy[i]]).collect();
         let entries: Vec<StepEntry<'_>> = seqs
             .iter()

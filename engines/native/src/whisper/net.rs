@@ -306,7 +306,9 @@ impl Net {
         x.par_iter_mut()
             .zip(&self.source_pos)
             .for_each(|(x, p)| *x += p);
-        let spans = [0..n];
+        // One input: every position attends to all of them.
+        let all = 0..n;
+        let spans = std::slice::from_ref(&all);
         let heads = self.cfg.heads;
         let (mut h, mut q, mut k, mut v, mut att, mut o) = (
             vec![0.0f32; n * d],
@@ -323,7 +325,7 @@ impl Net {
             l.attn.q.forward(w, &h, n, &mut q, &mut scratch);
             l.attn.k.forward(w, &h, n, &mut k, &mut scratch);
             l.attn.v.forward(w, &h, n, &mut v, &mut scratch);
-            attention(&q, &k, &v, &spans, heads, d / heads, &mut att);
+            attention(&q, &k, &v, spans, heads, d / heads, &mut att);
             l.attn.o.forward(w, &att, n, &mut o, &mut scratch);
             x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             h.copy_from_slice(&x);
