@@ -5,7 +5,8 @@
 //!    gateway forwards it to the node), on the response, in the span of every log line the
 //!    handler writes, and in one `request answered` line per request;
 //! 2. **content type**: a body sent as anything but JSON (`application/json` or `*/*+json`)
-//!    is a 415; a body with no `Content-Type` is read as JSON;
+//!    is a 415 (the audio routes, `/v1/audio/...`, take OpenAI's `multipart/form-data`
+//!    uploads instead); a body with no `Content-Type` is read as JSON;
 //! 3. **OpenAI shape**: any refusal that is not already JSON (axum's 405 for a wrong method,
 //!    the 413 of the body limit, a 404 with no body) is rewritten into OpenAI's error shape,
 //!    so a client sees one shape for every refusal. The probes (`/healthz`, `/readyz`) and
@@ -104,7 +105,8 @@ async fn content_type(req: Request, next: Next) -> Response {
             .to_ascii_lowercase();
         let json =
             essence == "application/json" || (essence.ends_with("+json") && essence.contains('/'));
-        if !json {
+        let upload = essence == "multipart/form-data" && req.uri().path().starts_with("/v1/audio/");
+        if !json && !upload {
             return refusal(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 &format!(

@@ -4,6 +4,7 @@
 //! `http::openai` types, validate them into `Valid*` values, and hand the
 //! rest of the node plain Rust types. Errors leave through `ApiError`.
 
+pub mod audio;
 pub mod generate;
 pub mod limits;
 pub mod node_auth;
@@ -76,6 +77,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(|State(s): State<AppState>, body| generate::chat(s, body)))
         .route("/v1/completions", post(|State(s): State<AppState>, body| generate::completion(s, body)))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/audio/transcriptions", post(|State(s): State<AppState>, mp| audio::transcriptions(s, mp, audio::Task::Transcribe)))
+        .route("/v1/audio/translations", post(|State(s): State<AppState>, mp| audio::transcriptions(s, mp, audio::Task::Translate)))
         .route("/v1/tokenize", post(tokenize))
         .route(gantry_api::NODE_STATUS_PATH, get(status))
         .route("/healthz", get(healthz))

@@ -17,6 +17,7 @@
 //! `gantry-api`; the GGUF header and plugin manifest parsers from `gantry-formats`.
 #![deny(unsafe_code)] // Plugin code is reached only through `gantry-engine-host`.
 
+pub mod audio;
 pub mod cli;
 pub mod config_file;
 pub mod constraint;

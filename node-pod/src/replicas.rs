@@ -27,6 +27,7 @@ impl Engine for PluginEngine {
             eog_tokens: info.eog_tokens.clone(),
             // A recurrent state cannot be cut back past rejected drafts (ABI 1.7).
             speculation: self.0.shared().supports_speculation() && !info.has_recurrent_state(),
+            audio_sample_rate: info.audio_sample_rate,
         }
     }
     fn seq_open(&mut self) -> Result<u64, EngineError> {
@@ -58,6 +59,14 @@ impl Engine for PluginEngine {
     }
     fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError> {
         self.0.seq_set_adapter(seq, adapter)
+    }
+
+    fn seq_set_input(
+        &mut self,
+        seq: u64,
+        input: &gantry_engine_abi::Input<'_>,
+    ) -> Result<(), EngineError> {
+        self.0.seq_set_input(seq, input)
     }
     fn embed_batch(&mut self, inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.0.embed_batch(inputs)

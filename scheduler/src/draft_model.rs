@@ -254,6 +254,7 @@ mod tests {
                 context_length: 64,
                 eog_tokens: vec![99],
                 speculation: true,
+                audio_sample_rate: 0,
             }
         }
         fn seq_open(&mut self) -> Result<u64, EngineError> {

@@ -3,7 +3,9 @@
 //! process or a test engine alike, and knows nothing of plugin loading.
 
 use gantry_api::WorkerCrash;
-use gantry_engine_abi::{AdapterDescriptor, EngineError, LoadedAdapter, SampledToken, StepEntry};
+use gantry_engine_abi::{
+    AdapterDescriptor, EngineError, Input, LoadedAdapter, SampledToken, StepEntry,
+};
 
 /// The limits of one engine instance, fixed at load.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +21,8 @@ pub struct EngineLimits {
     /// The engine samples at every position of an entry and truncates sequences (ABI 1.5
     /// `GANTRY_CAP_SPECULATE`), so drafted tokens can be verified in one step.
     pub speculation: bool,
+    /// The rate a job's audio is at (ABI 1.9 `audio_sample_rate`; 0 without audio).
+    pub audio_sample_rate: u32,
 }
 
 /// One loaded engine instance, owned by its scheduler thread (TGI's `Backend`).
@@ -57,6 +61,14 @@ pub trait Engine: Send + 'static {
         Err(EngineError::unsupported(
             "the engine serves no LoRA adapters",
         ))
+    }
+    /// Condition a freshly opened sequence on an input (ABI 1.9 `seq_set_input`): a
+    /// transcription model's audio.
+    fn seq_set_input(&mut self, _seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
+        Err(EngineError::unsupported(format!(
+            "the engine takes no {} input",
+            input.kind()
+        )))
     }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;

@@ -133,6 +133,10 @@ pub struct GenerateJob {
     /// The LoRA adapter it runs with (its name in the model's `adapters`); `None` = the base
     /// model. The node loads it into this replica ([`AdapterJob::Load`]) before it submits.
     pub adapter: Option<Arc<str>>,
+    /// Audio the sequence is conditioned on (speech recognition, ABI 1.9 `seq_set_input`):
+    /// mono samples at the model's `audio_sample_rate`, given to the engine when the sequence
+    /// opens; forks share it.
+    pub audio: Option<Arc<Vec<f32>>>,
 }
 
 impl GenerateJob {

@@ -112,6 +112,7 @@ pub fn spawn<E: Engine>(
         context_length: limits.context_length as usize,
         adapters: Default::default(),
         draft,
+        audio_rate: limits.audio_sample_rate,
     };
     let name = if replica == 0 {
         format!("sched-{model}")

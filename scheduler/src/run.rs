@@ -132,6 +132,8 @@ pub(crate) struct Scheduler<E: Engine> {
     pub(crate) adapters: crate::adapters::Loaded,
     /// The draft model's private instance, when the model drafts with one.
     pub(crate) draft: Option<crate::draft_model::DraftModel>,
+    /// The rate of a job's audio (speech recognition).
+    pub(crate) audio_rate: u32,
 }
 
 impl<E: Engine> Scheduler<E> {
@@ -359,7 +361,10 @@ impl<E: Engine> Scheduler<E> {
                 break;
             };
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
-            if let Err(e) = self.set_adapter(seq, &job) {
+            if let Err(e) = self
+                .set_adapter(seq, &job)
+                .and_then(|()| self.set_input(seq, &job))
+            {
                 self.engine.seq_release(seq);
                 self.metrics.finished("error");
                 job.send_all(GenEvent::Error(e));

@@ -45,6 +45,9 @@ pub struct Generation {
     /// The LoRA adapter the request named, held until its last token (`model_id` is then
     /// the adapter's id).
     pub adapter: Option<crate::node::AdapterLease>,
+    /// The audio a transcription is of (16 kHz mono for Whisper), given to the engine when the
+    /// sequence opens.
+    pub audio: Option<Arc<Vec<f32>>>,
 }
 
 /// Compile the request's grammar (if any) against the model's vocabulary, off the async
@@ -101,12 +104,14 @@ pub fn generation(
         ));
     }
     if !ready.shared.info().supports_completion() {
+        let (what, route) = if ready.shared.info().supports_transcription() {
+            ("a speech recognition model", "/v1/audio/transcriptions")
+        } else {
+            ("an embedding model", "/v1/embeddings")
+        };
         return Err(ApiError::unsupported(
             "model",
-            format!(
-                "model `{}` is an embedding model; use /v1/embeddings",
-                m.config.id
-            ),
+            format!("model `{}` is {what}; use {route}", m.config.id),
         ));
     }
     let vocab = ready.shared.info().vocab_size;
@@ -142,6 +147,7 @@ pub fn generation(
         fork_constraints: Vec::new(),
         tools: ReplyTools::Off,
         adapter,
+        audio: None,
     })
 }
 

@@ -163,6 +163,7 @@ fn jobs(
                 forks: Vec::new(),
                 speculate: p.params.speculate,
                 adapter: p.adapter.as_ref().map(|a| a.name()),
+                audio: p.audio.clone(),
             }
         })
         .collect();

@@ -173,13 +173,24 @@ impl Node {
 }
 
 /// A short greedy generation on every replica of `ready`: the new version must produce
-/// tokens before it takes traffic.
+/// tokens before it takes traffic (a speech recognition model: of a second of silence, from
+/// its start token).
 pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
     let info = ready.shared.info();
-    let prompt = ready
-        .tokenizer
-        .encode_prompt("Hello", info)
-        .map_err(|e| format!("warm-up tokenize: {e:?}"))?;
+    let (prompt, audio) = if info.supports_transcription() {
+        let sot = ready
+            .shared
+            .tokenize("<|startoftranscript|>", false, true)
+            .map_err(|e| format!("warm-up tokenize: {e}"))?;
+        let second = vec![0.0f32; info.audio_sample_rate as usize];
+        (sot, Some(std::sync::Arc::new(second)))
+    } else {
+        let prompt = ready
+            .tokenizer
+            .encode_prompt("Hello", info)
+            .map_err(|e| format!("warm-up tokenize: {e:?}"))?;
+        (prompt, None)
+    };
     let mut waiting = Vec::new();
     for _ in 0..ready.scheduler.len() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -198,6 +209,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
             forks: Vec::new(),
             speculate: true,
             adapter: None,
+            audio: audio.clone(),
         };
         ready
             .scheduler

@@ -1,0 +1,231 @@
+//! Uploaded audio into samples (the speech recognition route, `http/audio.rs`, before the
+//! scheduler): any wav, flac, mp3 or ogg/vorbis file decoded by symphonia, mixed down to mono,
+//! resampled by rubato to the rate the model takes (16 kHz for Whisper). What cannot be read
+//! is a clear error naming the reason; audio past the duration limit is refused while it is
+//! decoded, before it is all in memory.
+
+use rubato::{FftFixedIn, Resampler};
+use symphonia::core::audio::SampleBuffer;
+use symphonia::core::codecs::{CODEC_TYPE_NULL, DecoderOptions};
+use symphonia::core::errors::Error as SymphoniaError;
+use symphonia::core::formats::FormatOptions;
+use symphonia::core::io::MediaSourceStream;
+use symphonia::core::meta::MetadataOptions;
+use symphonia::core::probe::Hint;
+
+/// Why an upload gives no samples.
+#[derive(Debug, PartialEq)]
+pub enum AudioError {
+    /// Not audio this node reads (the reason), or a damaged file.
+    Unreadable(String),
+    /// Longer than the limit (seconds).
+    TooLong { limit_secs: u32 },
+    /// No samples at all.
+    Empty,
+}
+
+impl std::fmt::Display for AudioError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AudioError::Unreadable(why) => write!(
+                f,
+                "the file is not audio this node reads (wav, flac, mp3, ogg/vorbis): {why}"
+            ),
+            AudioError::TooLong { limit_secs } => write!(
+                f,
+                "the audio is longer than {limit_secs} s, the most this node transcribes in one request"
+            ),
+            AudioError::Empty => write!(f, "the audio holds no samples"),
+        }
+    }
+}
+
+/// Mono samples at `rate`, and the audio's duration in seconds.
+pub struct Decoded {
+    pub samples: Vec<f32>,
+    pub seconds: f64,
+}
+
+/// Decode `bytes` (the upload; `filename` only hints at the container) into mono samples at
+/// `rate`, refusing audio longer than `limit_secs`.
+pub fn decode(
+    bytes: Vec<u8>,
+    filename: Option<&str>,
+    rate: u32,
+    limit_secs: u32,
+) -> Result<Decoded, AudioError> {
+    let unreadable = |e: SymphoniaError| AudioError::Unreadable(e.to_string());
+    let mut hint = Hint::new();
+    if let Some(ext) = filename.and_then(|f| f.rsplit_once('.')).map(|(_, e)| e) {
+        hint.with_extension(ext);
+    }
+    let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes)), Default::default());
+    let probed = symphonia::default::get_probe()
+        .format(
+            &hint,
+            source,
+            &FormatOptions::default(),
+            &MetadataOptions::default(),
+        )
+        .map_err(unreadable)?;
+    let mut format = probed.format;
+    let track = format
+        .tracks()
+        .iter()
+        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
+        .ok_or_else(|| AudioError::Unreadable("no audio track".into()))?;
+    let (track_id, source_rate) = (
+        track.id,
+        track
+            .codec_params
+            .sample_rate
+            .ok_or_else(|| AudioError::Unreadable("no sample rate".into()))?,
+    );
+    let mut decoder = symphonia::default::get_codecs()
+        .make(&track.codec_params, &DecoderOptions::default())
+        .map_err(unreadable)?;
+    let limit = u64::from(limit_secs) * u64::from(source_rate);
+    let mut mono: Vec<f32> = Vec::new();
+    loop {
+        let packet = match format.next_packet() {
+            Ok(p) => p,
+            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break;
+            }
+            Err(e) => return Err(unreadable(e)),
+        };
+        if packet.track_id() != track_id {
+            continue;
+        }
+        let decoded = match decoder.decode(&packet) {
+            Ok(d) => d,
+            // A damaged packet is skipped, as players do; a file of nothing else ends empty.
+            Err(SymphoniaError::DecodeError(_)) => continue,
+            Err(e) => return Err(unreadable(e)),
+        };
+        let spec = *decoded.spec();
+        let channels = spec.channels.count().max(1);
+        let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, spec);
+        buf.copy_interleaved_ref(decoded);
+        mono.extend(
+            buf.samples()
+                .chunks_exact(channels)
+                .map(|frame| frame.iter().sum::<f32>() / channels as f32),
+        );
+        if mono.len() as u64 > limit {
+            return Err(AudioError::TooLong { limit_secs });
+        }
+    }
+    if mono.is_empty() {
+        return Err(AudioError::Empty);
+    }
+    let seconds = mono.len() as f64 / f64::from(source_rate);
+    let samples = resample(&mono, source_rate, rate)
+        .map_err(|e| AudioError::Unreadable(format!("resampling: {e}")))?;
+    Ok(Decoded { samples, seconds })
+}
+
+/// `input` at `from` Hz as `to` Hz (rubato's FFT resampler; the input as is when equal).
+pub fn resample(input: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
+    if from == to {
+        return Ok(input.to_vec());
+    }
+    let mut r = FftFixedIn::<f32>::new(from as usize, to as usize, 1024, 2, 1)
+        .map_err(|e| e.to_string())?;
+    let want = (input.len() as u64 * u64::from(to)).div_ceil(u64::from(from)) as usize;
+    let delay = r.output_delay();
+    let mut out = Vec::with_capacity(want + delay + 2048);
+    let mut at = 0;
+    while input.len() - at >= r.input_frames_next() {
+        let n = r.input_frames_next();
+        let chunk = r
+            .process(&[&input[at..at + n]], None)
+            .map_err(|e| e.to_string())?;
+        out.extend_from_slice(&chunk[0]);
+        at += n;
+    }
+    let chunk = r
+        .process_partial(Some(&[&input[at..]]), None)
+        .map_err(|e| e.to_string())?;
+    out.extend_from_slice(&chunk[0]);
+    // Flush what the filter still holds.
+    while out.len() < want + delay {
+        let chunk = r
+            .process_partial::<&[f32]>(None, None)
+            .map_err(|e| e.to_string())?;
+        if chunk[0].is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk[0]);
+    }
+    let end = (delay + want).min(out.len());
+    Ok(out[delay.min(end)..end].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 16-bit PCM wav of `samples` at `rate`, `channels` interleaved.
+    pub fn wav(samples: &[f32], rate: u32, channels: u16) -> Vec<u8> {
+        let data: Vec<u8> = samples
+            .iter()
+            .flat_map(|s| ((s.clamp(-1.0, 1.0) * 32767.0) as i16).to_le_bytes())
+            .collect();
+        let mut w = Vec::new();
+        w.extend_from_slice(b"RIFF");
+        w.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
+        w.extend_from_slice(b"WAVEfmt ");
+        w.extend_from_slice(&16u32.to_le_bytes());
+        w.extend_from_slice(&1u16.to_le_bytes());
+        w.extend_from_slice(&channels.to_le_bytes());
+        w.extend_from_slice(&rate.to_le_bytes());
+        w.extend_from_slice(&(rate * u32::from(channels) * 2).to_le_bytes());
+        w.extend_from_slice(&(channels * 2).to_le_bytes());
+        w.extend_from_slice(&16u16.to_le_bytes());
+        w.extend_from_slice(b"data");
+        w.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        w.extend_from_slice(&data);
+        w
+    }
+
+    fn tone(hz: f32, rate: u32, secs: f32) -> Vec<f32> {
+        (0..(rate as f32 * secs) as usize)
+            .map(|i| 0.5 * (2.0 * std::f32::consts::PI * hz * i as f32 / rate as f32).sin())
+            .collect()
+    }
+
+    #[test]
+    fn a_stereo_wav_at_44_1_khz_becomes_16_khz_mono_of_the_same_tone() {
+        let left = tone(440.0, 44_100, 1.0);
+        let stereo: Vec<f32> = left.iter().flat_map(|s| [*s, *s]).collect();
+        let d = decode(wav(&stereo, 44_100, 2), Some("a.wav"), 16_000, 60).expect("decode");
+        assert!((d.seconds - 1.0).abs() < 1e-3, "{}", d.seconds);
+        assert_eq!(d.samples.len(), 16_000);
+        // The same tone at the new rate, away from the ends.
+        let want = tone(440.0, 16_000, 1.0);
+        let worst = d.samples[1000..15_000]
+            .iter()
+            .zip(&want[1000..15_000])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 0.01, "{worst}");
+    }
+
+    #[test]
+    fn what_is_not_audio_too_long_or_empty_is_refused_with_the_reason() {
+        let e = decode(b"not audio at all".to_vec(), Some("x.mp3"), 16_000, 60)
+            .err()
+            .expect("garbage");
+        assert!(matches!(e, AudioError::Unreadable(_)), "{e:?}");
+        assert!(e.to_string().contains("wav, flac, mp3"), "{e}");
+        let e = decode(wav(&tone(100.0, 8_000, 3.0), 8_000, 1), None, 16_000, 2)
+            .err()
+            .expect("too long");
+        assert_eq!(e, AudioError::TooLong { limit_secs: 2 });
+        let e = decode(wav(&[], 16_000, 1), None, 16_000, 2)
+            .err()
+            .expect("empty");
+        assert_eq!(e, AudioError::Empty);
+    }
+}
