@@ -253,7 +253,7 @@ mod tests {
             (|m| m.abi_version = "v1".into(), "`abi_version`"),
             (|m| m.gpu_backend = "metal".into(), "`gpu_backend`"),
             (|m| m.formats = vec!["onnx".into()], "`formats`"),
-            (|m| m.modalities = vec!["image".into()], "`modalities`"),
+            (|m| m.modalities = vec!["video".into()], "`modalities`"),
             (|m| m.sha256 = Some("abc".into()), "`sha256`"),
             (|m| m.id = String::new(), "`id`"),
         ];
@@ -264,6 +264,19 @@ mod tests {
             assert!(err.contains(field), "{err} should name {field}");
         }
         assert!(base().check_schema().is_ok());
+        // ABI 1.9's modalities, declared ones included.
+        let mut m = base();
+        m.modalities = [
+            "completion",
+            "embedding",
+            "transcription",
+            "speech",
+            "vision",
+            "image",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert!(m.check_schema().is_ok());
     }
 
     #[test]

@@ -19,6 +19,7 @@
 
 pub mod affinity;
 pub mod auth;
+mod body;
 pub mod error;
 pub mod hash;
 pub mod kube_source;

@@ -14,18 +14,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use backon::BackoffBuilder;
 use futures::StreamExt;
-use serde::Deserialize;
 
 use gantry_api::node_token::NODE_TOKEN_HEADER;
 
 use crate::affinity::{RouteKey, route_key};
 use crate::auth::Caller;
+use crate::body::{form_boundary, model_of, model_of_form, read_body};
 use crate::error::GatewayError;
 use crate::route_table::{Lease, ModelRoute, NoReplica, Target};
 use crate::state::GatewayState;
@@ -34,12 +34,6 @@ use crate::state::GatewayState;
 const MAX_REPLICA_BACKOFF: Duration = Duration::from_secs(30);
 /// `Retry-After` the gateway sends when it refuses to hold a request.
 const RETRY_AFTER_SECONDS: u64 = 5;
-
-/// The one field the gateway reads; serde still checks that the whole body is JSON.
-#[derive(Deserialize)]
-struct Peek {
-    model: Option<serde_json::Value>,
-}
 
 /// Authenticate from `Authorization: Bearer <key>` when keys are configured.
 pub fn authenticate(
@@ -64,45 +58,6 @@ pub fn authenticate(
     keys.check(presented)
         .map(Some)
         .ok_or_else(|| GatewayError::unauthorized("invalid API key"))
-}
-
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(GatewayError::too_large(limit));
-    }
-    match axum::body::to_bytes(body, limit).await {
-        Ok(b) => Ok(b),
-        Err(e) => {
-            let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-            while let Some(s) = src {
-                if s.is::<http_body_util::LengthLimitError>() {
-                    return Err(GatewayError::too_large(limit));
-                }
-                src = s.source();
-            }
-            Err(GatewayError::invalid_body(format!(
-                "cannot read the request body: {e}"
-            )))
-        }
-    }
-}
-
-fn model_of(body: &[u8]) -> Result<String, GatewayError> {
-    let peek: Peek = serde_json::from_slice(body).map_err(|e| {
-        GatewayError::invalid_body(format!("the request body is not valid JSON: {e}"))
-    })?;
-    match peek.model {
-        Some(serde_json::Value::String(m)) if !m.is_empty() => Ok(m),
-        Some(serde_json::Value::String(_)) => {
-            Err(GatewayError::invalid_model("`model` must not be empty"))
-        }
-        Some(_) => Err(GatewayError::invalid_model("`model` must be a string")),
-        None => Err(GatewayError::invalid_model("`model` is required")),
-    }
 }
 
 /// Counts a held request (total and per model) while alive.
@@ -303,15 +258,17 @@ fn relay_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// Request headers passed to the node: content type and accept, and a request id if any.
+/// Request headers passed to the node: content type (JSON, or the caller's multipart form with
+/// its boundary) and accept, and a request id if any.
 /// The caller's `Authorization` stays at the gateway, and so does any `X-Gantry-Node-Token` a
 /// caller sends: only the gateway's own (added per replica) ever reaches a node.
 fn upstream_headers(from: &HeaderMap) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let content_type = match (form_boundary(from), from.get(header::CONTENT_TYPE)) {
+        (Some(_), Some(ct)) => ct.clone(),
+        _ => HeaderValue::from_static("application/json"),
+    };
+    h.insert(header::CONTENT_TYPE, content_type);
     for name in [header::ACCEPT, HeaderName::from_static("x-request-id")] {
         if let Some(v) = from.get(&name) {
             h.insert(name, v.clone());
@@ -351,7 +308,10 @@ async fn forward(
 ) -> Result<Response, GatewayError> {
     let caller = authenticate(state, headers)?;
     let bytes = read_body(body, headers, state.settings.max_body_bytes).await?;
-    let id = model_of(&bytes)?;
+    let id = match form_boundary(headers) {
+        Some(boundary) => model_of_form(&bytes, &boundary).await?,
+        None => model_of(&bytes)?,
+    };
     if let Some(c) = &caller
         && !c.may_use(&id)
     {
@@ -560,19 +520,5 @@ mod tests {
         assert!(up.get(NODE_TOKEN_HEADER).is_none());
         assert!(up.get(header::AUTHORIZATION).is_none());
         assert_eq!(up.get(header::ACCEPT), from.get(header::ACCEPT));
-    }
-
-    #[test]
-    fn model_is_read_from_the_body_with_a_field_naming_error() {
-        assert_eq!(
-            model_of(br#"{"model":"m","x":[1]}"#).ok().as_deref(),
-            Some("m")
-        );
-        let e = model_of(br#"{"messages":[]}"#).expect_err("missing");
-        assert_eq!((e.status.as_u16(), e.param), (400, Some("model")));
-        let e = model_of(br#"{"model":3}"#).expect_err("number");
-        assert!(e.message.contains("string"));
-        let e = model_of(b"{not json").expect_err("junk");
-        assert_eq!((e.status.as_u16(), e.param), (400, None));
     }
 }

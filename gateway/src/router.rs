@@ -33,6 +33,14 @@ pub fn router(state: Arc<GatewayState>) -> Router {
             "/v1/embeddings",
             post(|s, h, b| proxy::proxy(s, "/v1/embeddings", h, b)),
         )
+        .route(
+            "/v1/audio/transcriptions",
+            post(|s, h, b| proxy::proxy(s, "/v1/audio/transcriptions", h, b)),
+        )
+        .route(
+            "/v1/audio/translations",
+            post(|s, h, b| proxy::proxy(s, "/v1/audio/translations", h, b)),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -218,15 +218,16 @@ def http(node):
     return Http(node)
 
 
-@pytest.fixture(scope="session")
-def gateway(node):
+@contextlib.contextmanager
+def gateway_for(models: dict, ready: str):
+    """A gateway (`gantry-operator run --components gateway`) routing each model id of `models`
+    to its node URL, once it lists `ready`; yields its base URL."""
     operator = TARGET / "gantry-operator"
     if not operator.is_file():
         pytest.fail(f"{operator} is missing: run `cargo build --release --workspace` (scripts/test.sh does)")
     work = Path(tempfile.mkdtemp(prefix="gantry-gw-"))
     endpoints = work / "endpoints.yaml"
-    endpoints.write_text(f"models:\n  tiny: ['{node}']\n  tiny-emb: ['{node}']\n  gemma: ['{node}']\n"
-                         f"  smollm2: ['{node}']\n")
+    endpoints.write_text("models:\n" + "".join(f"  {m}: ['{url}']\n" for m, url in models.items()))
     port = _free_port()
     log = open(work / "gateway.log", "w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANTRY_GATEWAY_")}
@@ -245,12 +246,18 @@ def gateway(node):
             try:
                 # /v1/models lists a model once a probe found its replica ready.
                 with urllib.request.urlopen(f"{base}/v1/models", timeout=1) as r:
-                    if b'"gemma"' in r.read():
+                    if f'"{ready}"'.encode() in r.read():
                         break
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.1)
         else:
             pytest.fail(f"gateway did not route to the node in 30 s:\n{(work / 'gateway.log').read_text()}")
-        os.environ["GANTRY_TEST_GATEWAY_LOG"] = str(work / "gateway.log")
+        yield base, work / "gateway.log"
+
+
+@pytest.fixture(scope="session")
+def gateway(node):
+    with gateway_for({m: node for m in ("tiny", "tiny-emb", "gemma", "smollm2")}, "gemma") as (base, log):
+        os.environ["GANTRY_TEST_GATEWAY_LOG"] = str(log)
         yield base

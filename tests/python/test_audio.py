@@ -13,6 +13,7 @@ to the engine, the decoder prompt, the text. Here:
 - a translation with the model's translate task answers;
 - bad input is a 400 naming the field (not audio, no file, an unknown language, a format that
   needs timestamps, `stream`), and a completion on the model says to use this route;
+- the gateway routes an upload by its form's `model` field and relays the answer;
 - each runs with the engine in the node process and in a worker process.
 """
 import json
@@ -25,7 +26,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import serving
+from conftest import gateway_for, serving
 
 
 def _reference() -> tuple[Path, dict]:
@@ -124,3 +125,16 @@ def test_bad_input_is_a_400_naming_the_field(whisper):
     assert e.value.code == 400 and json.load(e.value)["error"]["param"] == "file"
     # And the model still answers.
     assert client.audio.transcriptions.create(model="whisper", file=("a.wav", audio, "audio/wav")).text
+
+
+def test_the_gateway_routes_an_upload_by_its_model_field(whisper):
+    base, _, ref = whisper
+    with gateway_for({"whisper": base}, "whisper") as (gw, _):
+        c = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0)
+        audio = ("a.wav", wav_f32(ref["cases"][0]["audio"], 16000), "audio/wav")
+        r = c.audio.transcriptions.create(model="whisper", file=audio)
+        assert r.text.startswith(expected_text(ref, 0))
+        text = c.audio.transcriptions.create(model="whisper", file=audio, response_format="text")
+        assert text.strip() == r.text
+        with pytest.raises(openai.NotFoundError):
+            c.audio.transcriptions.create(model="nobody", file=audio)

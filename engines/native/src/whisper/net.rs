@@ -106,12 +106,39 @@ struct Attn {
     o: Linear,
 }
 
+/// A layer's MLP half: LayerNorm, `fc1`, GELU, `fc2`, added to the residual stream.
+struct Mlp {
+    norm: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Mlp {
+    /// `x` (`n` rows of `d`) += the MLP of its normalised rows; `h`, `up` and `o` are scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &self,
+        w: &Weights,
+        x: &mut [f32],
+        n: usize,
+        d: usize,
+        (h, up, o): (&mut [f32], &mut [f32], &mut [f32]),
+        scratch: &mut Vec<u16>,
+    ) {
+        h.copy_from_slice(x);
+        layer_norm(h, &self.norm, d, 1e-5);
+        self.fc1.forward(w, h, n, up, scratch);
+        up.par_chunks_mut(up.len() / n.max(1))
+            .for_each(ops::gelu_erf);
+        self.fc2.forward(w, up, n, o, scratch);
+        x.par_iter_mut().zip(&*o).for_each(|(x, o)| *x += o);
+    }
+}
+
 struct EncLayer {
     attn_norm: LayerNorm,
     attn: Attn,
-    mlp_norm: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+    mlp: Mlp,
 }
 
 struct DecLayer {
@@ -119,9 +146,7 @@ struct DecLayer {
     self_attn: Attn,
     cross_norm: LayerNorm,
     cross: Attn,
-    mlp_norm: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+    mlp: Mlp,
 }
 
 /// What a sequence's input left for the decoder: each layer's cross-attention keys and
@@ -205,15 +230,20 @@ impl Net {
             };
             Ok(Linear::new(w, &flat, Some(vec(&format!("{p}.bias"), d)?)))
         };
+        let mlp = |p: &str| -> Result<Mlp, EngineError> {
+            Ok(Mlp {
+                norm: norm(&format!("{p}.final_layer_norm"))?,
+                fc1: linear(&format!("{p}.fc1"), ffn, d, true)?,
+                fc2: linear(&format!("{p}.fc2"), d, ffn, true)?,
+            })
+        };
         let enc = (0..cfg.encoder_layers)
             .map(|i| {
                 let p = format!("model.encoder.layers.{i}");
                 Ok(EncLayer {
                     attn_norm: norm(&format!("{p}.self_attn_layer_norm"))?,
                     attn: attn(&format!("{p}.self_attn"))?,
-                    mlp_norm: norm(&format!("{p}.final_layer_norm"))?,
-                    fc1: linear(&format!("{p}.fc1"), ffn, d, true)?,
-                    fc2: linear(&format!("{p}.fc2"), d, ffn, true)?,
+                    mlp: mlp(&p)?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -225,9 +255,7 @@ impl Net {
                     self_attn: attn(&format!("{p}.self_attn"))?,
                     cross_norm: norm(&format!("{p}.encoder_attn_layer_norm"))?,
                     cross: attn(&format!("{p}.encoder_attn"))?,
-                    mlp_norm: norm(&format!("{p}.final_layer_norm"))?,
-                    fc1: linear(&format!("{p}.fc1"), ffn, d, true)?,
-                    fc2: linear(&format!("{p}.fc2"), d, ffn, true)?,
+                    mlp: mlp(&p)?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -328,12 +356,8 @@ impl Net {
             attention(&q, &k, &v, spans, heads, d / heads, &mut att);
             l.attn.o.forward(w, &att, n, &mut o, &mut scratch);
             x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-            h.copy_from_slice(&x);
-            layer_norm(&mut h, &l.mlp_norm, d, 1e-5);
-            l.fc1.forward(w, &h, n, &mut up, &mut scratch);
-            up.par_chunks_mut(self.cfg.ffn).for_each(ops::gelu_erf);
-            l.fc2.forward(w, &up, n, &mut o, &mut scratch);
-            x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            l.mlp
+                .add(w, &mut x, n, d, (&mut h, &mut up, &mut o), &mut scratch);
         }
         layer_norm(&mut x, &self.enc_norm, d, 1e-5);
         let kv = self
@@ -431,13 +455,8 @@ impl Net {
             });
             l.cross.o.forward(w, &att, n, &mut o, &mut scratch);
             x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-
-            h.copy_from_slice(&x);
-            layer_norm(&mut h, &l.mlp_norm, d, 1e-5);
-            l.fc1.forward(w, &h, n, &mut up, &mut scratch);
-            up.par_chunks_mut(self.cfg.ffn).for_each(ops::gelu_erf);
-            l.fc2.forward(w, &up, n, &mut o, &mut scratch);
-            x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            l.mlp
+                .add(w, &mut x, n, d, (&mut h, &mut up, &mut o), &mut scratch);
         }
         let mut picked = Vec::with_capacity(want.len() * d);
         for &r in want {
