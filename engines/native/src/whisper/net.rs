@@ -338,14 +338,8 @@ impl Net {
         let all = 0..n;
         let spans = std::slice::from_ref(&all);
         let heads = self.cfg.heads;
-        let (mut h, mut q, mut k, mut v, mut att, mut o) = (
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-        );
+        let [mut h, mut q, mut k, mut v, mut att, mut o] =
+            std::array::from_fn(|_| vec![0.0f32; n * d]);
         let mut up = vec![0.0f32; n * self.cfg.ffn];
         for l in &self.enc {
             h.copy_from_slice(&x);
@@ -394,14 +388,8 @@ impl Net {
             }
         }
         let mut scratch = Vec::new();
-        let (mut h, mut q, mut k, mut v, mut att, mut o) = (
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-            vec![0.0f32; n * d],
-        );
+        let [mut h, mut q, mut k, mut v, mut att, mut o] =
+            std::array::from_fn(|_| vec![0.0f32; n * d]);
         let mut up = vec![0.0f32; n * self.cfg.ffn];
         for (li, l) in self.dec.iter().enumerate() {
             h.copy_from_slice(&x);
