@@ -62,21 +62,4 @@ impl<E: Engine> Scheduler<E> {
             .seq_set_adapter(seq, id)
             .map_err(|e| self.failure(e))
     }
-
-    /// Give a just-opened sequence its job's audio (speech recognition).
-    pub(crate) fn set_input(&mut self, seq: u64, job: &GenerateJob) -> Result<(), GenError> {
-        let Some(audio) = &job.audio else {
-            return Ok(());
-        };
-        let rate = self.audio_rate;
-        self.engine
-            .seq_set_input(
-                seq,
-                &gantry_engine_abi::Input::Audio {
-                    samples: audio,
-                    sample_rate: rate,
-                },
-            )
-            .map_err(|e| self.failure(e))
-    }
 }

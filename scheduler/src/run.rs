@@ -383,6 +383,20 @@ impl<E: Engine> Scheduler<E> {
         }
     }
 
+    /// Give a just-opened sequence its job's audio (speech recognition).
+    pub(crate) fn set_input(&mut self, seq: u64, job: &GenerateJob) -> Result<(), GenError> {
+        let Some(audio) = &job.audio else {
+            return Ok(());
+        };
+        let input = gantry_engine_abi::Input::Audio {
+            samples: audio,
+            sample_rate: self.audio_rate,
+        };
+        self.engine
+            .seq_set_input(seq, &input)
+            .map_err(|e| self.failure(e))
+    }
+
     /// Whether a job's sequence may draft: the model drafts, and the request neither opted
     /// out nor needs what verification does not do (a grammar's masks, penalties).
     pub(crate) fn drafts_for(&self, job: &GenerateJob) -> bool {

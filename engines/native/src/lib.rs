@@ -187,6 +187,25 @@ pub enum NativeModel {
     Whisper(Box<whisper::WhisperModel>),
 }
 
+/// `OOM_RAM` when `open` sequences already fill a model's `max` slots: no new sequence, nor a
+/// fork of `fork_of`. Every kind of model of this engine opens and forks through it.
+pub(crate) fn check_free_slot(
+    open: usize,
+    max: u32,
+    fork_of: Option<u64>,
+) -> Result<(), EngineError> {
+    if open < max as usize {
+        return Ok(());
+    }
+    let tail = fork_of.map_or(String::new(), |src| {
+        format!(": sequence {src} cannot be forked")
+    });
+    Err(EngineError::new(
+        Status::OomRam,
+        format!("all {max} sequence slots are in use{tail}"),
+    ))
+}
+
 /// The model directory of a descriptor (its primary file's when not given).
 fn model_dir(desc: &ModelDescriptor) -> std::path::PathBuf {
     if desc.model_dir.as_os_str().is_empty() {
@@ -264,12 +283,7 @@ impl Model for DecoderModel {
 
     fn seq_open(&self) -> Result<u64, EngineError> {
         let mut ex = self.exec();
-        if ex.seqs.len() >= self.info.max_sequences as usize {
-            return Err(EngineError::new(
-                Status::OomRam,
-                format!("all {} sequence slots are in use", self.info.max_sequences),
-            ));
-        }
+        check_free_slot(ex.seqs.len(), self.info.max_sequences, None)?;
         let id = ex.next_id;
         ex.next_id += 1;
         let slot = ex
@@ -304,15 +318,7 @@ impl Model for DecoderModel {
     fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
         let mut guard = self.exec();
         let ex = &mut *guard;
-        if ex.seqs.len() >= self.info.max_sequences as usize {
-            return Err(EngineError::new(
-                Status::OomRam,
-                format!(
-                    "all {} sequence slots are in use: sequence {src} cannot be forked",
-                    self.info.max_sequences
-                ),
-            ));
-        }
+        check_free_slot(ex.seqs.len(), self.info.max_sequences, Some(src))?;
         let s = ex
             .seqs
             .get(&src)

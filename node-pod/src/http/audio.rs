@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::{AppState, InflightGuard};
-use crate::audio::{self, AudioError};
+use crate::audio;
 use crate::error::ApiError;
 use crate::scheduler::{GenEvent, GenerateJob, Job};
 use gantry_engine_abi::Sampling;
@@ -203,9 +203,10 @@ async fn transcribe(
         ))
     })?;
     let mut prompt = vec![sot];
-    let multilingual = special(&ready, "<|en|>").is_some();
-    let language = match (&form.language, multilingual) {
-        (Some(l), true) => {
+    let english = special(&ready, "<|en|>");
+    let multilingual = english.is_some();
+    let language = match (&form.language, english) {
+        (Some(l), Some(_)) => {
             let id = special(&ready, &format!("<|{l}|>")).ok_or_else(|| {
                 ApiError::invalid(
                     "language",
@@ -216,17 +217,17 @@ async fn transcribe(
             l.clone()
         }
         // Language detection is not implemented: English unless the request says otherwise.
-        (None, true) => {
-            prompt.push(special(&ready, "<|en|>").expect("checked above"));
+        (None, Some(en)) => {
+            prompt.push(en);
             "en".to_string()
         }
-        (Some(l), false) if l != "en" => {
+        (Some(l), None) if l != "en" => {
             return Err(ApiError::invalid(
                 "language",
                 format!("model `{model}` is English-only; `language` `{l}` is not available"),
             ));
         }
-        (_, false) => "en".to_string(),
+        (_, None) => "en".to_string(),
     };
     if multilingual {
         let t = special(&ready, &format!("<|{}|>", task.name())).ok_or_else(|| {
@@ -248,11 +249,7 @@ async fn transcribe(
     })
     .await
     .map_err(|e| ApiError::internal(format!("audio decoding task: {e}")))?
-    .map_err(|e| match e {
-        AudioError::TooLong { .. } | AudioError::Empty | AudioError::Unreadable(_) => {
-            ApiError::invalid("file", e.to_string())
-        }
-    })?;
+    .map_err(|e| ApiError::invalid("file", e.to_string()))?;
     let _guard = InflightGuard::new(state.node.clone());
     let window = info.audio_max_samples.max(1) as usize;
     let max_tokens = info

@@ -139,7 +139,13 @@ impl WhisperModel {
 
     fn check(&self, ex: &Exec, entries: &[StepEntry<'_>]) -> Result<(), EngineError> {
         let ctx = self.info.context_length as usize;
-        for e in entries {
+        for (i, e) in entries.iter().enumerate() {
+            if entries[..i].iter().any(|o| o.seq == e.seq) {
+                return Err(EngineError::internal(format!(
+                    "sequence {} appears twice in a step",
+                    e.seq
+                )));
+            }
             let s = ex.seqs.get(&e.seq).ok_or_else(|| {
                 EngineError::internal(format!("step on unknown sequence {}", e.seq))
             })?;
@@ -177,6 +183,50 @@ impl WhisperModel {
     }
 }
 
+impl WhisperModel {
+    /// The decoder over the batch's `rows` (each state's keys and values appended), then a
+    /// sample from each wanted row with its sequence's sampler.
+    fn decode_and_sample(
+        &self,
+        states: &mut [(u64, WSeq)],
+        entries: &[StepEntry<'_>],
+        rows: &[Row],
+        want: &[usize],
+    ) -> Result<Vec<Option<SampledToken>>, EngineError> {
+        let encoded: Vec<Arc<Encoded>> = states
+            .iter()
+            .map(|(_, s)| s.encoded.clone().expect("checked"))
+            .collect();
+        let encoded: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
+        let mut logits = {
+            let mut caches: Vec<&mut SelfKv> =
+                states.iter_mut().map(|(_, s)| &mut s.cache).collect();
+            self.pool
+                .install(|| self.net.decode(rows, &mut caches, &encoded, want))
+        };
+        for ((_, s), e) in states.iter_mut().zip(entries) {
+            s.cache.len += e.tokens.len();
+        }
+        // Each sampled row in place: nothing reads the logits afterwards.
+        let mut rows_out = logits.chunks_exact_mut(self.info.vocab_size as usize);
+        let mut out = Vec::with_capacity(want.len());
+        for ((_, s), e) in states.iter_mut().zip(entries) {
+            let Some(params) = e.sample else {
+                out.push(None);
+                continue;
+            };
+            let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
+            for _ in 0..e.result_slots() {
+                let l = rows_out
+                    .next()
+                    .ok_or_else(|| EngineError::internal("too few logits rows"))?;
+                out.push(Some(sampler.sample(l, params, e.allowed)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Model for WhisperModel {
     fn info(&self) -> ModelInfo {
         self.info.clone()
@@ -198,12 +248,7 @@ impl Model for WhisperModel {
 
     fn seq_open(&self) -> Result<u64, EngineError> {
         let mut ex = self.exec();
-        if ex.seqs.len() >= self.info.max_sequences as usize {
-            return Err(EngineError::new(
-                Status::OomRam,
-                format!("all {} sequence slots are in use", self.info.max_sequences),
-            ));
-        }
+        crate::check_free_slot(ex.seqs.len(), self.info.max_sequences, None)?;
         let id = ex.next_id;
         ex.next_id += 1;
         let layers = self.net.cfg.decoder_layers;
@@ -287,55 +332,15 @@ impl Model for WhisperModel {
                 });
             }
         }
-        // One state per entry, in entry order (a sequence appears once per step).
+        // One state per entry, in entry order (`check` refused a sequence named twice), taken
+        // out of the map for the step and put back whatever it ends with.
         let mut states: Vec<(u64, WSeq)> = entries
             .iter()
-            .map(|e| {
-                ex.seqs.remove_entry(&e.seq).ok_or_else(|| {
-                    EngineError::internal(format!("sequence {} twice in a step", e.seq))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let logits = {
-            let encoded: Vec<Arc<Encoded>> = states
-                .iter()
-                .map(|(_, s)| s.encoded.clone().expect("checked"))
-                .collect();
-            let encoded: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
-            let mut caches: Vec<SelfKv> = states
-                .iter_mut()
-                .map(|(_, s)| std::mem::take(&mut s.cache))
-                .collect();
-            let logits = {
-                let mut refs: Vec<&mut SelfKv> = caches.iter_mut().collect();
-                self.pool
-                    .install(|| self.net.decode(&rows, &mut refs, &encoded, &want))
-            };
-            for ((_, s), (mut c, e)) in states.iter_mut().zip(caches.into_iter().zip(entries)) {
-                c.len += e.tokens.len();
-                s.cache = c;
-            }
-            logits
-        };
-        let vocab = self.info.vocab_size as usize;
-        let mut rows_out = logits.chunks_exact(vocab);
-        let mut out = Vec::with_capacity(want.len());
-        for ((_, s), e) in states.iter_mut().zip(entries) {
-            let Some(params) = e.sample else {
-                out.push(None);
-                continue;
-            };
-            let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
-            for _ in 0..e.result_slots() {
-                let mut l = rows_out
-                    .next()
-                    .ok_or_else(|| EngineError::internal("too few logits rows"))?
-                    .to_vec();
-                out.push(Some(sampler.sample(&mut l, params, e.allowed)?));
-            }
-        }
+            .map(|e| ex.seqs.remove_entry(&e.seq).expect("checked"))
+            .collect();
+        let result = self.decode_and_sample(&mut states, entries, &rows, &want);
         ex.seqs.extend(states);
-        Ok(out)
+        result
     }
 
     fn embed(&self, _tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
@@ -351,15 +356,7 @@ impl Model for WhisperModel {
 
     fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
         let mut ex = self.exec();
-        if ex.seqs.len() >= self.info.max_sequences as usize {
-            return Err(EngineError::new(
-                Status::OomRam,
-                format!(
-                    "all {} sequence slots are in use: sequence {src} cannot be forked",
-                    self.info.max_sequences
-                ),
-            ));
-        }
+        crate::check_free_slot(ex.seqs.len(), self.info.max_sequences, Some(src))?;
         let s = ex
             .seqs
             .get(&src)

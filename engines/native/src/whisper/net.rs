@@ -156,7 +156,7 @@ pub struct Encoded {
 }
 
 /// A sequence's decoder state: its self-attention keys and values so far, per layer.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct SelfKv {
     pub k: Vec<Vec<f32>>,
     pub v: Vec<Vec<f32>>,
