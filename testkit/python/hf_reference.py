@@ -45,6 +45,8 @@ Usage: hf_reference.py OUT_DIR
        hf_reference.py minilm MODEL_DIR OUT_JSON   (a real sentence-transformers model: the
            embeddings transformers gives the texts of MINILM_TEXTS, tokenized by its own
            tokenizer, mean-pooled and normalised as the model's modules.json says)
+       hf_reference.py whisper-real MODEL_DIR SPEECH_DIR OUT_JSON   (a real Whisper: transformers'
+           greedy transcriptions of real recordings, without and with timestamps; hf_whisper.py)
 Writes OUT_DIR/<name>-<dtype>/ (config.json, model.safetensors, tokenizer.json) and
 OUT_DIR/<name>-<dtype>/reference.json.
 """
@@ -433,6 +435,9 @@ def prompt_set():
 def main():
     if sys.argv[1] == "minilm":
         minilm(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    if sys.argv[1] == "whisper-real":
+        __import__("hf_whisper").real(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
         return
     if sys.argv[1] == "v5":
         out_root = Path(sys.argv[2])

@@ -119,3 +119,65 @@ def write(out: Path, seed: int):
         "sample_rate": RATE, "prompt": PROMPT, "cases": cases,
     }))
     print(f"{out.name}: WhisperForConditionalGeneration, greedy {cases[0]['greedy'][:8]}...", flush=True)
+
+
+def read_wav(path: Path) -> np.ndarray:
+    import wave
+    with wave.open(str(path)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, RATE), path
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
+
+
+def processed_top(model, features, prompt, ids, stamps, k=20):
+    """transformers' logits processors (as `generate` orders them) over one forward pass of the
+    decoder prompt and `ids`: the `k` likeliest tokens' log-probabilities at each sampled step."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList, SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor)
+    gc = model.generation_config
+    begin = len(prompt)
+    procs = [SuppressTokensAtBeginLogitsProcessor(gc.begin_suppress_tokens, begin_index=begin),
+             SuppressTokensLogitsProcessor(gc.suppress_tokens)]
+    if stamps:
+        procs.append(WhisperTimeStampLogitsProcessor(gc, begin_index=begin))
+    procs = LogitsProcessorList(procs)
+    full = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        logits = model(input_features=features, decoder_input_ids=full).logits[0]
+    out = []
+    for j in range(len(ids)):
+        pos = begin - 1 + j
+        s = procs(full[:, :pos + 1], logits[pos:pos + 1].clone())
+        v, i = torch.log_softmax(s[0].float(), dim=-1).topk(k)
+        out.append([[int(a), float(b)] for a, b in zip(i, v)])
+    return out
+
+
+def real(model_dir: Path, speech_dir: Path, out: Path):
+    """Transformers' `generate` (greedy, the checkpoint's own generation config: suppressed
+    tokens, and the timestamp rules when asked for) on every recording in `speech_dir`, without
+    and with timestamps: the sampled tokens, their text, and the 20 likeliest tokens' log-
+    probabilities at each step after the logits processors (what the engine's rules give)."""
+    from transformers import WhisperTokenizerFast
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.forced_decoder_ids = None
+    gc = model.generation_config
+    extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
+    tok = WhisperTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
+    transcripts = json.loads((speech_dir / "transcripts.json").read_text())
+    cases = []
+    for name in sorted(transcripts):
+        features = extractor(read_wav(speech_dir / name), sampling_rate=RATE, return_tensors="pt").input_features
+        case = {"file": name}
+        for key, stamps in (("plain", False), ("timestamps", True)):
+            with torch.no_grad():
+                g = model.generate(features, num_beams=1, do_sample=False, return_timestamps=stamps)
+            # transformers returns the sampled tokens without the decoder prompt (an
+            # English-only model's: start of transcript, and no timestamps unless asked for).
+            ids = g[0].tolist()
+            prompt = [gc.decoder_start_token_id] + ([] if stamps else [gc.no_timestamps_token_id])
+            case[key] = {"prompt": prompt, "tokens": ids, "text": tok.decode(ids, skip_special_tokens=True).strip(),
+                         "top": processed_top(model, features, prompt, ids, stamps)}
+        cases.append(case)
+        print(f"whisper-tiny.en {name}: {case['plain']['text']!r}", flush=True)
+    out.write_text(json.dumps({"transformers": __import__("transformers").__version__, "cases": cases}))

@@ -8,7 +8,8 @@
 //! - each signal, alone, gives the same log-probabilities (the engine's 20 most likely tokens
 //!   at every position) and the same greedy tokens;
 //! - both signals decoded in one batch give what each gives alone;
-//! - the inputs the model cannot take are refused with the reason.
+//! - the inputs the model cannot take are refused with the reason;
+//! - Whisper tiny.en's released weights transcribe real recordings as transformers does.
 
 use gantry_engine_abi::{Input, Sampling, Status, StepEntry};
 use gantry_node::engine_host::ModelExec;
@@ -246,4 +247,170 @@ fn whisper_refuses_what_it_cannot_take_and_keeps_serving() {
         .step(&[entry(seq, &prompt, &s, false)])
         .expect("the prompt");
     assert_eq!(r[0].as_ref().expect("a sample").token, cases[0].greedy[0]);
+}
+
+/// The words of a transcript, for a word error rate: lower case, punctuation and hyphens as
+/// spaces, "Mr." as the "mister" the LibriVox transcripts spell out.
+fn words(text: &str) -> Vec<String> {
+    text.to_lowercase()
+        .replace("mr.", "mister")
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '\'' {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect::<String>()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Word-level edit distance (substitutions, insertions, deletions).
+fn word_errors(got: &[String], want: &[String]) -> usize {
+    let mut row: Vec<usize> = (0..=want.len()).collect();
+    for (i, g) in got.iter().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, w) in want.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(g != w)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[want.len()]
+}
+
+/// Whisper tiny.en's released weights (converted from CTranslate2 by `scripts/setup.sh`) on
+/// real recordings (JFK's "ask not", five LibriVox clips), decoded by the engine with the
+/// checkpoint's own rules, against transformers' `generate` on the same files
+/// (`whisper-tiny-en.json`, written by `testkit/python/hf_whisper.py real`):
+/// - without timestamps and with them, the same tokens, and at every step the 20 likeliest
+///   tokens' log-probabilities after the rules within 2e-3 of transformers';
+/// - every recording in one batch gives what each gives alone;
+/// - the word error rate against the human transcripts, over all six, at most 10 %.
+#[test]
+fn whisper_tiny_en_transcribes_real_speech_as_transformers_does() {
+    let dir = env_path("GANTRY_WHISPER_DIR");
+    let speech = env_path("GANTRY_SPEECH_DIR");
+    let r: Value = serde_json::from_slice(
+        &std::fs::read(env_path("GANTRY_HF_REFERENCE").join("whisper-tiny-en.json"))
+            .expect("whisper-tiny-en.json: run scripts/setup.sh"),
+    )
+    .expect("json");
+    let transcripts: Value = serde_json::from_slice(
+        &std::fs::read(speech.join("transcripts.json")).expect("transcripts.json"),
+    )
+    .expect("json");
+    let plugin = plugin("native", 8, 448);
+    let (shared, mut exec) = plugin
+        .load_model(&st_desc("whisper-tiny.en", &dir))
+        .expect("load Whisper tiny.en");
+    let eos = shared.info().eos_token.expect("an end of text");
+    let tokens = |v: &Value| -> Vec<i32> {
+        v.as_array()
+            .expect("tokens")
+            .iter()
+            .map(|t| t.as_i64().expect("a token") as i32)
+            .collect()
+    };
+    let s = sampling();
+    let (mut worst, mut errors, mut total) = (0.0f32, 0, 0);
+    let mut audios = Vec::new();
+    for c in r["cases"].as_array().expect("cases") {
+        let file = c["file"].as_str().expect("file");
+        let bytes = std::fs::read(speech.join(file)).expect("the recording");
+        let audio = gantry_node::audio::decode(bytes, Some(file), RATE, 60)
+            .expect("decode")
+            .samples;
+        for mode in ["plain", "timestamps"] {
+            let want = &c[mode];
+            let prompt = tokens(&want["prompt"]);
+            let want_tokens = tokens(&want["tokens"]);
+            let seq = open(&mut exec, &audio);
+            let mut fed = prompt.clone();
+            let mut got = Vec::new();
+            for (i, top) in want["top"].as_array().expect("top").iter().enumerate() {
+                let r = exec.step(&[entry(seq, &fed, &s, false)]).expect("decode");
+                let t = r[0].as_ref().expect("a sample");
+                for pair in top.as_array().expect("pairs") {
+                    let (id, lp) = (pair[0].as_i64().unwrap() as i32, pair[1].as_f64().unwrap());
+                    if lp < -15.0 {
+                        continue;
+                    }
+                    let mine = t.top.iter().find(|(k, _)| *k == id).map(|(_, v)| *v);
+                    let mine = mine.unwrap_or_else(|| {
+                        panic!("{file} {mode} step {i}: token {id} ({lp:.3}) not in the engine's top 20")
+                    });
+                    worst = worst.max((mine - lp as f32).abs());
+                }
+                got.push(t.token);
+                fed = vec![t.token];
+                if i + 1 == want_tokens.len() {
+                    break;
+                }
+            }
+            assert_eq!(
+                got, want_tokens,
+                "{file} {mode}: the tokens transformers samples"
+            );
+            // After transformers' last token the engine ends the text.
+            let r = exec.step(&[entry(seq, &fed, &s, false)]).expect("decode");
+            assert_eq!(
+                r[0].as_ref().expect("a sample").token,
+                eos,
+                "{file} {mode}: the end"
+            );
+            exec.seq_release(seq);
+            if mode == "plain" {
+                let text = String::from_utf8(shared.detokenize(&got, false).expect("text"))
+                    .expect("utf-8");
+                assert_eq!(text.trim(), want["text"].as_str().expect("text"), "{file}");
+                let human = words(transcripts[file].as_str().expect("a transcript"));
+                let e = word_errors(&words(&text), &human);
+                println!(
+                    "whisper-tiny.en {file}: {text:?} ({e} word errors of {})",
+                    human.len()
+                );
+                errors += e;
+                total += human.len();
+            }
+        }
+        audios.push((
+            audio,
+            tokens(&c["plain"]["prompt"]),
+            tokens(&c["plain"]["tokens"]),
+        ));
+    }
+    println!(
+        "whisper-tiny.en: max |log-prob engine - transformers| {worst:.2e}; word error rate {errors}/{total}"
+    );
+    assert!(worst < 2e-3, "{worst:.2e}");
+    assert!(
+        errors * 10 <= total,
+        "word error rate {errors}/{total} over 10 %"
+    );
+
+    // All six in one batch, fed their reference tokens: each samples what it sampled alone.
+    let seqs: Vec<u64> = audios.iter().map(|(a, _, _)| open(&mut exec, a)).collect();
+    let longest = audios.iter().map(|(_, _, t)| t.len()).max().unwrap_or(0);
+    let mut fed: Vec<Vec<i32>> = audios.iter().map(|(_, p, _)| p.clone()).collect();
+    for i in 0..longest {
+        let live: Vec<usize> = (0..seqs.len()).filter(|&k| i < audios[k].2.len()).collect();
+        let entries: Vec<StepEntry<'_>> = live
+            .iter()
+            .map(|&k| entry(seqs[k], &fed[k], &s, false))
+            .collect();
+        let r = exec.step(&entries).expect("batched decode");
+        for (&k, got) in live.iter().zip(&r) {
+            let t = got.as_ref().expect("a sample").token;
+            assert_eq!(
+                t, audios[k].2[i],
+                "recording {k} at step {i}: batched as alone"
+            );
+            fed[k] = vec![t];
+        }
+    }
 }

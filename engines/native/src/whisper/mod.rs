@@ -9,6 +9,7 @@
 
 pub mod mel;
 mod net;
+mod rules;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,12 +27,15 @@ use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 use mel::{LogMel, SAMPLE_RATE, WINDOW_SAMPLES};
 use net::{Encoded, Net, Row, SelfKv, WhisperConfig};
+use rules::Rules;
 
 pub const CLASS: &str = "WhisperForConditionalGeneration";
 
 struct WSeq {
     encoded: Option<Arc<Encoded>>,
     cache: SelfKv,
+    /// Every token the decoder has taken, for the decoding rules.
+    tokens: Vec<i32>,
     sampler: Option<SeqSampler>,
 }
 
@@ -44,6 +48,7 @@ pub struct WhisperModel {
     net: Net,
     mel: LogMel,
     tokenizer: Tokenizer,
+    rules: Rules,
     info: ModelInfo,
     exec: Mutex<Exec>,
     pool: rayon::ThreadPool,
@@ -71,6 +76,24 @@ impl WhisperModel {
         let wc = WhisperConfig::parse(&json)?;
         let tokenizer = Tokenizer::load(dir, None)?;
         tokenizer.check_vocab(wc.vocab)?;
+        let generation = match std::fs::read(dir.join("generation_config.json")) {
+            Ok(b) => Some(
+                serde_json::from_slice::<serde_json::Value>(&b).map_err(|e| {
+                    EngineError::new(
+                        Status::ModelCorrupt,
+                        format!("generation_config.json is not valid JSON: {e}"),
+                    )
+                })?,
+            ),
+            Err(_) => None,
+        };
+        let rules = Rules::parse(
+            &json,
+            generation.as_ref(),
+            wc.vocab,
+            wc.eos,
+            tokenizer.id("<|notimestamps|>"),
+        );
         let weights = Arc::new(Weights::open(dir, &desc.primary_file)?);
         let net = Net::load(wc.clone(), weights)?;
         let max_seqs = match desc.max_sequences {
@@ -124,6 +147,7 @@ impl WhisperModel {
             mel: LogMel::new(wc.n_mels),
             net,
             tokenizer,
+            rules,
             info,
             exec: Mutex::new(Exec {
                 seqs: HashMap::new(),
@@ -206,6 +230,7 @@ impl WhisperModel {
         };
         for ((_, s), e) in states.iter_mut().zip(entries) {
             s.cache.len += e.tokens.len();
+            s.tokens.extend_from_slice(e.tokens);
         }
         // Each sampled row in place: nothing reads the logits afterwards.
         let mut rows_out = logits.chunks_exact_mut(self.info.vocab_size as usize);
@@ -216,10 +241,17 @@ impl WhisperModel {
                 continue;
             };
             let sampler = s.sampler.get_or_insert_with(|| SeqSampler::new(params));
-            for _ in 0..e.result_slots() {
+            let slots = e.result_slots();
+            for k in 0..slots {
                 let l = rows_out
                     .next()
                     .ok_or_else(|| EngineError::internal("too few logits rows"))?;
+                // The decoding rules shape the token that comes next, after the entry's last
+                // one; rows within the entry (a prompt scored token by token) stay the
+                // model's own distribution, as transformers' forward pass gives it.
+                if k + 1 == slots {
+                    self.rules.apply(&s.tokens, l);
+                }
                 out.push(Some(sampler.sample(l, params, e.allowed)?));
             }
         }
@@ -242,8 +274,27 @@ impl Model for WhisperModel {
             .encode_bytes(text, add_special, parse_special)
     }
 
+    /// Text of the tokens; timestamps (ids past `<|notimestamps|>`, which the released
+    /// tokenizers do not list) are special: `<|1.24|>` when rendered, nothing otherwise.
     fn detokenize(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>, EngineError> {
-        self.tokenizer.bytes_of(tokens, render_special)
+        let vocab = self.info.vocab_size as i32;
+        let mut out = Vec::new();
+        for run in tokens.chunk_by(|a, b| {
+            self.rules.timestamp(*a).is_none() && self.rules.timestamp(*b).is_none()
+        }) {
+            match self.rules.timestamp(run[0]) {
+                Some(_) if run[0] >= vocab => {
+                    return Err(EngineError::unsupported(format!(
+                        "token id {} is outside the vocabulary",
+                        run[0]
+                    )));
+                }
+                Some(t) if render_special => out.extend(format!("<|{t:.2}|>").bytes()),
+                Some(_) => {}
+                None => out.extend(self.tokenizer.bytes_of(run, render_special)?),
+            }
+        }
+        Ok(out)
     }
 
     fn seq_open(&self) -> Result<u64, EngineError> {
@@ -261,6 +312,7 @@ impl Model for WhisperModel {
                     v: vec![Vec::new(); layers],
                     len: 0,
                 },
+                tokens: Vec::new(),
                 sampler: None,
             },
         );
@@ -364,6 +416,7 @@ impl Model for WhisperModel {
         let copy = WSeq {
             encoded: s.encoded.clone(),
             cache: s.cache.clone(),
+            tokens: s.tokens.clone(),
             sampler: None,
         };
         let id = ex.next_id;
@@ -381,6 +434,7 @@ impl Model for WhisperModel {
             .ok_or_else(|| EngineError::internal(format!("truncate of unknown sequence {seq}")))?;
         let dropped = s.cache.len.saturating_sub(n_keep);
         s.cache.truncate(n_keep, d);
+        s.tokens.truncate(s.cache.len);
         if let Some(sampler) = s.sampler.as_mut() {
             sampler.forget(dropped);
         }
