@@ -31,6 +31,7 @@ pub mod node_token;
 pub mod replicas;
 pub mod response_cache;
 pub mod tokenizer;
+pub mod transcript;
 
 // The engine host, a model family's chat format, the model store and the scheduler live in
 // crates of their own; the node reaches them by these paths.

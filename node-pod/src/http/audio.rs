@@ -1,21 +1,25 @@
 //! HTTP layer, speech recognition (entered once per request, from the router):
 //! `POST /v1/audio/transcriptions` and `/v1/audio/translations`, as OpenAI's API has them.
 //!
-//! The request path: the multipart form (`file`, `model`, `language`, `response_format`,
-//! `temperature`) → the ready model, which must declare the transcription modality (ABI 1.9)
-//! → the upload decoded and resampled to the model's rate (`crate::audio`, off the async
-//! runtime) → cut into windows of the model's longest input (Whisper: 30 s), one scheduler job
-//! each with its audio (the engine gets it through `seq_set_input` when the sequence opens)
-//! and the decoder prompt `<|startoftranscript|>`, language, task, `<|notimestamps|>` → the
-//! windows' texts joined, as `json`, `text` or `verbose_json` (one segment per window).
-//! Timestamps (`srt`, `vtt`, `timestamp_granularities`), `stream`, `prompt` and language
-//! detection are refused with a 400 that says so: not implemented yet.
+//! The request path: the multipart form (`file`, `model`, `language`, `prompt`,
+//! `response_format`, `timestamp_granularities[]`, `temperature`, `stream`) → the ready model,
+//! which must declare the transcription modality (ABI 1.9) → the upload decoded and resampled
+//! to the model's rate (`crate::audio`, off the async runtime) → cut into windows of the
+//! model's longest input (Whisper: 30 s), one scheduler job each with its audio (the engine
+//! gets it through `seq_set_input` when the sequence opens) and the decoder prompt
+//! (`<|startofprev|>` and the `prompt`'s tokens, `<|startoftranscript|>`, language and task
+//! for multilingual models, `<|notimestamps|>` unless the format needs times) → each
+//! window's tokens, cut into segments by their timestamps (`crate::transcript`) → `json`,
+//! `text`, `verbose_json`, `srt` or `vtt`; or, with `stream`, each token's text as a
+//! `transcript.text.delta` event as the windows decode, then `transcript.text.done`.
+//! Word timestamps and language detection are refused with a 400 that says so.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::Multipart;
 use axum::http::header;
+use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -24,10 +28,16 @@ use super::{AppState, InflightGuard};
 use crate::audio;
 use crate::error::ApiError;
 use crate::scheduler::{GenEvent, GenerateJob, Job};
+use crate::transcript::{self, Segment, Token};
 use gantry_engine_abi::Sampling;
 
 /// The longest audio one request may hold: 30 minutes.
 pub const MAX_AUDIO_SECS: u32 = 1800;
+
+/// Every released English-only Whisper (`tiny.en` to `medium.en`) has this vocabulary; the
+/// multilingual ones have one or two tokens more (openai-whisper tells them apart the same
+/// way). An English-only model's decoder prompt has no language and no task.
+const ENGLISH_ONLY_VOCAB: u32 = 51_864;
 
 /// Which route: the speech in its own language, or in English.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -56,6 +66,15 @@ enum Format {
     Json,
     Text,
     VerboseJson,
+    Srt,
+    Vtt,
+}
+
+impl Format {
+    /// Whether the answer carries times (the decoder then writes timestamps).
+    fn timed(self) -> bool {
+        matches!(self, Format::VerboseJson | Format::Srt | Format::Vtt)
+    }
 }
 
 /// The form, read.
@@ -63,8 +82,11 @@ struct Form {
     file: Option<(Vec<u8>, Option<String>)>,
     model: Option<String>,
     language: Option<String>,
+    prompt: Option<String>,
     format: Format,
+    granularities: Vec<String>,
     temperature: f32,
+    stream: bool,
 }
 
 async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
@@ -72,8 +94,11 @@ async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
         file: None,
         model: None,
         language: None,
+        prompt: None,
         format: Format::Json,
+        granularities: Vec::new(),
         temperature: 0.0,
+        stream: false,
     };
     let bad = |field: &str, e: axum::extract::multipart::MultipartError| {
         ApiError::invalid(field, format!("the multipart form cannot be read: {e}"))
@@ -90,19 +115,14 @@ async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
         match name.as_str() {
             "model" => f.model = Some(text),
             "language" => f.language = Some(text.trim().to_lowercase()),
+            "prompt" if !text.trim().is_empty() => f.prompt = Some(text),
             "response_format" => {
                 f.format = match text.as_str() {
                     "json" => Format::Json,
                     "text" => Format::Text,
                     "verbose_json" => Format::VerboseJson,
-                    "srt" | "vtt" => {
-                        return Err(ApiError::unsupported(
-                            "response_format",
-                            format!(
-                                "`response_format` `{text}` needs timestamps, which this node does not produce yet; use json, text or verbose_json"
-                            ),
-                        ));
-                    }
+                    "srt" => Format::Srt,
+                    "vtt" => Format::Vtt,
                     other => {
                         return Err(ApiError::invalid(
                             "response_format",
@@ -126,27 +146,53 @@ async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
                         )
                     })?;
             }
-            "stream" if text.trim() == "true" => {
-                return Err(ApiError::unsupported(
-                    "stream",
-                    "streamed transcriptions are not implemented yet; leave `stream` false",
-                ));
+            "stream" => {
+                f.stream = match text.trim() {
+                    "true" => true,
+                    "false" => false,
+                    other => {
+                        return Err(ApiError::invalid(
+                            "stream",
+                            format!("`stream` must be true or false, got `{other}`"),
+                        ));
+                    }
+                }
             }
             "timestamp_granularities[]" | "timestamp_granularities" => {
-                return Err(ApiError::unsupported(
-                    "timestamp_granularities",
-                    "timestamps are not implemented yet",
-                ));
+                f.granularities.push(text.trim().to_string());
             }
-            "prompt" if !text.is_empty() => {
-                return Err(ApiError::unsupported(
-                    "prompt",
-                    "a `prompt` (text before the audio) is not implemented yet",
-                ));
-            }
-            // Other fields (`stream: false`, `chunking_strategy`, ...) change nothing here.
+            // Other fields (`chunking_strategy`, `include[]`, ...) change nothing here.
             _ => {}
         }
+    }
+    for g in &f.granularities {
+        match g.as_str() {
+            "segment" => {}
+            "word" => {
+                return Err(ApiError::unsupported(
+                    "timestamp_granularities",
+                    "word timestamps are not implemented; `segment` is",
+                ));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "timestamp_granularities",
+                    format!("`timestamp_granularities` are `segment` or `word`, got `{other}`"),
+                ));
+            }
+        }
+    }
+    if !f.granularities.is_empty() && f.format != Format::VerboseJson {
+        return Err(ApiError::invalid(
+            "timestamp_granularities",
+            "`timestamp_granularities` need `response_format` verbose_json",
+        ));
+    }
+    if f.stream && !matches!(f.format, Format::Json | Format::Text) {
+        return Err(ApiError::invalid(
+            "stream",
+            "a streamed transcription is text: `response_format` json or text",
+        ));
     }
     Ok(f)
 }
@@ -172,42 +218,44 @@ pub async fn transcriptions(state: AppState, mp: Multipart, task: Task) -> Respo
     }
 }
 
-async fn transcribe(
-    state: &AppState,
-    mp: Multipart,
+/// The decoder prompt for the form, and the language the answer reports.
+fn decoder_prompt(
+    ready: &crate::node::ReadyModel,
+    model: &str,
+    form: &Form,
     task: Task,
-) -> Result<(String, Response), ApiError> {
-    let form = read_form(mp).await?;
-    let model = form
-        .model
-        .clone()
-        .filter(|m| !m.is_empty())
-        .ok_or_else(|| ApiError::invalid("model", "`model` is required"))?;
-    let (bytes, filename) = form
-        .file
-        .ok_or_else(|| ApiError::invalid("file", "`file` is required: the audio to transcribe"))?;
-    let (m, ready) = state.node.ready_model(&model).await?;
-    let info = ready.shared.info().clone();
-    if !info.supports_transcription() {
-        return Err(ApiError::invalid(
-            "model",
-            format!(
-                "model `{model}` does not transcribe audio: its engine serves no transcription (ABI 1.9)"
-            ),
-        ));
-    }
-    // The decoder prompt: start, language and task (multilingual models), no timestamps.
-    let sot = special(&ready, "<|startoftranscript|>").ok_or_else(|| {
+    timed: bool,
+) -> Result<(Vec<i32>, String), ApiError> {
+    let info = ready.shared.info();
+    let sot = special(ready, "<|startoftranscript|>").ok_or_else(|| {
         ApiError::internal(format!(
             "model `{model}` has no <|startoftranscript|> token"
         ))
     })?;
-    let mut prompt = vec![sot];
-    let english = special(&ready, "<|en|>");
+    let mut prompt = Vec::new();
+    if let Some(text) = &form.prompt {
+        // Text before the audio, as openai-whisper gives it: `<|startofprev|>` and the
+        // prompt's last tokens, at most half the decoder's context.
+        let prev = special(ready, "<|startofprev|>").ok_or_else(|| {
+            ApiError::invalid(
+                "prompt",
+                format!("model `{model}` takes no `prompt` (it has no <|startofprev|> token)"),
+            )
+        })?;
+        let ids = ready
+            .shared
+            .tokenize(&format!(" {}", text.trim()), false, false)
+            .map_err(|e| ApiError::invalid("prompt", format!("`prompt`: {}", e.message)))?;
+        let keep = (info.context_length as usize / 2).saturating_sub(1);
+        prompt.push(prev);
+        prompt.extend_from_slice(&ids[ids.len().saturating_sub(keep)..]);
+    }
+    prompt.push(sot);
+    let english = special(ready, "<|en|>").filter(|_| info.vocab_size != ENGLISH_ONLY_VOCAB);
     let multilingual = english.is_some();
     let language = match (&form.language, english) {
         (Some(l), Some(_)) => {
-            let id = special(&ready, &format!("<|{l}|>")).ok_or_else(|| {
+            let id = special(ready, &format!("<|{l}|>")).ok_or_else(|| {
                 ApiError::invalid(
                     "language",
                     format!("`language` `{l}` is not a language model `{model}` knows (ISO-639-1, e.g. en)"),
@@ -230,7 +278,7 @@ async fn transcribe(
         (_, None) => "en".to_string(),
     };
     if multilingual {
-        let t = special(&ready, &format!("<|{}|>", task.name())).ok_or_else(|| {
+        let t = special(ready, &format!("<|{}|>", task.name())).ok_or_else(|| {
             ApiError::invalid("model", format!("model `{model}` cannot {}", task.name()))
         })?;
         prompt.push(t);
@@ -240,9 +288,39 @@ async fn transcribe(
             format!("model `{model}` is English-only: it translates nothing"),
         ));
     }
-    if let Some(t) = special(&ready, "<|notimestamps|>") {
+    if !timed && let Some(t) = special(ready, "<|notimestamps|>") {
         prompt.push(t);
     }
+    Ok((prompt, language))
+}
+
+async fn transcribe(
+    state: &AppState,
+    mp: Multipart,
+    task: Task,
+) -> Result<(String, Response), ApiError> {
+    let mut form = read_form(mp).await?;
+    let model = form
+        .model
+        .clone()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid("model", "`model` is required"))?;
+    let (m, ready) = state.node.ready_model(&model).await?;
+    let info = ready.shared.info().clone();
+    if !info.supports_transcription() {
+        return Err(ApiError::invalid(
+            "model",
+            format!(
+                "model `{model}` does not transcribe audio: its engine serves no transcription (ABI 1.9)"
+            ),
+        ));
+    }
+    // The form's fields checked before the audio is decoded.
+    let (mut prompt, language) = decoder_prompt(&ready, &model, &form, task, form.format.timed())?;
+    let (bytes, filename) = form
+        .file
+        .take()
+        .ok_or_else(|| ApiError::invalid("file", "`file` is required: the audio to transcribe"))?;
     let rate = info.audio_sample_rate;
     let decoded = tokio::task::spawn_blocking(move || {
         audio::decode(bytes, filename.as_deref(), rate, MAX_AUDIO_SECS)
@@ -250,30 +328,121 @@ async fn transcribe(
     .await
     .map_err(|e| ApiError::internal(format!("audio decoding task: {e}")))?
     .map_err(|e| ApiError::invalid("file", e.to_string()))?;
-    let _guard = InflightGuard::new(state.node.clone());
     let window = info.audio_max_samples.max(1) as usize;
-    let max_tokens = info
-        .context_length
-        .saturating_sub(prompt.len() as u32)
-        .max(1);
-    let sampling = Sampling {
-        temperature: form.temperature,
-        want_logprob: true,
-        ..Sampling::greedy()
+    // Audio longer than a window is decoded with timestamps whatever the format: where a
+    // window's last segment is cut off, the next window starts there.
+    if !form.format.timed() && decoded.samples.len() > window {
+        prompt = decoder_prompt(&ready, &model, &form, task, true)?.0;
+    }
+    let dec = Decoder {
+        max_tokens: info
+            .context_length
+            .saturating_sub(prompt.len() as u32)
+            .max(1),
+        prompt,
+        // Timestamps are the tokens after `<|notimestamps|>`.
+        first_timestamp: special(&ready, "<|notimestamps|>").map(|t| t + 1),
+        sampling: Sampling {
+            temperature: form.temperature,
+            want_logprob: true,
+            ..Sampling::greedy()
+        },
+        timeout: m.config.request_timeout(&state.node.config.scheduler),
+        ready,
+        samples: decoded.samples,
+        seconds: decoded.seconds,
+        window,
+        rate,
+        _guard: InflightGuard::new(state.node.clone()),
     };
-    let mut waiting = Vec::new();
-    for chunk in decoded.samples.chunks(window) {
+    if form.stream {
+        return Ok((model, stream(dec)));
+    }
+    let segments = dec.run(|_| {}).await?;
+    let text = joined(segments.iter().map(|(_, s)| s));
+    let plain = |body: String, kind: &str| {
+        Ok((
+            model.clone(),
+            ([(header::CONTENT_TYPE, kind.to_string())], body).into_response(),
+        ))
+    };
+    let segs: Vec<Segment> = segments.iter().map(|(_, s)| s.clone()).collect();
+    let usage = json!({"type": "duration", "seconds": dec.seconds.ceil() as u64});
+    let body: Value = match form.format {
+        Format::Text => return plain(text, "text/plain; charset=utf-8"),
+        Format::Srt => return plain(transcript::srt(&segs), "text/plain; charset=utf-8"),
+        Format::Vtt => return plain(transcript::vtt(&segs), "text/vtt; charset=utf-8"),
+        Format::Json => json!({"text": text, "usage": usage}),
+        Format::VerboseJson => json!({
+            "task": task.name(), "language": language, "duration": dec.seconds, "text": text,
+            "segments": transcript::verbose(&segments, form.temperature), "usage": usage,
+        }),
+    };
+    Ok((model, axum::Json(body).into_response()))
+}
+
+/// One request's decoding: its audio, window after window, each a scheduler job (requests'
+/// windows batch together in the scheduler; one request's follow one another, since where a
+/// window starts depends on what the one before it said).
+struct Decoder {
+    ready: Arc<crate::node::ReadyModel>,
+    prompt: Vec<i32>,
+    max_tokens: u32,
+    first_timestamp: Option<i32>,
+    sampling: Sampling,
+    timeout: Option<std::time::Duration>,
+    samples: Vec<f32>,
+    seconds: f64,
+    window: usize,
+    rate: u32,
+    _guard: InflightGuard,
+}
+
+impl Decoder {
+    /// Every window's segments with its `seek` (mel frames); each token's text handed to
+    /// `on_text` as it comes when the audio is one window (with several, a window's last
+    /// words may be decoded again by the next), else each kept segment's text.
+    async fn run(&self, mut on_text: impl FnMut(&str)) -> Result<Vec<(usize, Segment)>, ApiError> {
+        let single = self.samples.len() <= self.window;
+        let mut out = Vec::new();
+        let mut seek = 0;
+        while seek < self.samples.len() {
+            let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
+            let rx = self.submit(chunk)?;
+            let tokens = collect(rx, |t| {
+                if single {
+                    on_text(t)
+                }
+            })
+            .await?;
+            let read = transcript::read_window(
+                &tokens,
+                self.first_timestamp,
+                seek as f64 / f64::from(self.rate),
+                (chunk.len(), self.rate),
+                self.seconds,
+            );
+            let frame = (seek as u64 * 100 / u64::from(self.rate.max(1))) as usize;
+            for s in read.segments {
+                if !single {
+                    on_text(&s.text);
+                }
+                out.push((frame, s));
+            }
+            seek += read.advance.max(1);
+        }
+        Ok(out)
+    }
+
+    fn submit(&self, chunk: &[f32]) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        ready.scheduler.submit(Job::Generate(GenerateJob {
-            prompt: prompt.clone(),
-            max_tokens,
-            sampling: sampling.clone(),
+        self.ready.scheduler.submit(Job::Generate(GenerateJob {
+            prompt: self.prompt.clone(),
+            max_tokens: self.max_tokens,
+            sampling: self.sampling.clone(),
             stop: Vec::new(),
             logprobs: Some(0),
-            deadline: m
-                .config
-                .request_timeout(&state.node.config.scheduler)
-                .map(|d| Instant::now() + d),
+            deadline: self.timeout.map(|d| Instant::now() + d),
             fresh: true,
             grammar: None,
             arrived: Instant::now(),
@@ -284,61 +453,87 @@ async fn transcribe(
             adapter: None,
             audio: Some(Arc::new(chunk.to_vec())),
         }))?;
-        waiting.push(rx);
+        Ok(rx)
     }
-    let mut segments = Vec::new();
-    let mut texts = Vec::new();
-    for (i, mut rx) in waiting.into_iter().enumerate() {
-        let (mut text, mut lps) = (String::new(), Vec::new());
-        let tokens = loop {
-            match rx.recv().await {
-                Some(GenEvent::Token { text: t, logprob }) => {
-                    text.push_str(&t);
-                    if let Some(lp) = logprob {
-                        lps.push(lp.logprob);
-                    }
+}
+
+/// A window's tokens, each token's text handed to `on_text` as it comes.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<GenEvent>,
+    mut on_text: impl FnMut(&str),
+) -> Result<Vec<Token>, ApiError> {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv().await {
+            Some(GenEvent::Token { text, logprob }) => {
+                if !text.is_empty() {
+                    on_text(&text);
                 }
-                Some(GenEvent::Done {
-                    completion_tokens, ..
-                }) => break completion_tokens,
-                Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
-                None => {
-                    return Err(ApiError::internal(
-                        "the scheduler ended the transcription without an answer",
-                    ));
+                if let Some(lp) = logprob {
+                    tokens.push(Token {
+                        id: lp.token,
+                        bytes: lp.bytes,
+                        logprob: lp.logprob,
+                    });
                 }
             }
-        };
-        let start = (i * window) as f64 / f64::from(rate);
-        let end = (start + window as f64 / f64::from(rate)).min(decoded.seconds);
-        let avg = if lps.is_empty() {
-            0.0
-        } else {
-            lps.iter().sum::<f32>() / lps.len() as f32
-        };
-        segments.push(json!({
-            "id": i, "seek": i * window / 160, "start": start, "end": end, "text": text,
-            "tokens": tokens, "temperature": form.temperature, "avg_logprob": avg,
-        }));
-        texts.push(text.trim().to_string());
-    }
-    let text = texts.join(" ");
-    let body: Value = match form.format {
-        Format::Text => {
-            return Ok((
-                model,
-                ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response(),
-            ));
+            Some(GenEvent::Done { .. }) => return Ok(tokens),
+            Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
+            None => {
+                return Err(ApiError::internal(
+                    "the scheduler ended the transcription without an answer",
+                ));
+            }
         }
-        Format::Json => json!({
-            "text": text,
-            "usage": {"type": "duration", "seconds": decoded.seconds.ceil() as u64},
-        }),
-        Format::VerboseJson => json!({
-            "task": task.name(), "language": language, "duration": decoded.seconds,
-            "text": text, "segments": segments,
-            "usage": {"type": "duration", "seconds": decoded.seconds.ceil() as u64},
-        }),
-    };
-    Ok((model, axum::Json(body).into_response()))
+    }
+}
+
+/// The answer's `text`: the segments' texts, trimmed, one space apart.
+fn joined<'a>(segments: impl Iterator<Item = &'a Segment>) -> String {
+    segments
+        .map(|s| s.text.trim())
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `stream`: the text as `transcript.text.delta` events as it is decoded (each token's for
+/// audio of one window, each kept segment's for longer audio), then `transcript.text.done`
+/// with the whole text; an error ends the stream with OpenAI's error body as its last event,
+/// as a failing chat stream does.
+fn stream(dec: Decoder) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    tokio::spawn(async move {
+        let send = |v: Value| {
+            let _ = tx.send(Event::default().data(v.to_string()));
+        };
+        let mut started = false;
+        let result = dec
+            .run(|t| {
+                // The first delta without the leading space the text's first word has, as
+                // the unstreamed `text` is trimmed; each later segment starts on a new word.
+                let delta = match std::mem::replace(&mut started, true) {
+                    false => t.trim_start().to_string(),
+                    true => t.to_string(),
+                };
+                send(json!({"type": "transcript.text.delta", "delta": delta}));
+            })
+            .await;
+        match result {
+            Ok(segments) => send(json!({
+                "type": "transcript.text.done",
+                "text": joined(segments.iter().map(|(_, s)| s)),
+                "usage": {"type": "duration", "seconds": dec.seconds.ceil() as u64},
+            })),
+            Err(e) => {
+                let _ = tx.send(Event::default().data(e.body_json()));
+            }
+        }
+    });
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|e| (Ok::<_, std::convert::Infallible>(e), rx))
+    });
+    Sse::new(events).into_response()
 }

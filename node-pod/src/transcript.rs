@@ -1,0 +1,270 @@
+//! Node, speech recognition's answer (after the scheduler's tokens, before the HTTP reply of
+//! `/v1/audio/transcriptions`): each window's tokens read into segments by Whisper's timestamp
+//! tokens, and where the next window starts (`read_window`, openai-whisper's long-form rule);
+//! the segments written as OpenAI's `verbose_json`, `srt` or `vtt`.
+//!
+//! A window decoded with timestamps reads `<|0.00|> text <|2.40|><|2.40|> text <|5.00|>`.
+//! Times are the window's start plus the token's (0.02 s steps), never past the audio's end.
+
+use serde_json::{Value, json};
+
+/// One sampled token as the route collected it.
+pub struct Token {
+    pub id: i32,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub start: f64,
+    pub end: f64,
+    pub text: String,
+    pub tokens: Vec<i32>,
+    pub avg_logprob: f32,
+}
+
+/// What a window's tokens say: its segments, and how far the next window starts after this
+/// one's start (samples).
+pub struct Read {
+    pub segments: Vec<Segment>,
+    pub advance: usize,
+}
+
+/// A window's tokens read as openai-whisper reads them. `first_timestamp` is the id of
+/// `<|0.00|>` (the token after `<|notimestamps|>`), `None` when the model has none; the window
+/// starts at `start` seconds and holds `len` samples at `rate`; `end` is the audio's end.
+///
+/// Two timestamps in a row cut segments. When the tokens end with a lone timestamp, every
+/// segment is complete and the next window starts after this one; otherwise the text after the
+/// last cut is unfinished (speech running past the window), is dropped, and the next window
+/// starts at the last cut, so that text is decoded whole. Without a cut, the whole window is
+/// one segment, up to its last timestamp if it has one.
+pub fn read_window(
+    tokens: &[Token],
+    first_timestamp: Option<i32>,
+    start: f64,
+    (len, rate): (usize, u32),
+    end: f64,
+) -> Read {
+    let pos = |id: i32| first_timestamp.filter(|&f| id >= f).map(|f| id - f);
+    let at = |p: i32| (start + f64::from(p) * 0.02).min(end);
+    let is_ts = |t: &Token| pos(t.id).is_some();
+    let n = tokens.len();
+    let single_ending = n >= 2 && !is_ts(&tokens[n - 2]) && is_ts(&tokens[n - 1]);
+    let mut cuts: Vec<usize> = (1..n)
+        .filter(|&i| is_ts(&tokens[i - 1]) && is_ts(&tokens[i]))
+        .collect();
+    let mut segments = Vec::new();
+    if cuts.is_empty() {
+        let stamps: Vec<i32> = tokens.iter().filter_map(|t| pos(t.id)).collect();
+        let stop = match stamps.last() {
+            Some(&p) if p > 0 => at(p),
+            _ => (start + len as f64 / f64::from(rate)).min(end),
+        };
+        segments.extend(segment(tokens, start, stop, &is_ts));
+        return Read {
+            segments,
+            advance: len,
+        };
+    }
+    if single_ending {
+        cuts.push(n);
+    }
+    let mut last = 0;
+    for &cut in &cuts {
+        let slice = &tokens[last..cut];
+        let from = pos(slice[0].id).map_or(start, at);
+        let to = pos(slice[slice.len() - 1].id).map_or(from, at);
+        segments.extend(segment(slice, from, to, &is_ts));
+        last = cut;
+    }
+    let advance = if single_ending {
+        len
+    } else {
+        // From the window's start to the last cut's time, in samples.
+        let p = pos(tokens[last - 1].id).unwrap_or(0);
+        ((f64::from(p) * 0.02 * f64::from(rate)).round() as usize).clamp(1, len)
+    };
+    Read { segments, advance }
+}
+
+/// The segment of `tokens`' text from `from` to `to`; `None` when the text is blank.
+fn segment(
+    tokens: &[Token],
+    from: f64,
+    to: f64,
+    is_ts: &impl Fn(&Token) -> bool,
+) -> Option<Segment> {
+    let text: Vec<&Token> = tokens.iter().filter(|t| !is_ts(t)).collect();
+    let bytes: Vec<u8> = text.iter().flat_map(|t| t.bytes.iter().copied()).collect();
+    let s = String::from_utf8_lossy(&bytes).to_string();
+    (!s.trim().is_empty()).then(|| Segment {
+        start: from,
+        end: to.max(from),
+        text: s,
+        tokens: text.iter().map(|t| t.id).collect(),
+        avg_logprob: text.iter().map(|t| t.logprob).sum::<f32>() / text.len() as f32,
+    })
+}
+
+/// `hh:mm:ss,mmm` (SubRip, `sep` `,`) or `hh:mm:ss.mmm` (WebVTT, `sep` `.`).
+fn clock(secs: f64, sep: char) -> String {
+    let ms = (secs * 1000.0).round() as u64;
+    format!(
+        "{:02}:{:02}:{:02}{sep}{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
+pub fn srt(segs: &[Segment]) -> String {
+    segs.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "{}\n{} --> {}\n{}\n\n",
+                i + 1,
+                clock(s.start, ','),
+                clock(s.end, ','),
+                s.text.trim()
+            )
+        })
+        .collect()
+}
+
+pub fn vtt(segs: &[Segment]) -> String {
+    let cues: String = segs
+        .iter()
+        .map(|s| {
+            format!(
+                "{} --> {}\n{}\n\n",
+                clock(s.start, '.'),
+                clock(s.end, '.'),
+                s.text.trim()
+            )
+        })
+        .collect();
+    format!("WEBVTT\n\n{cues}")
+}
+
+/// `verbose_json`'s `segments`. `seek` is the window's start in mel frames (10 ms), as
+/// openai-whisper reports it.
+pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
+    segs.iter()
+        .enumerate()
+        .map(|(i, (seek, s))| {
+            json!({
+                "id": i, "seek": seek, "start": s.start, "end": s.end, "text": s.text,
+                "tokens": s.tokens, "temperature": temperature, "avg_logprob": s.avg_logprob,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TS: i32 = 1000;
+    const RATE: u32 = 16_000;
+    const WINDOW: usize = 30 * 16_000;
+
+    fn toks(ids: &[(i32, &str)]) -> Vec<Token> {
+        ids.iter()
+            .map(|&(id, s)| Token {
+                id,
+                bytes: s.as_bytes().to_vec(),
+                logprob: -0.5,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pairs_cut_segments_and_a_lone_last_timestamp_finishes_the_window() {
+        // <|0.00|> Hello <|1.20|><|1.20|> world <|2.50|>, in a window starting at 30 s.
+        let t = toks(&[
+            (TS, ""),
+            (5, " Hello"),
+            (TS + 60, ""),
+            (TS + 60, ""),
+            (6, " world"),
+            (TS + 125, ""),
+        ]);
+        let r = read_window(&t, Some(TS), 30.0, (WINDOW, RATE), 60.0);
+        let s = &r.segments;
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].start, s[0].end, s[0].text.as_str()),
+            (30.0, 31.2, " Hello")
+        );
+        assert_eq!(
+            (s[1].start, s[1].end, s[1].text.as_str()),
+            (31.2, 32.5, " world")
+        );
+        assert_eq!((s[1].tokens.clone(), r.advance), (vec![6], WINDOW));
+        assert_eq!(
+            srt(s),
+            "1\n00:00:30,000 --> 00:00:31,200\nHello\n\n2\n00:00:31,200 --> 00:00:32,500\nworld\n\n"
+        );
+        assert!(vtt(s).starts_with("WEBVTT\n\n00:00:30.000 --> 00:00:31.200\nHello\n\n"));
+    }
+
+    #[test]
+    fn unfinished_text_is_dropped_and_the_next_window_starts_at_the_last_cut() {
+        // <|0.00|> one <|20.00|><|20.00|> two (cut off by the window's end)
+        let t = toks(&[
+            (TS, ""),
+            (5, " one"),
+            (TS + 1000, ""),
+            (TS + 1000, ""),
+            (6, " two"),
+        ]);
+        let r = read_window(&t, Some(TS), 0.0, (WINDOW, RATE), 45.0);
+        assert_eq!(r.segments.len(), 1);
+        assert_eq!((r.segments[0].end, r.advance), (20.0, 20 * 16_000));
+    }
+
+    #[test]
+    fn without_a_cut_the_window_is_one_segment() {
+        // Text after one timestamp: from the window's start to that time (openai-whisper's
+        // reading); text after `<|0.00|>` alone: to the window's end, or the audio's.
+        let t = toks(&[(TS + 50, ""), (5, " cut"), (6, " off")]);
+        let r = read_window(&t, Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
+        assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 1.0));
+        let t = toks(&[(TS, ""), (5, " cut"), (6, " off")]);
+        let r = read_window(&t, Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
+        assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 7.5));
+        // A text closed by one timestamp ends there.
+        let t = toks(&[(5, " x"), (TS + 150, "")]);
+        let r = read_window(&t, Some(TS), 30.0, (WINDOW, RATE), 100.0);
+        assert_eq!(
+            (r.segments[0].start, r.segments[0].end, r.advance),
+            (30.0, 33.0, WINDOW)
+        );
+        // No timestamps at all (a model without them, or `<|notimestamps|>`).
+        let plain = read_window(
+            &toks(&[(5, " no"), (6, " stamps")]),
+            None,
+            30.0,
+            (WINDOW, RATE),
+            41.0,
+        );
+        assert_eq!(
+            (plain.segments[0].start, plain.segments[0].end),
+            (30.0, 41.0)
+        );
+        // No text: no segment.
+        let r = read_window(
+            &toks(&[(TS, ""), (TS + 5, "")]),
+            Some(TS),
+            0.0,
+            (WINDOW, RATE),
+            3.0,
+        );
+        assert!(r.segments.is_empty() && r.advance > 0);
+        assert_eq!(clock(3723.4567, ','), "01:02:03,457");
+    }
+}
