@@ -135,6 +135,11 @@ pub struct ModelConfig {
     /// Pin an engine id (`llama_cpp`); never overridden.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// What the model is served for (`completion`, `embedding`, `transcription`, ...): only a
+    /// plugin that declares each of them serves it. Empty: not checked (the engine's report
+    /// at load decides the routes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modalities: Vec<String>,
     /// Per-sequence context length; 0 or absent = the model's trained length, capped at 8192.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_length: Option<u32>,

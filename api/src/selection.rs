@@ -7,7 +7,8 @@
 //!
 //! - candidates are tried in engine-id order, then by name (no benchmark scores yet);
 //! - each is checked pin → refused before selection (ABI, manifest or spec, id conflict, load
-//!   failure) → GPU backend → format → architecture, and the first that passes wins;
+//!   failure) → GPU backend → format → modality (when the model names the ones it is for) →
+//!   architecture, and the first that passes wins;
 //! - a pin is never overridden and there is no fallback to another format or engine;
 //! - when nothing passes, every candidate is listed with its reason.
 //!
@@ -30,6 +31,9 @@ pub struct Candidate<'a> {
     /// `cpu` or `cuda`.
     pub gpu_backend: &'a str,
     pub formats: &'a [String],
+    /// What the engine serves (`completion`, `transcription`, ...); empty means `completion`,
+    /// as a manifest or EnginePlugin without the field does.
+    pub modalities: &'a [String],
     pub architectures: &'a [String],
 }
 
@@ -38,6 +42,9 @@ pub struct Candidate<'a> {
 pub struct Wanted<'a> {
     /// `gguf` or `safetensors`.
     pub format: &'a str,
+    /// The modalities the model is served for (`Model.spec.modalities`); empty: not checked
+    /// (the engine's own report at load decides the routes).
+    pub modalities: &'a [String],
     /// `None` while unknown (the operator before the first node report).
     pub architecture: Option<&'a str>,
     /// An engine id the model is pinned to.
@@ -103,6 +110,20 @@ fn check(c: &Candidate<'_>, want: &Wanted<'_>) -> Result<(), (RejectionKind, Str
                 want.format,
                 c.formats.join(", ")
             ),
+        ));
+    }
+    let serves = |m: &str| match c.modalities {
+        [] => m == "completion",
+        declared => declared.iter().any(|d| d == m),
+    };
+    if let Some(m) = want.modalities.iter().find(|m| !serves(m)) {
+        let declared = match c.modalities {
+            [] => "completion".to_string(),
+            d => d.join(", "),
+        };
+        return Err((
+            RejectionKind::Modality,
+            format!("modality {m} not served (plugin modalities: {declared})"),
         ));
     }
     match want.architecture {
@@ -171,6 +192,7 @@ mod tests {
     fn llama_gguf_on_cpu() -> Wanted<'static> {
         Wanted {
             format: "gguf",
+            modalities: &[],
             architecture: Some("llama"),
             pin: None,
             backend: "cpu",
@@ -188,6 +210,7 @@ mod tests {
             refused: None,
             gpu_backend: "cpu",
             formats: &gguf,
+            modalities: &[],
             architectures: &arch,
         };
         let candidates = [cand("zeta", "zeta"), cand("alpha", "alpha")];
@@ -214,6 +237,7 @@ mod tests {
             refused: None,
             gpu_backend: "cpu",
             formats: &gguf,
+            modalities: &[],
             architectures,
         };
         let candidates = [
@@ -225,5 +249,57 @@ mod tests {
         let want = llama_gguf_on_cpu();
         assert_eq!(passing(&candidates, &want), vec![3, 0]);
         assert_eq!(select(&candidates, &want), Selection::Chosen(3));
+    }
+
+    #[test]
+    fn a_model_for_a_modality_goes_to_an_engine_that_serves_it() {
+        let (st, whisper) = (
+            strings(&["safetensors"]),
+            strings(&["WhisperForConditionalGeneration"]),
+        );
+        let (text, speech) = (
+            strings(&["completion", "embedding"]),
+            strings(&["transcription"]),
+        );
+        let cand = |name, modalities| Candidate {
+            name,
+            engine_id: name,
+            refused: None,
+            gpu_backend: "cpu",
+            formats: &st,
+            modalities,
+            architectures: &whisper,
+        };
+        let mut want = Wanted {
+            format: "safetensors",
+            architecture: Some("WhisperForConditionalGeneration"),
+            ..llama_gguf_on_cpu()
+        };
+        let wants_speech = strings(&["transcription"]);
+        want.modalities = &wants_speech;
+        // Without the modality: rejected with what it serves, even with the architecture.
+        let Selection::Rejected(r) = select(&[cand("a_text", &text), cand("b_none", &[])], &want)
+        else {
+            panic!("no engine serves transcription")
+        };
+        assert!(r.iter().all(|r| r.kind == RejectionKind::Modality));
+        assert_eq!(
+            r[0].reason,
+            "modality transcription not served (plugin modalities: completion, embedding)"
+        );
+        assert!(r[1].reason.ends_with("(plugin modalities: completion)"));
+        let three = [
+            cand("a_text", &text),
+            cand("b_none", &[]),
+            cand("c_speech", &speech),
+        ];
+        assert_eq!(select(&three, &want), Selection::Chosen(2));
+        // A model that names none is not checked; one for `completion` passes a plugin that
+        // declares nothing.
+        want.modalities = &[];
+        assert_eq!(select(&three, &want), Selection::Chosen(0));
+        let completion = strings(&["completion"]);
+        want.modalities = &completion;
+        assert_eq!(passing(&three, &want), vec![0, 1]);
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 pub struct Rejection {
     /// Plugin id (or the manifest path when the manifest could not be read).
     pub plugin: String,
-    /// Stable machine-readable kind: `format`, `architecture`, `backend`,
+    /// Stable machine-readable kind: `format`, `modality`, `architecture`, `backend`,
     /// `abi`, `pin`, `load_error`.
     pub kind: RejectionKind,
     /// Human-readable reason.
@@ -24,6 +24,8 @@ pub struct Rejection {
 pub enum RejectionKind {
     /// The plugin does not read the model's format.
     Format,
+    /// The plugin does not serve a modality the model is for.
+    Modality,
     /// The plugin does not list the model's architecture.
     Architecture,
     /// The plugin is built for another GPU backend.

@@ -174,6 +174,20 @@ pub enum Modality {
     Image,
 }
 
+impl Modality {
+    /// The name manifests, node configs and rejections use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Modality::Completion => "completion",
+            Modality::Embedding => "embedding",
+            Modality::Transcription => "transcription",
+            Modality::Speech => "speech",
+            Modality::Vision => "vision",
+            Modality::Image => "image",
+        }
+    }
+}
+
 /// How node pods get the plugin files.
 #[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MountStrategy {

@@ -99,6 +99,13 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = ENGINE_ID_PATTERN))]
     pub engine: Option<String>,
+    /// What the model is served for (`completion`, `embedding`, `transcription`, ...). Only an
+    /// EnginePlugin that declares each of them in its `modalities` is chosen; the others are
+    /// listed in the status with reason `modality`. Unset: not checked, and the routes follow
+    /// what the engine reports once the model is loaded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 6))]
+    pub modalities: Vec<crate::engine_plugin::Modality>,
     /// Compute resources of each node pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ModelResources>,

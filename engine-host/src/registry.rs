@@ -458,7 +458,7 @@ impl EngineRegistry {
         &self,
         format: Format,
         architecture: &str,
-        pin: Option<&str>,
+        (pin, modalities): (Option<&str>, &[String]),
         f: impl FnOnce(&[Candidate<'_>], &Wanted<'_>, &[String]) -> R,
     ) -> R {
         let ids: Vec<String> = self.records.iter().map(PluginRecord::id).collect();
@@ -481,12 +481,14 @@ impl EngineRegistry {
                     refused,
                     gpu_backend: m.map_or(self.backend.as_str(), |m| m.gpu_backend.as_str()),
                     formats: m.map_or(&none, |m| &m.formats),
+                    modalities: m.map_or(&none, |m| &m.modalities),
                     architectures: m.map_or(&none, |m| &m.architectures),
                 }
             })
             .collect();
         let want = Wanted {
             format: format.as_str(),
+            modalities,
             architecture: Some(architecture),
             pin,
             backend: self.backend.as_str(),
@@ -496,39 +498,61 @@ impl EngineRegistry {
         f(&candidates, &want, &ids)
     }
 
-    /// Which plugin serves a model of `format` and `architecture`, honouring an engine pin, by
-    /// the rules the operator applies too ([`gantry_api::selection`]): a plugin this node
-    /// refused is a candidate with its refusal, so the verdict lists it with the reason.
-    pub fn resolve(&self, format: Format, architecture: &str, pin: Option<&str>) -> EngineVerdict {
-        self.with_candidates(format, architecture, pin, |candidates, want, ids| {
-            match select(candidates, want) {
-                Selection::Chosen(i) => EngineVerdict::Supported {
-                    plugin: ids[i].clone(),
-                    version: self.records[i]
-                        .plugin()
-                        .map(|p| p.info().engine_version.clone())
-                        .unwrap_or_default(),
-                },
-                Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
-                // Unreachable with a known architecture; treated as "nothing chosen".
-                Selection::Pending(_) => EngineVerdict::Unsupported {
-                    rejections: Vec::new(),
-                },
-            }
-        })
+    /// Which plugin serves a model of `format` and `architecture`, honouring an engine pin and
+    /// the modalities the model is for (none: not checked), by the rules the operator applies
+    /// too ([`gantry_api::selection`]): a plugin this node refused is a candidate with its
+    /// refusal, so the verdict lists it with the reason.
+    pub fn resolve(
+        &self,
+        format: Format,
+        architecture: &str,
+        pin: Option<&str>,
+        modalities: &[String],
+    ) -> EngineVerdict {
+        self.with_candidates(
+            format,
+            architecture,
+            (pin, modalities),
+            |candidates, want, ids| {
+                match select(candidates, want) {
+                    Selection::Chosen(i) => EngineVerdict::Supported {
+                        plugin: ids[i].clone(),
+                        version: self.records[i]
+                            .plugin()
+                            .map(|p| p.info().engine_version.clone())
+                            .unwrap_or_default(),
+                    },
+                    Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
+                    // Unreachable with a known architecture; treated as "nothing chosen".
+                    Selection::Pending(_) => EngineVerdict::Unsupported {
+                        rejections: Vec::new(),
+                    },
+                }
+            },
+        )
     }
 
     /// Every loaded plugin that passes the selection rules for a model of `format` and
     /// `architecture` with no pin, in engine id order ([`gantry_api::selection::passing`]):
     /// the candidates of an engine choice by measurement (node/engine_choice.rs) when there
     /// are several.
-    pub fn alternatives(&self, format: Format, architecture: &str) -> Vec<String> {
-        self.with_candidates(format, architecture, None, |candidates, want, ids| {
-            passing(candidates, want)
-                .into_iter()
-                .map(|i| ids[i].clone())
-                .collect()
-        })
+    pub fn alternatives(
+        &self,
+        format: Format,
+        architecture: &str,
+        modalities: &[String],
+    ) -> Vec<String> {
+        self.with_candidates(
+            format,
+            architecture,
+            (None, modalities),
+            |candidates, want, ids| {
+                passing(candidates, want)
+                    .into_iter()
+                    .map(|i| ids[i].clone())
+                    .collect()
+            },
+        )
     }
 
     /// The loaded plugin behind a `Supported` verdict.

@@ -546,7 +546,12 @@ impl Node {
                 return;
             }
         };
-        let verdict = reg.resolve(m.format, &arch, m.config.engine.as_deref());
+        let verdict = reg.resolve(
+            m.format,
+            &arch,
+            m.config.engine.as_deref(),
+            &m.config.modalities,
+        );
         if let EngineVerdict::Unsupported { rejections } = &verdict {
             let why: Vec<String> = rejections
                 .iter()

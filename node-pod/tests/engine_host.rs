@@ -318,13 +318,14 @@ fn resolve_names_every_candidate_and_its_reason_and_never_falls_back() {
     let reg = EngineRegistry::discover(root.path(), &cpu_config());
 
     assert_eq!(
-        reg.resolve(Format::Gguf, "toy", None),
+        reg.resolve(Format::Gguf, "toy", None, &[]),
         EngineVerdict::Supported {
             plugin: "faulty".into(),
             version: "0.1.0".into()
         }
     );
-    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Gguf, "mamba", None) else {
+    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Gguf, "mamba", None, &[])
+    else {
         panic!("mamba must be unsupported")
     };
     let kinds: Vec<_> = rejections
@@ -340,13 +341,15 @@ fn resolve_names_every_candidate_and_its_reason_and_never_falls_back() {
     );
     assert!(rejections[0].reason.contains("architecture mamba"));
 
-    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Safetensors, "toy", None)
+    let EngineVerdict::Unsupported { rejections } =
+        reg.resolve(Format::Safetensors, "toy", None, &[])
     else {
         panic!("safetensors must be unsupported: no fallback to gguf")
     };
     assert_eq!(rejections[0].kind, RejectionKind::Format);
 
-    let EngineVerdict::Unsupported { rejections } = reg.resolve(Format::Gguf, "toy", Some("vllm"))
+    let EngineVerdict::Unsupported { rejections } =
+        reg.resolve(Format::Gguf, "toy", Some("vllm"), &[])
     else {
         panic!("a pin to a missing engine is never overridden")
     };

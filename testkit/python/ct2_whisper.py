@@ -117,15 +117,18 @@ def convert(src: Path, dst: Path):
         linear(f"{hf}.fc1", f"{ct}/ffn/linear_0")
         linear(f"{hf}.fc2", f"{ct}/ffn/linear_1")
 
+    def self_attn(hf, ct):
+        norm(f"{hf}.self_attn_layer_norm", f"{ct}/self_attention/layer_norm")
+        split_qkv(f"{hf}.self_attn", f"{ct}/self_attention/linear_0", ["q_proj", "k_proj", "v_proj"])
+        linear(f"{hf}.self_attn.out_proj", f"{ct}/self_attention/linear_1")
+
     for c in ("conv1", "conv2"):
         linear(f"model.encoder.{c}", f"encoder/{c}")
     put("model.encoder.embed_positions.weight", t["encoder/position_encodings/encodings"])
     enc_layers = layers("encoder/layer_")
     for i in enc_layers:
         hf, ct = f"model.encoder.layers.{i}", f"encoder/layer_{i}"
-        norm(f"{hf}.self_attn_layer_norm", f"{ct}/self_attention/layer_norm")
-        split_qkv(f"{hf}.self_attn", f"{ct}/self_attention/linear_0", ["q_proj", "k_proj", "v_proj"])
-        linear(f"{hf}.self_attn.out_proj", f"{ct}/self_attention/linear_1")
+        self_attn(hf, ct)
         ffn(hf, ct)
     norm("model.encoder.layer_norm", "encoder/layer_norm")
 
@@ -134,9 +137,7 @@ def convert(src: Path, dst: Path):
     dec_layers = layers("decoder/layer_")
     for i in dec_layers:
         hf, ct = f"model.decoder.layers.{i}", f"decoder/layer_{i}"
-        norm(f"{hf}.self_attn_layer_norm", f"{ct}/self_attention/layer_norm")
-        split_qkv(f"{hf}.self_attn", f"{ct}/self_attention/linear_0", ["q_proj", "k_proj", "v_proj"])
-        linear(f"{hf}.self_attn.out_proj", f"{ct}/self_attention/linear_1")
+        self_attn(hf, ct)
         norm(f"{hf}.encoder_attn_layer_norm", f"{ct}/attention/layer_norm")
         linear(f"{hf}.encoder_attn.q_proj", f"{ct}/attention/linear_0")
         split_qkv(f"{hf}.encoder_attn", f"{ct}/attention/linear_1", ["k_proj", "v_proj"])

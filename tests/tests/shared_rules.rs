@@ -143,13 +143,14 @@ fn operator_and_node_accept_and_refuse_the_same_source_uris() {
 }
 
 /// One plugin in a selection case: engine id (also its EnginePlugin name and directory),
-/// backend, formats, architectures, ABI major.
+/// backend, formats, architectures, ABI major, modalities.
 type PluginCase = (
     &'static str,
     &'static str,
     &'static [&'static str],
     &'static [&'static str],
     u32,
+    &'static [&'static str],
 );
 
 /// What engine selection must answer.
@@ -165,14 +166,23 @@ struct SelectionCase {
     format: &'static str,
     architecture: &'static str,
     pin: Option<&'static str>,
+    /// What the Model is for (`spec.modalities`).
+    modalities: &'static [&'static str],
     want: Want,
 }
 
 // A plugin that loads reports its own engine id, so the loadable candidates are the two real
 // libraries built here: the fault-injection plugin (`faulty`) and llama.cpp (`llama_cpp`). Their
 // manifests, which selection reads, say what each case needs. Refused candidates may have any id.
-const CPU_TOY: PluginCase = ("faulty", "cpu", &["gguf"], &["toy"], 1);
-const CPU_LLAMA: PluginCase = ("llama_cpp", "cpu", &["gguf"], &["llama", "toy"], 1);
+const CPU_TOY: PluginCase = ("faulty", "cpu", &["gguf"], &["toy"], 1, &["completion"]);
+const CPU_LLAMA: PluginCase = (
+    "llama_cpp",
+    "cpu",
+    &["gguf"],
+    &["llama", "toy"],
+    1,
+    &["completion"],
+);
 
 const SELECTION: &[SelectionCase] = &[
     SelectionCase {
@@ -181,6 +191,7 @@ const SELECTION: &[SelectionCase] = &[
         format: "gguf",
         architecture: "toy",
         pin: None,
+        modalities: &[],
         want: Want::Chosen("faulty"),
     },
     SelectionCase {
@@ -189,6 +200,7 @@ const SELECTION: &[SelectionCase] = &[
         format: "gguf",
         architecture: "llama",
         pin: None,
+        modalities: &[],
         want: Want::Chosen("llama_cpp"),
     },
     SelectionCase {
@@ -197,6 +209,7 @@ const SELECTION: &[SelectionCase] = &[
         format: "gguf",
         architecture: "toy",
         pin: Some("llama_cpp"),
+        modalities: &[],
         want: Want::Chosen("llama_cpp"),
     },
     SelectionCase {
@@ -205,6 +218,7 @@ const SELECTION: &[SelectionCase] = &[
         format: "gguf",
         architecture: "toy",
         pin: Some("vllm"),
+        modalities: &[],
         want: Want::Rejected(&[
             ("faulty", RejectionKind::Pin),
             ("llama_cpp", RejectionKind::Pin),
@@ -217,6 +231,7 @@ const SELECTION: &[SelectionCase] = &[
         format: "safetensors",
         architecture: "toy",
         pin: None,
+        modalities: &[],
         want: Want::Rejected(&[
             ("faulty", RejectionKind::Format),
             ("llama_cpp", RejectionKind::Format),
@@ -228,11 +243,19 @@ const SELECTION: &[SelectionCase] = &[
         name: "a safetensors model goes to the engine that lists its model class",
         plugins: &[
             CPU_LLAMA,
-            ("native", "cpu", &["safetensors"], &["LlamaForCausalLM"], 1),
+            (
+                "native",
+                "cpu",
+                &["safetensors"],
+                &["LlamaForCausalLM"],
+                1,
+                &["completion"],
+            ),
         ],
         format: "safetensors",
         architecture: "LlamaForCausalLM",
         pin: None,
+        modalities: &[],
         want: Want::Chosen("native"),
     },
     SelectionCase {
@@ -241,6 +264,7 @@ const SELECTION: &[SelectionCase] = &[
         format: "gguf",
         architecture: "mamba",
         pin: None,
+        modalities: &[],
         want: Want::Rejected(&[
             ("faulty", RejectionKind::Architecture),
             ("llama_cpp", RejectionKind::Architecture),
@@ -248,26 +272,35 @@ const SELECTION: &[SelectionCase] = &[
     },
     SelectionCase {
         name: "a plugin for another backend is passed over",
-        plugins: &[("a_gpu", "cuda", &["gguf"], &["toy"], 1), CPU_TOY],
+        plugins: &[
+            ("a_gpu", "cuda", &["gguf"], &["toy"], 1, &["completion"]),
+            CPU_TOY,
+        ],
         format: "gguf",
         architecture: "toy",
         pin: None,
+        modalities: &[],
         want: Want::Chosen("faulty"),
     },
     SelectionCase {
         name: "only other backends",
-        plugins: &[("a_gpu", "cuda", &["gguf"], &["toy"], 1)],
+        plugins: &[("a_gpu", "cuda", &["gguf"], &["toy"], 1, &["completion"])],
         format: "gguf",
         architecture: "toy",
         pin: None,
+        modalities: &[],
         want: Want::Rejected(&[("a_gpu", RejectionKind::Backend)]),
     },
     SelectionCase {
         name: "an ABI mismatch is refused before its formats are looked at",
-        plugins: &[("abi2", "cpu", &["gguf"], &["toy"], 2), CPU_TOY],
+        plugins: &[
+            ("abi2", "cpu", &["gguf"], &["toy"], 2, &["completion"]),
+            CPU_TOY,
+        ],
         format: "safetensors",
         architecture: "toy",
         pin: None,
+        modalities: &[],
         want: Want::Rejected(&[
             ("abi2", RejectionKind::Abi),
             ("faulty", RejectionKind::Format),
@@ -275,11 +308,43 @@ const SELECTION: &[SelectionCase] = &[
     },
     SelectionCase {
         name: "the pin check comes first",
-        plugins: &[("abi2", "cpu", &["gguf"], &["toy"], 2)],
+        plugins: &[("abi2", "cpu", &["gguf"], &["toy"], 2, &["completion"])],
         format: "gguf",
         architecture: "toy",
         pin: Some("faulty"),
+        modalities: &[],
         want: Want::Rejected(&[("abi2", RejectionKind::Pin), ("faulty", RejectionKind::Pin)]),
+    },
+    SelectionCase {
+        name: "a Model for speech recognition is refused by engines that serve only text",
+        plugins: &[CPU_TOY, CPU_LLAMA],
+        format: "gguf",
+        architecture: "toy",
+        pin: None,
+        modalities: &["transcription"],
+        want: Want::Rejected(&[
+            ("faulty", RejectionKind::Modality),
+            ("llama_cpp", RejectionKind::Modality),
+        ]),
+    },
+    SelectionCase {
+        name: "a Model for speech recognition goes to the engine that declares it",
+        plugins: &[
+            CPU_LLAMA,
+            (
+                "native",
+                "cpu",
+                &["safetensors"],
+                &["WhisperForConditionalGeneration"],
+                1,
+                &["completion", "embedding", "transcription"],
+            ),
+        ],
+        format: "safetensors",
+        architecture: "WhisperForConditionalGeneration",
+        pin: None,
+        modalities: &["transcription"],
+        want: Want::Chosen("native"),
     },
 ];
 
@@ -295,7 +360,7 @@ fn profile_dir() -> PathBuf {
 /// `<root>/<id>/<backend>/`: llama.cpp for `llama_cpp`, the native engine for `native`, the
 /// fault-injection plugin otherwise.
 fn node_registry(root: &Path, plugins: &[PluginCase]) -> EngineRegistry {
-    for &(id, backend, formats, architectures, abi) in plugins {
+    for &(id, backend, formats, architectures, abi, modalities) in plugins {
         let name = if id == "llama_cpp" {
             "libgantry_engine_llama_cpp.so"
         } else if id == "native" {
@@ -320,7 +385,7 @@ fn node_registry(root: &Path, plugins: &[PluginCase]) -> EngineRegistry {
             "binary": name,
             "architectures": architectures,
             "formats": formats,
-            "modalities": ["completion"],
+            "modalities": modalities,
         });
         std::fs::write(
             dir.join("manifest.json"),
@@ -340,7 +405,7 @@ fn node_registry(root: &Path, plugins: &[PluginCase]) -> EngineRegistry {
 fn operator_plugins(plugins: &[PluginCase]) -> Vec<EnginePlugin> {
     plugins
         .iter()
-        .map(|&(id, backend, formats, architectures, abi)| {
+        .map(|&(id, backend, formats, architectures, abi, modalities)| {
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "gantry.dev/v1alpha1",
                 "kind": "EnginePlugin",
@@ -353,6 +418,7 @@ fn operator_plugins(plugins: &[PluginCase]) -> Vec<EnginePlugin> {
                     "gpuBackend": backend,
                     "formats": formats,
                     "architectures": architectures,
+                    "modalities": modalities,
                 }
             }))
             .expect("EnginePlugin")
@@ -366,13 +432,13 @@ fn operator_and_node_select_the_same_engine_with_the_same_rejections() {
         let root = tempfile::tempdir().expect("tempdir");
         let registry = node_registry(root.path(), case.plugins);
         let format = Format::parse(case.format).expect("format");
-        let node = registry.resolve(format, case.architecture, case.pin);
+        let wanted: Vec<String> = case.modalities.iter().map(|m| m.to_string()).collect();
+        let node = registry.resolve(format, case.architecture, case.pin, &wanted);
 
-        let model = validate(
-            &model("hf://org/repo", case.format, case.pin),
-            &Settings::default(),
-        )
-        .expect("valid model");
+        let mut m = model("hf://org/repo", case.format, case.pin);
+        m.spec.modalities =
+            serde_json::from_value(serde_json::json!(case.modalities)).expect("modalities");
+        let model = validate(&m, &Settings::default()).expect("valid model");
         let operator = resolve(
             &model,
             Some(case.architecture),
@@ -398,7 +464,7 @@ fn operator_and_node_select_the_same_engine_with_the_same_rejections() {
                         assert_eq!(ids.first(), Some(id), "{}: operator", case.name);
                         assert!(case.pin.is_none(), "{}: a pin is never measured", case.name);
                         assert_eq!(
-                            registry.alternatives(format, case.architecture),
+                            registry.alternatives(format, case.architecture, &wanted),
                             ids,
                             "{}: the node measures what the operator mounts",
                             case.name

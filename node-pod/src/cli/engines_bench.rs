@@ -39,7 +39,7 @@ pub(super) fn engines_bench(
         ..EngineConfig::default()
     };
     let reg = EngineRegistry::discover(&dir, &config);
-    let ids = reg.alternatives(format, &arch);
+    let ids = reg.alternatives(format, &arch, &[]);
     anyhow::ensure!(
         !ids.is_empty(),
         "no plugin under {} supports {} {arch}",

@@ -273,7 +273,7 @@ impl Node {
             return None;
         }
         let arch = m.architecture.read().ok().and_then(|a| a.clone())?;
-        let ids = reg.alternatives(m.format, &arch);
+        let ids = reg.alternatives(m.format, &arch, &m.config.modalities);
         if ids.len() < 2 {
             return None;
         }

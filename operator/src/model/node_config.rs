@@ -97,6 +97,7 @@ pub fn model_config(model: &ValidModel) -> ModelConfig {
         quantization: model.source.quantization.clone(),
         files: model.source.files.clone(),
         engine: model.pin.clone(),
+        modalities: model.modalities.clone(),
         context_length: positive(model.engine_config.context_length),
         max_batch_size: positive(model.engine_config.max_batch_size),
         threads: positive(model.engine_config.threads),

@@ -54,6 +54,16 @@ pub fn resolve(
     abi_major: u32,
 ) -> Resolution {
     let names: Vec<String> = plugins.iter().map(|p| p.name_any()).collect();
+    let modalities: Vec<Vec<String>> = plugins
+        .iter()
+        .map(|p| {
+            p.spec
+                .modalities
+                .iter()
+                .map(|m| m.as_str().to_string())
+                .collect()
+        })
+        .collect();
     let formats: Vec<Vec<String>> = plugins
         .iter()
         .map(|p| {
@@ -75,12 +85,14 @@ pub fn resolve(
                 .map(|r| (r.rejection(), format!("plugin not accepted: {r}"))),
             gpu_backend: p.spec.gpu_backend.as_str(),
             formats: &formats[i],
+            modalities: &modalities[i],
             architectures: &p.spec.architectures,
         })
         .collect();
     let note = format!(" (resources.gpus = {})", model.gpus);
     let want = Wanted {
         format: model.format.as_str(),
+        modalities: &model.modalities,
         architecture,
         pin: model.pin.as_deref(),
         backend: model.backend.as_str(),

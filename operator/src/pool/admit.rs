@@ -59,6 +59,7 @@ pub fn template(pool: &ModelPool, settings: &Settings) -> Result<ValidModel, Vec
             served_name: None,
             architecture: None,
             engine: None,
+            modalities: Vec::new(),
             resources: spec.resources.clone(),
             scheduling: spec.scheduling.clone(),
             replicas: spec.replicas.clone(),

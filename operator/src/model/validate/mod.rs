@@ -60,6 +60,8 @@ pub struct ValidModel {
     pub declared_architecture: Option<String>,
     /// `spec.engine`.
     pub pin: Option<String>,
+    /// `spec.modalities`, by name, each once.
+    pub modalities: Vec<String>,
     /// `cuda` when the Model asks for GPUs, `cpu` otherwise.
     pub backend: GpuBackend,
     pub gpus: i32,
@@ -269,6 +271,16 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
             format: spec.format,
             declared_architecture: spec.architecture.clone(),
             pin: spec.engine.clone(),
+            modalities: {
+                let mut m: Vec<String> = spec
+                    .modalities
+                    .iter()
+                    .map(|m| m.as_str().to_string())
+                    .collect();
+                m.sort();
+                m.dedup();
+                m
+            },
             backend: if gpus > 0 {
                 GpuBackend::Cuda
             } else {
