@@ -8,6 +8,7 @@
 //! engine config). LoRA adapters (ABI 1.6) add their low-rank updates after each targeted
 //! projection's product, to the rows of their sequences only ([`lora`]).
 
+pub mod attention;
 pub mod lora;
 pub mod mamba;
 pub mod matmul;

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::cpu::matmul::{Linear, dot};
 use crate::cpu::ops;
-use crate::encoder::{LayerNorm, attention, layer_norm};
+use crate::encoder::{LayerNorm, layer_norm};
 use crate::weights::{TensorInfo, Weights};
 
 use super::mel::FRAMES;
@@ -334,9 +334,7 @@ impl Net {
         x.par_iter_mut()
             .zip(&self.source_pos)
             .for_each(|(x, p)| *x += p);
-        // One input: every position attends to all of them.
-        let all = 0..n;
-        let spans = std::slice::from_ref(&all);
+        // One input: every position attends to all of them (`cpu::attention::full`).
         let heads = self.cfg.heads;
         let [mut h, mut q, mut k, mut v, mut att, mut o] =
             std::array::from_fn(|_| vec![0.0f32; n * d]);
@@ -347,7 +345,17 @@ impl Net {
             l.attn.q.forward(w, &h, n, &mut q, &mut scratch);
             l.attn.k.forward(w, &h, n, &mut k, &mut scratch);
             l.attn.v.forward(w, &h, n, &mut v, &mut scratch);
-            attention(&q, &k, &v, spans, heads, d / heads, &mut att);
+            let hd = d / heads;
+            crate::cpu::attention::full(
+                &q,
+                &k,
+                &v,
+                n,
+                heads,
+                hd,
+                1.0 / (hd as f32).sqrt(),
+                &mut att,
+            );
             l.attn.o.forward(w, &att, n, &mut o, &mut scratch);
             x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             l.mlp
