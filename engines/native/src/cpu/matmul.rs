@@ -161,6 +161,19 @@ impl Linear {
         Self::prepare(w, t, None, false)
     }
 
+    /// A `[rows, cols]` weight as plain f32 values, multiplied by the `gemm` crate past
+    /// [`SMALL_M`] rows whatever the CPU: for layers that only ever see long inputs (Whisper's
+    /// encoder: 1,500 and 3,000 rows), where `gemm`'s packing pays for itself and its kernels
+    /// beat the panels.
+    pub fn unpacked(w: &Weights, t: &TensorInfo, bias: Option<Vec<f32>>) -> Self {
+        Self {
+            rows: t.shape[0],
+            cols: t.shape[1],
+            data: WeightData::F32(w.to_f32(t)),
+            bias,
+        }
+    }
+
     /// bf16 weights read in place by the bf16 kernel (`bf16`), else f32 values owned (packed
     /// for the AVX-512F kernel where there is one).
     fn prepare(w: &Weights, t: &TensorInfo, bias: Option<Vec<f32>>, bf16: bool) -> Self {

@@ -205,20 +205,26 @@ impl Net {
                 b: vec(&format!("{p}.bias"), d)?,
             })
         };
-        let linear = |p: &str, rows: usize, cols: usize, bias: bool| {
+        // `long`: a layer that only sees the encoder's 1,500 or 3,000 rows (`Linear::unpacked`:
+        // the `gemm` crate's kernels, faster there than the panels the decoder's few rows use).
+        let linear = |p: &str, (rows, cols): (usize, usize), bias: bool, long: bool| {
             let t = w.expect(&format!("{p}.weight"), &[rows, cols])?;
             let b = match bias {
                 true => Some(vec(&format!("{p}.bias"), rows)?),
                 false => None,
             };
-            Ok::<_, EngineError>(Linear::new(w, t, b))
+            Ok::<_, EngineError>(match long {
+                true => Linear::unpacked(w, t, b),
+                false => Linear::new(w, t, b),
+            })
         };
-        let attn = |p: &str| -> Result<Attn, EngineError> {
+        // `qo`, `kv`: whether those projections see only the encoder's rows.
+        let attn = |p: &str, qo: bool, kv: bool| -> Result<Attn, EngineError> {
             Ok(Attn {
-                q: linear(&format!("{p}.q_proj"), d, d, true)?,
-                k: linear(&format!("{p}.k_proj"), d, d, false)?,
-                v: linear(&format!("{p}.v_proj"), d, d, true)?,
-                o: linear(&format!("{p}.out_proj"), d, d, true)?,
+                q: linear(&format!("{p}.q_proj"), (d, d), true, qo)?,
+                k: linear(&format!("{p}.k_proj"), (d, d), false, kv)?,
+                v: linear(&format!("{p}.v_proj"), (d, d), true, kv)?,
+                o: linear(&format!("{p}.out_proj"), (d, d), true, qo)?,
             })
         };
         // A convolution `[out][in][taps]` read as the matrix `[out][in × taps]`.
@@ -228,13 +234,17 @@ impl Net {
                 shape: vec![d, cin * 3],
                 ..t.clone()
             };
-            Ok(Linear::new(w, &flat, Some(vec(&format!("{p}.bias"), d)?)))
+            Ok(Linear::unpacked(
+                w,
+                &flat,
+                Some(vec(&format!("{p}.bias"), d)?),
+            ))
         };
-        let mlp = |p: &str| -> Result<Mlp, EngineError> {
+        let mlp = |p: &str, long: bool| -> Result<Mlp, EngineError> {
             Ok(Mlp {
                 norm: norm(&format!("{p}.final_layer_norm"))?,
-                fc1: linear(&format!("{p}.fc1"), ffn, d, true)?,
-                fc2: linear(&format!("{p}.fc2"), d, ffn, true)?,
+                fc1: linear(&format!("{p}.fc1"), (ffn, d), true, long)?,
+                fc2: linear(&format!("{p}.fc2"), (d, ffn), true, long)?,
             })
         };
         let enc = (0..cfg.encoder_layers)
@@ -242,8 +252,8 @@ impl Net {
                 let p = format!("model.encoder.layers.{i}");
                 Ok(EncLayer {
                     attn_norm: norm(&format!("{p}.self_attn_layer_norm"))?,
-                    attn: attn(&format!("{p}.self_attn"))?,
-                    mlp: mlp(&p)?,
+                    attn: attn(&format!("{p}.self_attn"), true, true)?,
+                    mlp: mlp(&p, true)?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -252,10 +262,10 @@ impl Net {
                 let p = format!("model.decoder.layers.{i}");
                 Ok(DecLayer {
                     self_norm: norm(&format!("{p}.self_attn_layer_norm"))?,
-                    self_attn: attn(&format!("{p}.self_attn"))?,
+                    self_attn: attn(&format!("{p}.self_attn"), false, false)?,
                     cross_norm: norm(&format!("{p}.encoder_attn_layer_norm"))?,
-                    cross: attn(&format!("{p}.encoder_attn"))?,
-                    mlp: mlp(&p)?,
+                    cross: attn(&format!("{p}.encoder_attn"), false, true)?,
+                    mlp: mlp(&p, false)?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -263,7 +273,7 @@ impl Net {
         let embed_t = w.expect("model.decoder.embed_tokens.weight", &[cfg.vocab, d])?;
         // The output layer is the token embeddings (tied), unless the file has its own.
         let out = match w.get("proj_out.weight") {
-            Some(_) => linear("proj_out", cfg.vocab, d, false)?,
+            Some(_) => linear("proj_out", (cfg.vocab, d), false, false)?,
             None => Linear::new(w, embed_t, None),
         };
         Ok(Self {
