@@ -12,7 +12,8 @@ deterministic signals (3 s of tones, a chirp and noise; 1.3 s of other tones):
 - the log-probabilities of the whole vocabulary after each token of the decoder prompt
   `<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`;
 - the greedy continuation (plain argmax over the model's logits, 24 tokens, no logits
-  processors) and the log-probabilities at each of its positions.
+  processors) and the log-probabilities at each of its positions;
+- the language transformers' `detect_language` hears (of `<|en|>` and `<|de|>`).
 """
 import json
 import math
@@ -98,9 +99,13 @@ def write(out: Path, seed: int):
     model.save_pretrained(out, safe_serialization=True)
     write_tokenizer(out)
     extractor = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE)
+    languages = {t: i for t, i in ID.items() if t in ("<|en|>", "<|de|>")}
+    model.generation_config.lang_to_id = languages
     cases = []
     for audio in signals():
         features = extractor(audio, sampling_rate=RATE, return_tensors="pt").input_features
+        with torch.no_grad():
+            detected = int(model.detect_language(input_features=features)[0])
         prompt_lp = log_probs(model, features, PROMPT)
         ids = list(PROMPT)
         for _ in range(NEW_TOKENS):
@@ -112,6 +117,8 @@ def write(out: Path, seed: int):
             "prompt_logprobs": prompt_lp.tolist(),
             "greedy": ids[len(PROMPT):],
             "greedy_logprobs": full[len(PROMPT) - 1:len(PROMPT) - 1 + NEW_TOKENS].tolist(),
+            # transformers' `detect_language`: the likelier of <|en|> and <|de|> after the start.
+            "language": next(t[2:-2] for t, i in languages.items() if i == detected),
         })
     (out / "reference.json").write_text(json.dumps({
         "class": model.config.architectures[0] if model.config.architectures else "WhisperForConditionalGeneration",

@@ -11,7 +11,8 @@ to the engine, the decoder prompt, the text. Here:
   starts with them), in `json`, `text` and `verbose_json`; the same signal as a 16-bit stereo
   wav at 44.1 kHz goes through mixing and resampling and gives a transcription too;
 - a translation with the model's translate task answers;
-- `verbose_json` decodes with timestamps: its segments lie within the audio, in order;
+- `verbose_json` decodes with timestamps: its segments lie within the audio, in order; without a
+  `language` it reports the one the model detects, as transformers' `detect_language` does;
 - bad input is a 400 naming the field (not audio, no file, an unknown language or format, word
   timestamps, segment timestamps outside verbose_json, a streamed srt), and a completion on the
   model says to use this route;
@@ -76,10 +77,10 @@ def expected_text(ref, case: int) -> str:
 def test_a_transcription_is_transformers_greedy_text(whisper):
     _, client, ref = whisper
     audio = wav_f32(ref["cases"][0]["audio"], 16000)
-    r = client.audio.transcriptions.create(model="whisper", file=("a.wav", audio, "audio/wav"))
+    r = client.audio.transcriptions.create(model="whisper", file=("a.wav", audio, "audio/wav"), language="en")
     assert r.text.startswith(expected_text(ref, 0)), (r.text[:200], expected_text(ref, 0)[:200])
     text = client.audio.transcriptions.create(model="whisper", file=("a.wav", audio, "audio/wav"),
-                                              response_format="text")
+                                              response_format="text", language="en")
     assert isinstance(text, str) and text.strip() == r.text
     # verbose_json decodes with timestamps (random weights: whatever segments they make, each
     # within the audio, in order, the text theirs).
@@ -91,8 +92,14 @@ def test_a_transcription_is_transformers_greedy_text(whisper):
     assert v.text == " ".join(s.text.strip() for s in v.segments if s.text.strip())
     # The other signal gives its own text.
     other = client.audio.transcriptions.create(
-        model="whisper", file=("b.wav", wav_f32(ref["cases"][1]["audio"], 16000), "audio/wav"))
+        model="whisper", file=("b.wav", wav_f32(ref["cases"][1]["audio"], 16000), "audio/wav"), language="en")
     assert other.text.startswith(expected_text(ref, 1))
+    # No language: the model's own guess, as transformers' detect_language makes it.
+    for i, case in enumerate(ref["cases"]):
+        v = client.audio.transcriptions.create(
+            model="whisper", file=("c.wav", wav_f32(case["audio"], 16000), "audio/wav"),
+            response_format="verbose_json")
+        assert v.language == case["language"], (i, v.language, case["language"])
 
 
 def test_other_rates_and_channels_are_mixed_and_resampled(whisper):
@@ -143,9 +150,9 @@ def test_the_gateway_routes_an_upload_by_its_model_field(whisper):
     with gateway_for({"whisper": base}, "whisper") as (gw, _):
         c = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0)
         audio = ("a.wav", wav_f32(ref["cases"][0]["audio"], 16000), "audio/wav")
-        r = c.audio.transcriptions.create(model="whisper", file=audio)
+        r = c.audio.transcriptions.create(model="whisper", file=audio, language="en")
         assert r.text.startswith(expected_text(ref, 0))
-        text = c.audio.transcriptions.create(model="whisper", file=audio, response_format="text")
+        text = c.audio.transcriptions.create(model="whisper", file=audio, response_format="text", language="en")
         assert text.strip() == r.text
         with pytest.raises(openai.NotFoundError):
             c.audio.transcriptions.create(model="nobody", file=audio)

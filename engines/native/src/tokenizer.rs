@@ -282,6 +282,15 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// Every special token: its id and text.
+    pub fn specials(&self) -> impl Iterator<Item = (i32, &[u8])> {
+        self.special
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s)
+            .map(|(i, _)| (i as i32, self.bytes[i].as_slice()))
+    }
+
     /// Ids of the control tokens whose text is in `names` (end-of-turn markers and the like).
     pub fn id(&self, text: &str) -> Option<i32> {
         self.full.token_to_id(text).map(|i| i as i32)

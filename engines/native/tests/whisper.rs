@@ -336,7 +336,8 @@ fn whisper_tiny_en_transcribes_real_speech_as_transformers_does() {
                 let r = exec.step(&[entry(seq, &fed, &s, false)]).expect("decode");
                 let t = r[0].as_ref().expect("a sample");
                 for pair in top.as_array().expect("pairs") {
-                    let (id, lp) = (pair[0].as_i64().unwrap() as i32, pair[1].as_f64().unwrap());
+                    let id = pair[0].as_i64().expect("a token id") as i32;
+                    let lp = pair[1].as_f64().expect("a log-probability");
                     if lp < -15.0 {
                         continue;
                     }

@@ -12,7 +12,8 @@
 //! window's tokens, cut into segments by their timestamps (`crate::transcript`) → `json`,
 //! `text`, `verbose_json`, `srt` or `vtt`; or, with `stream`, each token's text as a
 //! `transcript.text.delta` event as the windows decode, then `transcript.text.done`.
-//! Word timestamps and language detection are refused with a 400 that says so.
+//! Without a `language`, a multilingual model's first window decides it (`detect_language`).
+//! Word timestamps are refused with a 400 that says so.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -218,11 +219,17 @@ pub async fn transcriptions(state: AppState, mp: Multipart, task: Task) -> Respo
     }
 }
 
-/// The decoder prompt for the form, and the language the answer reports.
+/// Whether the model's decoder prompt names a language and a task (multilingual Whisper).
+fn multilingual(ready: &crate::node::ReadyModel) -> bool {
+    special(ready, "<|en|>").is_some() && ready.shared.info().vocab_size != ENGLISH_ONLY_VOCAB
+}
+
+/// The decoder prompt for the form in `language` (the form's, or the detected one; English
+/// when neither), and the language the answer reports.
 fn decoder_prompt(
     ready: &crate::node::ReadyModel,
     model: &str,
-    form: &Form,
+    (form, language): (&Form, Option<&str>),
     task: Task,
     timed: bool,
 ) -> Result<(Vec<i32>, String), ApiError> {
@@ -251,10 +258,10 @@ fn decoder_prompt(
         prompt.extend_from_slice(&ids[ids.len().saturating_sub(keep)..]);
     }
     prompt.push(sot);
-    let english = special(ready, "<|en|>").filter(|_| info.vocab_size != ENGLISH_ONLY_VOCAB);
-    let multilingual = english.is_some();
-    let language = match (&form.language, english) {
-        (Some(l), Some(_)) => {
+    let multilingual = multilingual(ready);
+    let language = match (language, multilingual) {
+        (l, true) => {
+            let l = l.unwrap_or("en");
             let id = special(ready, &format!("<|{l}|>")).ok_or_else(|| {
                 ApiError::invalid(
                     "language",
@@ -262,20 +269,15 @@ fn decoder_prompt(
                 )
             })?;
             prompt.push(id);
-            l.clone()
+            l.to_string()
         }
-        // Language detection is not implemented: English unless the request says otherwise.
-        (None, Some(en)) => {
-            prompt.push(en);
-            "en".to_string()
-        }
-        (Some(l), None) if l != "en" => {
+        (Some(l), false) if l != "en" => {
             return Err(ApiError::invalid(
                 "language",
                 format!("model `{model}` is English-only; `language` `{l}` is not available"),
             ));
         }
-        (_, None) => "en".to_string(),
+        (_, false) => "en".to_string(),
     };
     if multilingual {
         let t = special(ready, &format!("<|{}|>", task.name())).ok_or_else(|| {
@@ -316,7 +318,8 @@ async fn transcribe(
         ));
     }
     // The form's fields checked before the audio is decoded.
-    let (mut prompt, language) = decoder_prompt(&ready, &model, &form, task, form.format.timed())?;
+    let given = form.language.clone();
+    decoder_prompt(&ready, &model, (&form, given.as_deref()), task, false)?;
     let (bytes, filename) = form
         .file
         .take()
@@ -331,9 +334,19 @@ async fn transcribe(
     let window = info.audio_max_samples.max(1) as usize;
     // Audio longer than a window is decoded with timestamps whatever the format: where a
     // window's last segment is cut off, the next window starts there.
-    if !form.format.timed() && decoded.samples.len() > window {
-        prompt = decoder_prompt(&ready, &model, &form, task, true)?.0;
-    }
+    let timed = form.format.timed() || decoded.samples.len() > window;
+    let guard = InflightGuard::new(state.node.clone());
+    let timeout = m.config.request_timeout(&state.node.config.scheduler);
+    // No language given to a multilingual model: the first window's, as the model hears it.
+    let language = match given {
+        None if multilingual(&ready) => {
+            let first = &decoded.samples[..window.min(decoded.samples.len())];
+            Some(detect_language(&ready, first, timeout).await?)
+        }
+        l => l,
+    };
+    let (prompt, language) =
+        decoder_prompt(&ready, &model, (&form, language.as_deref()), task, timed)?;
     let dec = Decoder {
         max_tokens: info
             .context_length
@@ -347,13 +360,13 @@ async fn transcribe(
             want_logprob: true,
             ..Sampling::greedy()
         },
-        timeout: m.config.request_timeout(&state.node.config.scheduler),
+        timeout,
         ready,
         samples: decoded.samples,
         seconds: decoded.seconds,
         window,
         rate,
-        _guard: InflightGuard::new(state.node.clone()),
+        _guard: guard,
     };
     if form.stream {
         return Ok((model, stream(dec)));
@@ -435,26 +448,79 @@ impl Decoder {
     }
 
     fn submit(&self, chunk: &[f32]) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.ready.scheduler.submit(Job::Generate(GenerateJob {
-            prompt: self.prompt.clone(),
-            max_tokens: self.max_tokens,
-            sampling: self.sampling.clone(),
-            stop: Vec::new(),
-            logprobs: Some(0),
-            deadline: self.timeout.map(|d| Instant::now() + d),
-            fresh: true,
-            grammar: None,
-            arrived: Instant::now(),
-            events: tx,
-            retried: false,
-            forks: Vec::new(),
-            speculate: false,
-            adapter: None,
-            audio: Some(Arc::new(chunk.to_vec())),
-        }))?;
-        Ok(rx)
+        submit(
+            &self.ready,
+            (&self.prompt, self.max_tokens),
+            &self.sampling,
+            self.timeout,
+            chunk,
+        )
     }
+}
+
+/// One window as a scheduler job: `prompt` and at most `max_tokens` sampled after it, the
+/// window's audio given to the engine when its sequence opens.
+fn submit(
+    ready: &crate::node::ReadyModel,
+    (prompt, max_tokens): (&[i32], u32),
+    sampling: &Sampling,
+    timeout: Option<std::time::Duration>,
+    chunk: &[f32],
+) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    ready.scheduler.submit(Job::Generate(GenerateJob {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling: sampling.clone(),
+        stop: Vec::new(),
+        logprobs: Some(0),
+        deadline: timeout.map(|d| Instant::now() + d),
+        fresh: true,
+        grammar: None,
+        arrived: Instant::now(),
+        events: tx,
+        retried: false,
+        forks: Vec::new(),
+        speculate: false,
+        adapter: None,
+        audio: Some(Arc::new(chunk.to_vec())),
+    }))?;
+    Ok(rx)
+}
+
+/// The language of `audio` (a window) as the model hears it: one token sampled after a bare
+/// `<|startoftranscript|>`, which the engine restricts to the language tokens there (the
+/// native engine's Whisper rules; openai-whisper's `detect_language`), read back as its code.
+async fn detect_language(
+    ready: &crate::node::ReadyModel,
+    audio: &[f32],
+    timeout: Option<std::time::Duration>,
+) -> Result<String, ApiError> {
+    let sot = special(ready, "<|startoftranscript|>")
+        .ok_or_else(|| ApiError::internal("the model has no <|startoftranscript|> token"))?;
+    let sampling = Sampling {
+        want_logprob: true,
+        ..Sampling::greedy()
+    };
+    let rx = submit(ready, (&[sot], 1), &sampling, timeout, audio)?;
+    let tokens = collect(rx, |_| {}).await?;
+    let token = tokens
+        .first()
+        .ok_or_else(|| ApiError::internal("language detection sampled nothing"))?;
+    let text = ready
+        .shared
+        .detokenize(&[token.id], true)
+        .map_err(|e| ApiError::internal(format!("language detection: {}", e.message)))?;
+    let text = String::from_utf8_lossy(&text);
+    text.strip_prefix("<|")
+        .and_then(|t| t.strip_suffix("|>"))
+        .filter(|c| (2..=3).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_lowercase()))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            ApiError::internal(format!(
+                "language detection: the model answered {text:?}, not a language token (its engine does not detect languages)"
+            ))
+        })
 }
 
 /// A window's tokens, each token's text handed to `on_text` as it comes.

@@ -87,12 +87,17 @@ impl WhisperModel {
             ),
             Err(_) => None,
         };
+        let languages = tokenizer
+            .specials()
+            .filter(|(_, text)| Rules::is_language_token(text))
+            .map(|(id, _)| id as usize)
+            .collect();
         let rules = Rules::parse(
             &json,
             generation.as_ref(),
-            wc.vocab,
-            wc.eos,
+            (wc.vocab, wc.eos),
             tokenizer.id("<|notimestamps|>"),
+            languages,
         );
         let weights = Arc::new(Weights::open(dir, &desc.primary_file)?);
         let net = Net::load(wc.clone(), weights)?;

@@ -14,6 +14,11 @@
 //! The prompt is recognised in the sequence's own tokens: everything after its last
 //! `<|startoftranscript|>` and the special tokens that follow it (language, task,
 //! `<|notimestamps|>`) was sampled. A sequence without `<|startoftranscript|>` is left alone.
+//!
+//! Language detection: on a multilingual model, the token right after a bare
+//! `<|startoftranscript|>` is its language, as openai-whisper's `detect_language` reads it:
+//! every token but the language tokens is masked there (a transcription's prompt names its
+//! language itself, so this only shapes a prompt that stops at the start token).
 
 use serde_json::Value;
 
@@ -27,6 +32,8 @@ pub struct Rules {
     /// `<|notimestamps|>`; timestamps are the ids after it (0.02 s apart).
     no_timestamps: Option<i32>,
     max_initial: Option<usize>,
+    /// The language tokens of a multilingual model (empty for an English-only one).
+    languages: Vec<usize>,
 }
 
 fn ids(v: Option<&Value>, vocab: usize) -> Vec<usize> {
@@ -44,16 +51,28 @@ fn ids(v: Option<&Value>, vocab: usize) -> Vec<usize> {
 impl Rules {
     /// From `generation_config.json` (`generation`, where the checkpoint has one) over
     /// `config.json`; `no_timestamps` is the tokenizer's `<|notimestamps|>` when neither says.
+    ///
+    /// `languages`: the tokenizer's language tokens (`<|en|>`, `<|haw|>`, ...), kept when the
+    /// model is multilingual: `is_multilingual` where the generation config says, else unless
+    /// the vocabulary is the 51,864 tokens of every released English-only Whisper.
     pub fn parse(
         config: &Value,
         generation: Option<&Value>,
-        vocab: usize,
-        eos: i32,
+        (vocab, eos): (usize, i32),
         no_timestamps: Option<i32>,
+        languages: Vec<usize>,
     ) -> Self {
         let get = |k: &str| generation.and_then(|g| g.get(k)).or_else(|| config.get(k));
         let id = |k: &str| get(k).and_then(Value::as_i64).map(|i| i as i32);
+        let multilingual = generation
+            .and_then(|g| g.get("is_multilingual"))
+            .and_then(Value::as_bool)
+            .unwrap_or(vocab != 51_864);
         Self {
+            languages: match multilingual {
+                true => languages.into_iter().filter(|&i| i < vocab).collect(),
+                false => Vec::new(),
+            },
             suppress: ids(get("suppress_tokens"), vocab),
             begin_suppress: ids(get("begin_suppress_tokens"), vocab),
             sot: id("decoder_start_token_id"),
@@ -95,8 +114,29 @@ impl Rules {
         Some((begin, timestamps))
     }
 
+    /// Whether `text` is a language token's: `<|` two or three lower-case letters `|>`.
+    pub fn is_language_token(text: &[u8]) -> bool {
+        text.len() >= 6
+            && text.len() <= 7
+            && text.starts_with(b"<|")
+            && text.ends_with(b"|>")
+            && text[2..text.len() - 2].iter().all(u8::is_ascii_lowercase)
+    }
+
     /// The logits of the token after `history`, changed in place by the rules.
     pub fn apply(&self, history: &[i32], logits: &mut [f32]) {
+        if !self.languages.is_empty()
+            && history.last().is_some()
+            && history.last() == self.sot.as_ref()
+        {
+            // Language detection: only a language token may follow a bare start token.
+            let keep: Vec<f32> = self.languages.iter().map(|&i| logits[i]).collect();
+            logits.fill(f32::NEG_INFINITY);
+            for (&i, v) in self.languages.iter().zip(keep) {
+                logits[i] = v;
+            }
+            return;
+        }
         let Some((begin, timestamps)) = self.sampled_from(history) else {
             return;
         };
@@ -174,8 +214,9 @@ mod tests {
     fn rules() -> Rules {
         let config = json!({"decoder_start_token_id": SOT, "suppress_tokens": [3, SOT, 12],
             "begin_suppress_tokens": [0, EOS]});
-        let generation = json!({"no_timestamps_token_id": NO_TS, "max_initial_timestamp_index": 2});
-        Rules::parse(&config, Some(&generation), VOCAB, EOS, None)
+        let generation = json!({"no_timestamps_token_id": NO_TS, "max_initial_timestamp_index": 2,
+            "is_multilingual": false});
+        Rules::parse(&config, Some(&generation), (VOCAB, EOS), None, vec![12])
     }
 
     fn allowed(r: &Rules, history: &[i32], logits: &[f32]) -> Vec<usize> {
@@ -236,5 +277,25 @@ mod tests {
         // Text token 5 at logit 4: text stays possible.
         logits[5] = 4.0;
         assert!(allowed(&r, &[SOT, 12, 14, 4], &logits).contains(&5));
+    }
+
+    #[test]
+    fn a_bare_start_token_is_followed_by_a_language_on_a_multilingual_model() {
+        let config = json!({"decoder_start_token_id": SOT, "suppress_tokens": [3]});
+        let generation = json!({"no_timestamps_token_id": NO_TS});
+        // 12 and 9 are languages here; the model is multilingual by its vocabulary.
+        let r = Rules::parse(&config, Some(&generation), (VOCAB, EOS), None, vec![12, 9]);
+        let flat = vec![0.0; VOCAB];
+        assert_eq!(allowed(&r, &[SOT], &flat), vec![9, 12]);
+        // With the language given, the transcription's rules as usual.
+        assert!(allowed(&r, &[SOT, 12, NO_TS], &flat).contains(&5));
+        // English-only (as the generation config says): no detection.
+        let en = json!({"no_timestamps_token_id": NO_TS, "is_multilingual": false});
+        let r = Rules::parse(&config, Some(&en), (VOCAB, EOS), None, vec![12, 9]);
+        assert_eq!(allowed(&r, &[SOT], &flat), (14..24).collect::<Vec<_>>());
+        assert!(Rules::is_language_token(b"<|en|>") && Rules::is_language_token(b"<|haw|>"));
+        assert!(
+            !Rules::is_language_token(b"<|0.00|>") && !Rules::is_language_token(b"<|nocaptions|>")
+        );
     }
 }
