@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import queue
-import re
 import shutil
 import statistics
 import subprocess
@@ -58,6 +57,8 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "testkit" / "python"))
+from wer import word_errors, words  # noqa: E402
 ROOT = HERE.parent
 FASTER_WHISPER = "faster-whisper==1.2.0"
 # faster_whisper.utils imports requests, which huggingface_hub >= 1.0 no longer brings along.
@@ -247,22 +248,6 @@ class Peer:
 
 
 # Transcript comparison.
-
-def words(text: str) -> list[str]:
-    text = text.lower().replace("mr.", "mister")
-    return re.sub(r"[^a-z0-9']+", " ", text).split()
-
-
-def word_errors(got: list[str], want: list[str]) -> int:
-    row = list(range(len(want) + 1))
-    for i, g in enumerate(got):
-        prev, row[0] = row[0], i + 1
-        for j, w in enumerate(want):
-            cur = row[j + 1]
-            row[j + 1] = min(prev + (g != w), row[j] + 1, cur + 1)
-            prev = cur
-    return row[-1]
-
 
 def agreement(names, gantry: dict, fw: dict, human: dict) -> dict:
     exact = sum(gantry[n].strip() == fw[n].strip() for n in names)

@@ -20,7 +20,7 @@ transcripts. Here:
 import io
 import json
 import os
-import re
+import sys
 import wave
 from pathlib import Path
 
@@ -28,6 +28,9 @@ import openai
 import pytest
 
 from conftest import gateway_for, serving
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testkit" / "python"))
+from wer import word_errors, words  # noqa: E402
 
 
 def _setup():
@@ -51,22 +54,6 @@ def tiny_en(tmp_path_factory):
     }))
     with serving(config, work) as base:
         yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0), speech, ref
-
-
-def words(text: str) -> list[str]:
-    text = text.lower().replace("mr.", "mister")
-    return re.sub(r"[^a-z0-9']+", " ", text).split()
-
-
-def word_errors(got: list[str], want: list[str]) -> int:
-    row = list(range(len(want) + 1))
-    for i, g in enumerate(got):
-        prev, row[0] = row[0], i + 1
-        for j, w in enumerate(want):
-            cur = row[j + 1]
-            row[j + 1] = min(prev + (g != w), row[j] + 1, cur + 1)
-            prev = cur
-    return row[-1]
 
 
 def upload(speech: Path, name: str):
