@@ -458,7 +458,8 @@ impl EngineRegistry {
         &self,
         format: Format,
         architecture: &str,
-        (pin, modalities): (Option<&str>, &[String]),
+        pin: Option<&str>,
+        modalities: &[String],
         f: impl FnOnce(&[Candidate<'_>], &Wanted<'_>, &[String]) -> R,
     ) -> R {
         let ids: Vec<String> = self.records.iter().map(PluginRecord::id).collect();
@@ -509,27 +510,23 @@ impl EngineRegistry {
         pin: Option<&str>,
         modalities: &[String],
     ) -> EngineVerdict {
-        self.with_candidates(
-            format,
-            architecture,
-            (pin, modalities),
-            |candidates, want, ids| {
-                match select(candidates, want) {
-                    Selection::Chosen(i) => EngineVerdict::Supported {
-                        plugin: ids[i].clone(),
-                        version: self.records[i]
-                            .plugin()
-                            .map(|p| p.info().engine_version.clone())
-                            .unwrap_or_default(),
-                    },
-                    Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
-                    // Unreachable with a known architecture; treated as "nothing chosen".
-                    Selection::Pending(_) => EngineVerdict::Unsupported {
-                        rejections: Vec::new(),
-                    },
-                }
-            },
-        )
+        let decide = |candidates: &[Candidate<'_>], want: &Wanted<'_>, ids: &[String]| {
+            match select(candidates, want) {
+                Selection::Chosen(i) => EngineVerdict::Supported {
+                    plugin: ids[i].clone(),
+                    version: self.records[i]
+                        .plugin()
+                        .map(|p| p.info().engine_version.clone())
+                        .unwrap_or_default(),
+                },
+                Selection::Rejected(rejections) => EngineVerdict::Unsupported { rejections },
+                // Unreachable with a known architecture; treated as "nothing chosen".
+                Selection::Pending(_) => EngineVerdict::Unsupported {
+                    rejections: Vec::new(),
+                },
+            }
+        };
+        self.with_candidates(format, architecture, pin, modalities, decide)
     }
 
     /// Every loaded plugin that passes the selection rules for a model of `format` and
@@ -545,7 +542,8 @@ impl EngineRegistry {
         self.with_candidates(
             format,
             architecture,
-            (None, modalities),
+            None,
+            modalities,
             |candidates, want, ids| {
                 passing(candidates, want)
                     .into_iter()

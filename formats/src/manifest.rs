@@ -266,16 +266,7 @@ mod tests {
         assert!(base().check_schema().is_ok());
         // ABI 1.9's modalities, declared ones included.
         let mut m = base();
-        m.modalities = [
-            "completion",
-            "embedding",
-            "transcription",
-            "speech",
-            "vision",
-            "image",
-        ]
-        .map(String::from)
-        .to_vec();
+        m.modalities = KNOWN_MODALITIES.map(String::from).to_vec();
         assert!(m.check_schema().is_ok());
     }
 

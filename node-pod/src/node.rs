@@ -546,12 +546,8 @@ impl Node {
                 return;
             }
         };
-        let verdict = reg.resolve(
-            m.format,
-            &arch,
-            m.config.engine.as_deref(),
-            &m.config.modalities,
-        );
+        let c = &m.config;
+        let verdict = reg.resolve(m.format, &arch, c.engine.as_deref(), &c.modalities);
         if let EngineVerdict::Unsupported { rejections } = &verdict {
             let why: Vec<String> = rejections
                 .iter()

@@ -57,9 +57,8 @@ pub fn read_window(
         .collect();
     let mut segments = Vec::new();
     if cuts.is_empty() {
-        let stamps: Vec<i32> = tokens.iter().filter_map(|t| pos(t.id)).collect();
-        let stop = match stamps.last() {
-            Some(&p) if p > 0 => at(p),
+        let stop = match tokens.iter().rev().find_map(|t| pos(t.id)) {
+            Some(p) if p > 0 => at(p),
             _ => (start + len as f64 / f64::from(rate)).min(end),
         };
         segments.extend(segment(tokens, start, stop, &is_ts));
@@ -120,33 +119,26 @@ fn clock(secs: f64, sep: char) -> String {
     )
 }
 
-pub fn srt(segs: &[Segment]) -> String {
-    segs.iter()
-        .enumerate()
-        .map(|(i, s)| {
-            format!(
-                "{}\n{} --> {}\n{}\n\n",
-                i + 1,
-                clock(s.start, ','),
-                clock(s.end, ','),
-                s.text.trim()
-            )
-        })
+/// One subtitle cue: its times (`sep` as [`clock`] takes it) and its text.
+fn cue(s: &Segment, sep: char) -> String {
+    format!(
+        "{} --> {}\n{}\n\n",
+        clock(s.start, sep),
+        clock(s.end, sep),
+        s.text.trim()
+    )
+}
+
+/// SubRip: numbered cues.
+pub fn srt<'a>(segs: impl Iterator<Item = &'a Segment>) -> String {
+    segs.enumerate()
+        .map(|(i, s)| format!("{}\n{}", i + 1, cue(s, ',')))
         .collect()
 }
 
-pub fn vtt(segs: &[Segment]) -> String {
-    let cues: String = segs
-        .iter()
-        .map(|s| {
-            format!(
-                "{} --> {}\n{}\n\n",
-                clock(s.start, '.'),
-                clock(s.end, '.'),
-                s.text.trim()
-            )
-        })
-        .collect();
+/// WebVTT: the header, then the cues.
+pub fn vtt<'a>(segs: impl Iterator<Item = &'a Segment>) -> String {
+    let cues: String = segs.map(|s| cue(s, '.')).collect();
     format!("WEBVTT\n\n{cues}")
 }
 
@@ -206,10 +198,10 @@ mod tests {
         );
         assert_eq!((s[1].tokens.clone(), r.advance), (vec![6], WINDOW));
         assert_eq!(
-            srt(s),
+            srt(s.iter()),
             "1\n00:00:30,000 --> 00:00:31,200\nHello\n\n2\n00:00:31,200 --> 00:00:32,500\nworld\n\n"
         );
-        assert!(vtt(s).starts_with("WEBVTT\n\n00:00:30.000 --> 00:00:31.200\nHello\n\n"));
+        assert!(vtt(s.iter()).starts_with("WEBVTT\n\n00:00:30.000 --> 00:00:31.200\nHello\n\n"));
     }
 
     #[test]

@@ -65,7 +65,8 @@ fn unsupported(msg: impl Into<String>) -> EngineError {
     EngineError::unsupported(msg.into())
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>, EngineError> {
+/// A JSON file of the model directory, `None` when there is none.
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>, EngineError> {
     match std::fs::read(path) {
         Ok(b) => serde_json::from_slice(&b)
             .map(Some)

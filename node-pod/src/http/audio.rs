@@ -32,6 +32,9 @@ use crate::scheduler::{GenEvent, GenerateJob, Job};
 use crate::transcript::{self, Segment, Token};
 use gantry_engine_abi::Sampling;
 
+mod form;
+use form::{Form, Format, read_form};
+
 /// The longest audio one request may hold: 30 minutes.
 pub const MAX_AUDIO_SECS: u32 = 1800;
 
@@ -60,142 +63,6 @@ impl Task {
             Task::Translate => "audio_translations",
         }
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Format {
-    Json,
-    Text,
-    VerboseJson,
-    Srt,
-    Vtt,
-}
-
-impl Format {
-    /// Whether the answer carries times (the decoder then writes timestamps).
-    fn timed(self) -> bool {
-        matches!(self, Format::VerboseJson | Format::Srt | Format::Vtt)
-    }
-}
-
-/// The form, read.
-struct Form {
-    file: Option<(Vec<u8>, Option<String>)>,
-    model: Option<String>,
-    language: Option<String>,
-    prompt: Option<String>,
-    format: Format,
-    granularities: Vec<String>,
-    temperature: f32,
-    stream: bool,
-}
-
-async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
-    let mut f = Form {
-        file: None,
-        model: None,
-        language: None,
-        prompt: None,
-        format: Format::Json,
-        granularities: Vec::new(),
-        temperature: 0.0,
-        stream: false,
-    };
-    let bad = |field: &str, e: axum::extract::multipart::MultipartError| {
-        ApiError::invalid(field, format!("the multipart form cannot be read: {e}"))
-    };
-    while let Some(field) = mp.next_field().await.map_err(|e| bad("file", e))? {
-        let name = field.name().unwrap_or_default().to_string();
-        if name == "file" {
-            let filename = field.file_name().map(str::to_string);
-            let bytes = field.bytes().await.map_err(|e| bad("file", e))?;
-            f.file = Some((bytes.to_vec(), filename));
-            continue;
-        }
-        let text = field.text().await.map_err(|e| bad(&name, e))?;
-        match name.as_str() {
-            "model" => f.model = Some(text),
-            "language" => f.language = Some(text.trim().to_lowercase()),
-            "prompt" if !text.trim().is_empty() => f.prompt = Some(text),
-            "response_format" => {
-                f.format = match text.as_str() {
-                    "json" => Format::Json,
-                    "text" => Format::Text,
-                    "verbose_json" => Format::VerboseJson,
-                    "srt" => Format::Srt,
-                    "vtt" => Format::Vtt,
-                    other => {
-                        return Err(ApiError::invalid(
-                            "response_format",
-                            format!(
-                                "`response_format` must be one of json, text, srt, verbose_json, vtt; got `{other}`"
-                            ),
-                        ));
-                    }
-                }
-            }
-            "temperature" => {
-                f.temperature = text
-                    .trim()
-                    .parse::<f32>()
-                    .ok()
-                    .filter(|t| (0.0..=1.0).contains(t))
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            "temperature",
-                            format!("`temperature` must be a number from 0 to 1, got `{text}`"),
-                        )
-                    })?;
-            }
-            "stream" => {
-                f.stream = match text.trim() {
-                    "true" => true,
-                    "false" => false,
-                    other => {
-                        return Err(ApiError::invalid(
-                            "stream",
-                            format!("`stream` must be true or false, got `{other}`"),
-                        ));
-                    }
-                }
-            }
-            "timestamp_granularities[]" | "timestamp_granularities" => {
-                f.granularities.push(text.trim().to_string());
-            }
-            // Other fields (`chunking_strategy`, `include[]`, ...) change nothing here.
-            _ => {}
-        }
-    }
-    for g in &f.granularities {
-        match g.as_str() {
-            "segment" => {}
-            "word" => {
-                return Err(ApiError::unsupported(
-                    "timestamp_granularities",
-                    "word timestamps are not implemented; `segment` is",
-                ));
-            }
-            other => {
-                return Err(ApiError::invalid(
-                    "timestamp_granularities",
-                    format!("`timestamp_granularities` are `segment` or `word`, got `{other}`"),
-                ));
-            }
-        }
-    }
-    if !f.granularities.is_empty() && f.format != Format::VerboseJson {
-        return Err(ApiError::invalid(
-            "timestamp_granularities",
-            "`timestamp_granularities` need `response_format` verbose_json",
-        ));
-    }
-    if f.stream && !matches!(f.format, Format::Json | Format::Text) {
-        return Err(ApiError::invalid(
-            "stream",
-            "a streamed transcription is text: `response_format` json or text",
-        ));
-    }
-    Ok(f)
 }
 
 /// The id of a special token the model's vocabulary must hold, `None` when it does not.
@@ -372,19 +239,19 @@ async fn transcribe(
         return Ok((model, stream(dec)));
     }
     let segments = dec.run(|_| {}).await?;
-    let text = joined(segments.iter().map(|(_, s)| s));
+    let segs = || segments.iter().map(|(_, s)| s);
+    let text = joined(segs());
     let plain = |body: String, kind: &str| {
         Ok((
             model.clone(),
             ([(header::CONTENT_TYPE, kind.to_string())], body).into_response(),
         ))
     };
-    let segs: Vec<Segment> = segments.iter().map(|(_, s)| s.clone()).collect();
     let usage = json!({"type": "duration", "seconds": dec.seconds.ceil() as u64});
     let body: Value = match form.format {
         Format::Text => return plain(text, "text/plain; charset=utf-8"),
-        Format::Srt => return plain(transcript::srt(&segs), "text/plain; charset=utf-8"),
-        Format::Vtt => return plain(transcript::vtt(&segs), "text/vtt; charset=utf-8"),
+        Format::Srt => return plain(transcript::srt(segs()), "text/plain; charset=utf-8"),
+        Format::Vtt => return plain(transcript::vtt(segs()), "text/vtt; charset=utf-8"),
         Format::Json => json!({"text": text, "usage": usage}),
         Format::VerboseJson => json!({
             "task": task.name(), "language": language, "duration": dec.seconds, "text": text,

@@ -76,17 +76,7 @@ impl WhisperModel {
         let wc = WhisperConfig::parse(&json)?;
         let tokenizer = Tokenizer::load(dir, None)?;
         tokenizer.check_vocab(wc.vocab)?;
-        let generation = match std::fs::read(dir.join("generation_config.json")) {
-            Ok(b) => Some(
-                serde_json::from_slice::<serde_json::Value>(&b).map_err(|e| {
-                    EngineError::new(
-                        Status::ModelCorrupt,
-                        format!("generation_config.json is not valid JSON: {e}"),
-                    )
-                })?,
-            ),
-            Err(_) => None,
-        };
+        let generation = crate::encoder::read_json(&dir.join("generation_config.json"))?;
         let languages = tokenizer
             .specials()
             .filter(|(_, text)| Rules::is_language_token(text))

@@ -31,10 +31,15 @@ pub struct Rules {
     eos: i32,
     /// `<|notimestamps|>`; timestamps are the ids after it (0.02 s apart).
     no_timestamps: Option<i32>,
-    max_initial: Option<usize>,
+    /// The latest first timestamp, in 0.02 s steps.
+    max_initial: usize,
     /// The language tokens of a multilingual model (empty for an English-only one).
     languages: Vec<usize>,
 }
+
+/// The vocabulary of every released English-only Whisper (`tiny.en` to `medium.en`); the
+/// multilingual ones have one or two tokens more.
+const ENGLISH_ONLY_VOCAB: usize = 51_864;
 
 fn ids(v: Option<&Value>, vocab: usize) -> Vec<usize> {
     v.and_then(Value::as_array)
@@ -67,7 +72,7 @@ impl Rules {
         let multilingual = generation
             .and_then(|g| g.get("is_multilingual"))
             .and_then(Value::as_bool)
-            .unwrap_or(vocab != 51_864);
+            .unwrap_or(vocab != ENGLISH_ONLY_VOCAB);
         Self {
             languages: match multilingual {
                 true => languages.into_iter().filter(|&i| i < vocab).collect(),
@@ -79,11 +84,9 @@ impl Rules {
             eos,
             no_timestamps: id("no_timestamps_token_id").or(no_timestamps),
             // openai-whisper's default, 1 s, where the checkpoint does not say.
-            max_initial: Some(
-                get("max_initial_timestamp_index")
-                    .and_then(Value::as_u64)
-                    .map_or(50, |i| i as usize),
-            ),
+            max_initial: get("max_initial_timestamp_index")
+                .and_then(Value::as_u64)
+                .map_or(50, |i| i as usize),
         }
     }
 
@@ -125,10 +128,7 @@ impl Rules {
 
     /// The logits of the token after `history`, changed in place by the rules.
     pub fn apply(&self, history: &[i32], logits: &mut [f32]) {
-        if !self.languages.is_empty()
-            && history.last().is_some()
-            && history.last() == self.sot.as_ref()
-        {
+        if !self.languages.is_empty() && self.sot.is_some_and(|s| history.last() == Some(&s)) {
             // Language detection: only a language token may follow a bare start token.
             let keep: Vec<f32> = self.languages.iter().map(|&i| logits[i]).collect();
             logits.fill(f32::NEG_INFINITY);
@@ -177,10 +177,8 @@ impl Rules {
         }
         if n == 0 {
             logits[..first].fill(f32::NEG_INFINITY);
-            if let Some(m) = self.max_initial {
-                let end = (first + m + 1).min(logits.len());
-                logits[end..].fill(f32::NEG_INFINITY);
-            }
+            let end = (first + self.max_initial + 1).min(logits.len());
+            logits[end..].fill(f32::NEG_INFINITY);
         }
         // The timestamps' probability together against the likeliest text token's.
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -1,0 +1,145 @@
+//! HTTP layer, speech recognition's form (the first step of `/v1/audio/transcriptions` and
+//! `/translations`, before the model is looked up): the multipart fields read and checked on
+//! their own — the format, timestamp granularities, temperature, `stream` — each refusal a 400
+//! naming its field.
+
+use axum::extract::Multipart;
+
+use crate::error::ApiError;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Format {
+    Json,
+    Text,
+    VerboseJson,
+    Srt,
+    Vtt,
+}
+
+impl Format {
+    /// Whether the answer carries times (the decoder then writes timestamps).
+    pub(super) fn timed(self) -> bool {
+        matches!(self, Format::VerboseJson | Format::Srt | Format::Vtt)
+    }
+}
+
+/// The form, read.
+pub(super) struct Form {
+    pub(super) file: Option<(Vec<u8>, Option<String>)>,
+    pub(super) model: Option<String>,
+    pub(super) language: Option<String>,
+    pub(super) prompt: Option<String>,
+    pub(super) format: Format,
+    pub(super) temperature: f32,
+    pub(super) stream: bool,
+}
+
+pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
+    // `timestamp_granularities[]` only decides whether the form is valid (segments are what
+    // timestamps give): checked below, not kept.
+    let mut granularities = Vec::new();
+    let mut f = Form {
+        file: None,
+        model: None,
+        language: None,
+        prompt: None,
+        format: Format::Json,
+        temperature: 0.0,
+        stream: false,
+    };
+    let bad = |field: &str, e: axum::extract::multipart::MultipartError| {
+        ApiError::invalid(field, format!("the multipart form cannot be read: {e}"))
+    };
+    while let Some(field) = mp.next_field().await.map_err(|e| bad("file", e))? {
+        let name = field.name().unwrap_or_default().to_string();
+        if name == "file" {
+            let filename = field.file_name().map(str::to_string);
+            let bytes = field.bytes().await.map_err(|e| bad("file", e))?;
+            f.file = Some((bytes.to_vec(), filename));
+            continue;
+        }
+        let text = field.text().await.map_err(|e| bad(&name, e))?;
+        match name.as_str() {
+            "model" => f.model = Some(text),
+            "language" => f.language = Some(text.trim().to_lowercase()),
+            "prompt" if !text.trim().is_empty() => f.prompt = Some(text),
+            "response_format" => {
+                f.format = match text.as_str() {
+                    "json" => Format::Json,
+                    "text" => Format::Text,
+                    "verbose_json" => Format::VerboseJson,
+                    "srt" => Format::Srt,
+                    "vtt" => Format::Vtt,
+                    other => {
+                        return Err(ApiError::invalid(
+                            "response_format",
+                            format!(
+                                "`response_format` must be one of json, text, srt, verbose_json, vtt; got `{other}`"
+                            ),
+                        ));
+                    }
+                }
+            }
+            "temperature" => {
+                f.temperature = text
+                    .trim()
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|t| (0.0..=1.0).contains(t))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "temperature",
+                            format!("`temperature` must be a number from 0 to 1, got `{text}`"),
+                        )
+                    })?;
+            }
+            "stream" => {
+                f.stream = match text.trim() {
+                    "true" => true,
+                    "false" => false,
+                    other => {
+                        return Err(ApiError::invalid(
+                            "stream",
+                            format!("`stream` must be true or false, got `{other}`"),
+                        ));
+                    }
+                }
+            }
+            "timestamp_granularities[]" | "timestamp_granularities" => {
+                granularities.push(text.trim().to_string());
+            }
+            // Other fields (`chunking_strategy`, `include[]`, ...) change nothing here.
+            _ => {}
+        }
+    }
+    for g in &granularities {
+        match g.as_str() {
+            "segment" => {}
+            "word" => {
+                return Err(ApiError::unsupported(
+                    "timestamp_granularities",
+                    "word timestamps are not implemented; `segment` is",
+                ));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "timestamp_granularities",
+                    format!("`timestamp_granularities` are `segment` or `word`, got `{other}`"),
+                ));
+            }
+        }
+    }
+    if !granularities.is_empty() && f.format != Format::VerboseJson {
+        return Err(ApiError::invalid(
+            "timestamp_granularities",
+            "`timestamp_granularities` need `response_format` verbose_json",
+        ));
+    }
+    if f.stream && !matches!(f.format, Format::Json | Format::Text) {
+        return Err(ApiError::invalid(
+            "stream",
+            "a streamed transcription is text: `response_format` json or text",
+        ));
+    }
+    Ok(f)
+}
