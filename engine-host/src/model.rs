@@ -13,7 +13,7 @@ use std::sync::Arc;
 use gantry_api::WorkerCrash;
 use gantry_engine_abi::{
     AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, ModelInfo, SampledToken,
-    StepEntry,
+    SpeechPiece, SpeechRequest, StepEntry,
 };
 
 /// The calls any thread may make at any time.
@@ -61,6 +61,12 @@ pub(crate) trait ExecCalls: Send {
     fn seq_set_adapter(&mut self, seq: u64, adapter: u64) -> Result<(), EngineError>;
     /// ABI 1.9 `seq_set_input`; `Unsupported` when the plugin lacks it.
     fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError>;
+    /// ABI 1.10 `speech_open`; `Unsupported` when the plugin lacks it.
+    fn speech_open(&mut self, req: &SpeechRequest<'_>) -> Result<u64, EngineError>;
+    /// ABI 1.10 `speech_next`; `Unsupported` when the plugin lacks it.
+    fn speech_next(&mut self, speech: u64) -> Result<SpeechPiece, EngineError>;
+    /// ABI 1.10 `speech_close`; nothing when the plugin lacks it.
+    fn speech_close(&mut self, speech: u64);
     /// One vector per input, in order (ABI 1.8 `embed_batch`, or `embed` once per input where
     /// the plugin lacks it). `dims` is the model's embedding size, the first guess of one
     /// vector's length.
@@ -249,6 +255,28 @@ impl ModelExec {
     /// model, refused with the reason by a model that takes none.
     pub fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
         self.calls.seq_set_input(seq, input)
+    }
+
+    /// Start synthesizing speech (ABI 1.10); refused with the reason by a model without the
+    /// speech modality.
+    pub fn speech_open(&mut self, req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
+        if !self.shared.info.supports_speech() {
+            return Err(EngineError::unsupported(format!(
+                "model `{}` does not synthesize speech",
+                self.shared.info.architecture
+            )));
+        }
+        self.calls.speech_open(req)
+    }
+
+    /// The next piece of a speech (ABI 1.10).
+    pub fn speech_next(&mut self, speech: u64) -> Result<SpeechPiece, EngineError> {
+        self.calls.speech_next(speech)
+    }
+
+    /// Free a speech, finished or not (ABI 1.10).
+    pub fn speech_close(&mut self, speech: u64) {
+        self.calls.speech_close(speech)
     }
 
     /// The embedding of one input.

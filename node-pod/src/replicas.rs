@@ -68,6 +68,18 @@ impl Engine for PluginEngine {
     ) -> Result<(), EngineError> {
         self.0.seq_set_input(seq, input)
     }
+    fn speech_open(
+        &mut self,
+        req: &gantry_engine_abi::SpeechRequest<'_>,
+    ) -> Result<u64, EngineError> {
+        self.0.speech_open(req)
+    }
+    fn speech_next(&mut self, speech: u64) -> Result<gantry_engine_abi::SpeechPiece, EngineError> {
+        self.0.speech_next(speech)
+    }
+    fn speech_close(&mut self, speech: u64) {
+        self.0.speech_close(speech)
+    }
     fn embed_batch(&mut self, inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.0.embed_batch(inputs)
     }

@@ -4,7 +4,8 @@
 
 use gantry_api::WorkerCrash;
 use gantry_engine_abi::{
-    AdapterDescriptor, EngineError, Input, LoadedAdapter, SampledToken, StepEntry,
+    AdapterDescriptor, EngineError, Input, LoadedAdapter, SampledToken, SpeechPiece, SpeechRequest,
+    StepEntry,
 };
 
 /// The limits of one engine instance, fixed at load.
@@ -70,6 +71,16 @@ pub trait Engine: Send + 'static {
             input.kind()
         )))
     }
+    /// Start synthesizing speech (ABI 1.10 `speech_open`): the engine's handle.
+    fn speech_open(&mut self, _req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
+        Err(EngineError::unsupported("the engine synthesizes no speech"))
+    }
+    /// The next piece of a speech (ABI 1.10 `speech_next`).
+    fn speech_next(&mut self, _speech: u64) -> Result<SpeechPiece, EngineError> {
+        Err(EngineError::unsupported("the engine synthesizes no speech"))
+    }
+    /// Free a speech (ABI 1.10 `speech_close`).
+    fn speech_close(&mut self, _speech: u64) {}
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
     /// One vector per input, in order, in one engine call where the engine can batch them.

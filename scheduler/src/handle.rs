@@ -93,7 +93,9 @@ impl SchedulerHandle {
             self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
             match e.0 {
                 Job::Generate(j) => Box::new(j),
-                Job::Embed(_) | Job::Adapter(_) => unreachable!("a generation was sent"),
+                Job::Embed(_) | Job::Adapter(_) | Job::Speech(_) => {
+                    unreachable!("a generation was sent")
+                }
             }
         })
     }

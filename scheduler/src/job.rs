@@ -181,6 +181,7 @@ pub enum Job {
     Generate(GenerateJob),
     Embed(EmbedJob),
     Adapter(AdapterJob),
+    Speech(crate::speech::SpeechJob),
 }
 
 /// Where a scheduler sends the jobs its worker's crash interrupted before their first token.

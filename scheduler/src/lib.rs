@@ -31,6 +31,7 @@ mod handle;
 mod job;
 mod metrics;
 mod run;
+mod speech;
 mod step;
 pub mod text_stream;
 mod watchdog;
@@ -48,6 +49,7 @@ pub use job::{
 };
 pub use metrics::SchedulerMetrics;
 pub use run::SchedulerSettings;
+pub use speech::{SpeechEvent, SpeechJob};
 
 use batch::Capacity;
 use run::Scheduler;
@@ -113,6 +115,7 @@ pub fn spawn<E: Engine>(
         adapters: Default::default(),
         draft,
         audio_rate: limits.audio_sample_rate,
+        speeches: VecDeque::new(),
     };
     let name = if replica == 0 {
         format!("sched-{model}")

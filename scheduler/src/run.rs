@@ -134,6 +134,8 @@ pub(crate) struct Scheduler<E: Engine> {
     pub(crate) draft: Option<crate::draft_model::DraftModel>,
     /// The rate of a job's audio (speech recognition).
     pub(crate) audio_rate: u32,
+    /// Speech syntheses taking turns between steps (`speech.rs`).
+    pub(crate) speeches: VecDeque<crate::speech::Speaking>,
 }
 
 impl<E: Engine> Scheduler<E> {
@@ -149,7 +151,12 @@ impl<E: Engine> Scheduler<E> {
                 self.step();
                 self.publish();
             }
+            if !self.speeches.is_empty() {
+                self.speak();
+                self.publish();
+            }
         }
+        self.end_speeches(None);
         for r in std::mem::take(&mut self.running) {
             self.engine.seq_release(r.seq);
         }
@@ -157,7 +164,7 @@ impl<E: Engine> Scheduler<E> {
 
     /// Take queued jobs; block while idle. Returns false when the channel closed.
     fn intake(&mut self) -> bool {
-        let idle = self.running.is_empty() && self.waiting.is_empty();
+        let idle = self.running.is_empty() && self.waiting.is_empty() && self.speeches.is_empty();
         if idle {
             match self.rx.recv_timeout(Duration::from_millis(250)) {
                 Ok(job) => self.accept(job),
@@ -170,7 +177,9 @@ impl<E: Engine> Scheduler<E> {
                 Ok(job) => self.accept(job),
                 Err(TryRecvError::Empty) => return true,
                 Err(TryRecvError::Disconnected) => {
-                    return !(self.running.is_empty() && self.waiting.is_empty());
+                    return !(self.running.is_empty()
+                        && self.waiting.is_empty()
+                        && self.speeches.is_empty());
                 }
             }
         }
@@ -184,6 +193,11 @@ impl<E: Engine> Scheduler<E> {
                 Job::Generate(g) => self.hand_back(vec![g], &crash),
                 Job::Embed(e) => {
                     let _ = e.reply.send(Err(GenError::Crashed(crash)));
+                }
+                Job::Speech(s) => {
+                    let _ = s
+                        .events
+                        .send(crate::SpeechEvent::Error(GenError::Crashed(crash)));
                 }
                 Job::Adapter(crate::AdapterJob::Load { reply, .. }) => {
                     let _ = reply.send(Err(GenError::Crashed(crash)));
@@ -211,6 +225,10 @@ impl<E: Engine> Scheduler<E> {
                 self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
                 self.adapter_job(a);
             }
+            Job::Speech(s) => {
+                self.figures.waiting.fetch_sub(1, Ordering::Relaxed);
+                self.speeches.push_back(crate::speech::Speaking::new(s));
+            }
         }
     }
 
@@ -232,6 +250,7 @@ impl<E: Engine> Scheduler<E> {
             return false;
         };
         self.crashed = Some(crash.clone());
+        self.end_speeches(Some(GenError::Crashed(crash.clone())));
         let mut back: Vec<GenerateJob> = Vec::new();
         for r in std::mem::take(&mut self.running) {
             if r.generated == 0 && r.first_token_at.is_none() {
@@ -472,9 +491,10 @@ impl<E: Engine> Scheduler<E> {
 
     pub(crate) fn publish(&self) {
         let load = self.load();
-        self.figures
-            .running
-            .store(load.sequences as u64, Ordering::Relaxed);
+        self.figures.running.store(
+            (load.sequences + self.speeches.len()) as u64,
+            Ordering::Relaxed,
+        );
         self.figures
             .kv_used
             .store(load.kv_tokens, Ordering::Relaxed);

@@ -52,6 +52,10 @@ pub(super) struct Vtable {
     pub(super) embed_batch: Option<ffi::EmbedBatchFn>,
     /// ABI 1.9, optional (required with `GANTRY_MODALITY_TRANSCRIPTION`).
     pub(super) seq_set_input: Option<ffi::SeqSetInputFn>,
+    /// ABI 1.10, optional (required with `GANTRY_MODALITY_SPEECH`).
+    pub(super) speech_open: Option<ffi::SpeechOpenFn>,
+    pub(super) speech_next: Option<ffi::SpeechNextFn>,
+    pub(super) speech_close: Option<ffi::SpeechCloseFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -110,6 +114,9 @@ impl Vtable {
             seq_set_adapter: later!(seq_set_adapter),
             embed_batch: later!(embed_batch),
             seq_set_input: later!(seq_set_input),
+            speech_open: later!(speech_open),
+            speech_next: later!(speech_next),
+            speech_close: later!(speech_close),
         })
     }
 }

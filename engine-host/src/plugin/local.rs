@@ -7,7 +7,7 @@ use std::sync::Arc;
 use gantry_engine_abi::ffi;
 use gantry_engine_abi::{
     AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, ModelDescriptor, ModelInfo,
-    SampledToken, StepEntry,
+    SampledToken, SpeechPiece, SpeechRequest, StepEntry,
 };
 
 use super::library::{
@@ -118,6 +118,10 @@ impl ModelHandle {
                 // Zero from a plugin older than 1.9.
                 audio_sample_rate: raw.audio_sample_rate,
                 audio_max_samples: raw.audio_max_samples,
+                // Null from a plugin older than 1.10.
+                voices: opt_string(raw.voices)
+                    .map(|v| v.split('\n').map(str::to_owned).collect())
+                    .unwrap_or_default(),
             })
         }
     }
@@ -421,6 +425,60 @@ impl ExecCalls for LocalModel {
             return Err(read_err(status, &err));
         }
         Ok(())
+    }
+
+    fn speech_open(&mut self, req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.speech_open.ok_or_else(|| {
+            EngineError::unsupported("the plugin synthesizes no speech (no ABI 1.10 speech_open)")
+        })?;
+        let voice = req.voice.map(cstring);
+        let raw = ffi::gantry_speech_request_t {
+            struct_size: size_of::<ffi::gantry_speech_request_t>() as u32,
+            text: req.text.as_ptr().cast(),
+            n_text: req.text.len(),
+            voice: voice.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()),
+            speed: req.speed,
+        };
+        let mut id = 0u64;
+        let mut err = new_err();
+        // SAFETY: live handle; `raw`, the text and the voice outlive the call; `&mut self`
+        // keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, &raw, &mut id, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(id)
+    }
+
+    fn speech_next(&mut self, speech: u64) -> Result<SpeechPiece, EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.speech_next.ok_or_else(|| {
+            EngineError::unsupported("the plugin synthesizes no speech (no ABI 1.10 speech_next)")
+        })?;
+        let (mut samples, mut n, mut done) = (std::ptr::null::<f32>(), 0usize, false);
+        let mut err = new_err();
+        // SAFETY: live handle, host-owned out values; `&mut self` keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, speech, &mut samples, &mut n, &mut done, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        let samples = if samples.is_null() || n == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the plugin keeps `n` samples at `samples` until the next call for this
+            // speech (header rule); they are copied out now.
+            unsafe { std::slice::from_raw_parts(samples, n) }.to_vec()
+        };
+        Ok(SpeechPiece { samples, done })
+    }
+
+    fn speech_close(&mut self, speech: u64) {
+        let h = &self.0;
+        if let Some(f) = h.plugin.vt.speech_close {
+            // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
+            unsafe { f(h.raw, speech) }
+        }
     }
 
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use gantry_engine_abi::{
-    AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, SampledToken, StepEntry, ffi,
+    AdapterDescriptor, EngineError, EngineInfo, Input, LoadedAdapter, SampledToken, SpeechPiece,
+    SpeechRequest, StepEntry, ffi,
 };
 
 use super::client::{NEXT, Worker, io_error, shm_dir};
@@ -237,6 +238,29 @@ impl ExecCalls for RemoteExec {
                 .u32(height),
         };
         self.exec_call(&w.buf).map(|_| ())
+    }
+
+    fn speech_open(&mut self, req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
+        let mut w = Writer::op(Op::SpeechOpen);
+        w.str(req.text).opt_str(req.voice).f32(req.speed);
+        self.exec_call(&w.buf)?.u64()
+    }
+
+    fn speech_next(&mut self, speech: u64) -> Result<SpeechPiece, EngineError> {
+        let mut w = Writer::op(Op::SpeechNext);
+        w.u64(speech);
+        let mut r = self.exec_call(&w.buf)?;
+        Ok(SpeechPiece {
+            samples: r.f32s()?,
+            done: r.bool()?,
+        })
+    }
+
+    fn speech_close(&mut self, speech: u64) {
+        let mut w = Writer::op(Op::SpeechClose);
+        w.u64(speech);
+        // A worker that is gone holds no speech any more.
+        let _ = self.exec_call(&w.buf);
     }
 
     fn embed_batch(

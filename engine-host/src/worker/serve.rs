@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gantry_engine_abi::{AdapterDescriptor, EngineError, Format, Input, ffi};
+use gantry_engine_abi::{AdapterDescriptor, EngineError, Format, Input, SpeechRequest, ffi};
 
 use super::wire::{self, Op, Reader, Writer};
 use crate::{ModelExec, ModelShared, Plugin};
@@ -228,6 +228,22 @@ fn handle(
                 )?;
             }
         }
+        Op::SpeechOpen => {
+            let text = r.string()?;
+            let voice = r.opt_string()?;
+            let speed = r.f32()?;
+            let req = SpeechRequest {
+                text: &text,
+                voice: voice.as_deref(),
+                speed,
+            };
+            w.u64(exec(state)?.speech_open(&req)?);
+        }
+        Op::SpeechNext => {
+            let piece = exec(state)?.speech_next(r.u64()?)?;
+            w.f32s(&piece.samples).bool(piece.done);
+        }
+        Op::SpeechClose => exec(state)?.speech_close(r.u64()?),
         Op::Embed => {
             let n = r.u32()? as usize;
             let inputs = (0..n).map(|_| r.i32s()).collect::<Result<Vec<_>, _>>()?;

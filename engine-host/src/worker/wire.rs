@@ -56,6 +56,12 @@ pub enum Op {
     /// ABI 1.9: a sequence and its input (kind, then audio samples and rate, or image bytes
     /// and size).
     SeqSetInput = 17,
+    /// ABI 1.10: text, voice (optional), speed; the reply is the speech's handle.
+    SpeechOpen = 18,
+    /// ABI 1.10: a speech; the reply is its next piece's samples and whether it was the last.
+    SpeechNext = 19,
+    /// ABI 1.10: a speech to free.
+    SpeechClose = 20,
 }
 
 impl Op {
@@ -79,6 +85,9 @@ impl Op {
             AdapterUnload,
             SeqSetAdapter,
             SeqSetInput,
+            SpeechOpen,
+            SpeechNext,
+            SpeechClose,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)
@@ -181,7 +190,8 @@ pub fn put_model_info(w: &mut Writer, i: &ModelInfo) {
         .bool(i.add_bos)
         .u64(i.recurrent_state_bytes)
         .u32(i.audio_sample_rate)
-        .u64(i.audio_max_samples);
+        .u64(i.audio_max_samples)
+        .str(&i.voices.join("\n"));
 }
 
 pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
@@ -206,6 +216,10 @@ pub fn get_model_info(r: &mut Reader<'_>) -> Result<ModelInfo, EngineError> {
         recurrent_state_bytes: r.u64()?,
         audio_sample_rate: r.u32()?,
         audio_max_samples: r.u64()?,
+        voices: match r.string()? {
+            v if v.is_empty() => Vec::new(),
+            v => v.split('\n').map(str::to_owned).collect(),
+        },
     })
 }
 

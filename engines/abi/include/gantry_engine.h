@@ -1,5 +1,5 @@
 /*
- * gantry_engine.h — the Gantry engine plugin ABI, version 1.9.
+ * gantry_engine.h — the Gantry engine plugin ABI, version 1.10.
  *
  * This header is the contract between the Gantry engine host (inside
  * `gantry-node`) and an engine plugin (a shared library that runs models).
@@ -49,8 +49,8 @@
  *     serialized by the host.
  *   - `seq_open`, `seq_release`, `step`, `embed`, `seq_cached_tokens`, `seq_fork`,
  *     `seq_truncate`, `adapter_load`, `adapter_unload`, `seq_set_adapter`,
- *     `embed_batch` and `seq_set_input` on one
- *     model are never called concurrently with each other (the host's scheduler
+ *     `embed_batch`, `seq_set_input`, `speech_open`, `speech_next` and
+ *     `speech_close` on one model are never called concurrently with each other (the host's scheduler
  *     owns them), but
  *     different models may be stepped concurrently from different threads.
  *   - `model_info`, `tokenize` and `detokenize` may be called from any thread
@@ -77,7 +77,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 9
+#define GANTRY_ABI_MINOR 10
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -123,8 +123,9 @@ typedef uint32_t gantry_modality_t;
  * with `seq_set_input` (GANTRY_INPUT_AUDIO) and then decodes the text with `step`, batched with
  * every other sequence of the model, as any completion. */
 #define GANTRY_MODALITY_TRANSCRIPTION 4u
-/* Since 1.9, declared: text in, audio out (speech synthesis); its entry point comes with a
- * later minor version. A manifest may announce it; no host route uses it yet. */
+/* Since 1.9 declared, since 1.10 served: text in, audio out (speech synthesis), through
+ * `speech_open` / `speech_next` / `speech_close`; the model lists its `voices` and produces
+ * audio at its `audio_sample_rate`. */
 #define GANTRY_MODALITY_SPEECH 8u
 /* Since 1.9, declared: image in, text out (vision-language models), through `seq_set_input`
  * with GANTRY_INPUT_IMAGE. No engine implements it yet. */
@@ -266,6 +267,10 @@ typedef struct gantry_model_info {
     /* Since 1.9: the most audio samples one `seq_set_input` takes (Whisper: 30 s); the host
      * cuts longer audio into windows of at most this many and decodes each in turn. */
     uint64_t audio_max_samples;
+    /* Since 1.10: the voices of a GANTRY_MODALITY_SPEECH model, names separated by '\n' (the
+     * first is the default); NULL for a model without speech. A speech model's
+     * `audio_sample_rate` is the rate of the audio it produces. */
+    const char* voices;
 } gantry_model_info_t;
 
 /* Since 1.9: what a sequence is conditioned on (`seq_set_input`). Host-owned, valid during
@@ -280,6 +285,15 @@ typedef struct gantry_input {
     uint32_t width;       /* IMAGE */
     uint32_t height;      /* IMAGE */
 } gantry_input_t;
+
+/* Since 1.10: what `speech_open` synthesizes. Host-owned, valid during that call only. */
+typedef struct gantry_speech_request {
+    uint32_t struct_size;
+    const char* text; /* UTF-8, `n_text` bytes, not NUL-terminated; never empty */
+    size_t n_text;
+    const char* voice; /* NUL-terminated, one of the model's `voices`; NULL: the default */
+    float speed;       /* pace, 1 = the voice's own; the host keeps it within [0.25, 4] */
+} gantry_speech_request_t;
 
 /* One logit bias entry. */
 typedef struct gantry_logit_bias {
@@ -504,6 +518,23 @@ typedef struct gantry_engine_vtable {
      * sequence then stays open without an input. */
     gantry_status_t (*seq_set_input)(gantry_model_t* model, uint64_t seq,
                                      const gantry_input_t* input, gantry_error_t* err);
+
+    /* Since 1.10; required with GANTRY_MODALITY_SPEECH. Start synthesizing `req`: the text is
+     * checked and cut into pieces now (sentences, for most voices), and `*speech` receives a
+     * nonzero handle. An unknown voice or text the model cannot speak is refused with
+     * GANTRY_UNSUPPORTED naming it. Nothing is synthesized yet. */
+    gantry_status_t (*speech_open)(gantry_model_t* model, const gantry_speech_request_t* req,
+                                   uint64_t* speech, gantry_error_t* err);
+    /* Since 1.10; required with GANTRY_MODALITY_SPEECH. Synthesize the next piece of
+     * `speech`: `*samples` and `*n` receive mono f32 PCM in [-1, 1] at the model's
+     * `audio_sample_rate`, plugin-owned and valid until the next call for this handle;
+     * `*done` is true with the last piece (which may be empty). The host calls it between
+     * steps, one piece at a time, so each call is bounded by one piece's work and several
+     * syntheses interleave. */
+    gantry_status_t (*speech_next)(gantry_model_t* model, uint64_t speech, const float** samples,
+                                   size_t* n, bool* done, gantry_error_t* err);
+    /* Since 1.10; required with GANTRY_MODALITY_SPEECH. Free `speech`, finished or not. */
+    void (*speech_close)(gantry_model_t* model, uint64_t speech);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 9;
+pub const GANTRY_ABI_MINOR: u32 = 10;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -44,7 +44,7 @@ pub const GANTRY_MODALITY_COMPLETION: gantry_modality_t = 1;
 pub const GANTRY_MODALITY_EMBEDDING: gantry_modality_t = 2;
 /// Since ABI 1.9: audio in, text out (`seq_set_input`, then `step`).
 pub const GANTRY_MODALITY_TRANSCRIPTION: gantry_modality_t = 4;
-/// Since ABI 1.9, declared: text in, audio out.
+/// Since ABI 1.9 declared, 1.10 served: text in, audio out (`speech_open`, `speech_next`).
 pub const GANTRY_MODALITY_SPEECH: gantry_modality_t = 8;
 /// Since ABI 1.9, declared: image in, text out.
 pub const GANTRY_MODALITY_VISION: gantry_modality_t = 16;
@@ -173,6 +173,18 @@ pub struct gantry_model_info_t {
     pub audio_sample_rate: u32,
     /// Since 1.9.
     pub audio_max_samples: u64,
+    /// Since 1.10: voice names separated by `\n`, or null.
+    pub voices: *const c_char,
+}
+
+/// Since 1.10.
+#[repr(C)]
+pub struct gantry_speech_request_t {
+    pub struct_size: u32,
+    pub text: *const c_char,
+    pub n_text: usize,
+    pub voice: *const c_char,
+    pub speed: f32,
 }
 
 /// Since 1.9.
@@ -356,6 +368,25 @@ pub type SeqSetInputFn = unsafe extern "C" fn(
     *mut gantry_error_t,
 ) -> gantry_status_t;
 
+/// Since 1.10: start a speech synthesis.
+pub type SpeechOpenFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    *const gantry_speech_request_t,
+    *mut u64,
+    *mut gantry_error_t,
+) -> gantry_status_t;
+/// Since 1.10: the next piece of a speech (samples, n, done).
+pub type SpeechNextFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    u64,
+    *mut *const f32,
+    *mut usize,
+    *mut bool,
+    *mut gantry_error_t,
+) -> gantry_status_t;
+/// Since 1.10: free a speech.
+pub type SpeechCloseFn = unsafe extern "C" fn(*mut gantry_model_t, u64);
+
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
     pub struct_size: u32,
@@ -387,6 +418,12 @@ pub struct gantry_engine_vtable_t {
     pub embed_batch: Option<EmbedBatchFn>,
     /// Since 1.9; required with `GANTRY_MODALITY_TRANSCRIPTION`.
     pub seq_set_input: Option<SeqSetInputFn>,
+    /// Since 1.10; required with `GANTRY_MODALITY_SPEECH`.
+    pub speech_open: Option<SpeechOpenFn>,
+    /// Since 1.10; required with `GANTRY_MODALITY_SPEECH`.
+    pub speech_next: Option<SpeechNextFn>,
+    /// Since 1.10; required with `GANTRY_MODALITY_SPEECH`.
+    pub speech_close: Option<SpeechCloseFn>,
 }
 
 #[repr(C)]

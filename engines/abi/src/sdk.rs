@@ -122,6 +122,22 @@ pub trait Model: Send + Sync + 'static {
             input.kind()
         )))
     }
+    /// Start synthesizing `req` (since ABI 1.10, `speech_open`; required with
+    /// `GANTRY_MODALITY_SPEECH`): check the voice and the text, cut it into pieces, return a
+    /// nonzero handle. Nothing is synthesized yet. The default refuses.
+    fn speech_open(&self, _req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
+        Err(EngineError::unsupported(
+            "this model does not synthesize speech",
+        ))
+    }
+    /// Synthesize the next piece of `speech` (since ABI 1.10, `speech_next`).
+    fn speech_next(&self, _speech: u64) -> Result<SpeechPiece, EngineError> {
+        Err(EngineError::unsupported(
+            "this model does not synthesize speech",
+        ))
+    }
+    /// Free `speech`, finished or not (since ABI 1.10, `speech_close`).
+    fn speech_close(&self, _speech: u64) {}
 }
 
 /// The host's log callback, safe to call from any thread.

@@ -364,6 +364,9 @@ pub struct ModelInfo {
     /// Since ABI 1.9: the most samples one [`Input::Audio`] may hold (Whisper: 30 s); the host
     /// cuts longer audio into windows.
     pub audio_max_samples: u64,
+    /// Since ABI 1.10: a speech model's voices, the default first (empty without speech). A
+    /// speech model produces its audio at `audio_sample_rate`.
+    pub voices: Vec<String>,
 }
 
 impl ModelInfo {
@@ -382,6 +385,30 @@ impl ModelInfo {
     pub fn supports_transcription(&self) -> bool {
         self.modalities & ffi::GANTRY_MODALITY_TRANSCRIPTION != 0
     }
+    /// Text in, audio out (ABI 1.10): `speech_open`, then `speech_next` until done.
+    pub fn supports_speech(&self) -> bool {
+        self.modalities & ffi::GANTRY_MODALITY_SPEECH != 0
+    }
+}
+
+/// One speech synthesis (ABI 1.10 `speech_open`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpeechRequest<'a> {
+    /// Never empty.
+    pub text: &'a str,
+    /// One of the model's [`ModelInfo::voices`]; `None`: the default (the first).
+    pub voice: Option<&'a str>,
+    /// Pace, 1 = the voice's own; within [0.25, 4].
+    pub speed: f32,
+}
+
+/// One piece of a speech (ABI 1.10 `speech_next`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpeechPiece {
+    /// Mono PCM in [-1, 1] at the model's `audio_sample_rate`.
+    pub samples: Vec<f32>,
+    /// The last piece.
+    pub done: bool,
 }
 
 /// What a sequence is conditioned on (ABI 1.9 `seq_set_input`).

@@ -108,7 +108,18 @@ fn rust_layout() -> Vec<(String, usize)> {
             add_bos,
             recurrent_state_bytes,
             audio_sample_rate,
-            audio_max_samples
+            audio_max_samples,
+            voices
+        }
+    );
+    layout!(
+        rows,
+        gantry_speech_request_t {
+            struct_size,
+            text,
+            n_text,
+            voice,
+            speed
         }
     );
     layout!(
@@ -188,7 +199,10 @@ fn rust_layout() -> Vec<(String, usize)> {
             adapter_unload,
             seq_set_adapter,
             embed_batch,
-            seq_set_input
+            seq_set_input,
+            speech_open,
+            speech_next,
+            speech_close
         }
     );
     layout!(

@@ -85,6 +85,7 @@ fn infos_survive_the_round_trip() {
         recurrent_state_bytes: 3 << 20,
         audio_sample_rate: 16_000,
         audio_max_samples: 480_000,
+        voices: vec!["joe".into(), "amy".into()],
         ..ModelInfo::default()
     };
     let mut w = Writer::default();

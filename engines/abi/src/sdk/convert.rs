@@ -14,6 +14,8 @@ pub(super) struct CModelInfo {
     eos_text: Option<CString>,
     chat_template: Option<CString>,
     eog_tokens: Vec<i32>,
+    /// The voices joined by `\n` (ABI 1.10); `None` without voices.
+    voices: Option<CString>,
     info: ModelInfo,
 }
 
@@ -26,6 +28,7 @@ impl CModelInfo {
             eos_text: c(&info.eos_text),
             chat_template: c(&info.chat_template),
             eog_tokens: info.eog_tokens.clone(),
+            voices: (!info.voices.is_empty()).then(|| cstring_lossy(&info.voices.join("\n"))),
             info,
         }
     }
@@ -55,6 +58,7 @@ impl CModelInfo {
             recurrent_state_bytes: i.recurrent_state_bytes,
             audio_sample_rate: i.audio_sample_rate,
             audio_max_samples: i.audio_max_samples,
+            voices: opt(&self.voices),
         };
         // SAFETY: `out` is the host's struct, whose `struct_size` it set (header rule).
         unsafe { write_sized(out, &full, size_of::<ffi::gantry_model_info_t>()) };

@@ -22,6 +22,9 @@ pub(super) struct ModelBox<M> {
     pub(super) model: M,
     /// The C view of `model.info()`, built once so its pointers stay valid until unload.
     info: CModelInfo,
+    /// The last piece of each open speech (ABI 1.10), kept until the next `speech_next` for
+    /// it or its `speech_close`: the host reads the samples through the pointer it was given.
+    pub(super) pieces: std::sync::Mutex<std::collections::HashMap<u64, Vec<f32>>>,
 }
 
 /// The static entry a plugin exports; built by [`declare_engine!`](crate::declare_engine).
@@ -58,6 +61,9 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         seq_set_adapter: Some(shim_seq_set_adapter::<E::Model>),
         embed_batch: Some(shim_embed_batch::<E::Model>),
         seq_set_input: Some(super::media::shim_seq_set_input::<E::Model>),
+        speech_open: Some(super::media::shim_speech_open::<E::Model>),
+        speech_next: Some(super::media::shim_speech_next::<E::Model>),
+        speech_close: Some(super::media::shim_speech_close::<E::Model>),
     }
 }
 
@@ -197,7 +203,12 @@ unsafe extern "C" fn shim_load_model<E: Engine>(
             };
             let model = engine.load_model(&desc)?;
             let info = CModelInfo::new(model.info());
-            *out = Box::into_raw(Box::new(ModelBox { model, info })).cast();
+            *out = Box::into_raw(Box::new(ModelBox {
+                model,
+                info,
+                pieces: Default::default(),
+            }))
+            .cast();
             Ok(())
         })
     }
