@@ -202,6 +202,9 @@ pub enum ModelFormat {
     Gguf,
     /// Hugging Face safetensors with `config.json`.
     Safetensors,
+    /// An ONNX graph with its config beside it (a Piper voice: `<name>.onnx` and
+    /// `<name>.onnx.json`), for the ONNX Runtime engine.
+    Onnx,
 }
 
 impl ModelFormat {
@@ -209,6 +212,7 @@ impl ModelFormat {
         match self {
             ModelFormat::Gguf => "gguf",
             ModelFormat::Safetensors => "safetensors",
+            ModelFormat::Onnx => "onnx",
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Untrusted-input parsers (before engine selection and loading): GGUF headers, Hugging Face
-//! `config.json` and engine plugin manifests.
+//! `config.json`, ONNX model configs and engine plugin manifests.
 //!
 //! Everything here reads bytes that came from a download, a volume or a
 //! plugin image, so every parser bounds its input size, checks each declared
@@ -11,3 +11,4 @@
 pub mod gguf;
 pub mod hf_config;
 pub mod manifest;
+pub mod onnx;

@@ -79,7 +79,7 @@ impl ManifestError {
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 
 const KNOWN_BACKENDS: [&str; 2] = ["cpu", "cuda"];
-const KNOWN_FORMATS: [&str; 2] = ["gguf", "safetensors"];
+const KNOWN_FORMATS: [&str; 3] = ["gguf", "safetensors", "onnx"];
 /// The ABI's modality bits by name (`GANTRY_MODALITY_*`, ABI 1.9): `speech`, `vision` and
 /// `image` are declared, and no engine implements them yet.
 const KNOWN_MODALITIES: [&str; 6] = [

@@ -141,6 +141,7 @@ pub fn is_model_file(path: &str, format: Format) -> bool {
     match format {
         Format::Gguf => is_gguf(path),
         Format::Safetensors => path.ends_with(".safetensors") || path.ends_with(".json"),
+        Format::Onnx => path.ends_with(".onnx") || path.ends_with(".json"),
     }
 }
 
@@ -183,7 +184,62 @@ pub fn select(
             }
             select_safetensors(listing)
         }
+        Format::Onnx => {
+            if let Some(q) = quantization {
+                return Err(StoreError::Selection(format!(
+                    "`quantization` ({q}) picks a GGUF file; this model's format is onnx"
+                )));
+            }
+            select_onnx(listing)
+        }
     }
+}
+
+/// An ONNX model: one top-level `.onnx` graph (the primary) and its config beside it
+/// (`<name>.onnx.json`, a Piper voice's), plus any other top-level JSON (a voice list).
+fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
+    let top = |f: &&RemoteFile| !f.path.contains('/');
+    let graphs: Vec<&RemoteFile> = listing
+        .iter()
+        .filter(top)
+        .filter(|f| f.path.ends_with(".onnx"))
+        .collect();
+    let primary = match graphs.as_slice() {
+        [one] => one.path.clone(),
+        [] => {
+            return Err(StoreError::Selection(
+                "no top-level .onnx file in the source (format is onnx; other formats are never used)"
+                    .into(),
+            ));
+        }
+        many => {
+            return Err(StoreError::Selection(format!(
+                "several .onnx files: {}; name the one to serve in `files`",
+                many.iter()
+                    .map(|f| f.path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    };
+    let config = format!("{primary}.json");
+    if !listing.iter().any(|f| f.path == config) {
+        return Err(StoreError::Selection(format!(
+            "an onnx model needs its config {config} beside {primary}"
+        )));
+    }
+    let files = listing
+        .iter()
+        .filter(top)
+        .filter(|f| f.path == primary || f.path.ends_with(".json"))
+        .cloned()
+        .collect();
+    Ok(ArtifactSelection {
+        files,
+        primary,
+        mmproj: None,
+        quantization: None,
+    })
 }
 
 fn select_gguf(
@@ -317,6 +373,30 @@ fn select_safetensors(listing: &[RemoteFile]) -> Result<ArtifactSelection, Store
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_onnx_model_is_its_graph_and_its_config() {
+        let l = ls(&[
+            "en_US-joe-medium.onnx",
+            "en_US-joe-medium.onnx.json",
+            "MODEL_CARD",
+            "samples/x.onnx",
+        ]);
+        let s = select(&l, Format::Onnx, None, &[]).expect("onnx");
+        assert_eq!(s.primary, "en_US-joe-medium.onnx");
+        let mut names: Vec<_> = s.files.iter().map(|f| f.path.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["en_US-joe-medium.onnx", "en_US-joe-medium.onnx.json"]
+        );
+        let e = select(&ls(&["a.onnx"]), Format::Onnx, None, &[]).unwrap_err();
+        assert!(e.to_string().contains("a.onnx.json"), "{e}");
+        let e = select(&ls(&["a.onnx", "b.onnx"]), Format::Onnx, None, &[]).unwrap_err();
+        assert!(e.to_string().contains("a.onnx, b.onnx"), "{e}");
+        let e = select(&ls(&["a.safetensors"]), Format::Onnx, None, &[]).unwrap_err();
+        assert!(e.to_string().contains("no top-level .onnx"), "{e}");
+    }
 
     fn ls(names: &[&str]) -> Vec<RemoteFile> {
         names

@@ -567,8 +567,8 @@ impl Node {
 }
 
 /// Architecture from metadata, without loading weights: the GGUF header's
-/// `general.architecture`, or the model class `config.json` names first in `architectures`
-/// (`LlamaForCausalLM`, ...). The class, not `model_type`, says which implementation runs the
+/// `general.architecture`, the model class `config.json` names first in `architectures`
+/// (`LlamaForCausalLM`, ...), or the family an ONNX graph's config describes (`PiperVoice`). The class, not `model_type`, says which implementation runs the
 /// weights (seeds 000/001), so it is what safetensors engines list in their manifests and
 /// what the operator selects by (it learns the architecture from this report).
 pub fn read_architecture(primary: &Path, format: Format) -> Result<String, String> {
@@ -594,5 +594,6 @@ pub fn read_architecture(primary: &Path, format: Format) -> Result<String, Strin
                 )
             })
         }
+        Format::Onnx => gantry_formats::onnx::architecture(primary),
     }
 }

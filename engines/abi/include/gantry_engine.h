@@ -108,6 +108,9 @@ typedef uint32_t gantry_backend_t;
 typedef uint32_t gantry_format_t;
 #define GANTRY_FORMAT_GGUF 0
 #define GANTRY_FORMAT_SAFETENSORS 1
+/* Since 1.10: an ONNX graph (`primary_file`, a `.onnx`) with its config beside it (a Piper
+ * voice's `<name>.onnx.json`). */
+#define GANTRY_FORMAT_ONNX 2
 
 typedef uint32_t gantry_log_level_t;
 #define GANTRY_LOG_ERROR 0

@@ -32,6 +32,8 @@ pub const GANTRY_BACKEND_CUDA: gantry_backend_t = 1;
 pub type gantry_format_t = u32;
 pub const GANTRY_FORMAT_GGUF: gantry_format_t = 0;
 pub const GANTRY_FORMAT_SAFETENSORS: gantry_format_t = 1;
+/// Since 1.10: an ONNX graph with its config beside it.
+pub const GANTRY_FORMAT_ONNX: gantry_format_t = 2;
 
 pub type gantry_log_level_t = u32;
 pub const GANTRY_LOG_ERROR: gantry_log_level_t = 0;

@@ -170,6 +170,8 @@ impl fmt::Display for Backend {
 pub enum Format {
     Gguf,
     Safetensors,
+    /// Since ABI 1.10: an ONNX graph and the config beside it (a Piper voice).
+    Onnx,
 }
 
 impl Format {
@@ -177,6 +179,7 @@ impl Format {
         match raw {
             ffi::GANTRY_FORMAT_GGUF => Some(Format::Gguf),
             ffi::GANTRY_FORMAT_SAFETENSORS => Some(Format::Safetensors),
+            ffi::GANTRY_FORMAT_ONNX => Some(Format::Onnx),
             _ => None,
         }
     }
@@ -184,18 +187,21 @@ impl Format {
         match self {
             Format::Gguf => ffi::GANTRY_FORMAT_GGUF,
             Format::Safetensors => ffi::GANTRY_FORMAT_SAFETENSORS,
+            Format::Onnx => ffi::GANTRY_FORMAT_ONNX,
         }
     }
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Gguf => "gguf",
             Format::Safetensors => "safetensors",
+            Format::Onnx => "onnx",
         }
     }
     pub fn parse(s: &str) -> Option<Format> {
         match s {
             "gguf" => Some(Format::Gguf),
             "safetensors" => Some(Format::Safetensors),
+            "onnx" => Some(Format::Onnx),
             _ => None,
         }
     }

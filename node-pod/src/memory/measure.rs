@@ -123,5 +123,6 @@ pub fn weight_bytes(primary: &Path, format: Format) -> u64 {
             None => size(primary),
         },
         Format::Safetensors => siblings(&|n: &str| n.ends_with(".safetensors")),
+        Format::Onnx => size(primary),
     }
 }

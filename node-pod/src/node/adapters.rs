@@ -463,7 +463,7 @@ impl Node {
                         "adapter_config.json".to_string(),
                         "adapter_model.safetensors".to_string(),
                     ],
-                    (true, Format::Gguf) => Vec::new(),
+                    (true, Format::Gguf | Format::Onnx) => Vec::new(),
                 };
                 a.record().downloading = true;
                 let progress = Arc::new(crate::store::DownloadProgress::default());
@@ -480,7 +480,7 @@ impl Node {
                 match result {
                     Ok(f) => {
                         r.path = Some(match format {
-                            Format::Gguf => f.primary,
+                            Format::Gguf | Format::Onnx => f.primary,
                             Format::Safetensors => f.dir,
                         })
                     }
