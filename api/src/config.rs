@@ -475,11 +475,13 @@ impl NodeConfig {
             "safetensors"
         } else if path.extension().is_some_and(|e| e == "gguf") {
             "gguf"
+        } else if path.extension().is_some_and(|e| e == "onnx") {
+            "onnx"
         } else {
             return Err(ConfigError::Invalid {
                 field: "--model".into(),
                 reason: format!(
-                    "{} is neither a .gguf file nor a model directory",
+                    "{} is neither a .gguf or .onnx file nor a model directory",
                     path.display()
                 ),
             });

@@ -114,7 +114,7 @@ impl GatewayError {
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "not_found",
-            "no such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings"
+            "no such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech"
                 .to_string(),
         )
     }

@@ -41,6 +41,10 @@ pub fn router(state: Arc<GatewayState>) -> Router {
             "/v1/audio/translations",
             post(|s, h, b| proxy::proxy(s, "/v1/audio/translations", h, b)),
         )
+        .route(
+            "/v1/audio/speech",
+            post(|s, h, b| proxy::proxy(s, "/v1/audio/speech", h, b)),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

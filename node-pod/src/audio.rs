@@ -2,7 +2,8 @@
 //! scheduler): any wav, flac, mp3 or ogg/vorbis file decoded by symphonia, mixed down to mono,
 //! resampled by rubato to the rate the model takes (16 kHz for Whisper). What cannot be read
 //! is a clear error naming the reason; audio past the duration limit is refused while it is
-//! decoded, before it is all in memory.
+//! decoded, before it is all in memory. And synthesized speech out of samples (the speech
+//! route, `http/speech.rs`): 16-bit PCM and its WAV header.
 
 use rubato::{FftFixedIn, Resampler};
 use symphonia::core::audio::SampleBuffer;
@@ -144,10 +145,14 @@ pub fn resample(input: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
         out.extend_from_slice(&chunk[0]);
         at += n;
     }
-    let chunk = r
-        .process_partial(Some(&[&input[at..]]), None)
-        .map_err(|e| e.to_string())?;
-    out.extend_from_slice(&chunk[0]);
+    // rubato refuses an empty partial chunk: input that filled its last chunk exactly has
+    // nothing left here, and goes straight to the flush.
+    if at < input.len() {
+        let chunk = r
+            .process_partial(Some(&[&input[at..]]), None)
+            .map_err(|e| e.to_string())?;
+        out.extend_from_slice(&chunk[0]);
+    }
     // Flush what the filter still holds.
     while out.len() < want + delay {
         let chunk = r
@@ -162,31 +167,56 @@ pub fn resample(input: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
     Ok(out[delay.min(end)..end].to_vec())
 }
 
+/// Samples in [-1, 1] as 16-bit little-endian PCM: scaled by 32767, clipped, truncated toward
+/// zero (as Piper and NumPy's `astype(int16)` do, so the node's output matches theirs).
+pub fn pcm16(samples: &[f32]) -> Vec<u8> {
+    samples
+        .iter()
+        .flat_map(|s| ((s * 32767.0).clamp(-32767.0, 32767.0) as i16).to_le_bytes())
+        .collect()
+}
+
+/// The 44-byte RIFF/WAVE header of 16-bit PCM at `rate`, `channels` interleaved, before
+/// `data_bytes` of samples; `None` when the length is not known yet (a stream), written as
+/// the largest size, as streaming servers do. Written here rather than with a WAV crate: the
+/// header is fixed and a stream needs it before the samples exist.
+pub fn wav_header(rate: u32, channels: u16, data_bytes: Option<u32>) -> Vec<u8> {
+    let data = data_bytes.unwrap_or(u32::MAX - 36);
+    let mut w = Vec::with_capacity(44);
+    w.extend_from_slice(b"RIFF");
+    w.extend_from_slice(&(36 + data).to_le_bytes());
+    w.extend_from_slice(b"WAVEfmt ");
+    w.extend_from_slice(&16u32.to_le_bytes());
+    w.extend_from_slice(&1u16.to_le_bytes());
+    w.extend_from_slice(&channels.to_le_bytes());
+    w.extend_from_slice(&rate.to_le_bytes());
+    w.extend_from_slice(&(rate * u32::from(channels) * 2).to_le_bytes());
+    w.extend_from_slice(&(channels * 2).to_le_bytes());
+    w.extend_from_slice(&16u16.to_le_bytes());
+    w.extend_from_slice(b"data");
+    w.extend_from_slice(&data.to_le_bytes());
+    w
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A 16-bit PCM wav of `samples` at `rate`, `channels` interleaved.
     pub fn wav(samples: &[f32], rate: u32, channels: u16) -> Vec<u8> {
-        let data: Vec<u8> = samples
-            .iter()
-            .flat_map(|s| ((s.clamp(-1.0, 1.0) * 32767.0) as i16).to_le_bytes())
-            .collect();
-        let mut w = Vec::new();
-        w.extend_from_slice(b"RIFF");
-        w.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
-        w.extend_from_slice(b"WAVEfmt ");
-        w.extend_from_slice(&16u32.to_le_bytes());
-        w.extend_from_slice(&1u16.to_le_bytes());
-        w.extend_from_slice(&channels.to_le_bytes());
-        w.extend_from_slice(&rate.to_le_bytes());
-        w.extend_from_slice(&(rate * u32::from(channels) * 2).to_le_bytes());
-        w.extend_from_slice(&(channels * 2).to_le_bytes());
-        w.extend_from_slice(&16u16.to_le_bytes());
-        w.extend_from_slice(b"data");
-        w.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        let data = pcm16(samples);
+        let mut w = wav_header(rate, channels, Some(data.len() as u32));
         w.extend_from_slice(&data);
         w
+    }
+
+    #[test]
+    fn input_that_fills_its_last_chunk_exactly_is_resampled() {
+        // 30 chunks of 1024 frames at 22.05 kHz (a Piper voice's rate) to Whisper's 16 kHz.
+        for n in [1024 * 30, 1024 * 30 - 1, 1024 * 30 + 1, 1] {
+            let out = resample(&vec![0.1f32; n], 22_050, 16_000).expect("resampled");
+            assert_eq!(out.len(), (n * 16_000).div_ceil(22_050), "{n} frames");
+        }
     }
 
     fn tone(hz: f32, rate: u32, secs: f32) -> Vec<f32> {

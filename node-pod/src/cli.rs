@@ -74,7 +74,7 @@ pub struct ServeArgs {
     /// in-process one (0 = never).
     #[arg(long, env = "GANTRY_PLUGIN_RELOAD_SECONDS", default_value_t = 5)]
     pub plugin_reload_seconds: u64,
-    /// Serve one model file (`.gguf`) or directory; the format follows from the path.
+    /// Serve one model file (`.gguf`, `.onnx`) or directory; the format follows from the path.
     #[arg(long, env = "GANTRY_MODEL")]
     pub model: Option<PathBuf>,
     /// OpenAI model id for `--model` (default: the file name without extension).

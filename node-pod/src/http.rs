@@ -9,6 +9,7 @@ pub mod generate;
 pub mod limits;
 pub mod node_auth;
 pub mod response;
+pub mod speech;
 
 pub use gantry_openai::{request as openai, tool_reply, validate};
 
@@ -79,6 +80,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/audio/transcriptions", post(|State(s): State<AppState>, mp| audio::transcriptions(s, mp, audio::Task::Transcribe)))
         .route("/v1/audio/translations", post(|State(s): State<AppState>, mp| audio::transcriptions(s, mp, audio::Task::Translate)))
+        .route("/v1/audio/speech", post(|State(s): State<AppState>, body| speech::speech(s, body)))
         .route("/v1/tokenize", post(tokenize))
         .route(gantry_api::NODE_STATUS_PATH, get(status))
         .route("/healthz", get(healthz))

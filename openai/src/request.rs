@@ -249,6 +249,24 @@ pub struct EmbeddingRequest {
     pub user: Option<String>,
 }
 
+/// `POST /v1/audio/speech`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeechRequest {
+    pub model: String,
+    pub input: String,
+    #[serde(default)]
+    pub voice: Option<String>,
+    #[serde(default)]
+    pub response_format: Option<String>,
+    #[serde(default)]
+    pub speed: Option<f64>,
+    #[serde(default)]
+    pub stream_format: Option<String>,
+    #[serde(default)]
+    pub instructions: Option<String>,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {

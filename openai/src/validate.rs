@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use serde_json::Map;
 
+pub mod speech;
 pub mod structured;
 pub use structured::ToolMode;
 

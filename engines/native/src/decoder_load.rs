@@ -148,6 +148,7 @@ impl DecoderModel {
             recurrent_state_bytes: (mc.state_floats_per_sequence() * 4) as u64,
             audio_sample_rate: 0,
             audio_max_samples: 0,
+            voices: Vec::new(),
         };
         log.log(
             LogLevel::Info,

