@@ -6,12 +6,14 @@
 #   docker build --target engine-llama-cpp-cuda -t gantry/engine-llama-cpp-cuda .
 #   docker build --target engine-native-cpu     -t gantry/engine-native-cpu .
 #   docker build --target engine-native-cuda    -t gantry/engine-native-cuda .
+#   docker build --target engine-onnx-cpu       -t gantry/engine-onnx-cpu .
 # Dependencies are compiled in their own layer (cargo chef), so a source change rebuilds only
 # Gantry's crates. Toolchain and base images are pinned; Cargo.lock is used as is (--locked).
 # tests/python/test_dockerfile.py checks that every file a target copies is one the build makes.
 
 ARG RUST_IMAGE=rust:1.95-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # Images run on CPUs other than the build host's: replace the workspace's
 # `-C target-cpu=native` (.cargo/config.toml, for builds that run where they are made) with the
 # x86-64 baseline, so llama.cpp is configured with GGML_NATIVE=OFF. Set in every build stage.
@@ -48,7 +50,7 @@ COPY . .
 # The CPU plugin is the `cpu-variants` build: llama.cpp as shared libraries (found beside the
 # plugin through its $ORIGIN run path) and ggml's CPU code once per x86-64 level, of which the
 # plugin loads the best for the node's CPU at start (docs/engines.md, "CPU builds").
-RUN cargo build --release --locked -p gantry-node -p gantry-engine-native --lib \
+RUN cargo build --release --locked -p gantry-node -p gantry-engine-native -p gantry-engine-onnx --lib \
  && cargo build --release --locked --target x86_64-unknown-linux-musl -p gantry-operator -p gantry-copy \
  && CARGO_TARGET_DIR=target/cpu-variants cargo build --release --locked \
       -p gantry-engine-llama-cpp --features cpu-variants --lib \
@@ -76,8 +78,24 @@ RUN cargo build --release --locked -p gantry-node -p gantry-engine-native --lib 
  && mkdir -p /out/engines/native/cpu \
  && cp -L target/release/engines/native/cpu/manifest.json /out/engines/native/cpu/manifest.json \
  && cp -L target/release/engines/native/cpu/libgantry_engine_native.so /out/engines/native/cpu/libgantry_engine_native.so \
+ && mkdir -p /out/engines/onnx/cpu \
+ && cp -L target/release/engines/onnx/cpu/manifest.json /out/engines/onnx/cpu/manifest.json \
+ && cp -L target/release/engines/onnx/cpu/libgantry_engine_onnx.so /out/engines/onnx/cpu/libgantry_engine_onnx.so \
  && cp -L target/x86_64-unknown-linux-musl/release/gantry-operator /out/gantry-operator \
  && cp -L target/x86_64-unknown-linux-musl/release/gantry-copy /out/copy
+
+# ---- the ONNX plugin's run-time libraries --------------------------------------------------------
+# ONNX Runtime and espeak-ng, which the plugin opens at run time and finds beside itself
+# (engines/onnx/src/libs.rs), from the wheels the tests use, pinned by hash.
+FROM ${PYTHON_IMAGE} AS onnx-runtime
+COPY scripts/requirements-onnx-runtime.txt /tmp/requirements.txt
+RUN python -m pip download --no-cache-dir --no-deps --require-hashes --only-binary=:all: \
+      -d /tmp/wheels -r /tmp/requirements.txt \
+ && for w in /tmp/wheels/*.whl; do python -m zipfile -e "$w" /tmp/x; done \
+ && mkdir -p /out/onnx \
+ && cp -L /tmp/x/onnxruntime/capi/libonnxruntime.so.1.32.0 /out/onnx/libonnxruntime.so.1 \
+ && cp -L /tmp/x/espeakng_loader/libespeak-ng.so.1 /out/onnx/libespeak-ng.so.1 \
+ && cp -LR /tmp/x/espeakng_loader/espeak-ng-data /out/onnx/espeak-ng-data
 
 # ---- CUDA plugin build --------------------------------------------------------------------
 FROM ${CUDA_IMAGE} AS build-cuda
@@ -143,6 +161,15 @@ ENTRYPOINT ["/copy"]
 FROM scratch AS engine-native-cpu
 COPY --from=build /out/copy /copy
 COPY --from=build /out/engines/native/cpu/ /engines/native/cpu/
+USER 65532:65532
+ENTRYPOINT ["/copy"]
+
+# The ONNX engine (onnx: Piper voices for text to speech), with ONNX Runtime and espeak-ng (its
+# library and data) beside it.
+FROM scratch AS engine-onnx-cpu
+COPY --from=build /out/copy /copy
+COPY --from=build /out/engines/onnx/cpu/ /engines/onnx/cpu/
+COPY --from=onnx-runtime /out/onnx/ /engines/onnx/cpu/
 USER 65532:65532
 ENTRYPOINT ["/copy"]
 

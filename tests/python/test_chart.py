@@ -22,7 +22,8 @@ OVERRIDES = {
     "gateway-only": {"controller": {"enabled": False}},
     "controller-only": {"gateway": {"enabled": False}},
     "no-default-engines": {"engines": {"llamaCpp": {"cpu": {"enabled": False}, "cuda": {"enabled": False}},
-                                       "native": {"cpu": {"enabled": False}, "cuda": {"enabled": False}}}},
+                                       "native": {"cpu": {"enabled": False}, "cuda": {"enabled": False}},
+                                       "onnx": {"cpu": {"enabled": False}}}},
     "network-policies": {"networkPolicy": {"metricsNamespace": "monitoring",
                                            "nodeDownloadCidrs": ["10.20.0.0/16", "192.0.2.0/24"]}},
     "no-network-policies": {"networkPolicy": {"enabled": False}},
@@ -109,7 +110,7 @@ def test_default_install_runs_both_components_in_one_pod_with_the_gateway_servic
     svc = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "gantry-gateway")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
     assert {p["metadata"]["name"] for p in of_kind(objects, "EnginePlugin")} == {"llama-cpp-cpu", "llama-cpp-cuda", "native-cpu",
-                                                                          "native-cuda"}
+                                                                          "native-cuda", "onnx-cpu"}
     assert not of_kind(objects, "ServiceMonitor")
 
 
@@ -317,7 +318,7 @@ def test_values_schema_rejects_wrong_values(bad):
 
 def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
     manifests = {m["id"]: m for m in (json.loads((ROOT / f"engines/{d}/manifest.json").read_text())
-                                      for d in ("llama-cpp", "native"))}
+                                      for d in ("llama-cpp", "native", "onnx"))}
     # The native engine's CUDA build drops what only its CPU backend runs (engines/native/build.rs).
     build_rs = (ROOT / "engines/native/build.rs").read_text()
     cpu_only = re.search(r"const CPU_ONLY: \[&str; \d+\] = \[(.*?)\];", build_rs, re.S).group(1)
@@ -327,7 +328,7 @@ def test_default_plugins_list_the_architectures_of_the_plugin_manifest():
         r"const CPU_ONLY_MODALITIES: \[&str; \d+\] = \[(.*?)\];", build_rs, re.S).group(1))
     rendered = of_kind(render({"engines": {"native": {"cuda": {"enabled": True}},
                                            "llamaCpp": {"cuda": {"enabled": True}}}}), "EnginePlugin")
-    assert {p["metadata"]["name"] for p in rendered} >= {"native-cpu", "native-cuda"}
+    assert {p["metadata"]["name"] for p in rendered} >= {"native-cpu", "native-cuda", "onnx-cpu"}
     for p in rendered:
         manifest = manifests[p["spec"]["engineId"]]
         archs, modalities = manifest["architectures"], manifest["modalities"]

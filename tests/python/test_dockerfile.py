@@ -37,6 +37,16 @@ TARGETS = {
         "/engines/native/cpu/manifest.json": "target/release/engines/native/cpu/manifest.json",
         "/engines/native/cpu/libgantry_engine_native.so": "target/release/engines/native/cpu/libgantry_engine_native.so",
     },
+    # ONNX Runtime and espeak-ng come from their wheels (stage onnx-runtime), found beside the
+    # plugin at run time; espeak-ng's data is a directory.
+    "engine-onnx-cpu": {
+        "/copy": "target/release/gantry-copy",
+        "/engines/onnx/cpu/manifest.json": "target/release/engines/onnx/cpu/manifest.json",
+        "/engines/onnx/cpu/libgantry_engine_onnx.so": "target/release/engines/onnx/cpu/libgantry_engine_onnx.so",
+        "/engines/onnx/cpu/libonnxruntime.so.1": "/tmp/x/onnxruntime/capi/libonnxruntime.so.1.32.0",
+        "/engines/onnx/cpu/libespeak-ng.so.1": "/tmp/x/espeakng_loader/libespeak-ng.so.1",
+        "/engines/onnx/cpu/espeak-ng-data": "/tmp/x/espeakng_loader/espeak-ng-data",
+    },
     "engine-llama-cpp-cuda": {
         "/copy": "target/release/gantry-copy",
         # Built with --features cuda; its layout mirrors the CPU one (engines/llama-cpp/build.rs).
@@ -80,7 +90,7 @@ def staged(instructions: list[str]) -> dict[str, str]:
             continue
         for cmd in line[4:].split("&&"):
             words = shlex.split(cmd)
-            if words[:2] == ["cp", "-L"]:
+            if words[:2] in (["cp", "-L"], ["cp", "-LR"]):
                 out[words[3]] = words[2]
     return out
 
@@ -124,11 +134,11 @@ def test_each_target_copies_exactly_the_files_the_build_produces(target):
 
 def test_the_cpu_build_outputs_exist_by_path():
     # The CUDA plugin is not built here (no CUDA toolkit); its paths mirror the CPU ones above.
-    for target in ("operator", "node", "engine-llama-cpp-cpu", "engine-native-cpu"):
+    for target in ("operator", "node", "engine-llama-cpp-cpu", "engine-native-cpu", "engine-onnx-cpu"):
         for src in TARGETS[target].values():
             src = normalise(src)
-            if src.startswith("target/cpu-variants/"):
-                continue  # the next test
+            if src.startswith("target/cpu-variants/") or src.startswith("/tmp/x/"):
+                continue  # the next test, and the wheels of the onnx-runtime stage
             path = TARGET / src.removeprefix("target/release/")
             assert path.exists(), f"{target} copies {src}, but the build has no {path}"
 
@@ -159,3 +169,19 @@ def test_dockerignore_keeps_the_build_context_small_but_complete():
     assert "target/" in ignored and ".git/" in ignored
     for needed in ("Cargo.lock", "engines/", "operator/", "gateway/", "crd/", "node-pod/", "copier/", "crds/"):
         assert not any(needed.startswith(i) for i in ignored), needed
+
+
+def test_the_onnx_image_ships_the_runtime_the_tests_run():
+    # The image's ONNX Runtime and espeak-ng (scripts/requirements-onnx-runtime.txt, by hash)
+    # are the versions the test suite runs the plugin with (scripts/requirements-test.txt).
+    def pins(name: str) -> dict[str, str]:
+        out = {}
+        for line in (ROOT / "scripts" / name).read_text().splitlines():
+            m = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line)
+            if m:
+                out[m.group(1).lower()] = m.group(2)
+        return out
+
+    image, tests = pins("requirements-onnx-runtime.txt"), pins("requirements-test.txt")
+    assert set(image) == {"onnxruntime", "espeakng-loader"}
+    assert all(tests.get(k) == v for k, v in image.items()), (image, tests)
