@@ -206,16 +206,23 @@ async fn models(State(s): State<AppState>) -> Response {
 /// One model's `/v1/models` entry.
 fn models_entry(m: &crate::node::ServedModel, created: u64) -> Value {
     let state = m.state();
-    let (ready, template, ctx, engine) = match &state {
-        ModelState::Ready(r) => (
-            true,
-            Some(r.template_source().as_str()),
-            Some(r.scheduler.context_length()),
-            Some(r.plugin.clone()),
-        ),
-        _ => (false, None, None, None),
+    // A chat template and a context length mean something for a text model only; a speech
+    // model lists its voices instead.
+    let (ready, template, ctx, engine, voices) = match &state {
+        ModelState::Ready(r) => {
+            let info = r.shared.info();
+            let text = info.supports_completion() || info.supports_embedding();
+            (
+                true,
+                text.then(|| r.template_source().as_str()),
+                text.then(|| r.scheduler.context_length()),
+                Some(r.plugin.clone()),
+                info.supports_speech().then(|| info.voices.clone()),
+            )
+        }
+        _ => (false, None, None, None, None),
     };
-    json!({
+    let mut entry = json!({
         "id": m.config.id,
         "object": "model",
         "created": created,
@@ -225,7 +232,11 @@ fn models_entry(m: &crate::node::ServedModel, created: u64) -> Value {
         "engine": engine,
         "context_length": ctx,
         "chat_template": template,
-    })
+    });
+    if let Some(v) = voices {
+        entry["voices"] = json!(v);
+    }
+    entry
 }
 
 async fn tokenize(State(s): State<AppState>, body: axum::body::Bytes) -> Response {

@@ -415,7 +415,7 @@ impl Node {
         let model_dir = primary.parent().unwrap_or(Path::new("."));
         let template = choose_template(&m.config, &info, model_dir)
             .map_err(|e| BuildError::Failed(format!("chat template: {e}")))?;
-        if template.source() == TemplateSource::DefaultChatml {
+        if template.source() == TemplateSource::DefaultChatml && info.supports_completion() {
             tracing::warn!(model = %m.config.id, "the model has no chat template; using the default ChatML template");
         }
         let tokenizer = Tokenizer::for_model(model_dir, shared.clone())

