@@ -346,6 +346,41 @@ const SELECTION: &[SelectionCase] = &[
         modalities: &["transcription"],
         want: Want::Chosen("native"),
     },
+    SelectionCase {
+        name: "a Piper voice goes to the ONNX engine, and text engines refuse its format",
+        plugins: &[
+            CPU_LLAMA,
+            (
+                "onnx",
+                "cpu",
+                &["onnx"],
+                &["PiperVoice"],
+                1,
+                &["speech"],
+            ),
+        ],
+        format: "onnx",
+        architecture: "PiperVoice",
+        pin: None,
+        modalities: &["speech"],
+        want: Want::Chosen("onnx"),
+    },
+    SelectionCase {
+        name: "a speech Model is refused by an engine that takes its format but not speech",
+        plugins: &[(
+            "onnx",
+            "cpu",
+            &["onnx"],
+            &["PiperVoice"],
+            1,
+            &["completion"],
+        )],
+        format: "onnx",
+        architecture: "PiperVoice",
+        pin: None,
+        modalities: &["speech"],
+        want: Want::Rejected(&[("onnx", RejectionKind::Modality)]),
+    },
 ];
 
 fn profile_dir() -> PathBuf {
@@ -358,13 +393,15 @@ fn profile_dir() -> PathBuf {
 
 /// The node's registry over the case's plugins, each a real library under
 /// `<root>/<id>/<backend>/`: llama.cpp for `llama_cpp`, the native engine for `native`, the
-/// fault-injection plugin otherwise.
+/// ONNX engine for `onnx`, the fault-injection plugin otherwise.
 fn node_registry(root: &Path, plugins: &[PluginCase]) -> EngineRegistry {
     for &(id, backend, formats, architectures, abi, modalities) in plugins {
         let name = if id == "llama_cpp" {
             "libgantry_engine_llama_cpp.so"
         } else if id == "native" {
             "libgantry_engine_native.so"
+        } else if id == "onnx" {
+            "libgantry_engine_onnx.so"
         } else {
             "libgantry_fault_faulty.so"
         };
