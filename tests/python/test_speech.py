@@ -119,6 +119,14 @@ def test_whisper_hears_what_the_voice_says(node):
         assert word_errors(words(transcribe(g, audio)), words(SENTENCES[0])) <= 1
         exact = g.audio.speech.create(model="joe-exact", voice="joe", input=SENTENCES[1]).read()
         assert exact == client.audio.speech.create(model="joe-exact", voice="joe", input=SENTENCES[1]).read()
+        # Streamed through the gateway: the same bytes as from the node, in several chunks.
+        text = " ".join(SENTENCES[:3])
+        streamed = []
+        for c in (g, client):
+            with c.audio.speech.with_streaming_response.create(model="joe-exact", voice="joe", input=text,
+                                                               response_format="pcm") as r:
+                streamed.append([b for b in r.iter_bytes() if b])
+        assert len(streamed[0]) >= 3 and b"".join(streamed[0]) == b"".join(streamed[1])
 
 
 def test_formats_durations_and_speed(node):
