@@ -390,11 +390,11 @@ mod tests {
             names,
             ["en_US-joe-medium.onnx", "en_US-joe-medium.onnx.json"]
         );
-        let e = select(&ls(&["a.onnx"]), Format::Onnx, None, &[]).unwrap_err();
+        let e = select(&ls(&["a.onnx"]), Format::Onnx, None, &[]).expect_err("refused");
         assert!(e.to_string().contains("a.onnx.json"), "{e}");
-        let e = select(&ls(&["a.onnx", "b.onnx"]), Format::Onnx, None, &[]).unwrap_err();
+        let e = select(&ls(&["a.onnx", "b.onnx"]), Format::Onnx, None, &[]).expect_err("refused");
         assert!(e.to_string().contains("a.onnx, b.onnx"), "{e}");
-        let e = select(&ls(&["a.safetensors"]), Format::Onnx, None, &[]).unwrap_err();
+        let e = select(&ls(&["a.safetensors"]), Format::Onnx, None, &[]).expect_err("refused");
         assert!(e.to_string().contains("no top-level .onnx"), "{e}");
     }
 

@@ -350,14 +350,7 @@ const SELECTION: &[SelectionCase] = &[
         name: "a Piper voice goes to the ONNX engine, and text engines refuse its format",
         plugins: &[
             CPU_LLAMA,
-            (
-                "onnx",
-                "cpu",
-                &["onnx"],
-                &["PiperVoice"],
-                1,
-                &["speech"],
-            ),
+            ("onnx", "cpu", &["onnx"], &["PiperVoice"], 1, &["speech"]),
         ],
         format: "onnx",
         architecture: "PiperVoice",

@@ -208,6 +208,7 @@ impl LlamaLoaded {
             recurrent_state_bytes: state_bytes,
             audio_sample_rate: 0,
             audio_max_samples: 0,
+            voices: Vec::new(),
         };
         log.log(
             LogLevel::Info,

@@ -243,7 +243,7 @@ mod tests {
                                    "a": [14], "b": [15], "ˈ": [120], "\u0303": [141]}}"#
                 .as_bytes(),
         )
-        .unwrap()
+        .expect("valid")
     }
 
     #[test]
@@ -254,9 +254,9 @@ mod tests {
         assert_eq!((c.noise_scale, c.length_scale, c.noise_w), (0.5, 1.1, 0.7));
         assert_eq!(c.speakers, ["joe"]);
         assert!(!c.multi_speaker);
-        let e = VoiceConfig::parse(br#"{"audio": {"sample_rate": 22050}}"#).unwrap_err();
+        let e = VoiceConfig::parse(br#"{"audio": {"sample_rate": 22050}}"#).expect_err("refused");
         assert!(e.contains("espeak.voice"), "{e}");
-        let e = VoiceConfig::parse(br#"{"audio": {"sample_rate": 1}}"#).unwrap_err();
+        let e = VoiceConfig::parse(br#"{"audio": {"sample_rate": 1}}"#).expect_err("refused");
         assert!(e.contains("[8000, 48000]"), "{e}");
     }
 

@@ -123,12 +123,13 @@ mod tests {
 
     #[test]
     fn defaults_and_limits() {
-        let ok = req(serde_json::json!({"model": "joe", "input": "Hi.", "voice": "joe"})).unwrap();
+        let ok = req(serde_json::json!({"model": "joe", "input": "Hi.", "voice": "joe"}))
+            .expect("valid");
         assert_eq!(
             (ok.format, ok.speed, ok.stream),
             (SpeechFormat::Wav, 1.0, StreamFormat::Audio)
         );
-        let param = |body: serde_json::Value| req(body).unwrap_err().param;
+        let param = |body: serde_json::Value| req(body).expect_err("refused").param;
         let p = |f: &str| Some(f.to_string());
         assert_eq!(
             param(serde_json::json!({"model": "m", "input": " "})),

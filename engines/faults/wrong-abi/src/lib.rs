@@ -65,6 +65,9 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     seq_set_adapter: None,
     embed_batch: None,
     seq_set_input: None,
+    speech_open: None,
+    speech_next: None,
+    speech_close: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {
