@@ -40,21 +40,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "testkit" / "python"))
 from common import free_port, wait_http, write_report  # noqa: E402
+from tts_sentences import SENTENCES  # noqa: E402
 
 VOICE = "en_US-joe-medium.onnx"
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Hello, world! How are you today?",
-    "Please call Stella and ask her to bring these things with her from the store.",
-    "She sells sea shells by the sea shore, and he laughed.",
-    "Kubernetes schedules the model servers onto the nodes with graphics cards.",
-    "It is a truth universally acknowledged that a single man in possession of a good fortune must be in want of a wife.",
-    "The meeting starts at nine.",
-    "Can you hear me now?",
-    "Every replica of the model answers requests from the same endpoint, whichever node it runs on.",
-    "Thank you, and goodbye.",
-]
 LONG = " ".join(SENTENCES[:5])
 
 

@@ -124,7 +124,7 @@ pub struct ModelConfig {
     /// arrives as `file:///models/claim/path`); `path` or `source`, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// `gguf` or `safetensors`.
+    /// `gguf`, `safetensors` or `onnx`.
     pub format: String,
     /// GGUF quantization to pick, matched exactly (`Q4_K_M`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,7 +228,10 @@ impl ModelConfig {
     pub fn format(&self) -> Result<Format, ConfigError> {
         Format::parse(&self.format).ok_or_else(|| ConfigError::Invalid {
             field: format!("models[{}].format", self.id),
-            reason: format!("must be `gguf` or `safetensors`, got {:?}", self.format),
+            reason: format!(
+                "must be `gguf`, `safetensors` or `onnx`, got {:?}",
+                self.format
+            ),
         })
     }
 

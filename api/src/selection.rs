@@ -40,7 +40,7 @@ pub struct Candidate<'a> {
 /// What the model needs.
 #[derive(Clone, Debug)]
 pub struct Wanted<'a> {
-    /// `gguf` or `safetensors`.
+    /// `gguf`, `safetensors` or `onnx`.
     pub format: &'a str,
     /// The modalities the model is served for (`Model.spec.modalities`); empty: not checked
     /// (the engine's own report at load decides the routes).

@@ -252,7 +252,7 @@ mod tests {
             (|m| m.version = "1.2".into(), "`version`"),
             (|m| m.abi_version = "v1".into(), "`abi_version`"),
             (|m| m.gpu_backend = "metal".into(), "`gpu_backend`"),
-            (|m| m.formats = vec!["onnx".into()], "`formats`"),
+            (|m| m.formats = vec!["tflite".into()], "`formats`"),
             (|m| m.modalities = vec!["video".into()], "`modalities`"),
             (|m| m.sha256 = Some("abc".into()), "`sha256`"),
             (|m| m.id = String::new(), "`id`"),

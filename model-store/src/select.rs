@@ -198,12 +198,7 @@ pub fn select(
 /// An ONNX model: one top-level `.onnx` graph (the primary) and its config beside it
 /// (`<name>.onnx.json`, a Piper voice's), plus any other top-level JSON (a voice list).
 fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
-    let top = |f: &&RemoteFile| !f.path.contains('/');
-    let graphs: Vec<&RemoteFile> = listing
-        .iter()
-        .filter(top)
-        .filter(|f| f.path.ends_with(".onnx"))
-        .collect();
+    let graphs = top_level(listing, ".onnx");
     let primary = match graphs.as_slice() {
         [one] => one.path.clone(),
         [] => {
@@ -230,7 +225,7 @@ fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> 
     }
     let files = listing
         .iter()
-        .filter(top)
+        .filter(|f| !f.path.contains('/'))
         .filter(|f| f.path == primary || f.path.ends_with(".json"))
         .cloned()
         .collect();
@@ -321,13 +316,16 @@ fn select_gguf(
     })
 }
 
-fn select_safetensors(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
-    let top = |f: &&RemoteFile| !f.path.contains('/');
-    let weights: Vec<&RemoteFile> = listing
+/// The files at the top of the listing (not in a folder) whose names end with `ext`.
+fn top_level<'a>(listing: &'a [RemoteFile], ext: &str) -> Vec<&'a RemoteFile> {
+    listing
         .iter()
-        .filter(top)
-        .filter(|f| f.path.ends_with(".safetensors"))
-        .collect();
+        .filter(|f| !f.path.contains('/') && f.path.ends_with(ext))
+        .collect()
+}
+
+fn select_safetensors(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
+    let weights = top_level(listing, ".safetensors");
     if weights.is_empty() {
         return Err(StoreError::Selection(
             "no top-level .safetensors file in the source (format is safetensors; other formats are never used)"

@@ -3,7 +3,7 @@
 //! resampled by rubato to the rate the model takes (16 kHz for Whisper). What cannot be read
 //! is a clear error naming the reason; audio past the duration limit is refused while it is
 //! decoded, before it is all in memory. And synthesized speech out of samples (the speech
-//! route, `http/speech.rs`): 16-bit PCM and its WAV header.
+//! route, `http/speech.rs`): 16-bit PCM, its WAV header, and FLAC (flacenc).
 
 use rubato::{FftFixedIn, Resampler};
 use symphonia::core::audio::SampleBuffer;
@@ -198,6 +198,38 @@ pub fn wav_header(rate: u32, channels: u16, data_bytes: Option<u32>) -> Vec<u8> 
     w
 }
 
+/// Samples in [-1, 1] as a FLAC file of 16-bit mono at `rate`: the same samples as
+/// [`pcm16`], losslessly compressed (flacenc, its default encoder settings).
+pub fn flac(samples: &[f32], rate: u32) -> Result<Vec<u8>, String> {
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    let ints: Vec<i32> = pcm16(samples)
+        .chunks_exact(2)
+        .map(|b| i32::from(i16::from_le_bytes([b[0], b[1]])))
+        .collect();
+    let config = flacenc::config::Encoder::default()
+        .into_verified()
+        .map_err(|(_, e)| format!("FLAC encoder settings: {e:?}"))?;
+    let source = flacenc::source::MemSource::from_samples(&ints, 1, 16, rate as usize);
+    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size)
+        .map_err(|e| format!("FLAC encoding: {e:?}"))?;
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream
+        .write(&mut sink)
+        .map_err(|e| format!("FLAC writing: {e:?}"))?;
+    let mut file = sink.as_slice().to_vec();
+    // STREAMINFO's minimum block size excludes the last block (the FLAC format's rule), but
+    // flacenc records the short last block's size there, which makes the stream look variable
+    // in block size and readers (symphonia among them) refuse it. Every block but the last is
+    // `block_size` long: write that (bytes 8-9, after "fLaC" and the block header; the
+    // maximum follows at 10-11; STREAMINFO has no checksum of its own).
+    if ints.len() > config.block_size && file.len() >= 12 && &file[..4] == b"fLaC" {
+        let max = [file[10], file[11]];
+        file[8..10].copy_from_slice(&max);
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +240,29 @@ mod tests {
         let mut w = wav_header(rate, channels, Some(data.len() as u32));
         w.extend_from_slice(&data);
         w
+    }
+
+    #[test]
+    fn flac_holds_exactly_the_16_bit_samples() {
+        let t = tone(440.0, 22_050, 1.5);
+        let file = flac(&t, 22_050).expect("encoded");
+        assert_eq!(&file[..4], b"fLaC");
+        assert!(
+            file.len() < pcm16(&t).len(),
+            "compressed: {} bytes",
+            file.len()
+        );
+        let back = decode(file, Some("speech.flac"), 22_050, 60).expect("decoded");
+        let want: Vec<i16> = pcm16(&t)
+            .chunks_exact(2)
+            .map(|b| i16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        let got: Vec<i16> = back
+            .samples
+            .iter()
+            .map(|s| (s * 32768.0).round() as i16)
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

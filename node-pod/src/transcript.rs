@@ -1,7 +1,8 @@
 //! Node, speech recognition's answer (after the scheduler's tokens, before the HTTP reply of
 //! `/v1/audio/transcriptions`): each window's tokens read into segments by Whisper's timestamp
 //! tokens, and where the next window starts (`read_window`, openai-whisper's long-form rule);
-//! the segments written as OpenAI's `verbose_json`, `srt` or `vtt`.
+//! the segments written as OpenAI's `verbose_json` (with openai-whisper's `compression_ratio`),
+//! `srt` or `vtt`.
 //!
 //! A window decoded with timestamps reads `<|0.00|> text <|2.40|><|2.40|> text <|5.00|>`.
 //! Times are the window's start plus the token's (0.02 s steps), never past the audio's end.
@@ -148,17 +149,51 @@ pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
     segs.iter()
         .enumerate()
         .map(|(i, (seek, s))| {
+            // openai-whisper rates the text of the window a segment came from.
+            let window: String = segs
+                .iter()
+                .filter(|(k, _)| k == seek)
+                .map(|(_, s)| s.text.as_str())
+                .collect();
             json!({
                 "id": i, "seek": seek, "start": s.start, "end": s.end, "text": s.text,
                 "tokens": s.tokens, "temperature": temperature, "avg_logprob": s.avg_logprob,
+                "compression_ratio": compression_ratio(&window),
             })
         })
         .collect()
 }
 
+/// The text's bytes over its zlib-compressed bytes (level 6, zlib's default), as openai-whisper
+/// computes it to catch a decoder that repeats itself (above 2.4 it retries). The deflate is
+/// miniz_oxide's, whose output can differ from zlib's by a few bytes.
+pub fn compression_ratio(text: &str) -> f64 {
+    use std::io::Write;
+    if text.is_empty() {
+        return 0.0;
+    }
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
+    let compressed = z
+        .write_all(text.as_bytes())
+        .and_then(|()| z.finish())
+        .map_or(0, |c| c.len());
+    if compressed == 0 {
+        return 0.0;
+    }
+    text.len() as f64 / compressed as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_text_compresses_well() {
+        let once = compression_ratio(" And so my fellow Americans, ask not.");
+        let looped = compression_ratio(&" ask not".repeat(40));
+        assert!(once < 1.2 && looped > 2.4, "{once} {looped}");
+        assert_eq!(compression_ratio(""), 0.0);
+    }
 
     const TS: i32 = 1000;
     const RATE: u32 = 16_000;

@@ -53,7 +53,7 @@ def test_the_examples_and_fixtures_pass_admission():
 
 
 @pytest.mark.parametrize("pointer,value", [
-    ("/spec/format", "onnx"),
+    ("/spec/format", "tflite"),
     ("/spec/source/uri", "ftp://example.com/model.gguf"),
     ("/spec/source/uri", "hf://just-an-org"),
     ("/spec/source/uri", "s3://"),

@@ -89,12 +89,12 @@ fn a_lazy_model_may_be_alone_the_watermark_is_bounded_and_formats_are_checked() 
     }
     cfg.scheduler.memory_watermark_percent = 90;
     cfg.models[0].load = LoadPolicy::Eager;
-    cfg.models[0].format = "onnx".into();
+    cfg.models[0].format = "tflite".into();
     assert!(
         cfg.validate()
             .expect_err("format")
             .to_string()
-            .contains("`gguf` or `safetensors`")
+            .contains("`gguf`, `safetensors` or `onnx`")
     );
     assert!(NodeConfig::single(Path::new("/m/x.bin"), None).is_err());
 }

@@ -5,8 +5,8 @@
 //! speed, stream format) → the ready model, which must declare the speech modality (ABI 1.10)
 //! and know the `voice` → one scheduler job (`Job::Speech`), which the engine turns into
 //! pieces (a sentence each) between the steps of anything else on the replica → the pieces
-//! as 16-bit PCM: `wav` (the voice's rate, one file once all is made), `pcm` (24 kHz as
-//! OpenAI's, sent as each piece is made), or with `stream_format: "sse"` each piece as a
+//! as 16-bit PCM: `wav` or `flac` (the voice's rate, one file once all is made), `pcm` (24 kHz
+//! as OpenAI's, sent as each piece is made), or with `stream_format: "sse"` each piece as a
 //! `speech.audio.delta` event and then `speech.audio.done`.
 
 use std::time::Instant;
@@ -68,7 +68,7 @@ impl Pieces {
     /// A piece's bytes in the answer's format (a `wav` stream's samples at the voice's rate).
     fn bytes(&self, samples: &[f32]) -> Result<Vec<u8>, ApiError> {
         match self.format {
-            SpeechFormat::Wav => Ok(audio::pcm16(samples)),
+            SpeechFormat::Wav | SpeechFormat::Flac => Ok(audio::pcm16(samples)),
             SpeechFormat::Pcm => audio::resample(samples, self.rate, PCM_RATE)
                 .map(|s| audio::pcm16(&s))
                 .map_err(|e| ApiError::internal(format!("resampling to 24 kHz: {e}"))),
@@ -79,7 +79,7 @@ impl Pieces {
     fn preamble(&self) -> Vec<u8> {
         match self.format {
             SpeechFormat::Wav => audio::wav_header(self.rate, 1, None),
-            SpeechFormat::Pcm => Vec::new(),
+            SpeechFormat::Pcm | SpeechFormat::Flac => Vec::new(),
         }
     }
 }
@@ -140,6 +140,7 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
     let content_type = match valid.format {
         SpeechFormat::Wav => "audio/wav",
         SpeechFormat::Pcm => "audio/pcm",
+        SpeechFormat::Flac => "audio/flac",
     };
     let resp = match (valid.stream, valid.format) {
         (StreamFormat::Sse, _) => sse(pieces, first),
@@ -160,6 +161,20 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
             chunked(pieces, first),
         )
             .into_response(),
+        (StreamFormat::Audio, SpeechFormat::Flac) => {
+            let mut samples = Vec::new();
+            let mut next = first;
+            while let Some(s) = next {
+                samples.extend_from_slice(&s);
+                next = pieces.next().await?;
+            }
+            let rate = pieces.rate;
+            let file = tokio::task::spawn_blocking(move || audio::flac(&samples, rate))
+                .await
+                .map_err(|e| ApiError::internal(format!("FLAC encoding task: {e}")))?
+                .map_err(ApiError::internal)?;
+            ([(header::CONTENT_TYPE, content_type)], file).into_response()
+        }
     };
     Ok((model, resp))
 }

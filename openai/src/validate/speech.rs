@@ -14,6 +14,8 @@ pub enum SpeechFormat {
     Wav,
     /// Raw 16-bit little-endian PCM at 24 kHz, mono (OpenAI's `pcm`).
     Pcm,
+    /// FLAC of the 16-bit samples at the voice's rate.
+    Flac,
 }
 
 /// How the answer is sent.
@@ -56,11 +58,12 @@ pub fn speech(req: &SpeechRequest) -> Result<ValidSpeechRequest, ApiError> {
         // OpenAI's default is mp3, which Gantry does not encode: wav keeps every sample.
         None | Some("wav") => SpeechFormat::Wav,
         Some("pcm") => SpeechFormat::Pcm,
-        Some(f @ ("mp3" | "opus" | "aac" | "flac")) => {
+        Some("flac") => SpeechFormat::Flac,
+        Some(f @ ("mp3" | "opus" | "aac")) => {
             return Err(ApiError::unsupported(
                 "response_format",
                 format!(
-                    "`response_format` {f:?} is not encoded by this server; use \"wav\" or \"pcm\""
+                    "`response_format` {f:?} is not encoded by this server; use \"wav\", \"flac\" or \"pcm\""
                 ),
             ));
         }
@@ -90,6 +93,12 @@ pub fn speech(req: &SpeechRequest) -> Result<ValidSpeechRequest, ApiError> {
             ));
         }
     };
+    if stream == StreamFormat::Sse && format == SpeechFormat::Flac {
+        return Err(ApiError::invalid(
+            "stream_format",
+            "`stream_format` \"sse\" sends pieces of wav or pcm; a FLAC file is sent whole",
+        ));
+    }
     if req
         .instructions
         .as_deref()
@@ -150,6 +159,12 @@ mod tests {
         );
         assert_eq!(
             param(serde_json::json!({"model": "m", "input": "x", "stream_format": "x"})),
+            p("stream_format")
+        );
+        assert_eq!(
+            param(
+                serde_json::json!({"model": "m", "input": "x", "stream_format": "sse", "response_format": "flac"})
+            ),
             p("stream_format")
         );
         assert_eq!(
