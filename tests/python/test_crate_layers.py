@@ -15,7 +15,7 @@ LAYERS = [
     # contracts and leaves: no workspace dependency
     {"gantry-engine-abi", "gantry-build-pins", "gantry-copy", "gantry-chat"},
     # rules and parsers shared by node, operator and gateway; the engine plugins (ABI only)
-    {"gantry-api", "gantry-formats", "gantry-engine-llama-cpp", "gantry-engine-native",
+    {"gantry-api", "gantry-formats", "gantry-engine-llama-cpp", "gantry-engine-native", "gantry-engine-onnx",
      "gantry-fault-faulty", "gantry-fault-no-entry", "gantry-fault-wrong-abi"},
     # the pieces the node and the control plane are built from
     {"gantry-crd", "gantry-edge", "gantry-engine-host", "gantry-model-store", "gantry-scheduler",

@@ -196,3 +196,27 @@ def test_bad_requests_are_400s_naming_the_field(node):
     assert "nothing to speak" in refused("input", input="... !!!")
     wav, _ = samples(client.audio.speech.create(model="joe", voice="joe", input="Still here.").read())
     assert len(wav) > 22050 // 2
+
+
+def test_a_voice_in_a_worker_process_speaks_the_same(node, tmp_path):
+    # `isolation: process`: the speech calls cross to the model's worker process (ABI 1.10 over
+    # the worker wire), and the audio is the in-process node's, byte for byte.
+    _, client, exact = node
+    config = tmp_path / "node.json"
+    config.write_text(json.dumps({
+        "models": [{"id": "joe-exact", "path": str(exact / VOICE), "format": "onnx"}],
+        "isolation": {"default": "process"},
+        "scheduler": {"responseCacheRamFraction": 0.0},
+    }))
+    with serving(config, tmp_path) as base:
+        worker = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        text = " ".join(SENTENCES[:2])
+        want = client.audio.speech.create(model="joe-exact", voice="joe", input=text).read()
+        assert worker.audio.speech.create(model="joe-exact", voice="joe", input=text).read() == want
+        with urllib.request.urlopen(f"{base}/v1/status", timeout=10) as r:
+            status = json.loads(r.read())
+        replica = next(m for m in status["models"] if m["id"] == "joe-exact")["replicas"][0]
+        assert "workerPid" in replica, replica
+        with pytest.raises(openai.BadRequestError) as e:
+            worker.audio.speech.create(model="joe-exact", voice="amy", input=text)
+        assert e.value.body["param"] == "voice"
