@@ -195,25 +195,31 @@ pub fn select(
     }
 }
 
-/// An ONNX model: one top-level `.onnx` graph (the primary) and its config beside it
-/// (`<name>.onnx.json`, a Piper voice's), plus any other top-level JSON (a voice list).
+/// An ONNX model: one `.onnx` graph (the primary) and its config beside it (`<name>.onnx.json`,
+/// a Piper voice's). The graph may sit in a folder (a voice collection such as
+/// `rhasspy/piper-voices` holds hundreds, one per folder): a listing with several is refused
+/// with the first few named, and `files` picks one.
 fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
-    let graphs = top_level(listing, ".onnx");
+    let graphs: Vec<&RemoteFile> = listing
+        .iter()
+        .filter(|f| f.path.ends_with(".onnx"))
+        .collect();
     let primary = match graphs.as_slice() {
         [one] => one.path.clone(),
         [] => {
             return Err(StoreError::Selection(
-                "no top-level .onnx file in the source (format is onnx; other formats are never used)"
-                    .into(),
+                "no .onnx file in the source (format is onnx; other formats are never used)".into(),
             ));
         }
         many => {
+            let shown: Vec<&str> = many.iter().take(5).map(|f| f.path.as_str()).collect();
+            let more = match many.len() - shown.len() {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
             return Err(StoreError::Selection(format!(
-                "several .onnx files: {}; name the one to serve in `files`",
-                many.iter()
-                    .map(|f| f.path.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "several .onnx files: {}{more}; name the graph and its .onnx.json in `files`",
+                shown.join(", ")
             )));
         }
     };
@@ -225,8 +231,7 @@ fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> 
     }
     let files = listing
         .iter()
-        .filter(|f| !f.path.contains('/'))
-        .filter(|f| f.path == primary || f.path.ends_with(".json"))
+        .filter(|f| f.path == primary || f.path == config)
         .cloned()
         .collect();
     Ok(ArtifactSelection {
@@ -378,7 +383,7 @@ mod tests {
             "en_US-joe-medium.onnx",
             "en_US-joe-medium.onnx.json",
             "MODEL_CARD",
-            "samples/x.onnx",
+            "samples/x.wav",
         ]);
         let s = select(&l, Format::Onnx, None, &[]).expect("onnx");
         assert_eq!(s.primary, "en_US-joe-medium.onnx");
@@ -391,9 +396,30 @@ mod tests {
         let e = select(&ls(&["a.onnx"]), Format::Onnx, None, &[]).expect_err("refused");
         assert!(e.to_string().contains("a.onnx.json"), "{e}");
         let e = select(&ls(&["a.onnx", "b.onnx"]), Format::Onnx, None, &[]).expect_err("refused");
-        assert!(e.to_string().contains("a.onnx, b.onnx"), "{e}");
+        assert!(e.to_string().contains("a.onnx, b.onnx;"), "{e}");
         let e = select(&ls(&["a.safetensors"]), Format::Onnx, None, &[]).expect_err("refused");
-        assert!(e.to_string().contains("no top-level .onnx"), "{e}");
+        assert!(e.to_string().contains("no .onnx"), "{e}");
+        // A voice collection: one voice per folder, picked with `files`.
+        let voices: Vec<String> = (0..8)
+            .flat_map(|i| {
+                let v = format!("en/v{i}/medium/v{i}.onnx");
+                [
+                    v.clone(),
+                    format!("{v}.json"),
+                    format!("en/v{i}/MODEL_CARD"),
+                ]
+            })
+            .collect();
+        let listing = ls(&voices.iter().map(String::as_str).collect::<Vec<_>>());
+        let e = select(&listing, Format::Onnx, None, &[]).expect_err("several");
+        assert!(e.to_string().contains("and 3 more"), "{e}");
+        let want = vec![
+            "en/v2/medium/v2.onnx".to_string(),
+            "en/v2/medium/v2.onnx.json".into(),
+        ];
+        let s = select(&listing, Format::Onnx, None, &want).expect("picked");
+        assert_eq!(s.primary, "en/v2/medium/v2.onnx");
+        assert_eq!(s.files.len(), 2);
     }
 
     fn ls(names: &[&str]) -> Vec<RemoteFile> {
