@@ -16,15 +16,15 @@ use serde_json::Value;
 
 use serde_json::Map;
 
+mod embeddings;
 pub mod speech;
 pub mod structured;
+pub use embeddings::{ValidEmbeddingRequest, embedding};
 pub use structured::ToolMode;
 
 use crate::error::ApiError;
 use crate::grammar::ConstraintRequest;
-use crate::request::{
-    ChatRequest, Common, CompletionRequest, EmbeddingInput, EmbeddingRequest, PromptSpec,
-};
+use crate::request::{ChatRequest, Common, CompletionRequest, PromptSpec};
 use gantry_chat::template::{ChatMessage, Content, Role, TextPart, ToolCall};
 
 /// Most stop sequences a request may carry (OpenAI's limit).
@@ -60,17 +60,6 @@ pub struct ValidCompletionRequest {
 pub enum ValidPrompt {
     Text(String),
     Tokens(Vec<i64>),
-}
-
-/// An embeddings request, checked.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ValidEmbeddingRequest {
-    pub model: String,
-    /// At least one.
-    pub inputs: Vec<ValidPrompt>,
-    /// `encoding_format: "base64"`.
-    pub base64: bool,
-    pub dimensions: Option<i64>,
 }
 
 /// What generation needs, checked.
@@ -547,56 +536,11 @@ pub fn completion(req: &CompletionRequest) -> Result<ValidCompletionRequest, Api
     })
 }
 
-fn token_ids(ids: &[i64]) -> Result<ValidPrompt, ApiError> {
+pub(crate) fn token_ids(ids: &[i64]) -> Result<ValidPrompt, ApiError> {
     if ids.is_empty() {
         return Err(ApiError::invalid("prompt", "`prompt` holds no tokens"));
     }
     Ok(ValidPrompt::Tokens(ids.to_vec()))
-}
-
-/// Check an embeddings request: the encoding, and that every input has something to embed.
-pub fn embedding(req: &EmbeddingRequest) -> Result<ValidEmbeddingRequest, ApiError> {
-    let base64 = match req.encoding_format.as_deref() {
-        None | Some("float") => false,
-        Some("base64") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "encoding_format",
-                format!("`encoding_format` must be \"float\" or \"base64\", got {other:?}"),
-            ));
-        }
-    };
-    let text = |i: usize, t: &str| -> Result<ValidPrompt, ApiError> {
-        if t.trim().is_empty() {
-            return Err(ApiError::invalid(
-                "input",
-                format!("`input[{i}]` is empty or whitespace"),
-            ));
-        }
-        Ok(ValidPrompt::Text(t.to_string()))
-    };
-    let inputs: Vec<ValidPrompt> = match &req.input {
-        EmbeddingInput::Text(t) => vec![text(0, t)?],
-        EmbeddingInput::Texts(v) => v
-            .iter()
-            .enumerate()
-            .map(|(i, t)| text(i, t))
-            .collect::<Result<_, _>>()?,
-        EmbeddingInput::Tokens(ids) => vec![token_ids(ids)?],
-        EmbeddingInput::TokenLists(l) => l
-            .iter()
-            .map(|ids| token_ids(ids))
-            .collect::<Result<_, _>>()?,
-    };
-    if inputs.is_empty() {
-        return Err(ApiError::invalid("input", "`input` holds nothing to embed"));
-    }
-    Ok(ValidEmbeddingRequest {
-        model: req.model.clone(),
-        inputs,
-        base64,
-        dimensions: req.dimensions,
-    })
 }
 
 #[cfg(test)]
