@@ -167,12 +167,17 @@ pub fn resample(input: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
     Ok(out[delay.min(end)..end].to_vec())
 }
 
-/// Samples in [-1, 1] as 16-bit little-endian PCM: scaled by 32767, clipped, truncated toward
-/// zero (as Piper and NumPy's `astype(int16)` do, so the node's output matches theirs).
+/// A sample in [-1, 1] as 16 bits: scaled by 32767, clipped, truncated toward zero (as Piper
+/// and NumPy's `astype(int16)` do, so the node's output matches theirs).
+fn sample16(s: f32) -> i16 {
+    (s * 32767.0).clamp(-32767.0, 32767.0) as i16
+}
+
+/// Samples in [-1, 1] as 16-bit little-endian PCM ([`sample16`] each).
 pub fn pcm16(samples: &[f32]) -> Vec<u8> {
     samples
         .iter()
-        .flat_map(|s| ((s * 32767.0).clamp(-32767.0, 32767.0) as i16).to_le_bytes())
+        .flat_map(|&s| sample16(s).to_le_bytes())
         .collect()
 }
 
@@ -203,10 +208,7 @@ pub fn wav_header(rate: u32, channels: u16, data_bytes: Option<u32>) -> Vec<u8> 
 pub fn flac(samples: &[f32], rate: u32) -> Result<Vec<u8>, String> {
     use flacenc::component::BitRepr;
     use flacenc::error::Verify;
-    let ints: Vec<i32> = pcm16(samples)
-        .chunks_exact(2)
-        .map(|b| i32::from(i16::from_le_bytes([b[0], b[1]])))
-        .collect();
+    let ints: Vec<i32> = samples.iter().map(|&s| i32::from(sample16(s))).collect();
     let config = flacenc::config::Encoder::default()
         .into_verified()
         .map_err(|(_, e)| format!("FLAC encoder settings: {e:?}"))?;
@@ -253,10 +255,7 @@ mod tests {
             file.len()
         );
         let back = decode(file, Some("speech.flac"), 22_050, 60).expect("decoded");
-        let want: Vec<i16> = pcm16(&t)
-            .chunks_exact(2)
-            .map(|b| i16::from_le_bytes([b[0], b[1]]))
-            .collect();
+        let want: Vec<i16> = t.iter().map(|&s| sample16(s)).collect();
         let got: Vec<i16> = back
             .samples
             .iter()

@@ -164,8 +164,7 @@ impl<E: Engine> Scheduler<E> {
 
     /// Take queued jobs; block while idle. Returns false when the channel closed.
     fn intake(&mut self) -> bool {
-        let idle = self.running.is_empty() && self.waiting.is_empty() && self.speeches.is_empty();
-        if idle {
+        if !self.has_work() {
             match self.rx.recv_timeout(Duration::from_millis(250)) {
                 Ok(job) => self.accept(job),
                 Err(RecvTimeoutError::Timeout) => return true,
@@ -176,13 +175,14 @@ impl<E: Engine> Scheduler<E> {
             match self.rx.try_recv() {
                 Ok(job) => self.accept(job),
                 Err(TryRecvError::Empty) => return true,
-                Err(TryRecvError::Disconnected) => {
-                    return !(self.running.is_empty()
-                        && self.waiting.is_empty()
-                        && self.speeches.is_empty());
-                }
+                Err(TryRecvError::Disconnected) => return self.has_work(),
             }
         }
+    }
+
+    /// Jobs queued, sequences running or speeches in line.
+    fn has_work(&self) -> bool {
+        !(self.running.is_empty() && self.waiting.is_empty() && self.speeches.is_empty())
     }
 
     fn accept(&mut self, job: Job) {

@@ -143,7 +143,7 @@ impl Engine for OnnxEngine {
         );
         Ok(OnnxModel {
             info: ModelInfo {
-                architecture: gantry_formats_piper_arch().into(),
+                architecture: PIPER_ARCHITECTURE.into(),
                 context_length: MAX_TEXT_BYTES as u32,
                 trained_context_length: MAX_TEXT_BYTES as u32,
                 max_sequences: 1,
@@ -163,9 +163,7 @@ impl Engine for OnnxEngine {
 }
 
 /// The architecture a Piper voice reports (the name the manifest lists).
-fn gantry_formats_piper_arch() -> &'static str {
-    "PiperVoice"
-}
+const PIPER_ARCHITECTURE: &str = "PiperVoice";
 
 /// `<graph>.json`, a Piper voice's config.
 fn piper_config_path(graph: &std::path::Path) -> std::path::PathBuf {
@@ -198,13 +196,6 @@ impl OnnxModel {
             .iter()
             .map(|s| self.voice.ids(s))
             .collect())
-    }
-
-    /// Synthesize phoneme ids directly, with these scales (the reference check's entry).
-    pub fn synthesize_ids(&self, ids: &[i64], scales: [f32; 3]) -> Result<Vec<f32>, EngineError> {
-        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let speaker = self.voice.multi_speaker.then_some(0);
-        piper::synthesize(&mut session, ids, scales, speaker)
     }
 }
 

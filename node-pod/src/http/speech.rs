@@ -65,6 +65,17 @@ impl Pieces {
         }
     }
 
+    /// Every sample from `first` to the last piece, for an answer sent as one file.
+    async fn all(&mut self, first: Option<Vec<f32>>) -> Result<Vec<f32>, ApiError> {
+        let mut samples = Vec::new();
+        let mut next = first;
+        while let Some(s) = next {
+            samples.extend_from_slice(&s);
+            next = self.next().await?;
+        }
+        Ok(samples)
+    }
+
     /// A piece's bytes in the answer's format (a `wav` stream's samples at the voice's rate).
     fn bytes(&self, samples: &[f32]) -> Result<Vec<u8>, ApiError> {
         match self.format {
@@ -146,12 +157,7 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
         (StreamFormat::Sse, _) => sse(pieces, first),
         (StreamFormat::Audio, SpeechFormat::Wav) => {
             // One file with its exact length once every piece is made.
-            let mut data = Vec::new();
-            let mut next = first;
-            while let Some(samples) = next {
-                data.extend_from_slice(&pieces.bytes(&samples)?);
-                next = pieces.next().await?;
-            }
+            let data = audio::pcm16(&pieces.all(first).await?);
             let mut file = audio::wav_header(pieces.rate, 1, Some(data.len() as u32));
             file.extend_from_slice(&data);
             ([(header::CONTENT_TYPE, content_type)], file).into_response()
@@ -162,12 +168,7 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
         )
             .into_response(),
         (StreamFormat::Audio, SpeechFormat::Flac) => {
-            let mut samples = Vec::new();
-            let mut next = first;
-            while let Some(s) = next {
-                samples.extend_from_slice(&s);
-                next = pieces.next().await?;
-            }
+            let samples = pieces.all(first).await?;
             let rate = pieces.rate;
             let file = tokio::task::spawn_blocking(move || audio::flac(&samples, rate))
                 .await
