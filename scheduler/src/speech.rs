@@ -70,6 +70,8 @@ impl<E: Engine> Scheduler<E> {
         let finished = match self.speak_one(&mut s) {
             Ok(done) => done,
             Err(e) => {
+                // Counted as a failed generation is (`gantry_request_finish_total{reason="error"}`).
+                self.metrics.finished("error");
                 let e = self.failure(e);
                 s.fail(e);
                 true
