@@ -19,7 +19,9 @@ concurrency c, c client threads pull requests from one queue (the piper side's t
 one session, as Gantry's requests share its one engine). Real-time factor (RTF) = seconds of
 audio made / wall seconds; higher is better. Also time to first audio for a five-sentence text
 with `pcm` streaming (Gantry sends each sentence as it is made; piper-tts's `synthesize` yields
-each sentence). The sides alternate rounds after a warm-up pass each.
+each sentence). The sides alternate rounds after a warm-up pass each. Then, each round, Gantry
+alone at c = 1 in each response format (`wav`, `mp3`, `opus`; durations read by libsndfile): what
+the encoders cost.
 
 Usage: bench/tts.py --node target/release/gantry-node --out bench/results/tts-cpu.json
 """
@@ -53,17 +55,27 @@ def wav_seconds(data: bytes) -> float:
     return w.getnframes() / w.getframerate()
 
 
-def gantry_side(port: int):
+def audio_seconds(data: bytes, fmt: str) -> float:
+    if fmt == "wav":
+        return wav_seconds(data)
+    import soundfile  # libsndfile reads mp3 and Ogg Opus
+
+    info = soundfile.info(io.BytesIO(data))
+    return info.frames / info.samplerate
+
+
+def gantry_side(port: int, fmt: str = "wav"):
     def speak(text: str) -> float:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        c.request("POST", "/v1/audio/speech", json.dumps({"model": "joe", "voice": "joe", "input": text}),
+        c.request("POST", "/v1/audio/speech",
+                  json.dumps({"model": "joe", "voice": "joe", "input": text, "response_format": fmt}),
                   {"content-type": "application/json"})
         r = c.getresponse()
         data = r.read()
         c.close()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
-        return wav_seconds(data)
+        return audio_seconds(data, fmt)
 
     def first_audio(text: str) -> float:
         t0 = time.perf_counter()
@@ -153,6 +165,8 @@ def main():
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--formats", default="mp3,opus",
+                    help="Gantry's other response formats, timed at c = 1 against its wav")
     args = ap.parse_args()
     voice_dir = Path(os.environ.get("GANTRY_PIPER_VOICE_DIR", ""))
     if not (voice_dir / VOICE).is_file():
@@ -175,6 +189,8 @@ def main():
         levels = [int(c) for c in args.concurrency.split(",")]
         runs = {name: {c: [] for c in levels} for name in sides}
         first = {name: [] for name in sides}
+        formats = [f for f in args.formats.split(",") if f]
+        by_format = {f: [] for f in ["wav"] + formats}
         for rnd in range(args.rounds):
             order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
             for name in order:
@@ -182,6 +198,8 @@ def main():
                 for c in levels:
                     runs[name][c].append(run_workload(speak, c, args.passes))
                 first[name].append(first_audio(LONG))
+            for f in ["wav"] + formats:
+                by_format[f].append(run_workload(gantry_side(port, f)[0], 1, args.passes))
         report = {"benchmark": "tts", "voice": "en_US-joe-medium (22.05 kHz)", "threads": args.threads,
                   "passes": args.passes, "rounds": args.rounds, "sentences": len(SENTENCES), "results": {}}
         for c in levels:
@@ -193,6 +211,12 @@ def main():
             }
             print(f"c={c}: Gantry RTF {med['gantry']:.1f}, piper-tts RTF {med['piper_tts']:.1f}, "
                   f"ratio {med['gantry'] / med['piper_tts']:.2f}")
+        wav_rtf = statistics.median(r["rtf"] for r in by_format["wav"])
+        report["gantry_formats_c1"] = {
+            f: {"rtf": statistics.median(r["rtf"] for r in runs_f), "vs_wav": statistics.median(
+                r["rtf"] for r in runs_f) / wav_rtf, "runs": runs_f} for f, runs_f in by_format.items()}
+        print("Gantry RTF by format at c=1:",
+              {f: round(v["rtf"], 1) for f, v in report["gantry_formats_c1"].items()})
         report["first_audio_seconds"] = {
             name: {"median": statistics.median(v), "all": v} for name, v in first.items()}
         print("first audio of a 5-sentence text:",

@@ -1,13 +1,16 @@
 //! Uploaded audio into samples (the speech recognition route, `http/audio.rs`, before the
-//! scheduler): any wav, flac, mp3 or ogg/vorbis file decoded by symphonia, mixed down to mono,
+//! scheduler): any wav, flac, mp3, ogg (vorbis or opus) or webm (opus, what browsers record)
+//! file demuxed by symphonia, decoded by symphonia or libopus, mixed down to mono,
 //! resampled by rubato to the rate the model takes (16 kHz for Whisper). What cannot be read
 //! is a clear error naming the reason; audio past the duration limit is refused while it is
-//! decoded, before it is all in memory. And synthesized speech out of samples (the speech
-//! route, `http/speech.rs`): 16-bit PCM, its WAV header, and FLAC (flacenc).
+//! decoded, before it is all in memory. Synthesized speech into the bytes of an answer is
+//! [`encode`].
+
+pub mod encode;
 
 use rubato::{FftFixedIn, Resampler};
 use symphonia::core::audio::SampleBuffer;
-use symphonia::core::codecs::{CODEC_TYPE_NULL, DecoderOptions};
+use symphonia::core::codecs::{CODEC_TYPE_NULL, CODEC_TYPE_OPUS, DecoderOptions};
 use symphonia::core::errors::Error as SymphoniaError;
 use symphonia::core::formats::FormatOptions;
 use symphonia::core::io::MediaSourceStream;
@@ -30,7 +33,7 @@ impl std::fmt::Display for AudioError {
         match self {
             AudioError::Unreadable(why) => write!(
                 f,
-                "the file is not audio this node reads (wav, flac, mp3, ogg/vorbis): {why}"
+                "the file is not audio this node reads (wav, flac, mp3, ogg (vorbis, opus), webm (opus)): {why}"
             ),
             AudioError::TooLong { limit_secs } => write!(
                 f,
@@ -45,6 +48,86 @@ impl std::fmt::Display for AudioError {
 pub struct Decoded {
     pub samples: Vec<f32>,
     pub seconds: f64,
+}
+
+/// Opus decodes at 48 kHz, whatever rate was fed to its encoder.
+const OPUS_RATE: u32 = 48_000;
+
+/// What turns a track's packets into samples: symphonia's decoders, and libopus (through the
+/// `opus` crate) for Opus, which symphonia demuxes from Ogg and WebM but does not decode.
+enum Codec {
+    Symphonia(Box<dyn symphonia::core::codecs::Decoder>),
+    Opus(Box<OpusTrack>),
+}
+
+impl Codec {
+    fn new(params: &symphonia::core::codecs::CodecParameters) -> Result<Codec, AudioError> {
+        if params.codec == CODEC_TYPE_OPUS {
+            return OpusTrack::new(params).map(|o| Codec::Opus(Box::new(o)));
+        }
+        symphonia::default::get_codecs()
+            .make(params, &DecoderOptions::default())
+            .map(Codec::Symphonia)
+            .map_err(|e| AudioError::Unreadable(e.to_string()))
+    }
+}
+
+/// An Opus track: its decoder, the samples still to drop at the start (the pre-skip of its
+/// `OpusHead`), and one packet's samples mixed down to mono.
+struct OpusTrack {
+    decoder: opus::Decoder,
+    channels: usize,
+    skip: usize,
+    frame: Vec<f32>,
+    mono: Vec<f32>,
+}
+
+impl OpusTrack {
+    fn new(params: &symphonia::core::codecs::CodecParameters) -> Result<OpusTrack, AudioError> {
+        let head = params.extra_data.as_deref().unwrap_or_default();
+        if head.len() < 19 || &head[..8] != b"OpusHead" {
+            return Err(AudioError::Unreadable(
+                "an Opus track without its OpusHead".into(),
+            ));
+        }
+        let (channels, skip) = match head[9] {
+            1 => (opus::Channels::Mono, 1),
+            2 => (opus::Channels::Stereo, 2),
+            n => {
+                return Err(AudioError::Unreadable(format!(
+                    "Opus with {n} channels (mono and stereo are read)"
+                )));
+            }
+        };
+        let decoder = opus::Decoder::new(OPUS_RATE, channels)
+            .map_err(|e| AudioError::Unreadable(format!("Opus decoder: {e}")))?;
+        Ok(OpusTrack {
+            decoder,
+            channels: skip,
+            skip: usize::from(u16::from_le_bytes([head[10], head[11]])),
+            // 120 ms at 48 kHz, Opus's longest packet.
+            frame: vec![0.0; 5760 * skip],
+            mono: Vec::new(),
+        })
+    }
+
+    /// One packet's samples in mono, after the pre-skip; `None` for a damaged packet.
+    fn decode(&mut self, packet: &[u8]) -> Option<&[f32]> {
+        let n = self
+            .decoder
+            .decode_float(packet, &mut self.frame, false)
+            .ok()?;
+        let c = self.channels;
+        self.mono.clear();
+        self.mono.extend(
+            self.frame[..n * c]
+                .chunks_exact(c)
+                .map(|f| f.iter().sum::<f32>() / c as f32),
+        );
+        let drop = self.skip.min(self.mono.len());
+        self.skip -= drop;
+        Some(&self.mono[drop..])
+    }
 }
 
 /// Decode `bytes` (the upload; `filename` only hints at the container) into mono samples at
@@ -75,16 +158,15 @@ pub fn decode(
         .iter()
         .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
         .ok_or_else(|| AudioError::Unreadable("no audio track".into()))?;
-    let (track_id, source_rate) = (
-        track.id,
-        track
+    let track_id = track.id;
+    let mut decoder = Codec::new(&track.codec_params)?;
+    let source_rate = match &decoder {
+        Codec::Opus(_) => OPUS_RATE,
+        Codec::Symphonia(_) => track
             .codec_params
             .sample_rate
             .ok_or_else(|| AudioError::Unreadable("no sample rate".into()))?,
-    );
-    let mut decoder = symphonia::default::get_codecs()
-        .make(&track.codec_params, &DecoderOptions::default())
-        .map_err(unreadable)?;
+    };
     let limit = u64::from(limit_secs) * u64::from(source_rate);
     let mut mono: Vec<f32> = Vec::new();
     loop {
@@ -98,6 +180,19 @@ pub fn decode(
         if packet.track_id() != track_id {
             continue;
         }
+        let decoder = match &mut decoder {
+            Codec::Opus(o) => {
+                // A damaged packet is skipped, as players do.
+                if let Some(samples) = o.decode(packet.buf()) {
+                    mono.extend_from_slice(samples);
+                }
+                if mono.len() as u64 > limit {
+                    return Err(AudioError::TooLong { limit_secs });
+                }
+                continue;
+            }
+            Codec::Symphonia(d) => d,
+        };
         let decoded = match decoder.decode(&packet) {
             Ok(d) => d,
             // A damaged packet is skipped, as players do; a file of nothing else ends empty.
@@ -167,101 +262,17 @@ pub fn resample(input: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
     Ok(out[delay.min(end)..end].to_vec())
 }
 
-/// A sample in [-1, 1] as 16 bits: scaled by 32767, clipped, truncated toward zero (as Piper
-/// and NumPy's `astype(int16)` do, so the node's output matches theirs).
-fn sample16(s: f32) -> i16 {
-    (s * 32767.0).clamp(-32767.0, 32767.0) as i16
-}
-
-/// Samples in [-1, 1] as 16-bit little-endian PCM ([`sample16`] each).
-pub fn pcm16(samples: &[f32]) -> Vec<u8> {
-    samples
-        .iter()
-        .flat_map(|&s| sample16(s).to_le_bytes())
-        .collect()
-}
-
-/// The 44-byte RIFF/WAVE header of 16-bit PCM at `rate`, `channels` interleaved, before
-/// `data_bytes` of samples; `None` when the length is not known yet (a stream), written as
-/// the largest size, as streaming servers do. Written here rather than with a WAV crate: the
-/// header is fixed and a stream needs it before the samples exist.
-pub fn wav_header(rate: u32, channels: u16, data_bytes: Option<u32>) -> Vec<u8> {
-    let data = data_bytes.unwrap_or(u32::MAX - 36);
-    let mut w = Vec::with_capacity(44);
-    w.extend_from_slice(b"RIFF");
-    w.extend_from_slice(&(36 + data).to_le_bytes());
-    w.extend_from_slice(b"WAVEfmt ");
-    w.extend_from_slice(&16u32.to_le_bytes());
-    w.extend_from_slice(&1u16.to_le_bytes());
-    w.extend_from_slice(&channels.to_le_bytes());
-    w.extend_from_slice(&rate.to_le_bytes());
-    w.extend_from_slice(&(rate * u32::from(channels) * 2).to_le_bytes());
-    w.extend_from_slice(&(channels * 2).to_le_bytes());
-    w.extend_from_slice(&16u16.to_le_bytes());
-    w.extend_from_slice(b"data");
-    w.extend_from_slice(&data.to_le_bytes());
-    w
-}
-
-/// Samples in [-1, 1] as a FLAC file of 16-bit mono at `rate`: the same samples as
-/// [`pcm16`], losslessly compressed (flacenc, its default encoder settings).
-pub fn flac(samples: &[f32], rate: u32) -> Result<Vec<u8>, String> {
-    use flacenc::component::BitRepr;
-    use flacenc::error::Verify;
-    let ints: Vec<i32> = samples.iter().map(|&s| i32::from(sample16(s))).collect();
-    let config = flacenc::config::Encoder::default()
-        .into_verified()
-        .map_err(|(_, e)| format!("FLAC encoder settings: {e:?}"))?;
-    let source = flacenc::source::MemSource::from_samples(&ints, 1, 16, rate as usize);
-    let stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size)
-        .map_err(|e| format!("FLAC encoding: {e:?}"))?;
-    let mut sink = flacenc::bitsink::ByteSink::new();
-    stream
-        .write(&mut sink)
-        .map_err(|e| format!("FLAC writing: {e:?}"))?;
-    let mut file = sink.as_slice().to_vec();
-    // STREAMINFO's minimum block size excludes the last block (the FLAC format's rule), but
-    // flacenc records the short last block's size there, which makes the stream look variable
-    // in block size and readers (symphonia among them) refuse it. Every block but the last is
-    // `block_size` long: write that (bytes 8-9, after "fLaC" and the block header; the
-    // maximum follows at 10-11; STREAMINFO has no checksum of its own).
-    if ints.len() > config.block_size && file.len() >= 12 && &file[..4] == b"fLaC" {
-        let max = [file[10], file[11]];
-        file[8..10].copy_from_slice(&max);
-    }
-    Ok(file)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::encode::{pcm16, wav_header};
     use super::*;
 
     /// A 16-bit PCM wav of `samples` at `rate`, `channels` interleaved.
-    pub fn wav(samples: &[f32], rate: u32, channels: u16) -> Vec<u8> {
+    fn wav(samples: &[f32], rate: u32, channels: u16) -> Vec<u8> {
         let data = pcm16(samples);
         let mut w = wav_header(rate, channels, Some(data.len() as u32));
         w.extend_from_slice(&data);
         w
-    }
-
-    #[test]
-    fn flac_holds_exactly_the_16_bit_samples() {
-        let t = tone(440.0, 22_050, 1.5);
-        let file = flac(&t, 22_050).expect("encoded");
-        assert_eq!(&file[..4], b"fLaC");
-        assert!(
-            file.len() < pcm16(&t).len(),
-            "compressed: {} bytes",
-            file.len()
-        );
-        let back = decode(file, Some("speech.flac"), 22_050, 60).expect("decoded");
-        let want: Vec<i16> = t.iter().map(|&s| sample16(s)).collect();
-        let got: Vec<i16> = back
-            .samples
-            .iter()
-            .map(|s| (s * 32768.0).round() as i16)
-            .collect();
-        assert_eq!(got, want);
     }
 
     #[test]
@@ -273,7 +284,7 @@ mod tests {
         }
     }
 
-    fn tone(hz: f32, rate: u32, secs: f32) -> Vec<f32> {
+    pub(super) fn tone(hz: f32, rate: u32, secs: f32) -> Vec<f32> {
         (0..(rate as f32 * secs) as usize)
             .map(|i| 0.5 * (2.0 * std::f32::consts::PI * hz * i as f32 / rate as f32).sin())
             .collect()
@@ -311,5 +322,92 @@ mod tests {
             .err()
             .expect("empty");
         assert_eq!(e, AudioError::Empty);
+    }
+
+    /// An EBML element: its ID, its size as an 8-byte variable-length integer, its body.
+    fn ebml(id: u32, body: &[u8]) -> Vec<u8> {
+        let mut e: Vec<u8> = id
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|&b| b == 0)
+            .collect();
+        e.push(0x01);
+        e.extend_from_slice(&(body.len() as u64).to_be_bytes()[1..]);
+        e.extend_from_slice(body);
+        e
+    }
+
+    #[test]
+    fn opus_in_webm_as_browsers_record_it_is_read() {
+        // Two seconds of a tone as 20 ms Opus packets in a WebM file laid out as a browser's
+        // MediaRecorder writes one: EBML header, segment info, one A_OPUS track, one cluster
+        // of SimpleBlocks.
+        let t = tone(440.0, 48_000, 2.0);
+        let mut enc = opus::Encoder::new(48_000, opus::Channels::Mono, opus::Application::Audio)
+            .expect("encoder");
+        let pre_skip = enc.get_lookahead().expect("look-ahead") as u16;
+        let mut head = b"OpusHead".to_vec();
+        head.extend_from_slice(&[1, 1]);
+        head.extend_from_slice(&pre_skip.to_le_bytes());
+        head.extend_from_slice(&48_000u32.to_le_bytes());
+        head.extend_from_slice(&[0, 0, 0]);
+        let int = |id: u32, v: u64| ebml(id, &v.to_be_bytes());
+        let header = [
+            int(0x4286, 1),
+            int(0x42F7, 1),
+            int(0x42F2, 4),
+            int(0x42F3, 8),
+            ebml(0x4282, b"webm"),
+            int(0x4287, 4),
+            int(0x4285, 2),
+        ]
+        .concat();
+        let info = ebml(
+            0x1549_A966,
+            &[int(0x2A_D7B1, 1_000_000), ebml(0x4D80, b"test")].concat(),
+        );
+        let audio = ebml(
+            0xE1,
+            &[ebml(0xB5, &48_000f64.to_be_bytes()), int(0x9F, 1)].concat(),
+        );
+        let track = [
+            int(0xD7, 1),
+            int(0x73C5, 1),
+            int(0x83, 2),
+            ebml(0x86, b"A_OPUS"),
+            ebml(0x63A2, &head),
+            audio,
+        ]
+        .concat();
+        let tracks = ebml(0x1654_AE6B, &ebml(0xAE, &track));
+        let mut cluster = int(0xE7, 0);
+        let mut packet = vec![0u8; 4000];
+        for (i, frame) in t
+            .chunks(960)
+            .chain(std::iter::once(&[0f32; 960][..]))
+            .enumerate()
+        {
+            let mut f = frame.to_vec();
+            f.resize(960, 0.0);
+            let n = enc.encode_float(&f, &mut packet).expect("packet");
+            let mut block = vec![0x81];
+            block.extend_from_slice(&((i * 20) as i16).to_be_bytes());
+            block.push(0x80);
+            block.extend_from_slice(&packet[..n]);
+            cluster.extend(ebml(0xA3, &block));
+        }
+        let segment = ebml(
+            0x1853_8067,
+            &[info, tracks, ebml(0x1F43_B675, &cluster)].concat(),
+        );
+        let file = [ebml(0x1A45_DFA3, &header), segment].concat();
+        let back = decode(file, Some("recording.webm"), 16_000, 60).expect("decoded");
+        // The pre-skip is dropped; the last packet's padding (under 20 ms) stays.
+        assert!((2.0..2.021).contains(&back.seconds), "{} s", back.seconds);
+        let want = tone(440.0, 16_000, 2.0);
+        let e = (1_600..30_000)
+            .map(|i| (back.samples[i] - want[i]).abs())
+            .fold(0.0f32, f32::max);
+        assert!(e < 0.05, "{e}");
     }
 }

@@ -7,11 +7,14 @@ listen to it. Here:
   Python API) speaks the same five sentences with the same voice and the noise turned off
   (`noise_scale` and `noise_w` 0 in a copy of the voice's config), and every 16-bit sample
   matches;
-- what the voice says (noise on, as shipped) is heard back by Whisper: word error rate at most
-  10 % over five sentences, on the node and through the gateway;
+- what the voice says (noise on, as shipped, in the default format, mp3) is heard back by
+  Whisper: word error rate at most 10 % over five sentences, on the node and through the
+  gateway;
 - `wav` is 22.05 kHz 16-bit mono with a duration in proportion to the words, `speed` 2 makes
   it shorter, `pcm` is OpenAI's 24 kHz and streams sentence by sentence, `stream_format: "sse"`
   sends `speech.audio.delta` events whose audio is the same;
+- `mp3` and `opus` (in Ogg) stream sentence by sentence, libsndfile (soundfile) decodes them
+  to the wav's audio within a stated bound, and Whisper hears the Opus file as it hears the wav;
 - an unknown voice, an empty or too long input, an unencoded format, a speed out of range and
   a model without speech are each a 400 naming the field, and the voice answers after them.
 """
@@ -95,15 +98,16 @@ def test_the_audio_is_pipers_own_bit_for_bit(node):
             text, len(got), len(want), int(np.abs(got[:len(want)].astype(int) - want[:len(got)]).max()))
 
 
-def transcribe(client, wav_bytes: bytes) -> str:
-    return client.audio.transcriptions.create(model="whisper-tiny.en", file=("speech.wav", wav_bytes, "audio/wav")).text
+def transcribe(client, audio: bytes, name: str = "speech.wav") -> str:
+    return client.audio.transcriptions.create(model="whisper-tiny.en", file=(name, audio)).text
 
 
 def test_whisper_hears_what_the_voice_says(node):
     base, client, _ = node
     errors = total = 0
     for text in SENTENCES:
-        heard = transcribe(client, client.audio.speech.create(model="joe", voice="joe", input=text).read())
+        mp3 = client.audio.speech.create(model="joe", voice="joe", input=text).read()
+        heard = transcribe(client, mp3, "speech.mp3")
         errors += word_errors(words(heard), words(text))
         total += len(words(text))
         print(f"said {text!r}, heard {heard!r}")
@@ -112,7 +116,7 @@ def test_whisper_hears_what_the_voice_says(node):
     with gateway_for({"joe": base, "joe-exact": base, "whisper-tiny.en": base}, "joe-exact") as (gw, _):
         g = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0)
         audio = g.audio.speech.create(model="joe", voice="joe", input=SENTENCES[0]).read()
-        assert word_errors(words(transcribe(g, audio)), words(SENTENCES[0])) <= 1
+        assert word_errors(words(transcribe(g, audio, "speech.mp3")), words(SENTENCES[0])) <= 1
         exact = g.audio.speech.create(model="joe-exact", voice="joe", input=SENTENCES[1]).read()
         assert exact == client.audio.speech.create(model="joe-exact", voice="joe", input=SENTENCES[1]).read()
         # Streamed through the gateway: the same bytes as from the node, in several chunks.
@@ -129,11 +133,13 @@ def test_formats_durations_and_speed(node):
     _, client, _ = node
     text = " ".join(SENTENCES)
     n_words = len(words(text))
-    wav, rate = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text).read())
+    wav, rate = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text,
+                                                   response_format="wav").read())
     secs = len(wav) / rate
     # Read aloud, English runs at about 2 to 4 words a second.
     assert n_words / 4.5 < secs < n_words / 1.5, (secs, n_words)
-    fast, _ = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text, speed=2.0).read())
+    fast, _ = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text, speed=2.0,
+                                                 response_format="wav").read())
     assert 0.4 < len(fast) / len(wav) < 0.75, len(fast) / len(wav)
     # pcm: OpenAI's raw 24 kHz 16-bit mono, streamed as each sentence is made.
     with client.audio.speech.with_streaming_response.create(model="joe-exact", voice="joe", input=text,
@@ -148,7 +154,7 @@ def test_formats_durations_and_speed(node):
 def test_flac_is_the_same_samples_compressed(node):
     _, client, _ = node
     text = SENTENCES[2]
-    wav = client.audio.speech.create(model="joe-exact", voice="joe", input=text).read()
+    wav = client.audio.speech.create(model="joe-exact", voice="joe", input=text, response_format="wav").read()
     with client.audio.speech.with_streaming_response.create(model="joe-exact", voice="joe", input=text,
                                                             response_format="flac") as r:
         assert r.headers["content-type"] == "audio/flac"
@@ -158,13 +164,58 @@ def test_flac_is_the_same_samples_compressed(node):
     assert transcribe(client, flac) == transcribe(client, wav)
 
 
+def test_mp3_and_opus_stream_and_decode_to_the_same_audio(node):
+    import soundfile
+
+    _, client, _ = node
+    text = " ".join(SENTENCES[:3])
+    wav, rate = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text,
+                                                   response_format="wav").read())
+    ref = wav.astype(np.float64) / 32768
+    for fmt, content_type, out_rate in (("mp3", "audio/mpeg", 22050), ("opus", "audio/ogg", 24000)):
+        with client.audio.speech.with_streaming_response.create(model="joe-exact", voice="joe", input=text,
+                                                                response_format=fmt) as r:
+            assert r.headers["content-type"] == content_type
+            chunks = [c for c in r.iter_bytes() if c]
+        # A chunk per sentence at least: each leaves as soon as it is encoded. libsndfile
+        # decodes Opus at the rate its OpusHead names (24 kHz, what the encoder was fed).
+        assert len(chunks) >= 3, (fmt, len(chunks))
+        data = b"".join(chunks)
+        got, got_rate = soundfile.read(io.BytesIO(data), dtype="float64")
+        assert got_rate == out_rate, (fmt, got_rate)
+        if got_rate != rate:
+            # To the wav's rate, by linear interpolation (the bound below allows for it).
+            got = np.interp(np.arange(int(len(got) * rate / got_rate)) * got_rate / rate, np.arange(len(got)), got)
+        # mp3 keeps LAME's delay and padding (about 50 ms and the last frame); Opus trims both.
+        extra = len(got) - len(ref)
+        assert (0 <= extra <= 2400) if fmt == "mp3" else abs(extra) <= 4, (fmt, extra)
+        lag = max(range(0, 2000), key=lambda k: float(np.dot(got[k:k + len(ref) - 2000], ref[:len(ref) - 2000])))
+        err = got[lag:lag + len(ref)] - ref[:len(got) - lag]
+        snr = 10 * np.log10(np.sum(ref ** 2) / np.sum(err ** 2))
+        print(f"{fmt}: {len(data)} bytes for {len(ref) / rate:.2f} s, lag {lag}, SNR {snr:.1f} dB")
+        assert snr > 10, (fmt, snr)
+        if fmt == "opus":
+            heard = transcribe(client, data, "speech.opus")
+            assert word_errors(words(heard), words(transcribe(client, wav_file(wav, rate)))) == 0, heard
+
+
+def wav_file(pcm: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
 def test_sse_streams_the_same_audio(node):
     base, client, _ = node
     text = " ".join(SENTENCES[:3])
-    want = client.audio.speech.create(model="joe-exact", voice="joe", input=text).read()
+    want = client.audio.speech.create(model="joe-exact", voice="joe", input=text, response_format="wav").read()
     req = urllib.request.Request(f"{base}/v1/audio/speech", headers={"content-type": "application/json"},
                                  data=json.dumps({"model": "joe-exact", "voice": "joe", "input": text,
-                                                  "stream_format": "sse"}).encode())
+                                                  "response_format": "wav", "stream_format": "sse"}).encode())
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
@@ -189,12 +240,13 @@ def test_bad_requests_are_400s_naming_the_field(node):
     assert "joe" in refused("voice", voice="alloy")
     refused("input", input="   ")
     assert "4096" in refused("input", input="word " * 1000)
-    assert "flac" in refused("response_format", response_format="mp3")
+    assert "opus" in refused("response_format", response_format="aac")
     refused("speed", speed=4.5)
     assert "speech" in refused("model", model="whisper-tiny.en")
     # Text with nothing to pronounce reaches the engine, which says so.
     assert "nothing to speak" in refused("input", input="... !!!")
-    wav, _ = samples(client.audio.speech.create(model="joe", voice="joe", input="Still here.").read())
+    wav, _ = samples(client.audio.speech.create(model="joe", voice="joe", input="Still here.",
+                                                response_format="wav").read())
     assert len(wav) > 22050 // 2
 
 

@@ -5,9 +5,10 @@
 //! speed, stream format) → the ready model, which must declare the speech modality (ABI 1.10)
 //! and know the `voice` → one scheduler job (`Job::Speech`), which the engine turns into
 //! pieces (a sentence each) between the steps of anything else on the replica → the pieces
-//! as 16-bit PCM: `wav` or `flac` (the voice's rate, one file once all is made), `pcm` (24 kHz
-//! as OpenAI's, sent as each piece is made), or with `stream_format: "sse"` each piece as a
-//! `speech.audio.delta` event and then `speech.audio.done`.
+//! encoded (`audio::encode`): `mp3` (OpenAI's default), `opus` (in Ogg) and `pcm` (24 kHz as
+//! OpenAI's) sent as each piece is made; `wav` and `flac` as one file once all is made; or,
+//! with `stream_format: "sse"`, the bytes of each piece as a `speech.audio.delta` event and
+//! then `speech.audio.done`.
 
 use std::time::Instant;
 
@@ -20,13 +21,10 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{AppState, InflightGuard};
-use crate::audio;
+use crate::audio::encode;
 use crate::error::ApiError;
 use crate::scheduler::{Job, SpeechEvent, SpeechJob};
 use gantry_openai::validate::speech::{SpeechFormat, StreamFormat, ValidSpeechRequest};
-
-/// OpenAI's `pcm`: 24 kHz, 16-bit, mono.
-pub const PCM_RATE: u32 = 24_000;
 
 pub async fn speech(state: AppState, body: axum::body::Bytes) -> Response {
     let r = speak(&state, &body).await;
@@ -41,11 +39,10 @@ pub async fn speech(state: AppState, body: axum::body::Bytes) -> Response {
     }
 }
 
-/// The pieces of one speech as they come, and what each becomes on the wire.
+/// The pieces of one speech as they come.
 struct Pieces {
     rx: mpsc::UnboundedReceiver<SpeechEvent>,
     rate: u32,
-    format: SpeechFormat,
     /// Seconds of audio so far.
     seconds: f64,
     _guard: InflightGuard,
@@ -75,23 +72,57 @@ impl Pieces {
         }
         Ok(samples)
     }
+}
 
-    /// A piece's bytes in the answer's format (a `wav` stream's samples at the voice's rate).
-    fn bytes(&self, samples: &[f32]) -> Result<Vec<u8>, ApiError> {
-        match self.format {
-            SpeechFormat::Wav | SpeechFormat::Flac => Ok(audio::pcm16(samples)),
-            SpeechFormat::Pcm => audio::resample(samples, self.rate, PCM_RATE)
-                .map(|s| audio::pcm16(&s))
-                .map_err(|e| ApiError::internal(format!("resampling to 24 kHz: {e}"))),
-        }
+/// The bytes of a streamed answer, piece by piece: encoding (resampling, LAME, libopus) runs
+/// on the blocking pool, off the threads that serve requests.
+struct Encoded {
+    pieces: Pieces,
+    stream: Option<encode::Stream>,
+    next: Option<Vec<f32>>,
+    started: bool,
+    done: bool,
+}
+
+impl Encoded {
+    async fn blocking<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut encode::Stream) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let mut stream = self
+            .stream
+            .take()
+            .ok_or_else(|| ApiError::internal("the speech encoder was lost"))?;
+        let (stream, r) = tokio::task::spawn_blocking(move || {
+            let r = f(&mut stream);
+            (stream, r)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("speech encoding task: {e}")))?;
+        self.stream = Some(stream);
+        r.map_err(ApiError::internal)
     }
 
-    /// What starts a stream: a `wav` header whose length is not known yet.
-    fn preamble(&self) -> Vec<u8> {
-        match self.format {
-            SpeechFormat::Wav => audio::wav_header(self.rate, 1, None),
-            SpeechFormat::Pcm | SpeechFormat::Flac => Vec::new(),
+    /// The next bytes to send (the header with the first piece, the encoder's tail with the
+    /// last); `None` once all is sent.
+    async fn bytes(&mut self) -> Result<Option<Vec<u8>>, ApiError> {
+        if self.done {
+            return Ok(None);
         }
+        let mut out = Vec::new();
+        if !self.started {
+            self.started = true;
+            out = self.blocking(|s| s.start()).await?;
+        }
+        if let Some(samples) = self.next.take() {
+            out.extend(self.blocking(move |s| s.piece(&samples)).await?);
+            self.next = self.pieces.next().await?;
+        }
+        if self.next.is_none() {
+            out.extend(self.blocking(|s| s.finish()).await?);
+            self.done = true;
+        }
+        Ok(Some(out))
     }
 }
 
@@ -135,7 +166,6 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
     let mut pieces = Pieces {
         rx,
         rate: info.audio_sample_rate,
-        format: valid.format,
         seconds: 0.0,
         _guard: guard,
     };
@@ -148,33 +178,42 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
         }
         e
     })?;
+    let rate = pieces.rate;
     let content_type = match valid.format {
+        SpeechFormat::Mp3 => "audio/mpeg",
+        SpeechFormat::Opus => "audio/ogg",
         SpeechFormat::Wav => "audio/wav",
         SpeechFormat::Pcm => "audio/pcm",
         SpeechFormat::Flac => "audio/flac",
     };
     let resp = match (valid.stream, valid.format) {
-        (StreamFormat::Sse, _) => sse(pieces, first),
         (StreamFormat::Audio, SpeechFormat::Wav) => {
             // One file with its exact length once every piece is made.
-            let data = audio::pcm16(&pieces.all(first).await?);
-            let mut file = audio::wav_header(pieces.rate, 1, Some(data.len() as u32));
-            file.extend_from_slice(&data);
+            let file = encode::wav(&pieces.all(first).await?, rate);
             ([(header::CONTENT_TYPE, content_type)], file).into_response()
         }
-        (StreamFormat::Audio, SpeechFormat::Pcm) => (
-            [(header::CONTENT_TYPE, content_type)],
-            chunked(pieces, first),
-        )
-            .into_response(),
         (StreamFormat::Audio, SpeechFormat::Flac) => {
             let samples = pieces.all(first).await?;
-            let rate = pieces.rate;
-            let file = tokio::task::spawn_blocking(move || audio::flac(&samples, rate))
+            let file = tokio::task::spawn_blocking(move || encode::flac(&samples, rate))
                 .await
                 .map_err(|e| ApiError::internal(format!("FLAC encoding task: {e}")))?
                 .map_err(ApiError::internal)?;
             ([(header::CONTENT_TYPE, content_type)], file).into_response()
+        }
+        (stream, format) => {
+            let encoded = Encoded {
+                pieces,
+                stream: Some(encode::Stream::new(format, rate).map_err(ApiError::internal)?),
+                next: first,
+                started: false,
+                done: false,
+            };
+            match stream {
+                StreamFormat::Sse => sse(encoded),
+                StreamFormat::Audio => {
+                    ([(header::CONTENT_TYPE, content_type)], chunked(encoded)).into_response()
+                }
+            }
         }
     };
     Ok((model, resp))
@@ -182,24 +221,23 @@ async fn speak(state: &AppState, body: &[u8]) -> Result<(String, Response), ApiE
 
 /// The audio bytes sent as each piece is made; a failure after the first piece ends the body
 /// early (the status is already sent), and the node logs it.
-fn chunked(mut pieces: Pieces, first: Option<Vec<f32>>) -> Body {
+fn chunked(mut encoded: Encoded) -> Body {
     let (tx, rx) = mpsc::unbounded_channel::<Result<Vec<u8>, std::io::Error>>();
     tokio::spawn(async move {
-        let mut next = first;
-        let _ = tx.send(Ok(pieces.preamble()));
-        while let Some(samples) = next {
-            let sent = pieces.bytes(&samples).map(|b| tx.send(Ok(b)));
-            if sent.is_err() || tx.is_closed() {
-                return;
-            }
-            next = match pieces.next().await {
-                Ok(n) => n,
+        loop {
+            match encoded.bytes().await {
+                Ok(Some(b)) => {
+                    if tx.send(Ok(b)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e.message, "speech stream ended early");
                     let _ = tx.send(Err(std::io::Error::other(e.message)));
                     return;
                 }
-            };
+            }
         }
     });
     Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
@@ -207,40 +245,30 @@ fn chunked(mut pieces: Pieces, first: Option<Vec<f32>>) -> Body {
     }))
 }
 
-/// `speech.audio.delta` events (base64 audio, a `wav` header first) as pieces are made, then
-/// `speech.audio.done` with the seconds of audio; a failure is an error event.
-fn sse(mut pieces: Pieces, first: Option<Vec<f32>>) -> Response {
+/// `speech.audio.delta` events (base64 of the format's bytes, its header first) as pieces are
+/// made, then `speech.audio.done` with the seconds of audio; a failure is an error event.
+fn sse(mut encoded: Encoded) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     tokio::spawn(async move {
         let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         let send = |v: serde_json::Value| tx.send(Event::default().data(v.to_string())).is_ok();
-        let mut next = first;
-        let mut head = pieces.preamble();
-        while let Some(samples) = next {
-            let bytes = match pieces.bytes(&samples) {
-                Ok(b) => b,
+        loop {
+            match encoded.bytes().await {
+                Ok(Some(b)) => {
+                    if !send(json!({"type": "speech.audio.delta", "audio": b64(&b)})) {
+                        return;
+                    }
+                }
+                Ok(None) => break,
                 Err(e) => {
                     let _ = tx.send(Event::default().data(e.body_json()));
                     return;
                 }
-            };
-            head.extend_from_slice(&bytes);
-            if !send(
-                json!({"type": "speech.audio.delta", "audio": b64(&std::mem::take(&mut head))}),
-            ) {
-                return;
             }
-            next = match pieces.next().await {
-                Ok(n) => n,
-                Err(e) => {
-                    let _ = tx.send(Event::default().data(e.body_json()));
-                    return;
-                }
-            };
         }
         send(json!({
             "type": "speech.audio.done",
-            "usage": {"type": "duration", "seconds": pieces.seconds},
+            "usage": {"type": "duration", "seconds": encoded.pieces.seconds},
         }));
     });
     let events = futures::stream::unfold(rx, |mut rx| async move {

@@ -10,6 +10,10 @@ pub const MAX_INPUT_CHARS: usize = 4096;
 /// The audio container of a speech answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpeechFormat {
+    /// MPEG layer III at the voice's rate (OpenAI's default).
+    Mp3,
+    /// Opus in Ogg, fed at 24 kHz.
+    Opus,
     /// 16-bit PCM in a RIFF/WAVE file at the voice's rate.
     Wav,
     /// Raw 16-bit little-endian PCM at 24 kHz, mono (OpenAI's `pcm`).
@@ -55,16 +59,16 @@ pub fn speech(req: &SpeechRequest) -> Result<ValidSpeechRequest, ApiError> {
         ));
     }
     let format = match req.response_format.as_deref() {
-        // OpenAI's default is mp3, which Gantry does not encode: wav keeps every sample.
-        None | Some("wav") => SpeechFormat::Wav,
+        None | Some("mp3") => SpeechFormat::Mp3,
+        Some("opus") => SpeechFormat::Opus,
+        Some("wav") => SpeechFormat::Wav,
         Some("pcm") => SpeechFormat::Pcm,
         Some("flac") => SpeechFormat::Flac,
-        Some(f @ ("mp3" | "opus" | "aac")) => {
+        Some("aac") => {
             return Err(ApiError::unsupported(
                 "response_format",
-                format!(
-                    "`response_format` {f:?} is not encoded by this server; use \"wav\", \"flac\" or \"pcm\""
-                ),
+                "`response_format` \"aac\" is not encoded by this server; use mp3, opus, flac, \
+                 wav or pcm",
             ));
         }
         Some(other) => {
@@ -96,7 +100,7 @@ pub fn speech(req: &SpeechRequest) -> Result<ValidSpeechRequest, ApiError> {
     if stream == StreamFormat::Sse && format == SpeechFormat::Flac {
         return Err(ApiError::invalid(
             "stream_format",
-            "`stream_format` \"sse\" sends pieces of wav or pcm; a FLAC file is sent whole",
+            "`stream_format` \"sse\" sends pieces of mp3, opus, wav or pcm; a FLAC file is sent whole",
         ));
     }
     if req
@@ -136,7 +140,7 @@ mod tests {
             .expect("valid");
         assert_eq!(
             (ok.format, ok.speed, ok.stream),
-            (SpeechFormat::Wav, 1.0, StreamFormat::Audio)
+            (SpeechFormat::Mp3, 1.0, StreamFormat::Audio)
         );
         let param = |body: serde_json::Value| req(body).expect_err("refused").param;
         let p = |f: &str| Some(f.to_string());
@@ -154,7 +158,7 @@ mod tests {
             p("speed")
         );
         assert_eq!(
-            param(serde_json::json!({"model": "m", "input": "x", "response_format": "mp3"})),
+            param(serde_json::json!({"model": "m", "input": "x", "response_format": "aac"})),
             p("response_format")
         );
         assert_eq!(
