@@ -261,3 +261,14 @@ def gateway(node):
     with gateway_for({m: node for m in ("tiny", "tiny-emb", "gemma", "smollm2")}, "gemma") as (base, log):
         os.environ["GANTRY_TEST_GATEWAY_LOG"] = str(log)
         yield base
+
+
+def langchain_model(base):
+    """LangChain's OpenAI chat model on `gemma` at `base` (the node or the gateway)."""
+    from langchain_openai import ChatOpenAI
+
+    # Gemma's GGUF has no template of its own, so it is served through the default ChatML, where
+    # it may write `<|im_end|>` (which ends the turn) before anything else: `<` (236820) is biased
+    # away so the final answer is text, as in test_openai.py.
+    return ChatOpenAI(base_url=f"{base}/v1", api_key="unused", model="gemma", temperature=0, max_retries=0,
+                      max_tokens=64, logit_bias={236820: -100}, timeout=120)

@@ -571,33 +571,3 @@ fn applying_the_examples_folder_catches_a_member_named_as_the_standalone_model()
         folder.rendered
     );
 }
-
-#[test]
-fn the_example_engine_plugin_mirrors_the_llama_cpp_manifest() {
-    let manifest: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo_dir().join("engines/llama-cpp/manifest.json"))
-            .expect("manifest"),
-    )
-    .expect("json");
-    let plugin: EnginePlugin =
-        yaml_docs(&repo_dir().join("docs/examples/engineplugin-llama-cpp-cpu.yaml")).remove(0);
-    assert_eq!(manifest["id"], plugin.spec.engine_id.as_str());
-    assert_eq!(manifest["version"], plugin.spec.version.as_str());
-    assert_eq!(
-        manifest["abi_version"],
-        plugin.spec.abi_version.to_string().as_str()
-    );
-    assert_eq!(manifest["gpu_backend"], plugin.spec.gpu_backend.as_str());
-    assert_eq!(
-        manifest["formats"],
-        serde_json::to_value(&plugin.spec.formats).expect("json")
-    );
-    assert_eq!(
-        manifest["modalities"],
-        serde_json::to_value(&plugin.spec.modalities).expect("json")
-    );
-    assert_eq!(
-        manifest["architectures"],
-        serde_json::to_value(&plugin.spec.architectures).expect("json")
-    );
-}

@@ -13,7 +13,9 @@ use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
-use crate::support::{Recorded, Step, condition, context, finish, fixture_plugins};
+use crate::support::{
+    Recorded, Step, condition, context, finish, fixture_plugins, repo_dir, yaml_docs,
+};
 
 fn llama_cpu() -> EnginePlugin {
     fixture_plugins().remove(0)
@@ -485,4 +487,34 @@ async fn versions_and_updates_stay_bounded_for_many_node_pods() {
     assert_eq!(updates[0]["pod"], "default/node-00");
     assert_eq!(updates[19]["pod"], "default/node-19");
     assert_eq!(status["updatesOmitted"], 10);
+}
+
+#[test]
+fn the_example_engine_plugin_mirrors_the_llama_cpp_manifest() {
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_dir().join("engines/llama-cpp/manifest.json"))
+            .expect("manifest"),
+    )
+    .expect("json");
+    let plugin: EnginePlugin =
+        yaml_docs(&repo_dir().join("docs/examples/engineplugin-llama-cpp-cpu.yaml")).remove(0);
+    assert_eq!(manifest["id"], plugin.spec.engine_id.as_str());
+    assert_eq!(manifest["version"], plugin.spec.version.as_str());
+    assert_eq!(
+        manifest["abi_version"],
+        plugin.spec.abi_version.to_string().as_str()
+    );
+    assert_eq!(manifest["gpu_backend"], plugin.spec.gpu_backend.as_str());
+    assert_eq!(
+        manifest["formats"],
+        serde_json::to_value(&plugin.spec.formats).expect("json")
+    );
+    assert_eq!(
+        manifest["modalities"],
+        serde_json::to_value(&plugin.spec.modalities).expect("json")
+    );
+    assert_eq!(
+        manifest["architectures"],
+        serde_json::to_value(&plugin.spec.architectures).expect("json")
+    );
 }

@@ -1,10 +1,12 @@
 //! Node server tests: the real `gantry-node` binary on loopback with real plugins — batching,
 //! disconnects, deadlines, the watchdog, fault isolation, SIGTERM drain, readiness and metrics.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod lifecycle;
+mod replicas;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -13,22 +15,22 @@ use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
 /// Start the node with a YAML config written from `models` (each `{id, file, ...}`).
-fn start(config: Value, plugins: &Path, dir: tempfile::TempDir) -> NodeProc {
+pub(crate) fn start(config: Value, plugins: &Path, dir: tempfile::TempDir) -> NodeProc {
     spawn_node(&config, plugins, dir, |_| {})
 }
 
-fn tiny_dir(spec: TinyModelSpec) -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn tiny_dir(spec: TinyModelSpec) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("tiny.gguf");
     write_tiny_gguf(&p, &spec).expect("tiny gguf");
     (dir, p)
 }
 
-fn tiny_node(extra_model: Value, scheduler: Value) -> NodeProc {
+pub(crate) fn tiny_node(extra_model: Value, scheduler: Value) -> NodeProc {
     node_with(TinyModelSpec::default(), extra_model, scheduler)
 }
 
-fn node_with(spec: TinyModelSpec, extra_model: Value, scheduler: Value) -> NodeProc {
+pub(crate) fn node_with(spec: TinyModelSpec, extra_model: Value, scheduler: Value) -> NodeProc {
     let (dir, p) = tiny_dir(spec);
     let mut model = json!({"id": "tiny", "path": p, "format": "gguf", "contextLength": 2048, "maxBatchSize": 8});
     if let (Some(m), Some(e)) = (model.as_object_mut(), extra_model.as_object()) {
@@ -75,7 +77,7 @@ async fn eight_concurrent_greedy_requests_return_what_eight_sequential_ones_do()
     assert!(one_token_steps < steps, "no batched step among {steps}");
 }
 
-fn metric_value(text: &str, series: &str) -> f64 {
+pub(crate) fn metric_value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(series)
@@ -84,7 +86,7 @@ fn metric_value(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} missing"))
 }
 
-async fn open_stream(
+pub(crate) async fn open_stream(
     node: &NodeProc,
     max_tokens: u32,
 ) -> tokio::sync::mpsc::UnboundedReceiver<String> {
@@ -462,424 +464,4 @@ async fn an_unsupported_architecture_keeps_the_node_unready_and_says_why() {
             .expect("m")
             .contains("no engine on this node supports")
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn metrics_pass_promtool_and_name_the_endpoint_picker_gauges() {
-    let node = tiny_node(json!({}), json!({}));
-    wait_ready(&node).await;
-    let (s, _) = post(
-        &node,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}),
-    )
-    .await;
-    assert_eq!(s, 200);
-    let (s, _) = post(
-        &node,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}),
-    )
-    .await;
-    assert_eq!(s, 200);
-    let text = metrics_text(&node).await;
-    for name in [
-        "gantry_num_requests_waiting",
-        "gantry_num_requests_running",
-        "gantry_kv_cache_usage_perc",
-        "gantry_time_to_first_token_seconds_bucket",
-        "gantry_inter_token_latency_seconds_bucket",
-        "gantry_model_load_seconds",
-    ] {
-        assert!(text.contains(name), "{name} missing");
-    }
-    assert_eq!(
-        metric_value(&text, "gantry_response_cache_hits_total{model=\"tiny\"}"),
-        1.0,
-        "the second greedy request was a cache hit"
-    );
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian's prometheus package; scripts/setup.sh installs it)");
-    std::io::Write::write_all(promtool.stdin.as_mut().expect("stdin"), text.as_bytes())
-        .expect("write");
-    let out = promtool.wait_with_output().expect("promtool");
-    // The endpoint picker's series carry vLLM's names, whose `:` promtool's linter flags (it
-    // reserves colons for recording rules); that is the only complaint allowed, and only for them.
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let other: Vec<&str> = report
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| !(l.starts_with("vllm:") && l.contains("metric names should not contain ':'")))
-        .collect();
-    assert!(other.is_empty(), "promtool check metrics failed:\n{report}");
-    // The endpoint picker's defaults (gateway-api-inference-extension, see
-    // docs/observability.md): one node-wide gauge each, KV use as a fraction.
-    for name in gantry_node::metrics::EPP_METRIC_NAMES {
-        assert!(
-            text.contains(&format!("# TYPE {name} gauge")),
-            "{name} is not exported as a gauge"
-        );
-    }
-    assert_eq!(metric_value(&text, "vllm:num_requests_waiting"), 0.0);
-    let kv = metric_value(&text, "vllm:kv_cache_usage_perc");
-    assert!((0.0..=1.0).contains(&kv), "{kv}");
-    assert!(
-        text.lines().any(|l| l
-            .starts_with("vllm:cache_config_info{block_size=\"1\",num_gpu_blocks=\"")
-            && l.ends_with(" 1")),
-        "cache_config_info with the KV geometry"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigterm_fails_readiness_at_once_and_lets_inflight_streams_finish() {
-    let node = tiny_node(
-        json!({"requestTimeoutSeconds": 0}),
-        json!({"responseCacheRamFraction": 0.0, "shutdownGraceSeconds": 30}),
-    );
-    wait_ready(&node).await;
-    let mut streams = Vec::new();
-    for _ in 0..3 {
-        streams.push(open_stream(&node, 600).await);
-    }
-    for s in &mut streams {
-        s.recv().await.expect("first chunk");
-    }
-    let pid = node.child.id().to_string();
-    let ok = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(ok.success());
-    let c = http();
-    let t0 = Instant::now();
-    loop {
-        let r = c
-            .get(format!("{}/readyz", node.base))
-            .send()
-            .await
-            .expect("readyz while draining");
-        if r.status() == 503 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "readyz still 200 after SIGTERM"
-        );
-    }
-    let (code, v) = post(
-        &node,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "late", "max_tokens": 2}),
-    )
-    .await;
-    assert_eq!(code, 503, "{v}");
-    for (i, mut s) in streams.into_iter().enumerate() {
-        let mut chunks = Vec::new();
-        while let Some(d) = s.recv().await {
-            chunks.push(d);
-        }
-        assert_eq!(
-            chunks.last().map(String::as_str),
-            Some("[DONE]"),
-            "stream {i} lost"
-        );
-        let fin: Value = serde_json::from_str(&chunks[chunks.len() - 2]).expect("final");
-        assert_eq!(
-            fin["choices"][0]["finish_reason"], "length",
-            "stream {i} ran to max_tokens"
-        );
-    }
-    let mut node = node;
-    let exit = tokio::task::spawn_blocking(move || {
-        let st = node.child.wait().expect("wait");
-        (st, node)
-    })
-    .await
-    .expect("join");
-    assert!(exit.0.success(), "exit status {:?}", exit.0);
-}
-
-#[test]
-fn the_node_answers_healthz_right_after_start() {
-    // Listening comes first; plugin discovery and model loads happen behind it.
-    // The time it takes is measured by bench/node_vs_llama_server.py (`cold_start`), not asserted here.
-    let (_dir, p) = tiny_dir(TinyModelSpec::default());
-    let port = free_port();
-    let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gantry-node"))
-        .args(["serve", "--model"])
-        .arg(&p)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .arg("--plugins-dir")
-        .arg(profile_dir().join("engines"))
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let mut healthy_at = None;
-    while t0.elapsed() < Duration::from_secs(10) {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            use std::io::{Read, Write};
-            let _ = s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
-            let mut resp = String::new();
-            let _ = s.read_to_string(&mut resp);
-            if resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200") {
-                healthy_at = Some(t0.elapsed());
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let healthy_at = healthy_at.expect("no 200 from /healthz within 10 s of exec");
-    eprintln!("healthz answered {healthy_at:?} after exec");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn replicas_take_requests_in_turn_and_status_shows_each_one() {
-    // Two engine instances of one sequence each: two streams run at once only because they
-    // went to different replicas, and a third waits on the replica whose turn it is.
-    let node = tiny_node(
-        json!({"requestTimeoutSeconds": 0, "maxBatchSize": 1, "replicas": 2}),
-        json!({"responseCacheRamFraction": 0.0}),
-    );
-    wait_ready(&node).await;
-    let s = status(&node).await;
-    let replicas = s["models"][0]["replicas"].as_array().expect("replicas");
-    assert_eq!(replicas.len(), 2, "{s}");
-    let capacity: u64 = replicas
-        .iter()
-        .map(|r| r["queue"]["kvCapacityTokens"].as_u64().expect("capacity"))
-        .sum();
-    assert_eq!(
-        s["models"][0]["queue"]["kvCapacityTokens"].as_u64(),
-        Some(capacity),
-        "the model's KV is its replicas' together: {s}"
-    );
-    let bytes: u64 = replicas
-        .iter()
-        .map(|r| r["bytesUsed"].as_u64().expect("bytes"))
-        .sum();
-    assert!(replicas.iter().all(|r| r["bytesUsed"].as_u64() > Some(0)));
-    assert_eq!(s["models"][0]["load"]["bytesUsed"].as_u64(), Some(bytes));
-
-    let mut a = open_stream(&node, 1800).await;
-    let mut b = open_stream(&node, 1800).await;
-    for _ in 0..3 {
-        a.recv().await.expect("a chunk");
-        b.recv().await.expect("b chunk");
-    }
-    let s = status(&node).await;
-    let running = |s: &Value, i: usize| s["models"][0]["replicas"][i]["queue"]["running"].clone();
-    assert_eq!(
-        (running(&s, 0), running(&s, 1)),
-        (json!(1), json!(1)),
-        "{s}"
-    );
-    assert_eq!(s["models"][0]["queue"]["running"], 2, "{s}");
-    let metrics = metrics_text(&node).await;
-    assert_eq!(
-        metric_value(&metrics, "gantry_num_requests_running{model=\"tiny\"}"),
-        2.0,
-        "the gauge sums the replicas"
-    );
-    // The third request is replica 0's turn again: it waits there while replica 1 is busy too.
-    let c = tokio::spawn({
-        let base = node.base.clone();
-        async move {
-            http()
-                .post(format!("{base}/v1/completions"))
-                .json(&json!({"model": "tiny", "prompt": "C", "max_tokens": 5, "temperature": 0}))
-                .send()
-                .await
-                .expect("c")
-                .status()
-                .as_u16()
-        }
-    });
-    let t0 = Instant::now();
-    loop {
-        let s = status(&node).await;
-        if s["models"][0]["replicas"][0]["queue"]["waiting"] == 1 {
-            assert_eq!(s["models"][0]["replicas"][1]["queue"]["waiting"], 0, "{s}");
-            assert_eq!(s["models"][0]["queue"]["waiting"], 1, "{s}");
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "C never queued: {s}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    drop(a); // replica 0's slot frees, and C runs there
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(10), c)
-            .await
-            .expect("C admitted")
-            .expect("join"),
-        200
-    );
-    drop(b);
-}
-
-/// A plugin tree with the real llama.cpp plugin and the `faulty` plugin, whose manifest also
-/// claims the `llama` architecture: two engines that both support a tiny llama GGUF.
-fn two_engines(root: &Path) -> PathBuf {
-    let plugins = root.join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugins dir");
-    std::os::unix::fs::symlink(
-        profile_dir().join("engines/llama_cpp"),
-        plugins.join("llama_cpp"),
-    )
-    .expect("link the llama.cpp plugin");
-    install_faulty_for(&plugins, &["toy", "llama"]);
-    plugins
-}
-
-/// Start a node serving `file` as `tiny` from the two-engine tree, its cache in `cache`.
-fn choice_node(plugins: &Path, file: &Path, cache: &Path, extra: Value) -> NodeProc {
-    let mut model = json!({"id": "tiny", "path": file, "format": "gguf", "contextLength": 512, "maxBatchSize": 2});
-    if let (Some(m), Some(e)) = (model.as_object_mut(), extra.as_object()) {
-        m.extend(e.clone());
-    }
-    let config = json!({"models": [model], "cacheDir": cache});
-    spawn_node(
-        &config,
-        plugins,
-        tempfile::tempdir().expect("tempdir"),
-        |_| {},
-    )
-}
-
-fn candidates(status: &Value) -> Vec<(String, String, bool)> {
-    status["models"][0]["engineChoice"]["candidates"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .map(|c| {
-                    (
-                        c["plugin"].as_str().unwrap_or_default().to_string(),
-                        c["outcome"].as_str().unwrap_or_default().to_string(),
-                        c["cached"].as_bool().unwrap_or(false),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_engines_for_one_model_are_measured_and_the_best_serves_it() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let plugins = two_engines(root.path());
-    let cache = root.path().join("cache");
-    // The fault plugin reads its behaviour from the file name, the cache keys by content:
-    // each file gets its own weights (seed).
-    let model = |stem: &str, seed: u64| {
-        let p = root.path().join(format!("{stem}.gguf"));
-        let spec = TinyModelSpec {
-            seed,
-            ..TinyModelSpec::default()
-        };
-        write_tiny_gguf(&p, &spec).expect("tiny gguf");
-        p
-    };
-
-    // `sluggish*`: the faulty engine sleeps 250 ms per step; the real engine on the tiny model
-    // is far faster (even on a CPU shared with other tests), so it serves, and both
-    // candidates' figures are in the status.
-    let slow = model("sluggish-tiny", 1);
-    let node = choice_node(&plugins, &slow, &cache, json!({}));
-    wait_ready(&node).await;
-    let s = status(&node).await;
-    let choice = &s["models"][0]["engineChoice"];
-    assert_eq!(choice["chosen"], "llama_cpp", "{choice}");
-    assert!(
-        choice["rule"]
-            .as_str()
-            .is_some_and(|r| r.contains("highest decode tokens/s"))
-    );
-    assert_eq!(
-        candidates(&s),
-        vec![
-            ("faulty".to_string(), "slower".to_string(), false),
-            ("llama_cpp".to_string(), "chosen".to_string(), false)
-        ]
-    );
-    for c in choice["candidates"].as_array().expect("candidates") {
-        assert!(
-            c["tokensPerSecond"].as_f64().is_some_and(|t| t > 0.0),
-            "{c}"
-        );
-        assert!(c["ttftMs"].as_f64().is_some_and(|t| t > 0.0), "{c}");
-        assert!(c["peakBytes"].as_u64().is_some(), "{c}");
-    }
-    let slow_tps = choice["candidates"][0]["tokensPerSecond"]
-        .as_f64()
-        .unwrap_or(0.0);
-    assert!(
-        slow_tps < 4.5,
-        "250 ms a step is at most 4 tokens/s: {slow_tps}"
-    );
-    assert_eq!(s["models"][0]["load"]["plugin"], "llama_cpp");
-    assert_eq!(
-        s["models"][0]["verdict"]["plugin"], "llama_cpp",
-        "{}",
-        s["models"][0]["verdict"]
-    );
-    let (code, v) = post(
-        &node,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}),
-    )
-    .await;
-    assert_eq!(code, 200, "{v}");
-    drop(node);
-
-    // The same model again: the figures come from the cache, nothing is measured.
-    let node = choice_node(&plugins, &slow, &cache, json!({}));
-    wait_ready(&node).await;
-    let s = status(&node).await;
-    assert_eq!(
-        candidates(&s),
-        vec![
-            ("faulty".to_string(), "slower".to_string(), true),
-            ("llama_cpp".to_string(), "chosen".to_string(), true)
-        ]
-    );
-    drop(node);
-
-    // A candidate that cannot load is `failed` with its reason; the other serves.
-    let oom = model("oom-tiny", 2);
-    let node = choice_node(&plugins, &oom, &cache, json!({}));
-    wait_ready(&node).await;
-    let s = status(&node).await;
-    let choice = &s["models"][0]["engineChoice"];
-    assert_eq!(choice["chosen"], "llama_cpp");
-    assert_eq!(choice["candidates"][0]["outcome"], "failed");
-    assert!(
-        choice["candidates"][0]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("does not fit (by design)")),
-        "{choice}"
-    );
-    drop(node);
-
-    // A pinned engine is not measured: the pin serves and there is no choice to show.
-    let node = choice_node(&plugins, &slow, &cache, json!({"engine": "faulty"}));
-    wait_ready(&node).await;
-    let s = status(&node).await;
-    assert!(
-        s["models"][0].get("engineChoice").is_none(),
-        "{}",
-        s["models"][0]
-    );
-    assert_eq!(s["models"][0]["load"]["plugin"], "faulty");
 }
