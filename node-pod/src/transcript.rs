@@ -23,6 +23,45 @@ pub struct Segment {
     pub text: String,
     pub tokens: Vec<i32>,
     pub avg_logprob: f32,
+    /// Each text token's bytes and log-probability (`include[]=logprobs`).
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// A text token as `include[]=logprobs` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+impl TokenLogprob {
+    /// The text tokens of `tokens` (special tokens, which have no bytes, left out).
+    pub fn of<'a>(tokens: impl IntoIterator<Item = &'a Token>) -> Vec<TokenLogprob> {
+        tokens
+            .into_iter()
+            .filter(|t| !t.bytes.is_empty())
+            .map(|t| TokenLogprob {
+                bytes: t.bytes.clone(),
+                logprob: t.logprob,
+            })
+            .collect()
+    }
+}
+
+/// OpenAI's `logprobs` of a transcription: `token` (the token's text; a token that ends inside
+/// a UTF-8 character shows the replacement character, its `bytes` are exact), `logprob`,
+/// `bytes`.
+pub fn logprobs_json<'a>(items: impl IntoIterator<Item = &'a TokenLogprob>) -> Value {
+    items
+        .into_iter()
+        .map(|t| {
+            json!({
+                "token": String::from_utf8_lossy(&t.bytes),
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+            })
+        })
+        .collect()
 }
 
 /// What a window's tokens say: its segments, and how far the next window starts after this
@@ -105,6 +144,7 @@ fn segment(
         text: s,
         tokens: text.iter().map(|t| t.id).collect(),
         avg_logprob: text.iter().map(|t| t.logprob).sum::<f32>() / text.len() as f32,
+        logprobs: TokenLogprob::of(text.iter().copied()),
     })
 }
 

@@ -14,6 +14,9 @@ transcripts. Here:
   sentence in the text, the word error rate at most 10 %;
 - `stream`: the deltas add up to the text of `transcript.text.done`, which is the unstreamed
   text, on the node and through the gateway;
+- `include[]=logprobs`: a log-probability for every text token, within 2e-3 of transformers'
+  for the same token, whose bytes spell the text; streamed deltas carry the same ones; another
+  `include`, or logprobs with a format other than json, is a 400 naming `include`;
 - a `prompt` is accepted (text before the audio) and the transcript stays right; a 2-hour file
   is a 400 naming the limit, and the model still answers.
 """
@@ -161,6 +164,46 @@ def test_a_stream_adds_up_to_the_text_on_the_node_and_through_the_gateway(tiny_e
         g = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0)
         deltas, done = streamed(g)
         assert done == want and "".join(deltas).strip() == want
+
+
+# The end of text of every English-only Whisper; the ids from it on are special tokens.
+EOT_EN = 50256
+
+
+def test_logprobs_are_transformers_and_spell_out_the_text(tiny_en):
+    _, client, speech, ref = tiny_en
+    worst = 0.0
+    for case in ref["cases"]:
+        r = client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, case["file"]),
+                                               include=["logprobs"])
+        plain = case["plain"]
+        assert r.text == plain["text"], (case["file"], r.text)
+        text_ids = [t for t in plain["tokens"] if t < EOT_EN]
+        assert len(r.logprobs) == len(text_ids), (case["file"], len(r.logprobs), len(text_ids))
+        assert bytes(int(b) for lp in r.logprobs for b in lp.bytes).decode().strip() == r.text
+        # transformers' log-probability of each token it sampled, the same tokens (its top 20
+        # after the logits processors, the sampled one first).
+        for lp, token, top in zip(r.logprobs, plain["tokens"], plain["top"]):
+            want = dict((t, v) for t, v in top)[token]
+            assert lp.logprob <= 0 and lp.token == bytes(int(b) for b in lp.bytes).decode("utf-8", "replace")
+            worst = max(worst, abs(lp.logprob - want))
+    print(f"include=logprobs: max |log-prob node - transformers| {worst:.2e}")
+    assert worst < 2e-3, worst
+    # Streamed: each delta carries the tokens it completes, and together they are the answer's.
+    deltas, done = [], None
+    for ev in client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, "jfk.wav"),
+                                                 stream=True, include=["logprobs"]):
+        if ev.type == "transcript.text.delta":
+            deltas.extend(ev.logprobs)
+        elif ev.type == "transcript.text.done":
+            done = ev.logprobs
+    plain = client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, "jfk.wav"),
+                                               include=["logprobs"]).logprobs
+    assert [d.model_dump() for d in deltas] == [d.model_dump() for d in done] == [p.model_dump() for p in plain]
+    for bad in (dict(include=["item_status"]), dict(include=["logprobs"], response_format="verbose_json")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, "jfk.wav"), **bad)
+        assert e.value.body["param"] == "include", e.value.body
 
 
 def test_a_prompt_is_taken_and_too_long_audio_is_refused(tiny_en):

@@ -2,16 +2,18 @@
 //! `POST /v1/audio/transcriptions` and `/v1/audio/translations`, as OpenAI's API has them.
 //!
 //! The request path: the multipart form (`file`, `model`, `language`, `prompt`,
-//! `response_format`, `timestamp_granularities[]`, `temperature`, `stream`) → the ready model,
-//! which must declare the transcription modality (ABI 1.9) → the upload decoded and resampled
-//! to the model's rate (`crate::audio`, off the async runtime) → cut into windows of the
-//! model's longest input (Whisper: 30 s), one scheduler job each with its audio (the engine
-//! gets it through `seq_set_input` when the sequence opens) and the decoder prompt
-//! (`<|startofprev|>` and the `prompt`'s tokens, `<|startoftranscript|>`, language and task
-//! for multilingual models, `<|notimestamps|>` unless the format needs times) → each
+//! `response_format`, `timestamp_granularities[]`, `temperature`, `stream`, `include[]`) →
+//! the ready model, which must declare the transcription modality (ABI 1.9) → the upload
+//! decoded and resampled to the model's rate (`crate::audio`, off the async runtime) → cut
+//! into windows of the model's longest input (Whisper: 30 s), one scheduler job each with its
+//! audio (the engine gets it through `seq_set_input` when the sequence opens) and the decoder
+//! prompt (`<|startofprev|>` and the `prompt`'s tokens, `<|startoftranscript|>`, language and
+//! task for multilingual models, `<|notimestamps|>` unless the format needs times) → each
 //! window's tokens, cut into segments by their timestamps (`crate::transcript`) → `json`,
 //! `text`, `verbose_json`, `srt` or `vtt`; or, with `stream`, each token's text as a
-//! `transcript.text.delta` event as the windows decode, then `transcript.text.done`.
+//! `transcript.text.delta` event as the windows decode, then `transcript.text.done`;
+//! `include[]=logprobs` (json) adds each text token's log-probability to the answer and to
+//! the events.
 //! Without a `language`, a multilingual model's first window decides it (`detect_language`).
 //! Word timestamps are refused with a 400 that says so.
 
@@ -29,7 +31,7 @@ use super::{AppState, InflightGuard};
 use crate::audio;
 use crate::error::ApiError;
 use crate::scheduler::{GenEvent, GenerateJob, Job};
-use crate::transcript::{self, Segment, Token};
+use crate::transcript::{self, Segment, Token, TokenLogprob};
 use gantry_engine_abi::Sampling;
 
 mod form;
@@ -236,9 +238,9 @@ async fn transcribe(
         _guard: guard,
     };
     if form.stream {
-        return Ok((model, stream(dec)));
+        return Ok((model, stream(dec, form.logprobs)));
     }
-    let segments = dec.run(|_| {}).await?;
+    let segments = dec.run(|_, _| {}).await?;
     let segs = || segments.iter().map(|(_, s)| s);
     let text = joined(segs());
     let plain = |body: String, kind: &str| {
@@ -252,6 +254,10 @@ async fn transcribe(
         Format::Text => return plain(text, "text/plain; charset=utf-8"),
         Format::Srt => return plain(transcript::srt(segs()), "text/plain; charset=utf-8"),
         Format::Vtt => return plain(transcript::vtt(segs()), "text/vtt; charset=utf-8"),
+        Format::Json if form.logprobs => json!({
+            "text": text, "usage": usage,
+            "logprobs": transcript::logprobs_json(segs().flat_map(|s| &s.logprobs)),
+        }),
         Format::Json => json!({"text": text, "usage": usage}),
         Format::VerboseJson => json!({
             "task": task.name(), "language": language, "duration": dec.seconds, "text": text,
@@ -279,19 +285,23 @@ struct Decoder {
 }
 
 impl Decoder {
-    /// Every window's segments with its `seek` (mel frames); each token's text handed to
-    /// `on_text` as it comes when the audio is one window (with several, a window's last
-    /// words may be decoded again by the next), else each kept segment's text.
-    async fn run(&self, mut on_text: impl FnMut(&str)) -> Result<Vec<(usize, Segment)>, ApiError> {
+    /// Every window's segments with its `seek` (mel frames); each token's text (and the text
+    /// tokens it completes) handed to `on_text` as it comes when the audio is one window (with
+    /// several, a window's last words may be decoded again by the next), else each kept
+    /// segment's text and tokens.
+    async fn run(
+        &self,
+        mut on_text: impl FnMut(&str, &[TokenLogprob]),
+    ) -> Result<Vec<(usize, Segment)>, ApiError> {
         let single = self.samples.len() <= self.window;
         let mut out = Vec::new();
         let mut seek = 0;
         while seek < self.samples.len() {
             let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
             let rx = self.submit(chunk)?;
-            let tokens = collect(rx, |t| {
+            let tokens = collect(rx, |t, lp| {
                 if single {
-                    on_text(t)
+                    on_text(t, lp)
                 }
             })
             .await?;
@@ -305,7 +315,7 @@ impl Decoder {
             let frame = (seek as u64 * 100 / u64::from(self.rate.max(1))) as usize;
             for s in read.segments {
                 if !single {
-                    on_text(&s.text);
+                    on_text(&s.text, &s.logprobs);
                 }
                 out.push((frame, s));
             }
@@ -370,7 +380,7 @@ async fn detect_language(
         ..Sampling::greedy()
     };
     let rx = submit(ready, (&[sot], 1), &sampling, timeout, audio)?;
-    let tokens = collect(rx, |_| {}).await?;
+    let tokens = collect(rx, |_, _| {}).await?;
     let token = tokens
         .first()
         .ok_or_else(|| ApiError::internal("language detection sampled nothing"))?;
@@ -390,24 +400,28 @@ async fn detect_language(
         })
 }
 
-/// A window's tokens, each token's text handed to `on_text` as it comes.
+/// A window's tokens, each token's text handed to `on_text` as it comes with the text tokens
+/// since the last text (a token that ends inside a UTF-8 character gives its text with the
+/// next).
 async fn collect(
     mut rx: mpsc::UnboundedReceiver<GenEvent>,
-    mut on_text: impl FnMut(&str),
+    mut on_text: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<Vec<Token>, ApiError> {
     let mut tokens = Vec::new();
+    let mut unsent = 0;
     loop {
         match rx.recv().await {
             Some(GenEvent::Token { text, logprob }) => {
-                if !text.is_empty() {
-                    on_text(&text);
-                }
                 if let Some(lp) = logprob {
                     tokens.push(Token {
                         id: lp.token,
                         bytes: lp.bytes,
                         logprob: lp.logprob,
                     });
+                }
+                if !text.is_empty() {
+                    on_text(&text, &TokenLogprob::of(&tokens[unsent..]));
+                    unsent = tokens.len();
                 }
             }
             Some(GenEvent::Done { .. }) => return Ok(tokens),
@@ -434,7 +448,7 @@ fn joined<'a>(segments: impl Iterator<Item = &'a Segment>) -> String {
 /// audio of one window, each kept segment's for longer audio), then `transcript.text.done`
 /// with the whole text; an error ends the stream with OpenAI's error body as its last event,
 /// as a failing chat stream does.
-fn stream(dec: Decoder) -> Response {
+fn stream(dec: Decoder, logprobs: bool) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     tokio::spawn(async move {
         let send = |v: Value| {
@@ -442,22 +456,33 @@ fn stream(dec: Decoder) -> Response {
         };
         let mut started = false;
         let result = dec
-            .run(|t| {
+            .run(|t, lp| {
                 // The first delta without the leading space the text's first word has, as
                 // the unstreamed `text` is trimmed; each later segment starts on a new word.
                 let delta = match std::mem::replace(&mut started, true) {
                     false => t.trim_start().to_string(),
                     true => t.to_string(),
                 };
-                send(json!({"type": "transcript.text.delta", "delta": delta}));
+                let mut event = json!({"type": "transcript.text.delta", "delta": delta});
+                if logprobs {
+                    event["logprobs"] = transcript::logprobs_json(lp);
+                }
+                send(event);
             })
             .await;
         match result {
-            Ok(segments) => send(json!({
-                "type": "transcript.text.done",
-                "text": joined(segments.iter().map(|(_, s)| s)),
-                "usage": {"type": "duration", "seconds": dec.seconds.ceil() as u64},
-            })),
+            Ok(segments) => {
+                let segs = || segments.iter().map(|(_, s)| s);
+                let mut event = json!({
+                    "type": "transcript.text.done",
+                    "text": joined(segs()),
+                    "usage": {"type": "duration", "seconds": dec.seconds.ceil() as u64},
+                });
+                if logprobs {
+                    event["logprobs"] = transcript::logprobs_json(segs().flat_map(|s| &s.logprobs));
+                }
+                send(event);
+            }
             Err(e) => {
                 let _ = tx.send(Event::default().data(e.body_json()));
             }

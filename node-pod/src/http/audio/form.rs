@@ -1,7 +1,7 @@
 //! HTTP layer, speech recognition's form (the first step of `/v1/audio/transcriptions` and
 //! `/translations`, before the model is looked up): the multipart fields read and checked on
-//! their own — the format, timestamp granularities, temperature, `stream` — each refusal a 400
-//! naming its field.
+//! their own — the format, timestamp granularities, temperature, `stream`, `include` — each
+//! refusal a 400 naming its field.
 
 use axum::extract::Multipart;
 
@@ -32,6 +32,8 @@ pub(super) struct Form {
     pub(super) format: Format,
     pub(super) temperature: f32,
     pub(super) stream: bool,
+    /// `include[]=logprobs`: each text token's log-probability in the answer.
+    pub(super) logprobs: bool,
 }
 
 pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
@@ -46,6 +48,7 @@ pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
         format: Format::Json,
         temperature: 0.0,
         stream: false,
+        logprobs: false,
     };
     let bad = |field: &str, e: axum::extract::multipart::MultipartError| {
         ApiError::invalid(field, format!("the multipart form cannot be read: {e}"))
@@ -108,7 +111,16 @@ pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
             "timestamp_granularities[]" | "timestamp_granularities" => {
                 granularities.push(text.trim().to_string());
             }
-            // Other fields (`chunking_strategy`, `include[]`, ...) change nothing here.
+            "include[]" | "include" => match text.trim() {
+                "logprobs" => f.logprobs = true,
+                other => {
+                    return Err(ApiError::invalid(
+                        "include",
+                        format!("`include` takes `logprobs`, got `{other}`"),
+                    ));
+                }
+            },
+            // Other fields (`chunking_strategy`, ...) change nothing here.
             _ => {}
         }
     }
@@ -133,6 +145,12 @@ pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
         return Err(ApiError::invalid(
             "timestamp_granularities",
             "`timestamp_granularities` need `response_format` verbose_json",
+        ));
+    }
+    if f.logprobs && f.format != Format::Json {
+        return Err(ApiError::invalid(
+            "include",
+            "`include` logprobs needs `response_format` json, as OpenAI's API has it",
         ));
     }
     if f.stream && !matches!(f.format, Format::Json | Format::Text) {
