@@ -86,6 +86,21 @@ pub(crate) fn metric_value(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} missing"))
 }
 
+/// A short greedy completion ("C", 5 tokens) sent in the background; its HTTP status.
+pub(crate) fn spawn_short_completion(node: &NodeProc) -> tokio::task::JoinHandle<u16> {
+    let base = node.base.clone();
+    tokio::spawn(async move {
+        http()
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "tiny", "prompt": "C", "max_tokens": 5, "temperature": 0}))
+            .send()
+            .await
+            .expect("c")
+            .status()
+            .as_u16()
+    })
+}
+
 pub(crate) async fn open_stream(
     node: &NodeProc,
     max_tokens: u32,
@@ -113,19 +128,7 @@ async fn a_disconnected_stream_frees_its_sequence_while_the_others_continue() {
         a.recv().await.expect("a chunk");
         b.recv().await.expect("b chunk");
     }
-    let c = tokio::spawn({
-        let base = node.base.clone();
-        async move {
-            http()
-                .post(format!("{base}/v1/completions"))
-                .json(&json!({"model": "tiny", "prompt": "C", "max_tokens": 5, "temperature": 0}))
-                .send()
-                .await
-                .expect("c")
-                .status()
-                .as_u16()
-        }
-    });
+    let c = spawn_short_completion(&node);
     let t0 = Instant::now();
     let held = loop {
         let s = status(&node).await;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::common::{node_metrics as metrics_text, node_status as status, post_json as post};
-use crate::{metric_value, open_stream, tiny_node};
+use crate::{metric_value, open_stream, spawn_short_completion, tiny_node};
 use gantry_testkit::{TinyModelSpec, write_tiny_gguf};
 use serde_json::{Value, json};
 
@@ -59,19 +59,7 @@ async fn replicas_take_requests_in_turn_and_status_shows_each_one() {
         "the gauge sums the replicas"
     );
     // The third request is replica 0's turn again: it waits there while replica 1 is busy too.
-    let c = tokio::spawn({
-        let base = node.base.clone();
-        async move {
-            http()
-                .post(format!("{base}/v1/completions"))
-                .json(&json!({"model": "tiny", "prompt": "C", "max_tokens": 5, "temperature": 0}))
-                .send()
-                .await
-                .expect("c")
-                .status()
-                .as_u16()
-        }
-    });
+    let c = spawn_short_completion(&node);
     let t0 = Instant::now();
     loop {
         let s = status(&node).await;
