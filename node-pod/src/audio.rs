@@ -78,6 +78,8 @@ struct OpusTrack {
     decoder: opus::Decoder,
     channels: usize,
     skip: usize,
+    /// The `OpusHead`'s output gain, as a factor.
+    gain: f32,
     frame: Vec<f32>,
     mono: Vec<f32>,
 }
@@ -89,6 +91,12 @@ impl OpusTrack {
             return Err(AudioError::Unreadable(
                 "an Opus track without its OpusHead".into(),
             ));
+        }
+        if head[18] != 0 {
+            return Err(AudioError::Unreadable(format!(
+                "Opus with channel mapping family {} (family 0, mono or stereo, is read)",
+                head[18]
+            )));
         }
         let (channels, skip) = match head[9] {
             1 => (opus::Channels::Mono, 1),
@@ -105,6 +113,8 @@ impl OpusTrack {
             decoder,
             channels: skip,
             skip: usize::from(u16::from_le_bytes([head[10], head[11]])),
+            // Q7.8 decibels.
+            gain: 10f32.powf(f32::from(i16::from_le_bytes([head[16], head[17]])) / 256.0 / 20.0),
             // 120 ms at 48 kHz, Opus's longest packet.
             frame: vec![0.0; 5760 * skip],
             mono: Vec::new(),
@@ -122,7 +132,7 @@ impl OpusTrack {
         self.mono.extend(
             self.frame[..n * c]
                 .chunks_exact(c)
-                .map(|f| f.iter().sum::<f32>() / c as f32),
+                .map(|f| f.iter().sum::<f32>() / c as f32 * self.gain),
         );
         let drop = self.skip.min(self.mono.len());
         self.skip -= drop;
@@ -340,8 +350,8 @@ mod tests {
     #[test]
     fn opus_in_webm_as_browsers_record_it_is_read() {
         // Two seconds of a tone as 20 ms Opus packets in a WebM file laid out as a browser's
-        // MediaRecorder writes one: EBML header, segment info, one A_OPUS track, one cluster
-        // of SimpleBlocks.
+        // MediaRecorder writes one: EBML header, a segment of unknown size, segment info, one
+        // A_OPUS track, clusters of unknown size holding SimpleBlocks.
         let t = tone(440.0, 48_000, 2.0);
         let mut enc = opus::Encoder::new(48_000, opus::Channels::Mono, opus::Application::Audio)
             .expect("encoder");
@@ -380,26 +390,34 @@ mod tests {
         ]
         .concat();
         let tracks = ebml(0x1654_AE6B, &ebml(0xAE, &track));
-        let mut cluster = int(0xE7, 0);
+        // A cluster a second (50 blocks), each opened with an unknown size, as the segment is:
+        // a recorder writes them before it knows how long they get.
+        let open = |id: u32| {
+            let mut e: Vec<u8> = id.to_be_bytes().to_vec();
+            e.extend_from_slice(&[0x01, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]);
+            e
+        };
+        let mut clusters = Vec::new();
         let mut packet = vec![0u8; 4000];
         for (i, frame) in t
             .chunks(960)
             .chain(std::iter::once(&[0f32; 960][..]))
             .enumerate()
         {
+            if i % 50 == 0 {
+                clusters.extend(open(0x1F43_B675));
+                clusters.extend(int(0xE7, (i * 20) as u64));
+            }
             let mut f = frame.to_vec();
             f.resize(960, 0.0);
             let n = enc.encode_float(&f, &mut packet).expect("packet");
             let mut block = vec![0x81];
-            block.extend_from_slice(&((i * 20) as i16).to_be_bytes());
+            block.extend_from_slice(&(((i % 50) * 20) as i16).to_be_bytes());
             block.push(0x80);
             block.extend_from_slice(&packet[..n]);
-            cluster.extend(ebml(0xA3, &block));
+            clusters.extend(ebml(0xA3, &block));
         }
-        let segment = ebml(
-            0x1853_8067,
-            &[info, tracks, ebml(0x1F43_B675, &cluster)].concat(),
-        );
+        let segment = [open(0x1853_8067), info, tracks, clusters].concat();
         let file = [ebml(0x1A45_DFA3, &header), segment].concat();
         let back = decode(file, Some("recording.webm"), 16_000, 60).expect("decoded");
         // The pre-skip is dropped; the last packet's padding (under 20 ms) stays.

@@ -212,6 +212,8 @@ struct OggOpus {
     pre_skip: u16,
     /// One encoded packet (libopus's recommended bound).
     packet: Vec<u8>,
+    /// The last page is written: nothing may follow it.
+    ended: bool,
 }
 
 impl OggOpus {
@@ -238,6 +240,7 @@ impl OggOpus {
             frames: 0,
             pre_skip,
             packet: vec![0; 4000],
+            ended: false,
         })
     }
 
@@ -305,6 +308,9 @@ impl OggOpus {
 
     /// A piece at [`OPUS_INPUT_RATE`]: its whole frames on a page of their own.
     fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, String> {
+        if self.ended {
+            return Err("Opus stream already ended".into());
+        }
         self.fed += samples.len() as u64;
         self.pending.extend_from_slice(samples);
         self.frames(ogg::writing::PacketWriteEndInfo::EndPage, None)?;
@@ -314,6 +320,9 @@ impl OggOpus {
     /// The rest, padded with silence past the look-ahead, on the last page, whose granule
     /// position says where the audio ends.
     fn finish(&mut self) -> Result<Vec<u8>, String> {
+        if std::mem::replace(&mut self.ended, true) {
+            return Ok(Vec::new());
+        }
         let per_48k = u64::from(48_000 / OPUS_INPUT_RATE);
         let end = u64::from(self.pre_skip) + self.fed * per_48k;
         let frames_needed = end.div_ceil(960).max(self.frames + 1);
@@ -343,7 +352,13 @@ mod tests {
 
     /// The largest |a - b| of two signals, past `skip` samples and before the end.
     fn worst(a: &[f32], b: &[f32], skip: usize) -> f32 {
-        let n = a.len().min(b.len()) - skip;
+        let n = a.len().min(b.len()).saturating_sub(skip);
+        assert!(
+            n > skip,
+            "{} and {} samples: too short to compare",
+            a.len(),
+            b.len()
+        );
         (skip..n).map(|i| (a[i] - b[i]).abs()).fold(0.0, f32::max)
     }
 

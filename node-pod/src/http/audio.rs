@@ -186,6 +186,12 @@ async fn transcribe(
             ),
         ));
     }
+    if form.logprobs && task == Task::Translate {
+        return Err(ApiError::invalid(
+            "include",
+            "`include` logprobs is for transcriptions; translations take no `include`",
+        ));
+    }
     // The form's fields checked before the audio is decoded.
     let given = form.language.clone();
     decoder_prompt(&ready, &model, (&form, given.as_deref()), task, false)?;

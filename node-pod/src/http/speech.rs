@@ -103,8 +103,9 @@ impl Encoded {
         r.map_err(ApiError::internal)
     }
 
-    /// The next bytes to send (the header with the first piece, the encoder's tail with the
-    /// last); `None` once all is sent.
+    /// The next bytes to send: the header with the first piece, each piece as soon as it is
+    /// encoded, the encoder's tail once the last piece is known to be the last; `None` once
+    /// all is sent.
     async fn bytes(&mut self) -> Result<Option<Vec<u8>>, ApiError> {
         if self.done {
             return Ok(None);
@@ -114,15 +115,31 @@ impl Encoded {
             self.started = true;
             out = self.blocking(|s| s.start()).await?;
         }
-        if let Some(samples) = self.next.take() {
-            out.extend(self.blocking(move |s| s.piece(&samples)).await?);
-            self.next = self.pieces.next().await?;
-        }
-        if self.next.is_none() {
-            out.extend(self.blocking(|s| s.finish()).await?);
-            self.done = true;
+        let next = match self.next.take() {
+            Some(first) => Some(first),
+            None => self.pieces.next().await?,
+        };
+        match next {
+            Some(samples) => out.extend(self.blocking(move |s| s.piece(&samples)).await?),
+            None => {
+                out.extend(self.blocking(|s| s.finish()).await?);
+                self.done = true;
+            }
         }
         Ok(Some(out))
+    }
+}
+
+/// The next bytes of `encoded`, or `None` when the client has gone (`closed` resolves): the
+/// wait for the next piece ends then, and dropping the pieces abandons the speech in the
+/// scheduler.
+async fn next_or_gone(
+    encoded: &mut Encoded,
+    closed: impl std::future::Future<Output = ()>,
+) -> Option<Result<Option<Vec<u8>>, ApiError>> {
+    tokio::select! {
+        r = encoded.bytes() => Some(r),
+        () = closed => None,
     }
 }
 
@@ -225,14 +242,14 @@ fn chunked(mut encoded: Encoded) -> Body {
     let (tx, rx) = mpsc::unbounded_channel::<Result<Vec<u8>, std::io::Error>>();
     tokio::spawn(async move {
         loop {
-            match encoded.bytes().await {
-                Ok(Some(b)) => {
+            match next_or_gone(&mut encoded, tx.closed()).await {
+                Some(Ok(Some(b))) => {
                     if tx.send(Ok(b)).is_err() {
                         return;
                     }
                 }
-                Ok(None) => return,
-                Err(e) => {
+                None | Some(Ok(None)) => return,
+                Some(Err(e)) => {
                     tracing::warn!(error = %e.message, "speech stream ended early");
                     let _ = tx.send(Err(std::io::Error::other(e.message)));
                     return;
@@ -253,14 +270,17 @@ fn sse(mut encoded: Encoded) -> Response {
         let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         let send = |v: serde_json::Value| tx.send(Event::default().data(v.to_string())).is_ok();
         loop {
-            match encoded.bytes().await {
-                Ok(Some(b)) => {
+            match next_or_gone(&mut encoded, tx.closed()).await {
+                // A piece shorter than an encoder's frame leaves nothing yet.
+                Some(Ok(Some(b))) if b.is_empty() => {}
+                Some(Ok(Some(b))) => {
                     if !send(json!({"type": "speech.audio.delta", "audio": b64(&b)})) {
                         return;
                     }
                 }
-                Ok(None) => break,
-                Err(e) => {
+                Some(Ok(None)) => break,
+                None => return,
+                Some(Err(e)) => {
                     let _ = tx.send(Event::default().data(e.body_json()));
                     return;
                 }
