@@ -22,7 +22,7 @@ const OPUS_FRAME: usize = 480;
 /// Opus bit rate: speech at 24 kHz mono is transparent well below this.
 const OPUS_BITS_PER_SECOND: i32 = 48_000;
 
-/// libopus's effort, 0 to 10 (its default is 10). At 5 a voice served as Opus keeps 91 % of
+/// libopus's effort, 0 to 10 (its default is 10). At 5 a voice served as Opus kept 91 % of
 /// its real-time factor as wav, against 79 % at 10 (`docs/benchmarks.md`, text to speech).
 const OPUS_COMPLEXITY: i32 = 5;
 
