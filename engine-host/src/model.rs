@@ -67,6 +67,8 @@ pub(crate) trait ExecCalls: Send {
     fn speech_next(&mut self, speech: u64) -> Result<SpeechPiece, EngineError>;
     /// ABI 1.10 `speech_close`; nothing when the plugin lacks it.
     fn speech_close(&mut self, speech: u64);
+    /// ABI 1.11 `seq_token_times`; `Unsupported` when the plugin lacks it.
+    fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError>;
     /// One vector per input, in order (ABI 1.8 `embed_batch`, or `embed` once per input where
     /// the plugin lacks it). `dims` is the model's embedding size, the first guess of one
     /// vector's length.
@@ -277,6 +279,12 @@ impl ModelExec {
     /// Free a speech, finished or not (ABI 1.10).
     pub fn speech_close(&mut self, speech: u64) {
         self.calls.speech_close(speech)
+    }
+
+    /// When each token fed to `seq` from `first` on is spoken in its input (ABI 1.11), for a
+    /// sequence whose audio asked for it.
+    pub fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
+        self.calls.seq_token_times(seq, first)
     }
 
     /// The embedding of one input.

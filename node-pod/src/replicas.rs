@@ -77,6 +77,10 @@ impl Engine for PluginEngine {
     fn speech_next(&mut self, speech: u64) -> Result<gantry_engine_abi::SpeechPiece, EngineError> {
         self.0.speech_next(speech)
     }
+    fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
+        self.0.seq_token_times(seq, first)
+    }
+
     fn speech_close(&mut self, speech: u64) {
         self.0.speech_close(speech)
     }

@@ -9,11 +9,16 @@
 
 use serde_json::{Value, json};
 
+mod words;
+pub use words::Word;
+
 /// One sampled token as the route collected it.
 pub struct Token {
     pub id: i32,
     pub bytes: Vec<u8>,
     pub logprob: f32,
+    /// When it starts in the window's audio (seconds), for a window decoded with word times.
+    pub time: Option<f32>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +30,8 @@ pub struct Segment {
     pub avg_logprob: f32,
     /// Each text token's bytes and log-probability (`include[]=logprobs`).
     pub logprobs: Vec<TokenLogprob>,
+    /// Its words and their times, for a window decoded with word times.
+    pub words: Vec<Word>,
 }
 
 /// A text token as `include[]=logprobs` reports it.
@@ -73,7 +80,8 @@ pub struct Read {
 
 /// A window's tokens read as openai-whisper reads them. `first_timestamp` is the id of
 /// `<|0.00|>` (the token after `<|notimestamps|>`), `None` when the model has none; the window
-/// starts at `start` seconds and holds `len` samples at `rate`; `end` is the audio's end.
+/// starts at `start` seconds and holds `len` samples at `rate`; `end` is the audio's end;
+/// `tail` is the time after the last token (where the text ends), when tokens have times.
 ///
 /// Two timestamps in a row cut segments. When the tokens end with a lone timestamp, every
 /// segment is complete and the next window starts after this one; otherwise the text after the
@@ -81,7 +89,7 @@ pub struct Read {
 /// starts at the last cut, so that text is decoded whole. Without a cut, the whole window is
 /// one segment, up to its last timestamp if it has one.
 pub fn read_window(
-    tokens: &[Token],
+    (tokens, tail): (&[Token], Option<f32>),
     first_timestamp: Option<i32>,
     start: f64,
     (len, rate): (usize, u32),
@@ -101,7 +109,7 @@ pub fn read_window(
             Some(p) if p > 0 => at(p),
             _ => (start + len as f64 / f64::from(rate)).min(end),
         };
-        segments.extend(segment(tokens, start, stop, &is_ts));
+        segments.extend(segment((tokens, 0..n, tail, start), start, stop, &is_ts));
         return Read {
             segments,
             advance: len,
@@ -115,7 +123,7 @@ pub fn read_window(
         let slice = &tokens[last..cut];
         let from = pos(slice[0].id).map_or(start, at);
         let to = pos(slice[slice.len() - 1].id).map_or(from, at);
-        segments.extend(segment(slice, from, to, &is_ts));
+        segments.extend(segment((tokens, last..cut, tail, start), from, to, &is_ts));
         last = cut;
     }
     let advance = if single_ending {
@@ -128,13 +136,21 @@ pub fn read_window(
     Read { segments, advance }
 }
 
-/// The segment of `tokens`' text from `from` to `to`; `None` when the text is blank.
+/// The segment of the text of the window's tokens in `range`, from `from` to `to` (with its
+/// words when the tokens have times, which count from the window's `start`); `None` when the
+/// text is blank.
 fn segment(
-    tokens: &[Token],
+    (all, range, tail, start): (&[Token], std::ops::Range<usize>, Option<f32>, f64),
     from: f64,
     to: f64,
     is_ts: &impl Fn(&Token) -> bool,
 ) -> Option<Segment> {
+    let tokens = &all[range.clone()];
+    let at: Vec<usize> = range.filter(|&i| !is_ts(&all[i])).collect();
+    let words = match tokens.iter().any(|t| t.time.is_some()) {
+        true => words::words(all, &at, tail, start, (from, to)),
+        false => Vec::new(),
+    };
     let text: Vec<&Token> = tokens.iter().filter(|t| !is_ts(t)).collect();
     let bytes: Vec<u8> = text.iter().flat_map(|t| t.bytes.iter().copied()).collect();
     let s = String::from_utf8_lossy(&bytes).to_string();
@@ -145,6 +161,7 @@ fn segment(
         tokens: text.iter().map(|t| t.id).collect(),
         avg_logprob: text.iter().map(|t| t.logprob).sum::<f32>() / text.len() as f32,
         logprobs: TokenLogprob::of(text.iter().copied()),
+        words,
     })
 }
 
@@ -204,6 +221,18 @@ pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
         .collect()
 }
 
+/// `verbose_json`'s `words`: every segment's words with their start and end.
+pub fn words_json<'a>(segs: impl Iterator<Item = &'a Segment>) -> Value {
+    segs.flat_map(|s| &s.words)
+        .map(|w| json!({"word": w.word, "start": round_ms(w.start), "end": round_ms(w.end)}))
+        .collect()
+}
+
+/// Seconds to the millisecond (the times are 20 ms steps; this drops float noise).
+fn round_ms(secs: f64) -> f64 {
+    (secs * 1000.0).round() / 1000.0
+}
+
 /// The text's bytes over its zlib-compressed bytes (level 6, zlib's default), as openai-whisper
 /// computes it to catch a decoder that repeats itself (above 2.4 it retries). The deflate is
 /// miniz_oxide's, whose output can differ from zlib's by a few bytes.
@@ -245,6 +274,7 @@ mod tests {
                 id,
                 bytes: s.as_bytes().to_vec(),
                 logprob: -0.5,
+                time: None,
             })
             .collect()
     }
@@ -260,7 +290,7 @@ mod tests {
             (6, " world"),
             (TS + 125, ""),
         ]);
-        let r = read_window(&t, Some(TS), 30.0, (WINDOW, RATE), 60.0);
+        let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 60.0);
         let s = &r.segments;
         assert_eq!(s.len(), 2);
         assert_eq!(
@@ -289,7 +319,7 @@ mod tests {
             (TS + 1000, ""),
             (6, " two"),
         ]);
-        let r = read_window(&t, Some(TS), 0.0, (WINDOW, RATE), 45.0);
+        let r = read_window((&t, None), Some(TS), 0.0, (WINDOW, RATE), 45.0);
         assert_eq!(r.segments.len(), 1);
         assert_eq!((r.segments[0].end, r.advance), (20.0, 20 * 16_000));
     }
@@ -299,21 +329,21 @@ mod tests {
         // Text after one timestamp: from the window's start to that time (openai-whisper's
         // reading); text after `<|0.00|>` alone: to the window's end, or the audio's.
         let t = toks(&[(TS + 50, ""), (5, " cut"), (6, " off")]);
-        let r = read_window(&t, Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
+        let r = read_window((&t, None), Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
         assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 1.0));
         let t = toks(&[(TS, ""), (5, " cut"), (6, " off")]);
-        let r = read_window(&t, Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
+        let r = read_window((&t, None), Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
         assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 7.5));
         // A text closed by one timestamp ends there.
         let t = toks(&[(5, " x"), (TS + 150, "")]);
-        let r = read_window(&t, Some(TS), 30.0, (WINDOW, RATE), 100.0);
+        let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 100.0);
         assert_eq!(
             (r.segments[0].start, r.segments[0].end, r.advance),
             (30.0, 33.0, WINDOW)
         );
         // No timestamps at all (a model without them, or `<|notimestamps|>`).
         let plain = read_window(
-            &toks(&[(5, " no"), (6, " stamps")]),
+            (&toks(&[(5, " no"), (6, " stamps")]), None),
             None,
             30.0,
             (WINDOW, RATE),
@@ -325,7 +355,7 @@ mod tests {
         );
         // No text: no segment.
         let r = read_window(
-            &toks(&[(TS, ""), (TS + 5, "")]),
+            (&toks(&[(TS, ""), (TS + 5, "")]), None),
             Some(TS),
             0.0,
             (WINDOW, RATE),

@@ -81,6 +81,13 @@ pub trait Engine: Send + 'static {
     }
     /// Free a speech (ABI 1.10 `speech_close`).
     fn speech_close(&mut self, _speech: u64) {}
+    /// When each token fed to `seq` from `first` on is spoken in its input (ABI 1.11
+    /// `seq_token_times`).
+    fn seq_token_times(&mut self, _seq: u64, _first: usize) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::unsupported(
+            "the engine does not align tokens with their audio",
+        ))
+    }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
     /// One vector per input, in order, in one engine call where the engine can batch them.

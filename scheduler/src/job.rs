@@ -100,6 +100,11 @@ pub enum GenEvent {
         completion_tokens: u32,
         queued: Duration,
     },
+    /// When each generated token is spoken in the job's audio (ABI 1.11 `seq_token_times`,
+    /// asked for by [`GenerateJob::align`]), seconds from the audio's start: one time per
+    /// generated token, where the model's attention was while it predicted that token (the
+    /// last one's time is where the text before it ends). Sent just before `Done`.
+    Times(Vec<f32>),
     /// The job failed; no more events follow.
     Error(GenError),
 }
@@ -137,6 +142,8 @@ pub struct GenerateJob {
     /// mono samples at the model's `audio_sample_rate`, given to the engine when the sequence
     /// opens; forks share it.
     pub audio: Option<Arc<Vec<f32>>>,
+    /// Align the generated tokens with `audio` ([`GenEvent::Times`] before `Done`).
+    pub align: bool,
 }
 
 impl GenerateJob {

@@ -410,6 +410,7 @@ impl<E: Engine> Scheduler<E> {
         let input = gantry_engine_abi::Input::Audio {
             samples: audio,
             sample_rate: self.audio_rate,
+            align: job.align,
         };
         self.engine
             .seq_set_input(seq, &input)

@@ -322,7 +322,26 @@ impl<E: Engine> Scheduler<E> {
 
     /// Flush held text, report usage, release the sequence.
     pub(crate) fn finish(&mut self, mut r: Running, reason: FinishReason) {
+        // The times of an aligned job, read before the sequence goes: from the prompt's last
+        // token (which predicted the first generated one) on, one per generated token.
+        let times = (r.job.align && reason != FinishReason::Failed).then(|| {
+            let first = r.job.prompt.len().saturating_sub(1);
+            self.engine.seq_token_times(r.seq, first)
+        });
         self.engine.seq_release(r.seq);
+        if let Some(times) = times {
+            match times {
+                Ok(t) => {
+                    let _ = r.job.events.send(GenEvent::Times(t));
+                }
+                Err(e) => {
+                    tracing::warn!(model = %self.metrics.model, seq = r.seq, error = %e, "token times failed");
+                    let _ = r.job.events.send(GenEvent::Error(GenError::Engine(e)));
+                    self.metrics.finished(FinishReason::Failed.label());
+                    return;
+                }
+            }
+        }
         if !r.job.forks.is_empty() {
             // It ended before its forks started (deadline, failure): so do they.
             let end = match reason {

@@ -14,8 +14,8 @@ to the engine, the decoder prompt, the text. Here:
 - `verbose_json` decodes with timestamps: its segments lie within the audio, in order; without a
   `language` it reports the one the model detects, as transformers' `detect_language` does;
 - bad input is a 400 naming the field (not audio, no file, an unknown language or format, word
-  timestamps, segment timestamps outside verbose_json, a streamed srt), and a completion on the
-  model says to use this route;
+  timestamps from a checkpoint that names no alignment heads, segment timestamps outside
+  verbose_json, a streamed srt), and a completion on the model says to use this route;
 - the gateway routes an upload by its form's `model` field and relays the answer;
 - each runs with the engine in the node process and in a worker process.
 """

@@ -15,6 +15,8 @@ listen to it. Here:
   sends `speech.audio.delta` events whose audio is the same;
 - `mp3` and `opus` (in Ogg) stream sentence by sentence, libsndfile (soundfile) decodes them
   to the wav's audio within a stated bound, and Whisper hears the Opus file as it hears the wav;
+- word timestamps (`timestamp_granularities[]=word`) put each sentence's first word where the
+  sentence starts in audio made of four sentences and silences (within 0.2 s);
 - an unknown voice, an empty or too long input, an unencoded format, a speed out of range and
   a model without speech are each a 400 naming the field, and the voice answers after them.
 """
@@ -218,6 +220,38 @@ def wav_file(pcm: np.ndarray, rate: int) -> bytes:
         w.setframerate(rate)
         w.writeframes(pcm.tobytes())
     return buf.getvalue()
+
+
+def test_word_times_find_where_each_sentence_starts(node):
+    """Word timestamps against a known answer: four sentences spoken one by one, put together
+    with 0.6 s of silence between them, so where each sentence starts is known to the sample;
+    the first word of each must start there."""
+    _, client, _ = node
+    gap = np.zeros(int(0.6 * 22050), dtype=np.int16)
+    parts, onsets, firsts, at = [], [], [], 0
+    for text in SENTENCES[:4]:
+        pcm, rate = samples(client.audio.speech.create(model="joe-exact", voice="joe", input=text,
+                                                       response_format="wav").read())
+        loud = np.flatnonzero(np.abs(pcm.astype(int)) > 0.05 * 32767)
+        onsets.append((at + loud[0]) / rate)
+        firsts.append(words(text)[0])
+        parts += [pcm, gap]
+        at += len(pcm) + len(gap)
+    v = client.audio.transcriptions.create(model="whisper-tiny.en", file=("four.wav", wav_file(np.concatenate(parts), rate)),
+                                           response_format="verbose_json", timestamp_granularities=["word"])
+    ws = v.words
+    assert ws and v.segments is None, v
+    # The words spell the text, in order, each within the audio.
+    assert words(" ".join(w.word for w in ws)) == words(v.text), ([w.word for w in ws], v.text)
+    assert all(0 <= w.start <= w.end <= v.duration for w in ws)
+    assert all(a.start <= b.start for a, b in zip(ws, ws[1:])), [(w.word, w.start) for w in ws]
+    found, k = [], 0
+    for onset, first in zip(onsets, firsts):
+        k = next(i for i in range(k, len(ws)) if words(ws[i].word) == [first])
+        found.append((first, onset, ws[k].start))
+        k += 1
+    print("sentence onsets (word, true, from word times):", found)
+    assert all(abs(got - want) < 0.2 for _, want, got in found), found
 
 
 def test_sse_streams_the_same_audio(node):

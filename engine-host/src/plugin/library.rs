@@ -56,6 +56,8 @@ pub(super) struct Vtable {
     pub(super) speech_open: Option<ffi::SpeechOpenFn>,
     pub(super) speech_next: Option<ffi::SpeechNextFn>,
     pub(super) speech_close: Option<ffi::SpeechCloseFn>,
+    /// ABI 1.11, optional.
+    pub(super) seq_token_times: Option<ffi::SeqTokenTimesFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -117,6 +119,7 @@ impl Vtable {
             speech_open: later!(speech_open),
             speech_next: later!(speech_next),
             speech_close: later!(speech_close),
+            seq_token_times: later!(seq_token_times),
         })
     }
 }

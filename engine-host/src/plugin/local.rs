@@ -398,15 +398,24 @@ impl ExecCalls for LocalModel {
             Input::Audio {
                 samples,
                 sample_rate,
-            } => ffi::gantry_input_t {
-                struct_size: size_of::<ffi::gantry_input_t>() as u32,
-                kind: ffi::GANTRY_INPUT_AUDIO,
-                data: samples.as_ptr().cast(),
-                n: samples.len(),
-                sample_rate,
-                width: 0,
-                height: 0,
-            },
+                align,
+            } => {
+                if align && h.plugin.vt.seq_token_times.is_none() {
+                    return Err(EngineError::unsupported(
+                        "the plugin does not align tokens with their audio (no ABI 1.11 seq_token_times)",
+                    ));
+                }
+                ffi::gantry_input_t {
+                    struct_size: size_of::<ffi::gantry_input_t>() as u32,
+                    kind: ffi::GANTRY_INPUT_AUDIO,
+                    data: samples.as_ptr().cast(),
+                    n: samples.len(),
+                    sample_rate,
+                    width: 0,
+                    height: 0,
+                    flags: if align { ffi::GANTRY_INPUT_ALIGN } else { 0 },
+                }
+            }
             Input::Image { rgb, width, height } => ffi::gantry_input_t {
                 struct_size: size_of::<ffi::gantry_input_t>() as u32,
                 kind: ffi::GANTRY_INPUT_IMAGE,
@@ -415,6 +424,7 @@ impl ExecCalls for LocalModel {
                 sample_rate: 0,
                 width,
                 height,
+                flags: 0,
             },
         };
         let mut err = new_err();
@@ -471,6 +481,45 @@ impl ExecCalls for LocalModel {
             unsafe { std::slice::from_raw_parts(samples, n) }.to_vec()
         };
         Ok(SpeechPiece { samples, done })
+    }
+
+    fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.seq_token_times.ok_or_else(|| {
+            EngineError::unsupported(
+                "the plugin does not align tokens with their audio (no ABI 1.11 seq_token_times)",
+            )
+        })?;
+        // A sequence's tokens fit Whisper's decoder context; one retry covers any other.
+        let mut times = vec![0f32; 512];
+        for _ in 0..2 {
+            let mut n = 0usize;
+            let mut err = new_err();
+            // SAFETY: live handle; `times` holds `times.len()` floats and `n` is writable for
+            // the call; `&mut self` keeps exec calls exclusive.
+            let status = unsafe {
+                f(
+                    h.raw,
+                    seq,
+                    first,
+                    times.as_mut_ptr(),
+                    times.len(),
+                    &mut n,
+                    err.as_mut(),
+                )
+            };
+            if status != ffi::GANTRY_OK {
+                return Err(read_err(status, &err));
+            }
+            if n <= times.len() {
+                times.truncate(n);
+                return Ok(times);
+            }
+            times.resize(n, 0.0);
+        }
+        Err(EngineError::internal(
+            "seq_token_times: the count kept growing",
+        ))
     }
 
     fn speech_close(&mut self, speech: u64) {

@@ -227,10 +227,12 @@ impl ExecCalls for RemoteExec {
             Input::Audio {
                 samples,
                 sample_rate,
+                align,
             } => w
                 .u32(ffi::GANTRY_INPUT_AUDIO)
                 .f32s(samples)
-                .u32(sample_rate),
+                .u32(sample_rate)
+                .bool(align),
             Input::Image { rgb, width, height } => w
                 .u32(ffi::GANTRY_INPUT_IMAGE)
                 .bytes(rgb)
@@ -254,6 +256,12 @@ impl ExecCalls for RemoteExec {
             samples: r.f32s()?,
             done: r.bool()?,
         })
+    }
+
+    fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
+        let mut w = Writer::op(Op::SeqTokenTimes);
+        w.u64(seq).u64(first as u64);
+        self.exec_call(&w.buf)?.f32s()
     }
 
     fn speech_close(&mut self, speech: u64) {

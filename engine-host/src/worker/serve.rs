@@ -208,11 +208,13 @@ fn handle(
             if kind == ffi::GANTRY_INPUT_AUDIO {
                 let samples = r.f32s()?;
                 let sample_rate = r.u32()?;
+                let align = r.bool()?;
                 exec.seq_set_input(
                     seq,
                     &Input::Audio {
                         samples: &samples,
                         sample_rate,
+                        align,
                     },
                 )?;
             } else {
@@ -244,6 +246,11 @@ fn handle(
             w.f32s(&piece.samples).bool(piece.done);
         }
         Op::SpeechClose => exec(state)?.speech_close(r.u64()?),
+        Op::SeqTokenTimes => {
+            let seq = r.u64()?;
+            let first = r.u64()? as usize;
+            w.f32s(&exec(state)?.seq_token_times(seq, first)?);
+        }
         Op::Embed => {
             let n = r.u32()? as usize;
             let inputs = (0..n).map(|_| r.i32s()).collect::<Result<Vec<_>, _>>()?;

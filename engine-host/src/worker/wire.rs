@@ -53,8 +53,8 @@ pub enum Op {
     AdapterUnload = 15,
     /// ABI 1.6: a sequence and its adapter.
     SeqSetAdapter = 16,
-    /// ABI 1.9: a sequence and its input (kind, then audio samples and rate, or image bytes
-    /// and size).
+    /// ABI 1.9: a sequence and its input (kind, then audio samples, rate and whether to
+    /// align, or image bytes and size).
     SeqSetInput = 17,
     /// ABI 1.10: text, voice (optional), speed; the reply is the speech's handle.
     SpeechOpen = 18,
@@ -62,6 +62,8 @@ pub enum Op {
     SpeechNext = 19,
     /// ABI 1.10: a speech to free.
     SpeechClose = 20,
+    /// ABI 1.11: a sequence and the first position; the reply is its tokens' times.
+    SeqTokenTimes = 21,
 }
 
 impl Op {
@@ -88,6 +90,7 @@ impl Op {
             SpeechOpen,
             SpeechNext,
             SpeechClose,
+            SeqTokenTimes,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)

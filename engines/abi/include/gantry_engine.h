@@ -77,7 +77,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 10
+#define GANTRY_ABI_MINOR 11
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -142,6 +142,12 @@ typedef uint32_t gantry_input_kind_t;
 #define GANTRY_INPUT_AUDIO 1u
 /* 8-bit RGB pixels, `width` x `height`, rows top to bottom (declared; see VISION above). */
 #define GANTRY_INPUT_IMAGE 2u
+
+/* Since 1.11: bits of `gantry_input_t.flags`. */
+/* Keep, for each token fed to the sequence after this input, what `seq_token_times` needs
+ * (Whisper: the cross-attention of its alignment heads). A plugin that cannot align the
+ * model's tokens with its input refuses the input with GANTRY_UNSUPPORTED. */
+#define GANTRY_INPUT_ALIGN 1u
 
 /* Bit set of optional features a plugin implements (since 1.2, in
  * `gantry_engine_info_t.capabilities`). */
@@ -287,6 +293,8 @@ typedef struct gantry_input {
     uint32_t sample_rate; /* AUDIO: equals the model's `audio_sample_rate` */
     uint32_t width;       /* IMAGE */
     uint32_t height;      /* IMAGE */
+    /* Since 1.11, read only when `struct_size` covers it: GANTRY_INPUT_* bits. */
+    uint32_t flags;
 } gantry_input_t;
 
 /* Since 1.10: what `speech_open` synthesizes. Host-owned, valid during that call only. */
@@ -538,6 +546,18 @@ typedef struct gantry_engine_vtable {
                                    size_t* n, bool* done, gantry_error_t* err);
     /* Since 1.10; required with GANTRY_MODALITY_SPEECH. Free `speech`, finished or not. */
     void (*speech_close)(gantry_model_t* model, uint64_t speech);
+
+    /* Since 1.11; optional. For a sequence whose input was set with GANTRY_INPUT_ALIGN: when
+     * in its input each token fed to it is spoken, for the tokens fed from position `first`
+     * (counted from the first token fed after the input) on, in seconds from the start of the
+     * input's audio. The time of a token is where the model's attention was while it
+     * predicted the next one, so a word's time is the time of the token before it (Whisper:
+     * its alignment heads' cross-attention, normalised per head over the tokens,
+     * median-filtered and aligned with the audio by dynamic time warping). Writes
+     * min(*n, capacity) times to `times` (host-owned) and sets `*n` to the full count. */
+    gantry_status_t (*seq_token_times)(gantry_model_t* model, uint64_t seq, size_t first,
+                                       float* times, size_t capacity, size_t* n,
+                                       gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 10;
+pub const GANTRY_ABI_MINOR: u32 = 11;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -58,6 +58,8 @@ pub type gantry_input_kind_t = u32;
 pub const GANTRY_INPUT_AUDIO: gantry_input_kind_t = 1;
 /// Since ABI 1.9, declared: 8-bit RGB pixels.
 pub const GANTRY_INPUT_IMAGE: gantry_input_kind_t = 2;
+/// Since 1.11: keep what `seq_token_times` needs for the tokens fed after this input.
+pub const GANTRY_INPUT_ALIGN: u32 = 1;
 
 pub type gantry_capability_t = u32;
 /// Since ABI 1.2: `step` honours `gantry_sampling_t::allowed_tokens` (see the header).
@@ -199,6 +201,8 @@ pub struct gantry_input_t {
     pub sample_rate: u32,
     pub width: u32,
     pub height: u32,
+    /// Since 1.11.
+    pub flags: u32,
 }
 
 #[repr(C)]
@@ -388,6 +392,15 @@ pub type SpeechNextFn = unsafe extern "C" fn(
 ) -> gantry_status_t;
 /// Since 1.10: free a speech.
 pub type SpeechCloseFn = unsafe extern "C" fn(*mut gantry_model_t, u64);
+pub type SeqTokenTimesFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    u64,
+    usize,
+    *mut f32,
+    usize,
+    *mut usize,
+    *mut gantry_error_t,
+) -> gantry_status_t;
 
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
@@ -426,6 +439,8 @@ pub struct gantry_engine_vtable_t {
     pub speech_next: Option<SpeechNextFn>,
     /// Since 1.10; required with `GANTRY_MODALITY_SPEECH`.
     pub speech_close: Option<SpeechCloseFn>,
+    /// Since 1.11.
+    pub seq_token_times: Option<SeqTokenTimesFn>,
 }
 
 #[repr(C)]

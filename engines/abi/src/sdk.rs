@@ -138,6 +138,14 @@ pub trait Model: Send + Sync + 'static {
     }
     /// Free `speech`, finished or not (since ABI 1.10, `speech_close`).
     fn speech_close(&self, _speech: u64) {}
+    /// When in its input each token fed to `seq` from position `first` (after the input) on
+    /// is spoken, in seconds (since ABI 1.11, `seq_token_times`), for a sequence whose input
+    /// asked for it ([`Input::Audio`]'s `align`). The default refuses.
+    fn seq_token_times(&self, _seq: u64, _first: usize) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::unsupported(
+            "this model does not align its tokens with its input",
+        ))
+    }
 }
 
 /// The host's log callback, safe to call from any thread.

@@ -424,6 +424,8 @@ pub enum Input<'a> {
     Audio {
         samples: &'a [f32],
         sample_rate: u32,
+        /// Since ABI 1.11 (`GANTRY_INPUT_ALIGN`): keep what `seq_token_times` needs.
+        align: bool,
     },
     /// 8-bit RGB pixels, rows top to bottom (declared: no engine takes images yet).
     Image {

@@ -131,7 +131,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             n,
             sample_rate,
             width,
-            height
+            height,
+            flags
         }
     );
     layout!(rows, gantry_logit_bias_t { token, bias });
@@ -202,7 +203,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             seq_set_input,
             speech_open,
             speech_next,
-            speech_close
+            speech_close,
+            seq_token_times
         }
     );
     layout!(

@@ -492,6 +492,10 @@ impl Model for NativeModel {
     ) -> Result<(), EngineError> {
         each!(self, m => m.seq_set_input(seq, input))
     }
+
+    fn seq_token_times(&self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
+        each!(self, m => m.seq_token_times(seq, first))
+    }
 }
 
 gantry_engine_abi::declare_engine!(NativeEngine);

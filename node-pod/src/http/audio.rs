@@ -15,7 +15,9 @@
 //! `include[]=logprobs` (json) adds each text token's log-probability to the answer and to
 //! the events.
 //! Without a `language`, a multilingual model's first window decides it (`detect_language`).
-//! Word timestamps are refused with a 400 that says so.
+//! Word timestamps (`timestamp_granularities[]=word`): each window's job asks the engine to
+//! align its tokens with the audio (ABI 1.11 `seq_token_times`), and `crate::transcript`
+//! groups the timed tokens into words.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -235,6 +237,7 @@ async fn transcribe(
             want_logprob: true,
             ..Sampling::greedy()
         },
+        align: form.words,
         timeout,
         ready,
         samples: decoded.samples,
@@ -265,10 +268,19 @@ async fn transcribe(
             "logprobs": transcript::logprobs_json(segs().flat_map(|s| &s.logprobs)),
         }),
         Format::Json => json!({"text": text, "usage": usage}),
-        Format::VerboseJson => json!({
-            "task": task.name(), "language": language, "duration": dec.seconds, "text": text,
-            "segments": transcript::verbose(&segments, form.temperature), "usage": usage,
-        }),
+        Format::VerboseJson => {
+            let mut v = json!({
+                "task": task.name(), "language": language, "duration": dec.seconds, "text": text,
+                "usage": usage,
+            });
+            if form.segments {
+                v["segments"] = transcript::verbose(&segments, form.temperature).into();
+            }
+            if form.words {
+                v["words"] = transcript::words_json(segs());
+            }
+            v
+        }
     };
     Ok((model, axum::Json(body).into_response()))
 }
@@ -282,6 +294,8 @@ struct Decoder {
     max_tokens: u32,
     first_timestamp: Option<i32>,
     sampling: Sampling,
+    /// Word times asked for: each window's tokens are aligned with its audio.
+    align: bool,
     timeout: Option<std::time::Duration>,
     samples: Vec<f32>,
     seconds: f64,
@@ -305,14 +319,22 @@ impl Decoder {
         while seek < self.samples.len() {
             let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
             let rx = self.submit(chunk)?;
-            let tokens = collect(rx, |t, lp| {
+            let (tokens, tail) = collect(rx, |t, lp| {
                 if single {
                     on_text(t, lp)
                 }
             })
-            .await?;
+            .await
+            .map_err(|mut e| {
+                // What the engine refuses of a request for word times is the word times
+                // (a checkpoint without alignment heads, an engine that cannot align).
+                if self.align && e.status == 400 && e.param.is_none() {
+                    e.param = Some("timestamp_granularities".into());
+                }
+                e
+            })?;
             let read = transcript::read_window(
-                &tokens,
+                (&tokens, tail),
                 self.first_timestamp,
                 seek as f64 / f64::from(self.rate),
                 (chunk.len(), self.rate),
@@ -334,7 +356,7 @@ impl Decoder {
         submit(
             &self.ready,
             (&self.prompt, self.max_tokens),
-            &self.sampling,
+            (&self.sampling, self.align),
             self.timeout,
             chunk,
         )
@@ -346,7 +368,7 @@ impl Decoder {
 fn submit(
     ready: &crate::node::ReadyModel,
     (prompt, max_tokens): (&[i32], u32),
-    sampling: &Sampling,
+    (sampling, align): (&Sampling, bool),
     timeout: Option<std::time::Duration>,
     chunk: &[f32],
 ) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
@@ -367,6 +389,7 @@ fn submit(
         speculate: false,
         adapter: None,
         audio: Some(Arc::new(chunk.to_vec())),
+        align,
     }))?;
     Ok(rx)
 }
@@ -385,8 +408,8 @@ async fn detect_language(
         want_logprob: true,
         ..Sampling::greedy()
     };
-    let rx = submit(ready, (&[sot], 1), &sampling, timeout, audio)?;
-    let tokens = collect(rx, |_, _| {}).await?;
+    let rx = submit(ready, (&[sot], 1), (&sampling, false), timeout, audio)?;
+    let (tokens, _) = collect(rx, |_, _| {}).await?;
     let token = tokens
         .first()
         .ok_or_else(|| ApiError::internal("language detection sampled nothing"))?;
@@ -408,11 +431,12 @@ async fn detect_language(
 
 /// A window's tokens, each token's text handed to `on_text` as it comes with the text tokens
 /// since the last text (a token that ends inside a UTF-8 character gives its text with the
-/// next).
+/// next); with word times, each token's time and the time after the last token.
 async fn collect(
     mut rx: mpsc::UnboundedReceiver<GenEvent>,
     mut on_text: impl FnMut(&str, &[TokenLogprob]),
-) -> Result<Vec<Token>, ApiError> {
+) -> Result<(Vec<Token>, Option<f32>), ApiError> {
+    let mut tail = None;
     let mut tokens = Vec::new();
     let mut unsent = 0;
     loop {
@@ -423,6 +447,7 @@ async fn collect(
                         id: lp.token,
                         bytes: lp.bytes,
                         logprob: lp.logprob,
+                        time: None,
                     });
                 }
                 if !text.is_empty() {
@@ -430,7 +455,15 @@ async fn collect(
                     unsent = tokens.len();
                 }
             }
-            Some(GenEvent::Done { .. }) => return Ok(tokens),
+            // One time per sampled token: the visible ones, then the end of text's (where the
+            // text ends).
+            Some(GenEvent::Times(times)) => {
+                for (t, at) in tokens.iter_mut().zip(&times) {
+                    t.time = Some(*at);
+                }
+                tail = times.get(tokens.len()).copied();
+            }
+            Some(GenEvent::Done { .. }) => return Ok((tokens, tail)),
             Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
             None => {
                 return Err(ApiError::internal(

@@ -164,6 +164,7 @@ fn jobs(
                 speculate: p.params.speculate,
                 adapter: p.adapter.as_ref().map(|a| a.name()),
                 audio: p.audio.clone(),
+                align: false,
             }
         })
         .collect();
@@ -339,6 +340,8 @@ async fn collect_response(
                 ));
             }
             Next::Event(GenEvent::Error(e)) => return Err(ApiError::from(e)),
+            // Only a transcription asks for times.
+            Next::Event(GenEvent::Times(_)) => {}
             Next::Stalled => {
                 state.node.metrics.finished_by_http(&meta.model, "stall");
                 return Err(if seen_first {

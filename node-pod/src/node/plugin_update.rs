@@ -210,6 +210,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
             speculate: true,
             adapter: None,
             audio: audio.clone(),
+            align: false,
         };
         ready
             .scheduler
@@ -237,7 +238,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
                     break;
                 }
                 Ok(GenEvent::Error(e)) => return Err(format!("warm-up failed: {e}")),
-                Ok(GenEvent::Token { .. }) => {}
+                Ok(GenEvent::Token { .. } | GenEvent::Times(_)) => {}
                 Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
                     return Err("warm-up: the scheduler stopped".into());
                 }

@@ -26,11 +26,19 @@ unsafe fn input_from_c<'a>(input: *const ffi::gantry_input_t) -> Result<Input<'a
     }
     // SAFETY: non-null, host-owned for the call (caller's contract).
     let i = unsafe { &*input };
+    // `flags` exists only where the host's struct reaches it (ABI 1.11).
+    let flags_end = std::mem::offset_of!(ffi::gantry_input_t, flags) + size_of::<u32>();
+    let flags = if i.struct_size as usize >= flags_end {
+        i.flags
+    } else {
+        0
+    };
     match i.kind {
         ffi::GANTRY_INPUT_AUDIO => Ok(Input::Audio {
             // SAFETY: `n` floats at `data` (the header's rule for audio).
             samples: unsafe { slice_or_empty(i.data.cast::<f32>(), i.n) },
             sample_rate: i.sample_rate,
+            align: flags & ffi::GANTRY_INPUT_ALIGN != 0,
         }),
         ffi::GANTRY_INPUT_IMAGE => Ok(Input::Image {
             // SAFETY: `n` bytes at `data` (the header's rule for images).
@@ -161,4 +169,32 @@ pub(super) unsafe extern "C" fn shim_speech_close<M: Model>(
             m.model.speech_close(speech);
         }
     })
+}
+
+pub(super) unsafe extern "C" fn shim_seq_token_times<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    seq: u64,
+    first: usize,
+    times: *mut f32,
+    capacity: usize,
+    n: *mut usize,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle; `times` holds `capacity` floats and `n` is writable (host-owned,
+    // per the header).
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            let t = m.model.seq_token_times(seq, first)?;
+            if n.is_null() {
+                return Err(EngineError::internal("seq_token_times: null count"));
+            }
+            if !times.is_null() {
+                let k = t.len().min(capacity);
+                std::ptr::copy_nonoverlapping(t.as_ptr(), times, k);
+            }
+            *n = t.len();
+            Ok(())
+        })
+    }
 }

@@ -7,6 +7,7 @@
 //! decoder prompt (`<|startoftranscript|>`, language, task) and reads the text, timestamps
 //! included, from the tokens. CPU backend only.
 
+mod align;
 pub mod mel;
 mod net;
 mod rules;
@@ -33,6 +34,9 @@ pub const CLASS: &str = "WhisperForConditionalGeneration";
 
 struct WSeq {
     encoded: Option<Arc<Encoded>>,
+    /// Encoder positions holding audio, when the input asked for token times
+    /// (`GANTRY_INPUT_ALIGN`).
+    align: Option<usize>,
     cache: SelfKv,
     /// Every token the decoder has taken, for the decoding rules.
     tokens: Vec<i32>,
@@ -52,6 +56,11 @@ pub struct WhisperModel {
     info: ModelInfo,
     exec: Mutex<Exec>,
     pool: rayon::ThreadPool,
+    /// The checkpoint's alignment heads, `(decoder layer, head)` (generation_config.json's
+    /// `alignment_heads`); empty when it names none, and then no word times.
+    alignment_heads: Vec<(usize, usize)>,
+    /// `<|startoftranscript|>`, where the prompt the alignment pass repeats starts.
+    sot: Option<i32>,
 }
 
 impl WhisperModel {
@@ -89,6 +98,8 @@ impl WhisperModel {
             tokenizer.id("<|notimestamps|>"),
             languages,
         );
+        let alignment_heads = alignment_heads(generation.as_ref(), &wc)?;
+        let tokenizer_sot = tokenizer.id("<|startoftranscript|>");
         let weights = Arc::new(Weights::open(dir, &desc.primary_file)?);
         let net = Net::load(wc.clone(), weights)?;
         let max_seqs = match desc.max_sequences {
@@ -149,6 +160,8 @@ impl WhisperModel {
                 next_id: 1,
             }),
             pool,
+            alignment_heads,
+            sot: tokenizer_sot,
         })
     }
 
@@ -217,11 +230,13 @@ impl WhisperModel {
             .map(|(_, s)| s.encoded.clone().expect("checked"))
             .collect();
         let encoded: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
-        let mut logits = {
+        let (mut logits, _) = {
             let mut caches: Vec<&mut SelfKv> =
                 states.iter_mut().map(|(_, s)| &mut s.cache).collect();
-            self.pool
-                .install(|| self.net.decode(rows, &mut caches, &encoded, want))
+            self.pool.install(|| {
+                self.net
+                    .decode(rows, &mut caches, &encoded, want, (&[], &[]))
+            })
         };
         for ((_, s), e) in states.iter_mut().zip(entries) {
             s.cache.len += e.tokens.len();
@@ -250,6 +265,88 @@ impl WhisperModel {
                 out.push(Some(sampler.sample(l, params, e.allowed)?));
             }
         }
+        Ok(out)
+    }
+}
+
+impl WhisperModel {
+    /// One time per token fed from `first` on (`fed`: every token the sequence took), as
+    /// openai-whisper's `find_alignment` times a window's text: a decoder pass of its own over
+    /// the start of the prompt (from its `<|startoftranscript|>`), `<|notimestamps|>` and the
+    /// text tokens the sequence decoded (timestamps left out), the alignment heads' attention
+    /// kept, and [`align::times`]. The token fed before each decoded text token gets that text
+    /// token's time; before a timestamp, the next text token's; the last, where the text ends.
+    fn token_times(
+        &self,
+        encoded: &Encoded,
+        positions: usize,
+        fed: &[i32],
+        first: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        if first >= fed.len() || self.alignment_heads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let no_ts = self.rules.no_timestamps().ok_or_else(|| {
+            EngineError::unsupported(format!("{CLASS}: word times need <|notimestamps|>"))
+        })?;
+        let eot = self.info.eos_token.unwrap_or(i32::MAX);
+        let prompt = &fed[..=first];
+        let start = self
+            .sot
+            .and_then(|sot| prompt.iter().rposition(|&t| t == sot))
+            .unwrap_or(0);
+        let mut tokens: Vec<i32> = prompt[start..]
+            .iter()
+            .copied()
+            .filter(|&t| t != no_ts)
+            .collect();
+        let lead = tokens.len();
+        tokens.push(no_ts);
+        // What the sequence decoded: the tokens fed after the prompt (its last sampled token,
+        // never fed, is the end of text or the token limit's last).
+        let decoded = &fed[first + 1..];
+        let is_text = |t: i32| t < eot && self.rules.timestamp(t).is_none();
+        tokens.extend(decoded.iter().copied().filter(|&t| is_text(t)));
+        if tokens.len() > self.info.context_length as usize {
+            return Err(EngineError::unsupported(format!(
+                "{CLASS}: {} tokens to align, the decoder takes {}",
+                tokens.len(),
+                self.info.context_length
+            )));
+        }
+        let rows: Vec<Row> = tokens
+            .iter()
+            .enumerate()
+            .map(|(pos, &token)| Row { seq: 0, pos, token })
+            .collect();
+        let layers = self.net.cfg.decoder_layers;
+        let mut cache = SelfKv {
+            k: vec![Vec::new(); layers],
+            v: vec![Vec::new(); layers],
+            len: 0,
+        };
+        let (_, kept) = self.pool.install(|| {
+            self.net.decode(
+                &rows,
+                &mut [&mut cache],
+                &[encoded],
+                &[],
+                (&self.alignment_heads, &[true]),
+            )
+        });
+        // Rows from `<|notimestamps|>`: row k is the token before text token k.
+        let jumps = align::times(&kept[lead..], positions, self.alignment_heads.len());
+        let end = jumps.last().copied().unwrap_or(0.0);
+        let mut out = Vec::with_capacity(fed.len() - first);
+        let mut k = 0;
+        for &t in decoded {
+            out.push(jumps.get(k).copied().unwrap_or(end));
+            if is_text(t) {
+                k += 1;
+            }
+        }
+        // The token before the last sampled one (not fed): where the text ends.
+        out.push(jumps.get(k).copied().unwrap_or(end));
         Ok(out)
     }
 }
@@ -302,6 +399,7 @@ impl Model for WhisperModel {
             id,
             WSeq {
                 encoded: None,
+                align: None,
                 cache: SelfKv {
                     k: vec![Vec::new(); layers],
                     v: vec![Vec::new(); layers],
@@ -322,6 +420,7 @@ impl Model for WhisperModel {
         let Input::Audio {
             samples,
             sample_rate,
+            align,
         } = *input
         else {
             return Err(EngineError::unsupported(format!(
@@ -345,6 +444,11 @@ impl Model for WhisperModel {
                 "seq_set_input on unknown sequence {seq}"
             )));
         }
+        if align && self.alignment_heads.is_empty() {
+            return Err(EngineError::unsupported(format!(
+                "{CLASS}: word times need the checkpoint's alignment heads, and its generation_config.json names none (`alignment_heads`)"
+            )));
+        }
         // The encoder runs outside the lock: `step` is never concurrent with this call (the
         // host's scheduler owns both), and `info`/`tokenize` do not take the lock.
         let encoded = self
@@ -355,7 +459,26 @@ impl Model for WhisperModel {
             EngineError::internal(format!("sequence {seq} was released during its input"))
         })?;
         s.encoded = Some(Arc::new(encoded));
+        s.align = align.then(|| align::positions(samples.len()));
         Ok(())
+    }
+
+    fn seq_token_times(&self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
+        let ex = self.exec();
+        let s = ex.seqs.get(&seq).ok_or_else(|| {
+            EngineError::internal(format!("seq_token_times on unknown sequence {seq}"))
+        })?;
+        let positions = s.align.ok_or_else(|| {
+            EngineError::unsupported(format!(
+                "sequence {seq}: its input did not ask for token times (GANTRY_INPUT_ALIGN)"
+            ))
+        })?;
+        let encoded = s.encoded.clone().ok_or_else(|| {
+            EngineError::internal(format!("sequence {seq} has no audio to align with"))
+        })?;
+        let fed = s.tokens.clone();
+        drop(ex);
+        self.token_times(&encoded, positions, &fed, first)
     }
 
     fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {
@@ -410,6 +533,7 @@ impl Model for WhisperModel {
             .ok_or_else(|| EngineError::internal(format!("fork of unknown sequence {src}")))?;
         let copy = WSeq {
             encoded: s.encoded.clone(),
+            align: s.align,
             cache: s.cache.clone(),
             tokens: s.tokens.clone(),
             sampler: None,
@@ -430,9 +554,43 @@ impl Model for WhisperModel {
         let dropped = s.cache.len.saturating_sub(n_keep);
         s.cache.truncate(n_keep, d);
         s.tokens.truncate(s.cache.len);
+
         if let Some(sampler) = s.sampler.as_mut() {
             sampler.forget(dropped);
         }
         Ok(())
     }
+}
+
+/// The alignment heads generation_config.json names (`alignment_heads`: `[layer, head]`
+/// pairs), each within the decoder; none when it names none.
+fn alignment_heads(
+    generation: Option<&serde_json::Value>,
+    wc: &WhisperConfig,
+) -> Result<Vec<(usize, usize)>, EngineError> {
+    let Some(list) = generation.and_then(|g| g.get("alignment_heads")) else {
+        return Ok(Vec::new());
+    };
+    let bad = || {
+        EngineError::new(
+            Status::ModelCorrupt,
+            format!(
+                "generation_config.json: `alignment_heads` must be [layer, head] pairs within {} layers of {} heads, got {list}",
+                wc.decoder_layers, wc.heads
+            ),
+        )
+    };
+    list.as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|p| {
+            let pair = p.as_array().filter(|a| a.len() == 2).ok_or_else(bad)?;
+            let at = |k: usize| pair[k].as_u64().map(|v| v as usize).ok_or_else(bad);
+            let (layer, head) = (at(0)?, at(1)?);
+            if layer >= wc.decoder_layers || head >= wc.heads {
+                return Err(bad());
+            }
+            Ok((layer, head))
+        })
+        .collect()
 }

@@ -387,14 +387,27 @@ impl Net {
 
     /// The decoder over a batch of rows (each sequence's rows consecutive and in position
     /// order): appends every row's keys and values to its sequence's `caches`, and returns the
-    /// logits (`[rows in `want`][vocab]`) of the rows `want` names.
+    /// logits (`[rows in `want`][vocab]`) of the rows `want` names. For the rows of the
+    /// sequences `align.1` marks, also the cross-attention scores (scaled, before the softmax)
+    /// of the heads `align.0` names (`(layer, head)`): `[row][head][SOURCE_POSITIONS]`, empty
+    /// for the other rows.
     pub fn decode(
         &self,
         rows: &[Row],
         caches: &mut [&mut SelfKv],
         encoded: &[&Encoded],
         want: &[usize],
-    ) -> Vec<f32> {
+        align: (&[(usize, usize)], &[bool]),
+    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let (heads_to_keep, record) = align;
+        let per_row = heads_to_keep.len() * SOURCE_POSITIONS;
+        let mut kept: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|r| match record.get(r.seq) {
+                Some(true) => vec![0.0; per_row],
+                _ => Vec::new(),
+            })
+            .collect();
         let (d, w, heads) = (self.cfg.d_model, &*self.weights, self.cfg.heads);
         let hd = d / heads;
         let n = rows.len();
@@ -459,6 +472,26 @@ impl Net {
                     out,
                 );
             });
+            if heads_to_keep.iter().any(|&(layer, _)| layer == li) {
+                kept.par_iter_mut().enumerate().for_each(|(r, dst)| {
+                    if dst.is_empty() {
+                        return;
+                    }
+                    let (ck, _) = &encoded[rows[r].seq].kv[li];
+                    for (a, &(_, head)) in heads_to_keep
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (layer, _))| *layer == li)
+                    {
+                        scores(
+                            &q[r * d..(r + 1) * d],
+                            ck,
+                            (head, hd),
+                            &mut dst[a * SOURCE_POSITIONS..(a + 1) * SOURCE_POSITIONS],
+                        );
+                    }
+                });
+            }
             l.cross.o.forward(w, &att, n, &mut o, &mut scratch);
             x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             l.mlp
@@ -472,7 +505,18 @@ impl Net {
         let mut logits = vec![0.0f32; want.len() * self.cfg.vocab];
         self.out
             .forward(w, &picked, want.len(), &mut logits, &mut scratch);
-        logits
+        (logits, kept)
+    }
+}
+
+/// One head's attention scores of the query row `q` over every row of `keys` (scaled as
+/// [`attend`] scales them, before the softmax), into `out`.
+fn scores(q: &[f32], keys: &[f32], (head, hd): (usize, usize), out: &mut [f32]) {
+    let d = q.len();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let qh = &q[head * hd..(head + 1) * hd];
+    for (j, s) in out.iter_mut().enumerate() {
+        *s = dot(qh, &keys[j * d + head * hd..j * d + (head + 1) * hd]) * scale;
     }
 }
 

@@ -90,6 +90,11 @@ impl Rules {
         }
     }
 
+    /// `<|notimestamps|>`, when the model has it.
+    pub fn no_timestamps(&self) -> Option<i32> {
+        self.no_timestamps
+    }
+
     /// The time a timestamp token stands for (seconds from the window's start), `None` for
     /// every other token.
     pub fn timestamp(&self, token: i32) -> Option<f32> {

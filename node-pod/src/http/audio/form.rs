@@ -34,11 +34,14 @@ pub(super) struct Form {
     pub(super) stream: bool,
     /// `include[]=logprobs`: each text token's log-probability in the answer.
     pub(super) logprobs: bool,
+    /// `timestamp_granularities[]`: `verbose_json` lists the segments (asked for, or no
+    /// granularity given) and the words (asked for).
+    pub(super) segments: bool,
+    pub(super) words: bool,
 }
 
 pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
-    // `timestamp_granularities[]` only decides whether the form is valid (segments are what
-    // timestamps give): checked below, not kept.
+    // `timestamp_granularities[]`: checked below.
     let mut granularities = Vec::new();
     let mut f = Form {
         file: None,
@@ -49,6 +52,8 @@ pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
         temperature: 0.0,
         stream: false,
         logprobs: false,
+        segments: true,
+        words: false,
     };
     let bad = |field: &str, e: axum::extract::multipart::MultipartError| {
         ApiError::invalid(field, format!("the multipart form cannot be read: {e}"))
@@ -124,15 +129,13 @@ pub(super) async fn read_form(mut mp: Multipart) -> Result<Form, ApiError> {
             _ => {}
         }
     }
+    if !granularities.is_empty() {
+        f.segments = granularities.iter().any(|g| g == "segment");
+        f.words = granularities.iter().any(|g| g == "word");
+    }
     for g in &granularities {
         match g.as_str() {
-            "segment" => {}
-            "word" => {
-                return Err(ApiError::unsupported(
-                    "timestamp_granularities",
-                    "word timestamps are not implemented; `segment` is",
-                ));
-            }
+            "segment" | "word" => {}
             other => {
                 return Err(ApiError::invalid(
                     "timestamp_granularities",

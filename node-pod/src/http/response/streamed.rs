@@ -173,6 +173,8 @@ impl StreamState {
                     }
                     self.end(&mut out);
                 }
+                // Only a transcription asks for times.
+                Next::Event(GenEvent::Times(_)) => {}
                 Next::Event(GenEvent::Error(e)) => {
                     let e = ApiError::from(e);
                     out.push(Event::default().data(e.body_json()));
