@@ -295,13 +295,15 @@ def test_bad_requests_are_400s_naming_the_field(node):
     assert len(wav) > 22050 // 2
 
 
-def test_a_voice_in_a_worker_process_speaks_the_same(node, tmp_path):
+def test_a_voice_and_word_times_in_worker_processes_are_the_same(node, tmp_path):
     # `isolation: process`: the speech calls cross to the model's worker process (ABI 1.10 over
-    # the worker wire), and the audio is the in-process node's, byte for byte.
+    # the worker wire), and the audio is the in-process node's, byte for byte; so are the word
+    # times from Whisper's worker (ABI 1.11's `seq_token_times` over the wire).
     _, client, exact = node
     config = tmp_path / "node.json"
     config.write_text(json.dumps({
-        "models": [{"id": "joe-exact", "path": str(exact / VOICE), "format": "onnx"}],
+        "models": [{"id": "joe-exact", "path": str(exact / VOICE), "format": "onnx"},
+                   {"id": "whisper-tiny.en", "path": os.environ["GANTRY_WHISPER_DIR"], "format": "safetensors"}],
         "isolation": {"default": "process"},
         "scheduler": {"responseCacheRamFraction": 0.0},
     }))
@@ -310,6 +312,13 @@ def test_a_voice_in_a_worker_process_speaks_the_same(node, tmp_path):
         text = " ".join(SENTENCES[:2])
         want = client.audio.speech.create(model="joe-exact", voice="joe", input=text).read()
         assert worker.audio.speech.create(model="joe-exact", voice="joe", input=text).read() == want
+        wav = client.audio.speech.create(model="joe-exact", voice="joe", input=text, response_format="wav").read()
+
+        def timed(c):
+            return [(w.word, w.start, w.end) for w in c.audio.transcriptions.create(
+                model="whisper-tiny.en", file=("s.wav", wav), response_format="verbose_json",
+                timestamp_granularities=["word"]).words]
+        assert timed(worker) == timed(client)
         with urllib.request.urlopen(f"{base}/v1/status", timeout=10) as r:
             status = json.loads(r.read())
         replica = next(m for m in status["models"] if m["id"] == "joe-exact")["replicas"][0]

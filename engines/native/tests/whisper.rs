@@ -111,6 +111,7 @@ fn open(exec: &mut ModelExec, audio: &[f32]) -> u64 {
         &Input::Audio {
             samples: audio,
             sample_rate: RATE,
+            align: false,
         },
     )
     .expect("seq_set_input");
@@ -221,6 +222,7 @@ fn whisper_refuses_what_it_cannot_take_and_keeps_serving() {
         Input::Audio {
             samples,
             sample_rate,
+            align: false,
         }
     }
     for (input, words) in [
@@ -234,6 +236,15 @@ fn whisper_refuses_what_it_cannot_take_and_keeps_serving() {
                 height: 2,
             },
             "not an image input",
+        ),
+        (
+            // The random checkpoint's generation_config.json names no alignment heads.
+            Input::Audio {
+                samples: &cases[0].audio,
+                sample_rate: RATE,
+                align: true,
+            },
+            "alignment heads",
         ),
     ] {
         let e = exec.seq_set_input(seq, &input).expect_err(words);
@@ -414,4 +425,44 @@ fn whisper_tiny_en_transcribes_real_speech_as_transformers_does() {
             fed[k] = vec![t];
         }
     }
+    for s in seqs {
+        exec.seq_release(s);
+    }
+
+    // Token times (ABI 1.11) of the first recording's plain decode: one per sampled token,
+    // from the prompt's last token on, in order, within the audio; a sequence whose input did
+    // not ask for them is refused.
+    let (audio, prompt, want) = &audios[0];
+    let seq = exec.seq_open().expect("open");
+    exec.seq_set_input(
+        seq,
+        &Input::Audio {
+            samples: audio,
+            sample_rate: RATE,
+            align: true,
+        },
+    )
+    .expect("audio with times");
+    let mut fed = prompt.clone();
+    for &t in want {
+        exec.step(&[entry(seq, &fed, &s, false)]).expect("decode");
+        fed = vec![t];
+    }
+    let times = exec
+        .seq_token_times(seq, prompt.len() - 1)
+        .expect("token times");
+    let secs = audio.len() as f32 / RATE as f32;
+    assert_eq!(times.len(), want.len(), "{times:?}");
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]) && times.iter().all(|&t| (0.0..=secs).contains(&t)),
+        "{times:?} over {secs} s"
+    );
+    assert!(
+        times[want.len() - 1] > secs / 2.0,
+        "the text ends in the audio's second half: {times:?}"
+    );
+    exec.seq_release(seq);
+    let plain = open(&mut exec, audio);
+    let e = exec.seq_token_times(plain, 0).expect_err("not asked for");
+    assert_eq!(e.status, Status::Unsupported, "{}", e.message);
 }
