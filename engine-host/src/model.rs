@@ -69,6 +69,8 @@ pub(crate) trait ExecCalls: Send {
     fn speech_close(&mut self, speech: u64);
     /// ABI 1.11 `seq_token_times`; `Unsupported` when the plugin lacks it.
     fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError>;
+    /// ABI 1.11 `seq_token_prob`; `Unsupported` when the plugin lacks it.
+    fn seq_token_prob(&mut self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError>;
     /// One vector per input, in order (ABI 1.8 `embed_batch`, or `embed` once per input where
     /// the plugin lacks it). `dims` is the model's embedding size, the first guess of one
     /// vector's length.
@@ -285,6 +287,17 @@ impl ModelExec {
     /// sequence whose audio asked for it.
     pub fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
         self.calls.seq_token_times(seq, first)
+    }
+
+    /// The probability of `token` right after the first `n_fed` tokens fed to `seq`, under the
+    /// model's raw distribution (ABI 1.11).
+    pub fn seq_token_prob(
+        &mut self,
+        seq: u64,
+        n_fed: usize,
+        token: i32,
+    ) -> Result<f32, EngineError> {
+        self.calls.seq_token_prob(seq, n_fed, token)
     }
 
     /// The embedding of one input.

@@ -81,6 +81,10 @@ impl Engine for PluginEngine {
         self.0.seq_token_times(seq, first)
     }
 
+    fn seq_token_prob(&mut self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError> {
+        self.0.seq_token_prob(seq, n_fed, token)
+    }
+
     fn speech_close(&mut self, speech: u64) {
         self.0.speech_close(speech)
     }

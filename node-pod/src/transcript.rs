@@ -32,6 +32,9 @@ pub struct Segment {
     pub logprobs: Vec<TokenLogprob>,
     /// Its words and their times, for a window decoded with word times.
     pub words: Vec<Word>,
+    /// The probability that its window holds no speech (openai-whisper's `no_speech_prob`),
+    /// when it was asked for.
+    pub no_speech_prob: Option<f32>,
 }
 
 /// A text token as `include[]=logprobs` reports it.
@@ -162,6 +165,7 @@ fn segment(
         avg_logprob: text.iter().map(|t| t.logprob).sum::<f32>() / text.len() as f32,
         logprobs: TokenLogprob::of(text.iter().copied()),
         words,
+        no_speech_prob: None,
     })
 }
 
@@ -212,11 +216,15 @@ pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
                 .filter(|(k, _)| k == seek)
                 .map(|(_, s)| s.text.as_str())
                 .collect();
-            json!({
+            let mut v = json!({
                 "id": i, "seek": seek, "start": s.start, "end": s.end, "text": s.text,
                 "tokens": s.tokens, "temperature": temperature, "avg_logprob": s.avg_logprob,
                 "compression_ratio": compression_ratio(&window),
-            })
+            });
+            if let Some(p) = s.no_speech_prob {
+                v["no_speech_prob"] = p.into();
+            }
+            v
         })
         .collect()
 }

@@ -468,13 +468,21 @@ fn a_plugin_written_in_c_against_the_header_loads_and_steps() {
     );
     assert!(!shared.info().supports_transcription());
     assert_eq!(shared.info().audio_sample_rate, 0);
-    // ABI 1.11: nor `seq_token_times`: asking for word times is refused with the reason.
+    // ABI 1.11: nor `seq_token_times` or `seq_token_prob`: each is refused with the reason.
     let err = exec.seq_token_times(seq, 0).expect_err("no times");
     assert_eq!(
         (err.status, err.message.as_str()),
         (
             Status::Unsupported,
             "the plugin does not align tokens with their audio (no ABI 1.11 seq_token_times)"
+        )
+    );
+    let err = exec.seq_token_prob(seq, 1, 0).expect_err("no probability");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (
+            Status::Unsupported,
+            "the plugin does not report a token's probability (no ABI 1.11 seq_token_prob)"
         )
     );
 }

@@ -88,6 +88,18 @@ pub trait Engine: Send + 'static {
             "the engine does not align tokens with their audio",
         ))
     }
+    /// The probability of `token` right after the first `n_fed` tokens fed to `seq`, under the
+    /// model's raw distribution (ABI 1.11 `seq_token_prob`).
+    fn seq_token_prob(
+        &mut self,
+        _seq: u64,
+        _n_fed: usize,
+        _token: i32,
+    ) -> Result<f32, EngineError> {
+        Err(EngineError::unsupported(
+            "the engine does not report a token's probability",
+        ))
+    }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
     /// One vector per input, in order, in one engine call where the engine can batch them.

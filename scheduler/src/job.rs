@@ -105,6 +105,9 @@ pub enum GenEvent {
     /// generated token, where the model's attention was while it predicted that token (the
     /// last one's time is where the text before it ends). Sent just before `Done`.
     Times(Vec<f32>),
+    /// The probability [`GenerateJob::probe`] asked for (ABI 1.11 `seq_token_prob`). Sent just
+    /// before `Done`.
+    Probe(f32),
     /// The job failed; no more events follow.
     Error(GenError),
 }
@@ -144,6 +147,10 @@ pub struct GenerateJob {
     pub audio: Option<Arc<Vec<f32>>>,
     /// Align the generated tokens with `audio` ([`GenEvent::Times`] before `Done`).
     pub align: bool,
+    /// `(n, token)`: report the probability of `token` right after the prompt's first `n`
+    /// tokens, under the model's raw distribution ([`GenEvent::Probe`] before `Done`; Whisper's
+    /// no-speech probability).
+    pub probe: Option<(usize, i32)>,
 }
 
 impl GenerateJob {

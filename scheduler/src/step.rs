@@ -324,18 +324,28 @@ impl<E: Engine> Scheduler<E> {
     pub(crate) fn finish(&mut self, mut r: Running, reason: FinishReason) {
         // The times of an aligned job, read before the sequence goes: from the prompt's last
         // token (which predicted the first generated one) on, one per generated token.
-        let times = (r.job.align && reason != FinishReason::Failed).then(|| {
+        // And the probability it asked for, from the same sequence. Only for a sequence that
+        // ended as it should: an expired or failed one is not worth a decoder pass.
+        let ok = matches!(reason, FinishReason::Stop | FinishReason::Length);
+        let times = (r.job.align && ok).then(|| {
             let first = r.job.prompt.len().saturating_sub(1);
-            self.engine.seq_token_times(r.seq, first)
+            self.engine
+                .seq_token_times(r.seq, first)
+                .map(GenEvent::Times)
+        });
+        let probe = r.job.probe.filter(|_| ok).map(|(n, token)| {
+            self.engine
+                .seq_token_prob(r.seq, n, token)
+                .map(GenEvent::Probe)
         });
         self.engine.seq_release(r.seq);
-        if let Some(times) = times {
-            match times {
-                Ok(t) => {
-                    let _ = r.job.events.send(GenEvent::Times(t));
+        for ev in [times, probe].into_iter().flatten() {
+            match ev {
+                Ok(ev) => {
+                    let _ = r.job.events.send(ev);
                 }
                 Err(e) => {
-                    tracing::warn!(model = %self.metrics.model, seq = r.seq, error = %e, "token times failed");
+                    tracing::warn!(model = %self.metrics.model, seq = r.seq, error = %e, "token times or probability failed");
                     let _ = r.job.events.send(GenEvent::Error(GenError::Engine(e)));
                     self.metrics.finished(FinishReason::Failed.label());
                     return;

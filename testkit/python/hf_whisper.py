@@ -164,7 +164,8 @@ def real(model_dir: Path, speech_dir: Path, out: Path):
     """Transformers' `generate` (greedy, the checkpoint's own generation config: suppressed
     tokens, and the timestamp rules when asked for) on every recording in `speech_dir`, without
     and with timestamps: the sampled tokens, their text, and the 20 likeliest tokens' log-
-    probabilities at each step after the logits processors (what the engine's rules give)."""
+    probabilities at each step after the logits processors (what the engine's rules give); and
+    each recording's no-speech probability."""
     from transformers import WhisperTokenizerFast
     model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.forced_decoder_ids = None
@@ -185,6 +186,15 @@ def real(model_dir: Path, speech_dir: Path, out: Path):
             prompt = [gc.decoder_start_token_id] + ([] if stamps else [gc.no_timestamps_token_id])
             case[key] = {"prompt": prompt, "tokens": ids, "text": tok.decode(ids, skip_special_tokens=True).strip(),
                          "top": processed_top(model, features, prompt, ids, stamps)}
+        # openai-whisper's no-speech probability: `<|nospeech|>` (`<|nocaptions|>` in this
+        # vocabulary) after the start of transcript, from the raw logits.
+        no_speech = tok.convert_tokens_to_ids("<|nospeech|>")
+        if no_speech is None or no_speech == tok.unk_token_id:
+            no_speech = tok.convert_tokens_to_ids("<|nocaptions|>")
+        with torch.no_grad():
+            sot = model(input_features=features,
+                        decoder_input_ids=torch.tensor([[gc.decoder_start_token_id]])).logits[0, -1]
+        case["no_speech_prob"] = float(sot.float().softmax(-1)[no_speech])
         cases.append(case)
         print(f"whisper-tiny.en {name}: {case['plain']['text']!r}", flush=True)
     out.write_text(json.dumps({"transformers": __import__("transformers").__version__, "cases": cases}))

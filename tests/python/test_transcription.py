@@ -14,6 +14,8 @@ transcripts. Here:
   sentence in the text, the word error rate at most 10 %;
 - `stream`: the deltas add up to the text of `transcript.text.done`, which is the unstreamed
   text, on the node and through the gateway;
+- `verbose_json` segments carry the no-speech probability transformers gives (within 1e-4),
+  below 0.2 on speech and above 0.9 on silence;
 - `include[]=logprobs`: a log-probability for every text token, within 2e-3 of transformers'
   for the same token, whose bytes spell the text; streamed deltas carry the same ones; another
   `include`, or logprobs with a format other than json, is a 400 naming `include`;
@@ -204,6 +206,27 @@ def test_logprobs_are_transformers_and_spell_out_the_text(tiny_en):
         with pytest.raises(openai.BadRequestError) as e:
             client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, "jfk.wav"), **bad)
         assert e.value.body["param"] == "include", e.value.body
+
+
+def test_no_speech_prob_is_transformers_and_marks_silence(tiny_en):
+    _, client, speech, ref = tiny_en
+    for case in ref["cases"]:
+        v = client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, case["file"]),
+                                               response_format="verbose_json")
+        want = case["no_speech_prob"]
+        got = [s.no_speech_prob for s in v.segments]
+        assert want < 0.2 and got and all(abs(p - want) < 1e-4 for p in got), (case["file"], got, want)
+    # Three seconds of silence: the model still writes a word or two (tiny.en's "you"), and
+    # says it heard no speech.
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 48000)
+    v = client.audio.transcriptions.create(model="whisper-tiny.en", file=("silence.wav", buf.getvalue()),
+                                           response_format="verbose_json")
+    assert v.segments and all(s.no_speech_prob > 0.9 for s in v.segments), v
 
 
 def test_a_prompt_is_taken_and_too_long_audio_is_refused(tiny_en):

@@ -58,6 +58,7 @@ pub(super) struct Vtable {
     pub(super) speech_close: Option<ffi::SpeechCloseFn>,
     /// ABI 1.11, optional.
     pub(super) seq_token_times: Option<ffi::SeqTokenTimesFn>,
+    pub(super) seq_token_prob: Option<ffi::SeqTokenProbFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -120,6 +121,7 @@ impl Vtable {
             speech_next: later!(speech_next),
             speech_close: later!(speech_close),
             seq_token_times: later!(seq_token_times),
+            seq_token_prob: later!(seq_token_prob),
         })
     }
 }

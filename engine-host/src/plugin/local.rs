@@ -522,6 +522,23 @@ impl ExecCalls for LocalModel {
         ))
     }
 
+    fn seq_token_prob(&mut self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError> {
+        let h = &self.0;
+        let f = h.plugin.vt.seq_token_prob.ok_or_else(|| {
+            EngineError::unsupported(
+                "the plugin does not report a token's probability (no ABI 1.11 seq_token_prob)",
+            )
+        })?;
+        let mut p = 0f32;
+        let mut err = new_err();
+        // SAFETY: live handle, host-owned out value; `&mut self` keeps exec calls exclusive.
+        let status = unsafe { f(h.raw, seq, n_fed, token, &mut p, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        Ok(p)
+    }
+
     fn speech_close(&mut self, speech: u64) {
         let h = &self.0;
         if let Some(f) = h.plugin.vt.speech_close {

@@ -264,6 +264,12 @@ impl ExecCalls for RemoteExec {
         self.exec_call(&w.buf)?.f32s()
     }
 
+    fn seq_token_prob(&mut self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError> {
+        let mut w = Writer::op(Op::SeqTokenProb);
+        w.u64(seq).u64(n_fed as u64).i32(token);
+        self.exec_call(&w.buf)?.f32()
+    }
+
     fn speech_close(&mut self, speech: u64) {
         let mut w = Writer::op(Op::SpeechClose);
         w.u64(speech);

@@ -246,6 +246,12 @@ fn handle(
             w.f32s(&piece.samples).bool(piece.done);
         }
         Op::SpeechClose => exec(state)?.speech_close(r.u64()?),
+        Op::SeqTokenProb => {
+            let seq = r.u64()?;
+            let n_fed = r.u64()? as usize;
+            let token = r.i32()?;
+            w.f32(exec(state)?.seq_token_prob(seq, n_fed, token)?);
+        }
         Op::SeqTokenTimes => {
             let seq = r.u64()?;
             let first = r.u64()? as usize;

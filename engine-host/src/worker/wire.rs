@@ -64,6 +64,8 @@ pub enum Op {
     SpeechClose = 20,
     /// ABI 1.11: a sequence and the first position; the reply is its tokens' times.
     SeqTokenTimes = 21,
+    /// ABI 1.11: a sequence, a count of fed tokens and a token; the reply is its probability.
+    SeqTokenProb = 22,
 }
 
 impl Op {
@@ -91,6 +93,7 @@ impl Op {
             SpeechNext,
             SpeechClose,
             SeqTokenTimes,
+            SeqTokenProb,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)

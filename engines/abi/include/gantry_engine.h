@@ -293,8 +293,10 @@ typedef struct gantry_input {
     uint32_t sample_rate; /* AUDIO: equals the model's `audio_sample_rate` */
     uint32_t width;       /* IMAGE */
     uint32_t height;      /* IMAGE */
-    /* Since 1.11, read only when `struct_size` covers it: GANTRY_INPUT_* bits. */
-    uint32_t flags;
+    /* Since 1.11, read only when `struct_size` covers it: GANTRY_INPUT_* bits. 64 bits wide so
+     * that it starts past the end of the 1.9 struct (whose tail padding a host may leave
+     * uninitialised) and `struct_size` tells the two apart. */
+    uint64_t flags;
 } gantry_input_t;
 
 /* Since 1.10: what `speech_open` synthesizes. Host-owned, valid during that call only. */
@@ -558,6 +560,14 @@ typedef struct gantry_engine_vtable {
     gantry_status_t (*seq_token_times)(gantry_model_t* model, uint64_t seq, size_t first,
                                        float* times, size_t capacity, size_t* n,
                                        gantry_error_t* err);
+
+    /* Since 1.11; optional. `*prob` receives the probability of `token` coming right after the
+     * first `n_fed` tokens fed to `seq` since its input, under the model's own distribution
+     * there: the softmax of the raw logits, before any bias, mask, penalty, temperature or
+     * decoding rule (Whisper's no-speech probability is that of `<|nospeech|>` after
+     * `<|startoftranscript|>`). `n_fed` is at least 1 and at most the tokens fed. */
+    gantry_status_t (*seq_token_prob)(gantry_model_t* model, uint64_t seq, size_t n_fed,
+                                      int32_t token, float* prob, gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

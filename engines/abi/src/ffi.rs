@@ -59,7 +59,7 @@ pub const GANTRY_INPUT_AUDIO: gantry_input_kind_t = 1;
 /// Since ABI 1.9, declared: 8-bit RGB pixels.
 pub const GANTRY_INPUT_IMAGE: gantry_input_kind_t = 2;
 /// Since 1.11: keep what `seq_token_times` needs for the tokens fed after this input.
-pub const GANTRY_INPUT_ALIGN: u32 = 1;
+pub const GANTRY_INPUT_ALIGN: u64 = 1;
 
 pub type gantry_capability_t = u32;
 /// Since ABI 1.2: `step` honours `gantry_sampling_t::allowed_tokens` (see the header).
@@ -201,8 +201,8 @@ pub struct gantry_input_t {
     pub sample_rate: u32,
     pub width: u32,
     pub height: u32,
-    /// Since 1.11.
-    pub flags: u32,
+    /// Since 1.11: 64 bits, so that it starts past the 1.9 struct's tail padding.
+    pub flags: u64,
 }
 
 #[repr(C)]
@@ -392,6 +392,14 @@ pub type SpeechNextFn = unsafe extern "C" fn(
 ) -> gantry_status_t;
 /// Since 1.10: free a speech.
 pub type SpeechCloseFn = unsafe extern "C" fn(*mut gantry_model_t, u64);
+pub type SeqTokenProbFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    u64,
+    usize,
+    i32,
+    *mut f32,
+    *mut gantry_error_t,
+) -> gantry_status_t;
 pub type SeqTokenTimesFn = unsafe extern "C" fn(
     *mut gantry_model_t,
     u64,
@@ -441,6 +449,8 @@ pub struct gantry_engine_vtable_t {
     pub speech_close: Option<SpeechCloseFn>,
     /// Since 1.11.
     pub seq_token_times: Option<SeqTokenTimesFn>,
+    /// Since 1.11.
+    pub seq_token_prob: Option<SeqTokenProbFn>,
 }
 
 #[repr(C)]

@@ -146,6 +146,13 @@ pub trait Model: Send + Sync + 'static {
             "this model does not align its tokens with its input",
         ))
     }
+    /// The probability of `token` right after the first `n_fed` tokens fed to `seq`, under the
+    /// model's raw distribution (since ABI 1.11, `seq_token_prob`). The default refuses.
+    fn seq_token_prob(&self, _seq: u64, _n_fed: usize, _token: i32) -> Result<f32, EngineError> {
+        Err(EngineError::unsupported(
+            "this model does not report a token's probability",
+        ))
+    }
 }
 
 /// The host's log callback, safe to call from any thread.

@@ -204,7 +204,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             speech_open,
             speech_next,
             speech_close,
-            seq_token_times
+            seq_token_times,
+            seq_token_prob
         }
     );
     layout!(

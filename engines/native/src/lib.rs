@@ -496,6 +496,10 @@ impl Model for NativeModel {
     fn seq_token_times(&self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
         each!(self, m => m.seq_token_times(seq, first))
     }
+
+    fn seq_token_prob(&self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError> {
+        each!(self, m => m.seq_token_prob(seq, n_fed, token))
+    }
 }
 
 gantry_engine_abi::declare_engine!(NativeEngine);

@@ -461,6 +461,24 @@ fn whisper_tiny_en_transcribes_real_speech_as_transformers_does() {
         times[want.len() - 1] > secs / 2.0,
         "the text ends in the audio's second half: {times:?}"
     );
+    // The no-speech probability (ABI 1.11 `seq_token_prob`): `<|nocaptions|>` right after
+    // `<|startoftranscript|>`, as transformers' raw logits give it.
+    let no_speech = shared
+        .tokenize("<|nocaptions|>", false, true)
+        .expect("token")[0];
+    let p = exec
+        .seq_token_prob(seq, 1, no_speech)
+        .expect("the probability");
+    let want = r["cases"][0]["no_speech_prob"]
+        .as_f64()
+        .expect("no_speech_prob") as f32;
+    assert!((p - want).abs() < 1e-5, "{p} against transformers' {want}");
+    for (n, token) in [(0, no_speech), (9999, no_speech), (1, -1)] {
+        let e = exec
+            .seq_token_prob(seq, n, token)
+            .expect_err("out of range");
+        assert_eq!(e.status, Status::Unsupported, "{}", e.message);
+    }
     exec.seq_release(seq);
     let plain = open(&mut exec, audio);
     let e = exec.seq_token_times(plain, 0).expect_err("not asked for");

@@ -224,6 +224,17 @@ async fn transcribe(
     };
     let (prompt, language) =
         decoder_prompt(&ready, &model, (&form, language.as_deref()), task, timed)?;
+    // openai-whisper's no-speech probability: `<|nospeech|>` (`<|nocaptions|>` in the
+    // English-only models' older vocabulary) right after `<|startoftranscript|>`.
+    let probe = (form.format == Format::VerboseJson)
+        .then(|| {
+            let sot = special(&ready, "<|startoftranscript|>")?;
+            let at = prompt.iter().position(|&t| t == sot)?;
+            let token =
+                special(&ready, "<|nospeech|>").or_else(|| special(&ready, "<|nocaptions|>"))?;
+            Some((at + 1, token))
+        })
+        .flatten();
     let dec = Decoder {
         max_tokens: info
             .context_length
@@ -238,6 +249,7 @@ async fn transcribe(
             ..Sampling::greedy()
         },
         align: form.words,
+        probe,
         timeout,
         ready,
         samples: decoded.samples,
@@ -296,6 +308,9 @@ struct Decoder {
     sampling: Sampling,
     /// Word times asked for: each window's tokens are aligned with its audio.
     align: bool,
+    /// The no-speech probability asked for (`verbose_json`): after how many prompt tokens,
+    /// and the token.
+    probe: Option<(usize, i32)>,
     timeout: Option<std::time::Duration>,
     samples: Vec<f32>,
     seconds: f64,
@@ -319,7 +334,7 @@ impl Decoder {
         while seek < self.samples.len() {
             let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
             let rx = self.submit(chunk)?;
-            let (tokens, tail) = collect(rx, |t, lp| {
+            let (tokens, tail, no_speech) = collect(rx, |t, lp| {
                 if single {
                     on_text(t, lp)
                 }
@@ -341,7 +356,8 @@ impl Decoder {
                 self.seconds,
             );
             let frame = (seek as u64 * 100 / u64::from(self.rate.max(1))) as usize;
-            for s in read.segments {
+            for mut s in read.segments {
+                s.no_speech_prob = no_speech;
                 if !single {
                     on_text(&s.text, &s.logprobs);
                 }
@@ -356,7 +372,7 @@ impl Decoder {
         submit(
             &self.ready,
             (&self.prompt, self.max_tokens),
-            (&self.sampling, self.align),
+            (&self.sampling, self.align, self.probe),
             self.timeout,
             chunk,
         )
@@ -368,7 +384,7 @@ impl Decoder {
 fn submit(
     ready: &crate::node::ReadyModel,
     (prompt, max_tokens): (&[i32], u32),
-    (sampling, align): (&Sampling, bool),
+    (sampling, align, probe): (&Sampling, bool, Option<(usize, i32)>),
     timeout: Option<std::time::Duration>,
     chunk: &[f32],
 ) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
@@ -390,6 +406,7 @@ fn submit(
         adapter: None,
         audio: Some(Arc::new(chunk.to_vec())),
         align,
+        probe,
     }))?;
     Ok(rx)
 }
@@ -408,8 +425,8 @@ async fn detect_language(
         want_logprob: true,
         ..Sampling::greedy()
     };
-    let rx = submit(ready, (&[sot], 1), (&sampling, false), timeout, audio)?;
-    let (tokens, _) = collect(rx, |_, _| {}).await?;
+    let rx = submit(ready, (&[sot], 1), (&sampling, false, None), timeout, audio)?;
+    let (tokens, _, _) = collect(rx, |_, _| {}).await?;
     let token = tokens
         .first()
         .ok_or_else(|| ApiError::internal("language detection sampled nothing"))?;
@@ -431,12 +448,14 @@ async fn detect_language(
 
 /// A window's tokens, each token's text handed to `on_text` as it comes with the text tokens
 /// since the last text (a token that ends inside a UTF-8 character gives its text with the
-/// next); with word times, each token's time and the time after the last token.
+/// next); with word times, each token's time and the time after the last token; the
+/// probability the job asked for.
 async fn collect(
     mut rx: mpsc::UnboundedReceiver<GenEvent>,
     mut on_text: impl FnMut(&str, &[TokenLogprob]),
-) -> Result<(Vec<Token>, Option<f32>), ApiError> {
+) -> Result<(Vec<Token>, Option<f32>, Option<f32>), ApiError> {
     let mut tail = None;
+    let mut probe = None;
     let mut tokens = Vec::new();
     let mut unsent = 0;
     loop {
@@ -463,7 +482,8 @@ async fn collect(
                 }
                 tail = times.get(tokens.len()).copied();
             }
-            Some(GenEvent::Done { .. }) => return Ok((tokens, tail)),
+            Some(GenEvent::Probe(p)) => probe = Some(p),
+            Some(GenEvent::Done { .. }) => return Ok((tokens, tail, probe)),
             Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
             None => {
                 return Err(ApiError::internal(

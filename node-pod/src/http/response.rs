@@ -165,6 +165,7 @@ fn jobs(
                 adapter: p.adapter.as_ref().map(|a| a.name()),
                 audio: p.audio.clone(),
                 align: false,
+                probe: None,
             }
         })
         .collect();
@@ -340,8 +341,8 @@ async fn collect_response(
                 ));
             }
             Next::Event(GenEvent::Error(e)) => return Err(ApiError::from(e)),
-            // Only a transcription asks for times.
-            Next::Event(GenEvent::Times(_)) => {}
+            // Only a transcription asks for times and probabilities.
+            Next::Event(GenEvent::Times(_) | GenEvent::Probe(_)) => {}
             Next::Stalled => {
                 state.node.metrics.finished_by_http(&meta.model, "stall");
                 return Err(if seen_first {

@@ -211,6 +211,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
             adapter: None,
             audio: audio.clone(),
             align: false,
+            probe: None,
         };
         ready
             .scheduler
@@ -238,7 +239,7 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
                     break;
                 }
                 Ok(GenEvent::Error(e)) => return Err(format!("warm-up failed: {e}")),
-                Ok(GenEvent::Token { .. } | GenEvent::Times(_)) => {}
+                Ok(GenEvent::Token { .. } | GenEvent::Times(_) | GenEvent::Probe(_)) => {}
                 Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
                     return Err("warm-up: the scheduler stopped".into());
                 }

@@ -48,14 +48,27 @@ pub fn words(
     for &i in text {
         first.get_or_insert(i);
         bytes.extend_from_slice(&tokens[i].bytes);
-        if let Ok(s) = std::str::from_utf8(&bytes) {
+        // Whole characters, or bytes that can never become one (a character left unfinished
+        // and another begun): the unit ends here either way.
+        let done = match std::str::from_utf8(&bytes) {
+            Ok(_) => true,
+            Err(e) => e.error_len().is_some(),
+        };
+        if done {
             units.push(Span {
-                text: s.to_string(),
+                text: String::from_utf8_lossy(&bytes).into_owned(),
                 first: first.take().unwrap_or(i),
                 after: i + 1,
             });
             bytes.clear();
         }
+    }
+    if let (false, Some(f)) = (bytes.is_empty(), first) {
+        units.push(Span {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            first: f,
+            after: text.last().map_or(f + 1, |&l| l + 1),
+        });
     }
     let mut spans: Vec<Span> = Vec::new();
     for u in units {
@@ -74,6 +87,7 @@ pub fn words(
             .map_or(tail, |t| t.time)
             .map(|t| offset + f64::from(t))
     };
+    let to = to.max(from);
     let mut out: Vec<Word> = spans
         .iter()
         .map(|s| {
@@ -196,6 +210,23 @@ mod tests {
             (w[1].start, w[1].end),
             (5.0, 5.0),
             "clamped to the segment: {w:?}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_never_make_a_character_end_their_unit_and_the_words_go_on() {
+        // A three-byte character begun, then a two-byte one begun: no character ever forms.
+        let mut t = vec![tok(" a", 0.0), tok("", 0.2), tok("", 0.3), tok(" b", 0.6)];
+        t[1].bytes = vec![0xE4];
+        t[2].bytes = vec![0xC3];
+        let idx: Vec<usize> = (0..t.len()).collect();
+        let w = words(&t, &idx, Some(0.9), 0.0, (0.0, 1.0));
+        let got: Vec<&str> = w.iter().map(|w| w.word.as_str()).collect();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with('a') && got[1] == "b", "{got:?}");
+        assert!(
+            (w[1].start - 0.6).abs() < 1e-6 && (w[1].end - 0.9).abs() < 1e-6,
+            "{w:?}"
         );
     }
 }

@@ -27,7 +27,7 @@ unsafe fn input_from_c<'a>(input: *const ffi::gantry_input_t) -> Result<Input<'a
     // SAFETY: non-null, host-owned for the call (caller's contract).
     let i = unsafe { &*input };
     // `flags` exists only where the host's struct reaches it (ABI 1.11).
-    let flags_end = std::mem::offset_of!(ffi::gantry_input_t, flags) + size_of::<u32>();
+    let flags_end = std::mem::offset_of!(ffi::gantry_input_t, flags) + size_of::<u64>();
     let flags = if i.struct_size as usize >= flags_end {
         i.flags
     } else {
@@ -194,6 +194,28 @@ pub(super) unsafe extern "C" fn shim_seq_token_times<M: Model>(
                 std::ptr::copy_nonoverlapping(t.as_ptr(), times, k);
             }
             *n = t.len();
+            Ok(())
+        })
+    }
+}
+
+pub(super) unsafe extern "C" fn shim_seq_token_prob<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    seq: u64,
+    n_fed: usize,
+    token: i32,
+    prob: *mut f32,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle; `prob` is writable (host-owned, per the header).
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            let p = m.model.seq_token_prob(seq, n_fed, token)?;
+            if prob.is_null() {
+                return Err(EngineError::internal("seq_token_prob: null out value"));
+            }
+            *prob = p;
             Ok(())
         })
     }

@@ -65,6 +65,7 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         speech_next: Some(super::media::shim_speech_next::<E::Model>),
         speech_close: Some(super::media::shim_speech_close::<E::Model>),
         seq_token_times: Some(super::media::shim_seq_token_times::<E::Model>),
+        seq_token_prob: Some(super::media::shim_seq_token_prob::<E::Model>),
     }
 }
 

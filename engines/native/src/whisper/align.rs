@@ -14,11 +14,18 @@ pub const POSITIONS_PER_SECOND: f32 = 50.0;
 /// openai-whisper's median filter width.
 const MEDIAN_WIDTH: usize = 7;
 
-/// One time (seconds) per row of `rows` — each row the alignment heads' scores of one token,
-/// `[head][SOURCE_POSITIONS]` — over the first `positions` encoder positions (those that hold
-/// audio): where the row's token first reaches along the path.
-pub fn times(rows: &[Vec<f32>], positions: usize, heads: usize) -> Vec<f32> {
-    if rows.is_empty() || heads == 0 {
+/// One time (seconds) per row of `rows` in `path` — each row the alignment heads' scores of
+/// one token, `[head][SOURCE_POSITIONS]` — over the first `positions` encoder positions (those
+/// that hold audio): where the row's token first reaches along the path. The normalisation and
+/// the filter see every row, as openai-whisper's do (its start of transcript, language and
+/// task, and end of text among them); the warping only the rows of `path`.
+pub fn times(
+    rows: &[Vec<f32>],
+    path: std::ops::Range<usize>,
+    positions: usize,
+    heads: usize,
+) -> Vec<f32> {
+    if path.is_empty() || path.end > rows.len() || heads == 0 {
         return Vec::new();
     }
     let (n, f) = (rows.len(), positions.clamp(1, SOURCE_POSITIONS));
@@ -51,7 +58,8 @@ pub fn times(rows: &[Vec<f32>], positions: usize, heads: usize) -> Vec<f32> {
             }
         }
     }
-    let path = dtw(&matrix, n, f);
+    let n = path.len();
+    let path = dtw(&matrix[path.start * f..path.end * f], n, f);
     // The first audio position each token reaches.
     let mut times = vec![0.0f32; n];
     let mut last = usize::MAX;
@@ -64,9 +72,10 @@ pub fn times(rows: &[Vec<f32>], positions: usize, heads: usize) -> Vec<f32> {
     times
 }
 
-/// Encoder positions that hold audio of `samples` samples at 16 kHz (320 per position).
+/// Encoder positions that hold audio of `samples` samples at 16 kHz (320 per position; the
+/// last, partial one left out as openai-whisper's `num_frames // 2` does).
 pub fn positions(samples: usize) -> usize {
-    samples.div_ceil(320).clamp(1, SOURCE_POSITIONS)
+    (samples / 320).clamp(1, SOURCE_POSITIONS)
 }
 
 /// The median of each width-7 window along `x`, its ends reflected (as openai-whisper pads);
@@ -197,12 +206,18 @@ mod tests {
             }
             rows.push(row);
         }
-        let t = times(&rows, positions(16_000), 2);
+        let t = times(&rows, 0..3, positions(16_000), 2);
         let want = [0.0, 0.3, 0.5];
         assert!(
             t.iter().zip(want).all(|(a, b)| (a - b).abs() < 0.061),
             "{t:?}"
         );
-        assert_eq!(times(&[], 50, 2), Vec::<f32>::new());
+        // Warping the last two rows only: the first of them starts at 0.
+        let t = times(&rows, 1..3, positions(16_000), 2);
+        assert!(
+            t.len() == 2 && t[0] == 0.0 && (t[1] - 0.5).abs() < 0.061,
+            "{t:?}"
+        );
+        assert_eq!(times(&[], 0..0, 50, 2), Vec::<f32>::new());
     }
 }

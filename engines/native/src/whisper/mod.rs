@@ -307,6 +307,11 @@ impl WhisperModel {
         let decoded = &fed[first + 1..];
         let is_text = |t: i32| t < eot && self.rules.timestamp(t).is_none();
         tokens.extend(decoded.iter().copied().filter(|&t| is_text(t)));
+        // The end of text closes it, as in openai-whisper's pass: its row counts in the
+        // normalisation, not in the warping.
+        if let Some(e) = self.info.eos_token {
+            tokens.push(e);
+        }
         if tokens.len() > self.info.context_length as usize {
             return Err(EngineError::unsupported(format!(
                 "{CLASS}: {} tokens to align, the decoder takes {}",
@@ -334,8 +339,10 @@ impl WhisperModel {
                 (&self.alignment_heads, &[true]),
             )
         });
-        // Rows from `<|notimestamps|>`: row k is the token before text token k.
-        let jumps = align::times(&kept[lead..], positions, self.alignment_heads.len());
+        // Rows from `<|notimestamps|>` to the last text token: row k is the token before text
+        // token k.
+        let end_row = kept.len() - usize::from(self.info.eos_token.is_some());
+        let jumps = align::times(&kept, lead..end_row, positions, self.alignment_heads.len());
         let end = jumps.last().copied().unwrap_or(0.0);
         let mut out = Vec::with_capacity(fed.len() - first);
         let mut k = 0;
@@ -479,6 +486,55 @@ impl Model for WhisperModel {
         let fed = s.tokens.clone();
         drop(ex);
         self.token_times(&encoded, positions, &fed, first)
+    }
+
+    fn seq_token_prob(&self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError> {
+        let ex = self.exec();
+        let s = ex.seqs.get(&seq).ok_or_else(|| {
+            EngineError::internal(format!("seq_token_prob on unknown sequence {seq}"))
+        })?;
+        if n_fed == 0 || n_fed > s.tokens.len() {
+            return Err(EngineError::unsupported(format!(
+                "sequence {seq}: {n_fed} tokens asked for, {} fed",
+                s.tokens.len()
+            )));
+        }
+        if !(0..self.info.vocab_size as i32).contains(&token) {
+            return Err(EngineError::unsupported(format!(
+                "token {token} is outside the vocabulary of {}",
+                self.info.vocab_size
+            )));
+        }
+        let encoded = s
+            .encoded
+            .clone()
+            .ok_or_else(|| EngineError::internal(format!("sequence {seq} has no audio")))?;
+        let fed = s.tokens[..n_fed].to_vec();
+        drop(ex);
+        // A decoder pass of its own over those tokens, the last row's raw logits.
+        let rows: Vec<Row> = fed
+            .iter()
+            .enumerate()
+            .map(|(pos, &token)| Row { seq: 0, pos, token })
+            .collect();
+        let layers = self.net.cfg.decoder_layers;
+        let mut cache = SelfKv {
+            k: vec![Vec::new(); layers],
+            v: vec![Vec::new(); layers],
+            len: 0,
+        };
+        let (logits, _) = self.pool.install(|| {
+            self.net.decode(
+                &rows,
+                &mut [&mut cache],
+                &[&encoded],
+                &[n_fed - 1],
+                (&[], &[]),
+            )
+        });
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+        Ok((logits[token as usize] - max).exp() / sum)
     }
 
     fn step(&self, entries: &[StepEntry<'_>]) -> Result<Vec<Option<SampledToken>>, EngineError> {

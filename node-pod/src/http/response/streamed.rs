@@ -173,8 +173,8 @@ impl StreamState {
                     }
                     self.end(&mut out);
                 }
-                // Only a transcription asks for times.
-                Next::Event(GenEvent::Times(_)) => {}
+                // Only a transcription asks for times and probabilities.
+                Next::Event(GenEvent::Times(_) | GenEvent::Probe(_)) => {}
                 Next::Event(GenEvent::Error(e)) => {
                     let e = ApiError::from(e);
                     out.push(Event::default().data(e.body_json()));
