@@ -157,27 +157,32 @@ def run_workload(transcribe, names: list[str], c: int, passes: int) -> dict:
     return {"wall_s": wall, "latencies": [r[2] for r in results], "texts": [[r[0], r[1]] for r in results]}
 
 
+def post_transcription(port: int, fields: list, name: str, audio: bytes) -> dict:
+    """One `/v1/audio/transcriptions` upload (multipart: `fields`, then the wav as `file`); the
+    JSON answer."""
+    boundary = uuid.uuid4().hex
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                 f'Content-Type: audio/wav\r\n\r\n'.encode() + audio + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/audio/transcriptions", b"".join(parts),
+              {"content-type": f"multipart/form-data; boundary={boundary}"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)
+
+
 def gantry_transcribe(port: int, speech: Path):
     files = {n: (speech / n).read_bytes() for n in recordings(speech)}
+    fields = [("model", MODEL_ID), ("response_format", "json"), ("temperature", "0")]
 
     def transcribe(name):
-        boundary = uuid.uuid4().hex
-        parts = []
-        for k, v in (("model", MODEL_ID), ("response_format", "json"), ("temperature", "0")):
-            parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode())
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-                     f'Content-Type: audio/wav\r\n\r\n'.encode() + files[name] + b"\r\n")
-        parts.append(f"--{boundary}--\r\n".encode())
-        body = b"".join(parts)
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        c.request("POST", "/v1/audio/transcriptions", body,
-                  {"content-type": f"multipart/form-data; boundary={boundary}"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
-        return json.loads(data)["text"]
+        return post_transcription(port, fields, name, files[name])["text"]
 
     return transcribe
 

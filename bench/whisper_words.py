@@ -20,7 +20,6 @@ times cost each side (seconds per pass over the six recordings, sequential, with
 Usage: bench/whisper_words.py --node target/release/gantry-node --out bench/results/whisper-words-cpu.json
 """
 import argparse
-import http.client
 import json
 import os
 import statistics
@@ -28,14 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "testkit" / "python"))
 from wer import words as norm  # noqa: E402
-from whisper import MODEL_ID, cache, ensure_ct2, ensure_venv, recordings  # noqa: E402
+from whisper import MODEL_ID, cache, ensure_ct2, ensure_venv, post_transcription, recordings  # noqa: E402
 
 PEER = r"""
 import json, sys, time, wave
@@ -68,23 +66,10 @@ print(json.dumps(out))
 
 
 def gantry_words(port: int, path: Path, granularities: list[str]) -> list:
-    boundary = uuid.uuid4().hex
     fields = [("model", MODEL_ID), ("response_format", "verbose_json"), ("temperature", "0")]
     fields += [("timestamp_granularities[]", g) for g in granularities]
-    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-             for k, v in fields]
-    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
-                 f'Content-Type: audio/wav\r\n\r\n'.encode() + path.read_bytes() + b"\r\n")
-    parts.append(f"--{boundary}--\r\n".encode())
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", "/v1/audio/transcriptions", b"".join(parts),
-              {"content-type": f"multipart/form-data; boundary={boundary}"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
-    return [(w["word"], w["start"], w["end"]) for w in json.loads(data).get("words", [])]
+    answer = post_transcription(port, fields, path.name, path.read_bytes())
+    return [(w["word"], w["start"], w["end"]) for w in answer.get("words", [])]
 
 
 def pct(xs, q):

@@ -105,13 +105,18 @@ fn entry<'a>(seq: u64, tokens: &'a [i32], s: &'a Sampling, all: bool) -> StepEnt
 
 /// Open a sequence with `audio` as its input.
 fn open(exec: &mut ModelExec, audio: &[f32]) -> u64 {
+    open_aligned(exec, audio, false)
+}
+
+/// Open a sequence with `audio` as its input, asking for token times or not.
+fn open_aligned(exec: &mut ModelExec, audio: &[f32], align: bool) -> u64 {
     let seq = exec.seq_open().expect("open");
     exec.seq_set_input(
         seq,
         &Input::Audio {
             samples: audio,
             sample_rate: RATE,
-            align: false,
+            align,
         },
     )
     .expect("seq_set_input");
@@ -433,16 +438,7 @@ fn whisper_tiny_en_transcribes_real_speech_as_transformers_does() {
     // from the prompt's last token on, in order, within the audio; a sequence whose input did
     // not ask for them is refused.
     let (audio, prompt, want) = &audios[0];
-    let seq = exec.seq_open().expect("open");
-    exec.seq_set_input(
-        seq,
-        &Input::Audio {
-            samples: audio,
-            sample_rate: RATE,
-            align: true,
-        },
-    )
-    .expect("audio with times");
+    let seq = open_aligned(&mut exec, audio, true);
     let mut fed = prompt.clone();
     for &t in want {
         exec.step(&[entry(seq, &fed, &s, false)]).expect("decode");

@@ -270,6 +270,34 @@ impl WhisperModel {
 }
 
 impl WhisperModel {
+    /// A decoder pass of its own over `tokens` from position 0 with `encoded` (a cache that
+    /// lives for the pass only): the logits of the rows `want` names, and with `align` the
+    /// alignment heads' scores of every row.
+    fn pass_alone(
+        &self,
+        encoded: &Encoded,
+        tokens: &[i32],
+        want: &[usize],
+        align: bool,
+    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let rows: Vec<Row> = tokens
+            .iter()
+            .enumerate()
+            .map(|(pos, &token)| Row { seq: 0, pos, token })
+            .collect();
+        let mut cache = SelfKv::empty(self.net.cfg.decoder_layers);
+        let heads: &[(usize, usize)] = if align { &self.alignment_heads } else { &[] };
+        self.pool.install(|| {
+            self.net.decode(
+                &rows,
+                &mut [&mut cache],
+                &[encoded],
+                want,
+                (heads, &[align]),
+            )
+        })
+    }
+
     /// One time per token fed from `first` on (`fed`: every token the sequence took), as
     /// openai-whisper's `find_alignment` times a window's text: a decoder pass of its own over
     /// the start of the prompt (from its `<|startoftranscript|>`), `<|notimestamps|>` and the
@@ -319,26 +347,7 @@ impl WhisperModel {
                 self.info.context_length
             )));
         }
-        let rows: Vec<Row> = tokens
-            .iter()
-            .enumerate()
-            .map(|(pos, &token)| Row { seq: 0, pos, token })
-            .collect();
-        let layers = self.net.cfg.decoder_layers;
-        let mut cache = SelfKv {
-            k: vec![Vec::new(); layers],
-            v: vec![Vec::new(); layers],
-            len: 0,
-        };
-        let (_, kept) = self.pool.install(|| {
-            self.net.decode(
-                &rows,
-                &mut [&mut cache],
-                &[encoded],
-                &[],
-                (&self.alignment_heads, &[true]),
-            )
-        });
+        let (_, kept) = self.pass_alone(encoded, &tokens, &[], true);
         // Rows from `<|notimestamps|>` to the last text token: row k is the token before text
         // token k.
         let end_row = kept.len() - usize::from(self.info.eos_token.is_some());
@@ -407,11 +416,7 @@ impl Model for WhisperModel {
             WSeq {
                 encoded: None,
                 align: None,
-                cache: SelfKv {
-                    k: vec![Vec::new(); layers],
-                    v: vec![Vec::new(); layers],
-                    len: 0,
-                },
+                cache: SelfKv::empty(layers),
                 tokens: Vec::new(),
                 sampler: None,
             },
@@ -512,26 +517,7 @@ impl Model for WhisperModel {
         let fed = s.tokens[..n_fed].to_vec();
         drop(ex);
         // A decoder pass of its own over those tokens, the last row's raw logits.
-        let rows: Vec<Row> = fed
-            .iter()
-            .enumerate()
-            .map(|(pos, &token)| Row { seq: 0, pos, token })
-            .collect();
-        let layers = self.net.cfg.decoder_layers;
-        let mut cache = SelfKv {
-            k: vec![Vec::new(); layers],
-            v: vec![Vec::new(); layers],
-            len: 0,
-        };
-        let (logits, _) = self.pool.install(|| {
-            self.net.decode(
-                &rows,
-                &mut [&mut cache],
-                &[&encoded],
-                &[n_fed - 1],
-                (&[], &[]),
-            )
-        });
+        let (logits, _) = self.pass_alone(&encoded, &fed, &[n_fed - 1], false);
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
         Ok((logits[token as usize] - max).exp() / sum)

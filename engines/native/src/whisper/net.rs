@@ -164,6 +164,15 @@ pub struct SelfKv {
 }
 
 impl SelfKv {
+    /// No keys or values yet, for `layers` layers.
+    pub fn empty(layers: usize) -> SelfKv {
+        SelfKv {
+            k: vec![Vec::new(); layers],
+            v: vec![Vec::new(); layers],
+            len: 0,
+        }
+    }
+
     pub fn truncate(&mut self, n: usize, d: usize) {
         self.len = self.len.min(n);
         for l in self.k.iter_mut().chain(self.v.iter_mut()) {
