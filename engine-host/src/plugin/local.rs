@@ -15,6 +15,8 @@ use super::library::{
 };
 use crate::model::{ExecCalls, SharedCalls};
 
+mod media;
+
 /// Load a model into the plugin (the caller holds the plugin's load lock).
 pub(super) fn load(
     inner: &Arc<PluginInner>,
@@ -390,161 +392,27 @@ impl ExecCalls for LocalModel {
     }
 
     fn seq_set_input(&mut self, seq: u64, input: &Input<'_>) -> Result<(), EngineError> {
-        let h = &self.0;
-        let f = h.plugin.vt.seq_set_input.ok_or_else(|| {
-            EngineError::unsupported("the plugin takes no inputs (no ABI 1.9 seq_set_input)")
-        })?;
-        let raw = match *input {
-            Input::Audio {
-                samples,
-                sample_rate,
-                align,
-            } => {
-                if align && h.plugin.vt.seq_token_times.is_none() {
-                    return Err(EngineError::unsupported(
-                        "the plugin does not align tokens with their audio (no ABI 1.11 seq_token_times)",
-                    ));
-                }
-                ffi::gantry_input_t {
-                    struct_size: size_of::<ffi::gantry_input_t>() as u32,
-                    kind: ffi::GANTRY_INPUT_AUDIO,
-                    data: samples.as_ptr().cast(),
-                    n: samples.len(),
-                    sample_rate,
-                    width: 0,
-                    height: 0,
-                    flags: if align { ffi::GANTRY_INPUT_ALIGN } else { 0 },
-                }
-            }
-            Input::Image { rgb, width, height } => ffi::gantry_input_t {
-                struct_size: size_of::<ffi::gantry_input_t>() as u32,
-                kind: ffi::GANTRY_INPUT_IMAGE,
-                data: rgb.as_ptr().cast(),
-                n: rgb.len(),
-                sample_rate: 0,
-                width,
-                height,
-                flags: 0,
-            },
-        };
-        let mut err = new_err();
-        // SAFETY: live handle; `raw` and the slice it points into outlive the call;
-        // `&mut self` keeps exec calls exclusive.
-        let status = unsafe { f(h.raw, seq, &raw, err.as_mut()) };
-        if status != ffi::GANTRY_OK {
-            return Err(read_err(status, &err));
-        }
-        Ok(())
+        media::seq_set_input(self, seq, input)
     }
 
     fn speech_open(&mut self, req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
-        let h = &self.0;
-        let f = h.plugin.vt.speech_open.ok_or_else(|| {
-            EngineError::unsupported("the plugin synthesizes no speech (no ABI 1.10 speech_open)")
-        })?;
-        let voice = req.voice.map(cstring);
-        let raw = ffi::gantry_speech_request_t {
-            struct_size: size_of::<ffi::gantry_speech_request_t>() as u32,
-            text: req.text.as_ptr().cast(),
-            n_text: req.text.len(),
-            voice: voice.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()),
-            speed: req.speed,
-        };
-        let mut id = 0u64;
-        let mut err = new_err();
-        // SAFETY: live handle; `raw`, the text and the voice outlive the call; `&mut self`
-        // keeps exec calls exclusive.
-        let status = unsafe { f(h.raw, &raw, &mut id, err.as_mut()) };
-        if status != ffi::GANTRY_OK {
-            return Err(read_err(status, &err));
-        }
-        Ok(id)
+        media::speech_open(self, req)
     }
 
     fn speech_next(&mut self, speech: u64) -> Result<SpeechPiece, EngineError> {
-        let h = &self.0;
-        let f = h.plugin.vt.speech_next.ok_or_else(|| {
-            EngineError::unsupported("the plugin synthesizes no speech (no ABI 1.10 speech_next)")
-        })?;
-        let (mut samples, mut n, mut done) = (std::ptr::null::<f32>(), 0usize, false);
-        let mut err = new_err();
-        // SAFETY: live handle, host-owned out values; `&mut self` keeps exec calls exclusive.
-        let status = unsafe { f(h.raw, speech, &mut samples, &mut n, &mut done, err.as_mut()) };
-        if status != ffi::GANTRY_OK {
-            return Err(read_err(status, &err));
-        }
-        let samples = if samples.is_null() || n == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: the plugin keeps `n` samples at `samples` until the next call for this
-            // speech (header rule); they are copied out now.
-            unsafe { std::slice::from_raw_parts(samples, n) }.to_vec()
-        };
-        Ok(SpeechPiece { samples, done })
+        media::speech_next(self, speech)
     }
 
     fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError> {
-        let h = &self.0;
-        let f = h.plugin.vt.seq_token_times.ok_or_else(|| {
-            EngineError::unsupported(
-                "the plugin does not align tokens with their audio (no ABI 1.11 seq_token_times)",
-            )
-        })?;
-        // A sequence's tokens fit Whisper's decoder context; one retry covers any other.
-        let mut times = vec![0f32; 512];
-        for _ in 0..2 {
-            let mut n = 0usize;
-            let mut err = new_err();
-            // SAFETY: live handle; `times` holds `times.len()` floats and `n` is writable for
-            // the call; `&mut self` keeps exec calls exclusive.
-            let status = unsafe {
-                f(
-                    h.raw,
-                    seq,
-                    first,
-                    times.as_mut_ptr(),
-                    times.len(),
-                    &mut n,
-                    err.as_mut(),
-                )
-            };
-            if status != ffi::GANTRY_OK {
-                return Err(read_err(status, &err));
-            }
-            if n <= times.len() {
-                times.truncate(n);
-                return Ok(times);
-            }
-            times.resize(n, 0.0);
-        }
-        Err(EngineError::internal(
-            "seq_token_times: the count kept growing",
-        ))
+        media::seq_token_times(self, seq, first)
     }
 
     fn seq_token_prob(&mut self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError> {
-        let h = &self.0;
-        let f = h.plugin.vt.seq_token_prob.ok_or_else(|| {
-            EngineError::unsupported(
-                "the plugin does not report a token's probability (no ABI 1.11 seq_token_prob)",
-            )
-        })?;
-        let mut p = 0f32;
-        let mut err = new_err();
-        // SAFETY: live handle, host-owned out value; `&mut self` keeps exec calls exclusive.
-        let status = unsafe { f(h.raw, seq, n_fed, token, &mut p, err.as_mut()) };
-        if status != ffi::GANTRY_OK {
-            return Err(read_err(status, &err));
-        }
-        Ok(p)
+        media::seq_token_prob(self, seq, n_fed, token)
     }
 
     fn speech_close(&mut self, speech: u64) {
-        let h = &self.0;
-        if let Some(f) = h.plugin.vt.speech_close {
-            // SAFETY: live handle; `&mut self` keeps exec calls exclusive.
-            unsafe { f(h.raw, speech) }
-        }
+        media::speech_close(self, speech)
     }
 
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64> {
