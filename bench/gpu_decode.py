@@ -3,8 +3,8 @@
 
     bench/gpu_decode.py OUT_DIR SUMMARY.json
 
-Reads native-gemma.json, native-gemma-nographs.json, native-gemma-nogemv.json and
-native-llama8b-nogemv.json (engines/native/examples/decode_bench.rs),
+Reads native-gemma.json and the native engine's variants (native-gemma-nographs.json,
+-nogemv, -warpattn, -gemvsplit; native-llama8b-nogemv.json, -warpattn, -gemvsplit) (engines/native/examples/decode_bench.rs),
 torch-gemma.json and the llama8b pair (bench/torch_decode.py) where they exist, and writes a
 row per concurrency with each side's figures under the key that names it: `native`, `torch`
 (`graph`, `compiled`, and the better of the two), `llama_cpp` (null: not part of this check),
@@ -49,11 +49,11 @@ def side(row):
 
 def rows_for(native, torch, variants=None):
     """variants: {key: report} of the native engine run otherwise (graphs off, products on
-    cuBLAS), each put in the row of its concurrency under its key."""
+    cuBLAS, the other attention kernel, gemv unsplit), each put in the row of its concurrency under its key."""
     nat, tor = by_batch(native), torch_rows(torch)
     var = {k: by_batch(v) for k, v in (variants or {}).items()}
     out = []
-    for c in sorted(set(nat) | set(tor)):
+    for c in sorted(set(nat) | set(tor) | {c for rows in var.values() for c in rows}):
         t = {m: side(r) for m, r in tor.get(c, {}).items()}
         figures = [v["aggregate_tps"] for v in t.values() if v and "aggregate_tps" in v]
         best = max(figures) if figures else None
@@ -135,9 +135,13 @@ def main():
         "llama_cpp": "not part of this check (the llama.cpp CUDA plugin's figures are bench/results/gpu-check-h100.json)",
         "gemma3_270m": rows_for(load(out_dir / "native-gemma.json"), tg, {
             "native_no_graphs": load(out_dir / "native-gemma-nographs.json"),
-            "native_products_on_cublas": load(out_dir / "native-gemma-nogemv.json")}),
+            "native_products_on_cublas": load(out_dir / "native-gemma-nogemv.json"),
+            "native_warp_attention": load(out_dir / "native-gemma-warpattn.json"),
+            "native_gemv_unsplit": load(out_dir / "native-gemma-gemvsplit.json")}),
         "llama3_8b": rows_for(load(out_dir / "native-llama8b.json"), load(out_dir / "torch-llama8b.json"), {
-            "native_products_on_cublas": load(out_dir / "native-llama8b-nogemv.json")}),
+            "native_products_on_cublas": load(out_dir / "native-llama8b-nogemv.json"),
+            "native_warp_attention": load(out_dir / "native-llama8b-warpattn.json"),
+            "native_gemv_unsplit": load(out_dir / "native-llama8b-gemvsplit.json")}),
     }
     summary.write_text(json.dumps(report, indent=2) + "\n")
     for shape in ("gemma3_270m", "llama3_8b"):

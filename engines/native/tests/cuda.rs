@@ -192,6 +192,29 @@ fn batch_steps(b: &mut dyn Backend, k: usize) -> Vec<Vec<f32>> {
     steps(b, &prompts, &tables, &next)
 }
 
+/// Key spans longer than one tile of `attention_tiled` and than one piece of the split: a
+/// 300-token and a 70-token prompt in one step (long enough for the prompt step to go
+/// unsplit), then a decode step of both (each piece several tiles long), on every tiny
+/// architecture (sliding windows of 4 and 8 included) and with head sizes 128 and 256.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it"]
+fn cuda_and_cpu_backends_agree_over_spans_of_several_tiles() {
+    let run = |b: &mut dyn Backend| {
+        let prompts: Vec<Vec<i32>> = [300usize, 70]
+            .iter()
+            .map(|&len| (0..len).map(|j| ((j * 7) % 50 + 1) as i32).collect())
+            .collect();
+        let tables = vec![(0..76).collect(), (76..94).collect()];
+        steps(b, &prompts, &tables, &[11, 12])
+    };
+    let mut cases: Vec<(HfFamily, Option<usize>)> =
+        HfFamily::ALL.into_iter().map(|f| (f, None)).collect();
+    cases.extend([(HfFamily::Qwen3, Some(128)), (HfFamily::Gemma3, Some(256))]);
+    for (family, head_dim) in cases {
+        compare(family, head_dim, 96, &run);
+    }
+}
+
 /// The CUDA and CPU backends' logits of [`two_steps`] on a tiny `family` model (see
 /// [`compare`]).
 fn cuda_and_cpu_agree(family: HfFamily, head_dim: Option<usize>) {

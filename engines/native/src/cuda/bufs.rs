@@ -100,8 +100,11 @@ pub(super) struct Bufs {
     /// The sampler's output, i32 `[rows][OUT_WORDS]`.
     pub out: u64,
     /// Attention's pieces, f32 `[tokens][heads][splits][2 + head_dim]`
-    /// (`forward::attention_splits`: tokens x splits <= max(1024, tokens)).
+    /// (`attend::attention_splits`: tokens x splits <= max(1024, tokens)).
     pub attn_part: u64,
+    /// Pieces of each (token, attention block) that `attention_tiled` has written, i32
+    /// `[tokens][heads]`: zero between launches (the merging block sets its counter back).
+    pub attn_done: u64,
     pub bytes: u64,
     _owners: Vec<CudaSlice<u8>>,
 }
@@ -131,6 +134,7 @@ impl Bufs {
             caps.adj.max(1) * 4,
             r * OUT_WORDS * 4,
             t.max(1024) * cfg.n_heads * (2 + cfg.head_dim) * 4,
+            t * cfg.n_heads * 4,
         ];
         let mut owners = Vec::with_capacity(sizes.len());
         let mut ptrs = Vec::with_capacity(sizes.len());
@@ -159,6 +163,7 @@ impl Bufs {
             adj_orig: ptrs[10],
             out: ptrs[11],
             attn_part: ptrs[12],
+            attn_done: ptrs[13],
             bytes: sizes.iter().sum::<usize>() as u64,
             _owners: owners,
         })

@@ -4,13 +4,15 @@
 //! [`CudaBackend::encode`] issues every kernel and product of a step on the backend's stream
 //! and nothing else: no allocation, copy or synchronisation, and every per-step value is read
 //! from the input area. That is what lets a decode step be captured once per batch size and
-//! replayed (`graph.rs`). Per layer: the QKV product, q/k norms + RoPE + K/V append, attention,
-//! the output product, residual + norms, the gate/up product, the gated activation, the down
-//! product, residual + norms (the next layer's input norm): four products and five kernels.
+//! replayed (`graph.rs`). Per layer: the QKV product, q/k norms + RoPE + K/V append, attention
+//! (`attend.rs`), the output product, residual + norms, the gate/up product, the gated
+//! activation, the down product, residual + norms (the next layer's input norm): four products
+//! and five kernels.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gantry_engine_abi::EngineError;
 
+use super::attend::LayerAttention;
 use super::{CudaBackend, cuda_err, int};
 use crate::config::Activation;
 
@@ -21,31 +23,6 @@ const THREADS: u32 = 256;
 /// so a decode step of one token, one block on the whole GPU, is not a long serial loop.
 fn norm_threads(dim: usize) -> u32 {
     ((dim / 2).div_ceil(32) * 32).clamp(256, 1024) as u32
-}
-
-/// Threads per block of attention (4 warps per piece of the key span).
-const ATTN_THREADS: u32 = 128;
-
-/// Query heads one attention block serves (`ATTN_HEADS` in `kernels/attention.cu`).
-const ATTN_HEADS: usize = 4;
-
-/// Pieces each token's key span is cut into: enough that the step has about four attention
-/// blocks per multiprocessor (a small decode batch still fills the GPU; a batch that fills it
-/// already is not cut), at most 16, one for a long prompt chunk. `blocks` is the blocks per
-/// token before the split (K/V heads x groups of query heads). tokens x pieces <=
-/// max(1024, tokens), which is what the step's buffers hold.
-pub(super) fn attention_splits(tokens: usize, blocks: usize, sms: usize) -> usize {
-    let base = (tokens * blocks).max(1);
-    (4 * sms)
-        .div_ceil(base)
-        .clamp(1, 16)
-        .min((1024 / tokens.max(1)).max(1))
-}
-
-/// Attention blocks per token before the split: one per K/V head and group of up to
-/// [`ATTN_HEADS`] of its query heads.
-fn attention_blocks(n_heads: usize, n_kv_heads: usize) -> usize {
-    n_kv_heads * (n_heads / n_kv_heads).div_ceil(ATTN_HEADS)
 }
 
 /// Threads per block of the sampler (one block per row over the whole vocabulary).
@@ -126,12 +103,7 @@ impl CudaBackend {
             self.profile.mark("embed_norm", &self.stream);
         }
 
-        let qkv_stride = i64::from(int((nh + 2 * nkv) * hd)?);
         let rope_threads = (hd / 2).div_ceil(32).max(1) as u32 * 32;
-        let bs32 = int(self.block_size)?;
-        let attn_blocks = attention_blocks(nh, nkv);
-        let splits = attention_splits(n, attn_blocks, self.sms);
-        let splits32 = int(splits)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let kind = &c.layers[li];
             let kv = &self.kv[li];
@@ -168,52 +140,12 @@ impl CudaBackend {
                 unsafe { lb.launch(cfg) }.map_err(cuda_err("qkv_rope_store"))?;
                 self.profile.mark("qkv_rope_store", &self.stream);
             }
-            {
-                let window = int(kind.window.unwrap_or(0))?;
-                let softcap = c.attn_softcap.unwrap_or(0.0);
-                let nwarps = ATTN_THREADS / 32;
-                let cfg = LaunchConfig {
-                    grid_dim: (n as u32, attn_blocks as u32, splits as u32),
-                    block_dim: (ATTN_THREADS, 1, 1),
-                    shared_mem_bytes: (ATTN_HEADS * nwarps as usize * (2 + hd) * 4) as u32,
-                };
-                let mut lb = self.stream.launch_builder(&self.k.attention);
-                lb.arg(&b.qkv)
-                    .arg(&qkv_stride)
-                    .arg(&kc)
-                    .arg(&vc)
-                    .arg(&kvdt)
-                    .arg(&input)
-                    .arg(&b.attn_part)
-                    .arg(&nh32)
-                    .arg(&nkv32)
-                    .arg(&hd32)
-                    .arg(&bs32)
-                    .arg(&window)
-                    .arg(&c.attn_scale)
-                    .arg(&softcap)
-                    .arg(&splits32);
-                // SAFETY: q rows of qkv hold n x nh x hd values, attn_part n x nh x splits
-                // pieces (sized by attention_splits); each token's positions are covered by
-                // its sequence's block table (the step grew it first).
-                unsafe { lb.launch(cfg) }.map_err(cuda_err("attention"))?;
-                let cfg = LaunchConfig {
-                    grid_dim: (n as u32, nh as u32, 1),
-                    block_dim: (ATTN_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut lb = self.stream.launch_builder(&self.k.attention_merge);
-                lb.arg(&b.attn_part)
-                    .arg(&input)
-                    .arg(&b.att)
-                    .arg(&act)
-                    .arg(&nh32)
-                    .arg(&hd32)
-                    .arg(&splits32);
-                // SAFETY: attn_part holds the pieces written above, att n x nh x hd values.
-                unsafe { lb.launch(cfg) }.map_err(cuda_err("attention_merge"))?;
-                self.profile.mark("attention", &self.stream);
-            }
+            self.attention(&LayerAttention {
+                k_cache: kc,
+                v_cache: vc,
+                window: int(kind.window.unwrap_or(0))?,
+                tokens: n,
+            })?;
             self.gemm.run(&layer.o, b.att, n, b.o)?;
             self.profile.mark("gemm_o", &self.stream);
             self.residual_norm(

@@ -9,9 +9,10 @@
 //!
 //! With one or two tokens a product is a read of the weights and little arithmetic, and
 //! cuBLAS's kernels for it read them at 2.0–3.9 TB/s on an H200 (`docs/benchmarks.md`);
-//! `gemv` keeps eight 16-byte loads of weights per lane in flight. `GANTRY_NATIVE_CUDA_GEMV`
-//! sets the most tokens it takes (default [`GEMV_MAX`], 0: cuBLAS for every product), for
-//! comparisons.
+//! `gemv` keeps eight 16-byte loads of weights per lane in flight, and splits the columns of a
+//! product with few rows over several warps ([`gemv_split`]). `GANTRY_NATIVE_CUDA_GEMV` sets
+//! the most tokens it takes (default [`GEMV_MAX`], 0: cuBLAS for every product) and
+//! `GANTRY_NATIVE_CUDA_GEMV_SPLIT` (1, 2 or 4) fixes the split, for comparisons.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -45,6 +46,26 @@ pub(super) struct Gemm {
     gemv: [CudaFunction; GEMV_MAX],
     /// Products of at most this many tokens go to `gemv` (0: none).
     gemv_max: usize,
+    /// Multiprocessors of the device (how far `gemv` splits a product's columns).
+    sms: usize,
+    /// `GANTRY_NATIVE_CUDA_GEMV_SPLIT`: the split of every product, instead of [`gemv_split`].
+    split_override: Option<usize>,
+}
+
+/// Warps of a `gemv` block that share its rows (1, 2 or [`GEMV_WARPS`]): enough warps over
+/// the product that every multiprocessor has at least 16 issuing weight loads (an H200 reads at
+/// its bandwidth only with that many bytes in flight), without splitting a product whose rows
+/// already give that many.
+pub(super) fn gemv_split(rows: usize, sms: usize) -> usize {
+    let warps = rows.div_ceil(GEMV_ROWS);
+    let want = 16 * sms;
+    if warps >= want {
+        1
+    } else if 2 * warps >= want {
+        2
+    } else {
+        GEMV_WARPS as usize
+    }
 }
 
 /// `GANTRY_NATIVE_CUDA_GEMV`: the most tokens `gemv` takes, at most [`GEMV_MAX`].
@@ -68,6 +89,7 @@ impl Gemm {
     pub fn new(
         stream: &Arc<CudaStream>,
         gemv: [CudaFunction; GEMV_MAX],
+        sms: usize,
     ) -> Result<Self, EngineError> {
         let blas = CudaBlas::new(Arc::clone(stream))
             .map_err(|e| EngineError::new(Status::LoadFailed, format!("cuBLAS: {e}")))?;
@@ -90,6 +112,11 @@ impl Gemm {
             stream: Arc::clone(stream),
             gemv,
             gemv_max: gemv_max_from_env(),
+            sms,
+            split_override: std::env::var("GANTRY_NATIVE_CUDA_GEMV_SPLIT")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|v| [1, 2, GEMV_WARPS as usize].contains(v)),
         })
     }
 
@@ -138,12 +165,16 @@ impl Gemm {
     }
 
     /// The product on `gemv`: the instance for `m` tokens (at most [`GEMV_MAX`], as `run`
-    /// checks), one warp per GEMV_ROWS rows of W.
+    /// checks), `split` warps per GEMV_ROWS rows of W.
     fn run_gemv(&self, l: &DevLinear, x: u64, m: usize, y: u64) -> Result<(), EngineError> {
         let (rows, cols, m32) = (int(l.rows)?, int(l.cols)?, int(m)?);
         let dt: i32 = if l.dtype == DType::F16 { 1 } else { 2 };
         let (wp, _w) = l.w.device_ptr(&self.stream);
-        let per_block = GEMV_WARPS as usize * GEMV_ROWS;
+        let split = self
+            .split_override
+            .unwrap_or_else(|| gemv_split(l.rows, self.sms));
+        let split32 = int(split)?;
+        let per_block = GEMV_WARPS as usize / split * GEMV_ROWS;
         let cfg = LaunchConfig {
             grid_dim: (l.rows.div_ceil(per_block) as u32, 1, 1),
             block_dim: (GEMV_WARPS * 32, 1, 1),
@@ -156,11 +187,30 @@ impl Gemm {
             .arg(&rows)
             .arg(&cols)
             .arg(&m32)
-            .arg(&dt);
+            .arg(&dt)
+            .arg(&split32);
         // SAFETY: W holds rows x cols 16-bit values in its own allocation (16-byte aligned,
         // and cols a multiple of 8 keeps every row so), x at least m x cols of the same type
-        // at the start of a step buffer, y m x rows f32; m <= the instance's token count.
+        // at the start of a step buffer, y m x rows f32; m <= the instance's token count;
+        // split divides the block's GEMV_WARPS warps.
         unsafe { lb.launch(cfg) }.map_err(cuda_err("gemv"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_splits_only_products_with_too_few_rows() {
+        // 132 multiprocessors; Llama 3 8B's products: QKV 6,144 rows, output and down
+        // 4,096, gate/up 28,672.
+        assert_eq!(gemv_split(28_672, 132), 1);
+        assert_eq!(gemv_split(6_144, 132), 2);
+        assert_eq!(gemv_split(4_096, 132), 4);
+        // Gemma 3 270M's output projection (640 rows) and its 262,144-row head.
+        assert_eq!(gemv_split(640, 132), 4);
+        assert_eq!(gemv_split(262_144, 132), 1);
     }
 }

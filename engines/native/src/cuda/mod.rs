@@ -17,6 +17,7 @@
 //!   plus one block no sequence owns (a padded graph slot writes there), so the step's
 //!   bookkeeping (`kv.rs`) is shared unchanged.
 
+mod attend;
 mod bufs;
 mod forward;
 mod gemm;
@@ -50,6 +51,10 @@ use upload::DevModel;
 
 /// The largest head the attention kernel holds in registers (8 values per lane).
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// The widest residual stream the norms hold in registers (`NORM_PER` x 1,024 threads in
+/// `kernels/layer.cu`).
+pub const MAX_HIDDEN: usize = 8 * 1024;
 
 fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> EngineError + '_ {
     move |e| {
@@ -135,6 +140,12 @@ impl CudaBackend {
                 "head_dim {hd}: the CUDA attention kernel takes even head sizes up to {MAX_HEAD_DIM}"
             )));
         }
+        if cfg.hidden > MAX_HIDDEN {
+            return Err(EngineError::unsupported(format!(
+                "hidden_size {}: the CUDA norms take rows up to {MAX_HIDDEN} wide",
+                cfg.hidden
+            )));
+        }
         if cfg.moe.is_some() {
             return Err(EngineError::unsupported(format!(
                 "{}: the CUDA backend of the native engine does not run mixture-of-experts layers yet (its CPU backend does)",
@@ -200,7 +211,7 @@ impl CudaBackend {
         }
 
         let k = Kernels::load(&ctx, arch)?;
-        let gemm = Gemm::new(&stream, k.gemv.clone())?;
+        let gemm = Gemm::new(&stream, k.gemv.clone(), sms)?;
         let model = upload::upload(cfg, weights, &stream)?;
         let mut kv = Vec::with_capacity(cfg.n_layers);
         let e = cuda_err("allocating the KV cache");
@@ -563,7 +574,7 @@ impl Backend for CudaBackend {
     fn describe(&self) -> String {
         let (captured, captures, replays) = self.graph_stats();
         format!(
-            "cuda on {} (sm_{}{}, {} multiprocessors), products in the weights' dtype ({}, cuBLAS above), {}-byte activations and K/V, sampling on the device, decode graphs {} (buckets {:?}, captured {:?}, {captures} captures, {replays} replays)",
+            "cuda on {} (sm_{}{}, {} multiprocessors), products in the weights' dtype ({}, cuBLAS above), {}-byte activations and K/V, attention {}, sampling on the device, decode graphs {} (buckets {:?}, captured {:?}, {captures} captures, {replays} replays)",
             self.device_name,
             self.arch.0,
             self.arch.1,
@@ -573,6 +584,11 @@ impl Backend for CudaBackend {
                 n => format!("gemv for up to {n} tokens of 16-bit weights"),
             },
             self.act_size,
+            if self.k.attention.use_tiled {
+                "by tiles in shared memory"
+            } else {
+                "a position at a time per warp"
+            },
             if self.graphs.enabled { "on" } else { "off" },
             graph::BUCKETS,
             captured,

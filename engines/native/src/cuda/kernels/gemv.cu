@@ -6,23 +6,32 @@
 // product reads its weights once and does little else, so what counts is keeping enough loads
 // in flight: each warp takes GEMV_ROWS rows of W, and each lane issues the 16-byte loads of
 // GEMV_UNROLL chunks of every one of its rows, and of the tokens' inputs at the same columns,
-// before using any of them. gemv<M> is compiled for M = 1 and 2 tokens (the host takes the
+// before using any of them. A product with few rows (an output or down projection) would leave
+// the GPU with too few warps, so `split` warps of a block (1, 2 or GEMV_WARPS, chosen on the
+// host) share a warp's rows, each over every split-th stretch of columns, and add their sums in
+// shared memory. gemv<M> is compiled for M = 1 and 2 tokens (the host takes the
 // smallest that holds m; for 4 and 8 tokens it lost to cuBLAS on an H200). cols % 8 == 0 and
 // every row 16-byte aligned (checked on the host).
 
 #define GEMV_ROWS 4
 #define GEMV_UNROLL 2
+// Warps per block (`GEMV_WARPS` on the host).
+#define GEMV_WARPS 4
 
 template <int M>
 __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* __restrict__ x,
                                           float* __restrict__ y, int rows, int cols, int m,
-                                          int dt) {
+                                          int dt, int split) {
+    __shared__ float red[GEMV_WARPS][GEMV_ROWS][M];
     int lane = threadIdx.x & 31;
-    long r0 = ((long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GEMV_ROWS;
-    if (r0 >= rows) {
+    int warp = threadIdx.x >> 5;
+    int part = warp % split;
+    long r0 = ((long)blockIdx.x * (GEMV_WARPS / split) + warp / split) * GEMV_ROWS;
+    if (r0 >= rows && split == 1) {
         return;
     }
-    int nv = cols >> 3;
+    // Rows past the end: a split block's warps still meet at its barrier.
+    int nv = r0 < rows ? cols >> 3 : 0;
     const uint4* wr[GEMV_ROWS];
 #pragma unroll
     for (int k = 0; k < GEMV_ROWS; k++) {
@@ -39,7 +48,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
         }
     }
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int i0 = lane; i0 < nv; i0 += 32 * GEMV_UNROLL) {
+    for (int i0 = lane + 32 * GEMV_UNROLL * part; i0 < nv; i0 += 32 * GEMV_UNROLL * split) {
         uint4 wq[GEMV_ROWS][GEMV_UNROLL];
         uint4 xq[M][GEMV_UNROLL];
 #pragma unroll
@@ -81,19 +90,52 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
             for (int off = 16; off > 0; off >>= 1) {
                 v += __shfl_xor_sync(0xffffffffu, v, off);
             }
-            if (lane == 0 && r0 + k < rows && t < m) {
-                y[(long)t * rows + r0 + k] = v;
+            acc[k][t] = v;
+        }
+    }
+    if (split > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < GEMV_ROWS; k++) {
+#pragma unroll
+                for (int t = 0; t < M; t++) {
+                    red[warp][k][t] = acc[k][t];
+                }
+            }
+        }
+        __syncthreads();
+        if (part != 0) {
+            return;
+        }
+        for (int j = 1; j < split; j++) {
+#pragma unroll
+            for (int k = 0; k < GEMV_ROWS; k++) {
+#pragma unroll
+                for (int t = 0; t < M; t++) {
+                    acc[k][t] += red[warp + j][k][t];
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < GEMV_ROWS; k++) {
+#pragma unroll
+            for (int t = 0; t < M; t++) {
+                if (r0 + k < rows && t < m) {
+                    y[(long)t * rows + r0 + k] = acc[k][t];
+                }
             }
         }
     }
 }
 
 extern "C" __global__ void gemv1(const u16* w, const u16* x, float* y, int rows, int cols, int m,
-                                 int dt) {
-    gemv_rows<1>(w, x, y, rows, cols, m, dt);
+                                 int dt, int split) {
+    gemv_rows<1>(w, x, y, rows, cols, m, dt, split);
 }
 
 extern "C" __global__ void gemv2(const u16* w, const u16* x, float* y, int rows, int cols, int m,
-                                 int dt) {
-    gemv_rows<2>(w, x, y, rows, cols, m, dt);
+                                 int dt, int split) {
+    gemv_rows<2>(w, x, y, rows, cols, m, dt, split);
 }

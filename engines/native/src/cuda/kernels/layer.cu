@@ -8,11 +8,16 @@ __device__ __forceinline__ float norm_w(const float* w, int d, int plus_one) {
     return plus_one ? 1.0f + w[d] : w[d];
 }
 
+// Values of a row each thread of a norm holds in registers: rows up to NORM_PER x 1024 wide
+// (`MAX_HIDDEN` on the host). Thread i owns values i, i + blockDim.x, ...: every load of the
+// row is issued before the first sum needs one.
+#define NORM_PER 8
+
 // x[t] = table[token t] * scale (the residual stream, f32), and h[t] = RMSNorm(x[t]) * w in
 // the activation type (the first layer's input norm). One block per token.
-extern "C" __global__ void embed_norm(const void* table, int tdt, const int* in, float* x,
-                                      const float* w, void* h, int hdt, int dim, float scale,
-                                      float eps, int plus_one) {
+extern "C" __global__ void __launch_bounds__(1024)
+embed_norm(const void* table, int tdt, const int* in, float* x, const float* w, void* h, int hdt,
+           int dim, float scale, float eps, int plus_one) {
     __shared__ double part[32];
     int t = blockIdx.x;
     if (t >= in[IN_N_TOKENS]) {
@@ -20,27 +25,40 @@ extern "C" __global__ void embed_norm(const void* table, int tdt, const int* in,
     }
     long row = (long)in[in[IN_TOKENS] + t] * dim;
     float* xr = x + (long)t * dim;
+    float v[NORM_PER];
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int d = threadIdx.x + k * blockDim.x;
+        v[k] = d < dim ? ld(table, row + d, tdt) * scale : 0.0f;
+    }
     double ss = 0.0;
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        float v = ld(table, row + d, tdt) * scale;
-        xr[d] = v;
-        ss += (double)(v * v);
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int d = threadIdx.x + k * blockDim.x;
+        if (d < dim) {
+            xr[d] = v[k];
+            ss += (double)(v[k] * v[k]);
+        }
     }
     ss = block_sum(ss, part);
     float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        st(h, (long)t * dim + d, hdt, xr[d] * r * norm_w(w, d, plus_one));
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int d = threadIdx.x + k * blockDim.x;
+        if (d < dim) {
+            st(h, (long)t * dim + d, hdt, v[k] * r * norm_w(w, d, plus_one));
+        }
     }
 }
 
 // The end of a sub-layer: y = d (+ bias) (RMSNorm'd by post_w when given: Gemma's sandwich
 // norms), x += y, then h = RMSNorm(x) * next_w in the activation type (the next sub-layer's
-// input, or the final norm). One block per token; each thread owns the same elements in every
-// loop, so x is updated in place. Tokens past the step's count are left alone.
-extern "C" __global__ void residual_norm(float* x, const float* dlt, const float* bias,
-                                         const float* post_w, const float* next_w, void* h,
-                                         int hdt, int dim, float eps, int plus_one,
-                                         const int* in) {
+// input, or the final norm). One block per token; the row stays in registers between the sums.
+// Tokens past the step's count are left alone.
+extern "C" __global__ void __launch_bounds__(1024)
+residual_norm(float* x, const float* dlt, const float* bias, const float* post_w,
+              const float* next_w, void* h, int hdt, int dim, float eps, int plus_one,
+              const int* in) {
     __shared__ double part[32];
     int t = blockIdx.x;
     if (t >= in[IN_N_TOKENS]) {
@@ -48,30 +66,52 @@ extern "C" __global__ void residual_norm(float* x, const float* dlt, const float
     }
     float* xr = x + (long)t * dim;
     const float* dr = dlt + (long)t * dim;
-    float dscale = 1.0f;
+    float v[NORM_PER];
+    float xv[NORM_PER];
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int d = threadIdx.x + k * blockDim.x;
+        v[k] = 0.0f;
+        xv[k] = 0.0f;
+        if (d < dim) {
+            v[k] = dr[d] + (bias ? bias[d] : 0.0f);
+            xv[k] = xr[d];
+        }
+    }
     if (post_w) {
         double ss = 0.0;
-        for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-            float v = dr[d] + (bias ? bias[d] : 0.0f);
-            ss += (double)(v * v);
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+            ss += (double)(v[k] * v[k]);
         }
         ss = block_sum(ss, part);
-        dscale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        float dscale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+            int d = threadIdx.x + k * blockDim.x;
+            if (d < dim) {
+                v[k] = v[k] * dscale * norm_w(post_w, d, plus_one);
+            }
+        }
     }
     double ss = 0.0;
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        float v = dr[d] + (bias ? bias[d] : 0.0f);
-        if (post_w) {
-            v = v * dscale * norm_w(post_w, d, plus_one);
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int d = threadIdx.x + k * blockDim.x;
+        if (d < dim) {
+            xv[k] += v[k];
+            xr[d] = xv[k];
+            ss += (double)(xv[k] * xv[k]);
         }
-        float nx = xr[d] + v;
-        xr[d] = nx;
-        ss += (double)(nx * nx);
     }
     ss = block_sum(ss, part);
     float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        st(h, (long)t * dim + d, hdt, xr[d] * r * norm_w(next_w, d, plus_one));
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int d = threadIdx.x + k * blockDim.x;
+        if (d < dim) {
+            st(h, (long)t * dim + d, hdt, xv[k] * r * norm_w(next_w, d, plus_one));
+        }
     }
 }
 
