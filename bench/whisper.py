@@ -10,7 +10,8 @@ loads the CTranslate2 files themselves (extracted once into
 - Gantry: `gantry-node serve --threads 2` on a node.json as tests/python/test_transcription.py
   writes it, the response cache off (`responseCacheRamFraction: 0.0`) and the native prefix cache
   off, so every request is transcribed; the wav file is uploaded to `/v1/audio/transcriptions`
-  (multipart, `response_format=json`, temperature 0: greedy, no timestamps). The timed request
+  (multipart, `response_format=json`, temperature 0 with the model's `temperatureFallback` off:
+  greedy, no timestamps). The timed request
   includes the upload and the node's wav decoding (small next to the model).
 - faster-whisper: `faster_whisper.WhisperModel(ct2_dir, device="cpu", compute_type=...)` in its
   own virtualenv (`~/.cache/gantry/venv-faster-whisper`, faster-whisper pinned, installed on
@@ -319,7 +320,10 @@ def main():
 
     work = Path(tempfile.mkdtemp(prefix="bench-whisper-"))
     config = work / "node.json"
-    node_json = {"models": [{"id": MODEL_ID, "path": str(model_dir), "format": "safetensors"}],
+    # Plain greedy decoding on both sides: faster-whisper runs without its fallback and silence
+    # skip (temperature=0.0, thresholds None), so Gantry's model has its fallback off.
+    node_json = {"models": [{"id": MODEL_ID, "path": str(model_dir), "format": "safetensors",
+                             "temperatureFallback": False}],
                  "scheduler": {"responseCacheRamFraction": 0.0}}
     config.write_text(json.dumps(node_json))
     port = free_port()

@@ -179,6 +179,12 @@ pub struct ModelConfig {
     /// LoRA adapters served on top of this model, each under its own model id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<AdapterConfig>,
+    /// Speech recognition at `temperature` 0: a window whose answer repeats itself or that the
+    /// model doubts is decoded again at higher temperatures, and a window of silence gives no
+    /// segment, as openai-whisper and faster-whisper do (OpenAI's "increase the temperature
+    /// until certain thresholds are hit"). Absent = on; `false` = plain greedy decoding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_fallback: Option<bool>,
 }
 
 impl ModelConfig {

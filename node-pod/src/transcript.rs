@@ -9,6 +9,7 @@
 
 use serde_json::{Value, json};
 
+pub mod fallback;
 mod words;
 pub use words::Word;
 
@@ -35,6 +36,8 @@ pub struct Segment {
     /// The probability that its window holds no speech (openai-whisper's `no_speech_prob`),
     /// when it was asked for.
     pub no_speech_prob: Option<f32>,
+    /// The temperature its window was decoded at (`fallback.rs`).
+    pub temperature: f32,
 }
 
 /// A text token as `include[]=logprobs` reports it.
@@ -166,6 +169,7 @@ fn segment(
         logprobs: TokenLogprob::of(text.iter().copied()),
         words,
         no_speech_prob: None,
+        temperature: 0.0,
     })
 }
 
@@ -206,7 +210,7 @@ pub fn vtt<'a>(segs: impl Iterator<Item = &'a Segment>) -> String {
 
 /// `verbose_json`'s `segments`. `seek` is the window's start in mel frames (10 ms), as
 /// openai-whisper reports it.
-pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
+pub fn verbose(segs: &[(usize, Segment)]) -> Vec<Value> {
     segs.iter()
         .enumerate()
         .map(|(i, (seek, s))| {
@@ -218,7 +222,8 @@ pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
                 .collect();
             let mut v = json!({
                 "id": i, "seek": seek, "start": s.start, "end": s.end, "text": s.text,
-                "tokens": s.tokens, "temperature": temperature, "avg_logprob": s.avg_logprob,
+                "tokens": s.tokens, "temperature": thousandths(f64::from(s.temperature)),
+                "avg_logprob": s.avg_logprob,
                 "compression_ratio": compression_ratio(&window),
             });
             if let Some(p) = s.no_speech_prob {
@@ -232,12 +237,13 @@ pub fn verbose(segs: &[(usize, Segment)], temperature: f32) -> Vec<Value> {
 /// `verbose_json`'s `words`: every segment's words with their start and end.
 pub fn words_json<'a>(segs: impl Iterator<Item = &'a Segment>) -> Value {
     segs.flat_map(|s| &s.words)
-        .map(|w| json!({"word": w.word, "start": round_ms(w.start), "end": round_ms(w.end)}))
+        .map(|w| json!({"word": w.word, "start": thousandths(w.start), "end": thousandths(w.end)}))
         .collect()
 }
 
-/// Seconds to the millisecond (the times are 20 ms steps; this drops float noise).
-fn round_ms(secs: f64) -> f64 {
+/// To three decimals: seconds to the millisecond (the times are 20 ms steps), a temperature
+/// sampled at in f32 back to the decimal asked for; this drops float noise.
+fn thousandths(secs: f64) -> f64 {
     (secs * 1000.0).round() / 1000.0
 }
 

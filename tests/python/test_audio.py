@@ -17,6 +17,8 @@ to the engine, the decoder prompt, the text. Here:
   timestamps from a checkpoint that names no alignment heads, segment timestamps outside
   verbose_json, a streamed srt), and a completion on the model says to use this route;
 - the gateway routes an upload by its form's `model` field and relays the answer;
+- the model is served with `temperatureFallback: false` (plain greedy decoding; the fallback
+  is checked on real weights in test_transcription.py);
 - each runs with the engine in the node process and in a worker process.
 """
 import json
@@ -60,7 +62,10 @@ def whisper(request):
     work = Path(tempfile.mkdtemp(prefix="gantry-whisper-"))
     config = work / "node.json"
     config.write_text(json.dumps({
-        "models": [{"id": "whisper", "path": str(model_dir), "format": "safetensors"}],
+        # Random weights fail every threshold of the temperature fallback, which would
+        # resample each window: the path is checked on plain greedy decoding.
+        "models": [{"id": "whisper", "path": str(model_dir), "format": "safetensors",
+                    "temperatureFallback": False}],
         "scheduler": {"responseCacheRamFraction": 0.0},
         "isolation": {"default": request.param},
     }))

@@ -268,3 +268,48 @@ def flac_silence(seconds: int, rate: int = 16000, block: int = 4096) -> bytes:
         frame = head + bytes([0x00, 0x00, 0x00])  # CONSTANT subframe, value 0
         out += frame + _crc(frame, 0x8005, 16).to_bytes(2, "big")
     return bytes(out)
+
+
+def wav_bytes(samples, rate: int = 16000) -> bytes:
+    """16-bit mono WAV of float samples in [-1, 1]."""
+    import numpy as np
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def test_temperature_zero_falls_back_and_noise_gives_no_segments(tiny_en):
+    """OpenAI's temperature 0 ("increase the temperature until certain thresholds are hit"),
+    as openai-whisper and faster-whisper do it: 1.6 s of JFK ("ask not") looped 17 times reads
+    back as the same words over and over (compression ratio far above 2.4), so the window is
+    decoded again up to temperature 1.0 (faster-whisper 1.2.0 reports 1.0 on the same audio);
+    a temperature asked for is used as is. Five seconds of white noise are heard as no speech
+    with doubtful words, so no segment comes of them (faster-whisper: none either)."""
+    import numpy as np
+    _, client, speech, _ = tiny_en
+    with wave.open(str(speech / "jfk.wav")) as w:
+        jfk = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
+    loop = wav_bytes(np.tile(jfk[int(7.6 * 16000):int(9.2 * 16000)], 17))
+    v = client.audio.transcriptions.create(model="whisper-tiny.en", file=("loop.wav", loop),
+                                           response_format="verbose_json")
+    assert v.segments, v
+    assert all(s.temperature == 1.0 and s.compression_ratio > 2.4 for s in v.segments), v.segments
+    again = client.audio.transcriptions.create(model="whisper-tiny.en", file=("loop.wav", loop),
+                                               response_format="verbose_json")
+    assert again.text == v.text, "the fallback's samples are seeded: the same answer every time"
+    fixed = client.audio.transcriptions.create(model="whisper-tiny.en", file=("loop.wav", loop),
+                                               response_format="verbose_json", temperature=0.4)
+    assert fixed.segments and all(s.temperature == 0.4 for s in fixed.segments), fixed.segments
+
+    noise = wav_bytes(np.random.default_rng(0).standard_normal(5 * 16000) * 0.1)
+    v = client.audio.transcriptions.create(model="whisper-tiny.en", file=("noise.wav", noise),
+                                           response_format="verbose_json")
+    assert v.text == "" and not v.segments, v
+    # JFK's speech decodes greedily: every segment at temperature 0.
+    v = client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, "jfk.wav"),
+                                           response_format="verbose_json")
+    assert v.segments and all(s.temperature == 0.0 for s in v.segments), v.segments

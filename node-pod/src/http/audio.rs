@@ -8,8 +8,10 @@
 //! into windows of the model's longest input (Whisper: 30 s), one scheduler job each with its
 //! audio (the engine gets it through `seq_set_input` when the sequence opens) and the decoder
 //! prompt (`<|startofprev|>` and the `prompt`'s tokens, `<|startoftranscript|>`, language and
-//! task for multilingual models, `<|notimestamps|>` unless the format needs times) → each
-//! window's tokens, cut into segments by their timestamps (`crate::transcript`) → `json`,
+//! task for multilingual models, `<|notimestamps|>` unless the format needs times), decoded
+//! again at higher temperatures when the answer fails openai-whisper's thresholds and dropped
+//! when it is silence (`audio/decoder.rs`, `transcript/fallback.rs`; `temperature` 0 only) →
+//! each window's tokens, cut into segments by their timestamps (`crate::transcript`) → `json`,
 //! `text`, `verbose_json`, `srt` or `vtt`; or, with `stream`, each token's text as a
 //! `transcript.text.delta` event as the windows decode, then `transcript.text.done`;
 //! `include[]=logprobs` (json) adds each text token's log-probability to the answer and to
@@ -18,9 +20,6 @@
 //! Word timestamps (`timestamp_granularities[]=word`): each window's job asks the engine to
 //! align its tokens with the audio (ABI 1.11 `seq_token_times`), and `crate::transcript`
 //! groups the timed tokens into words.
-
-use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::Multipart;
 use axum::http::header;
@@ -32,11 +31,12 @@ use tokio::sync::mpsc;
 use super::{AppState, InflightGuard};
 use crate::audio;
 use crate::error::ApiError;
-use crate::scheduler::{GenEvent, GenerateJob, Job};
-use crate::transcript::{self, Segment, Token, TokenLogprob};
+use crate::transcript::{self, Segment};
 use gantry_engine_abi::Sampling;
 
+mod decoder;
 mod form;
+use decoder::{Decoder, collect, submit};
 use form::{Form, Format, read_form};
 
 /// The longest audio one request may hold: 30 minutes.
@@ -224,9 +224,13 @@ async fn transcribe(
     };
     let (prompt, language) =
         decoder_prompt(&ready, &model, (&form, language.as_deref()), task, timed)?;
+    // Temperature 0 is OpenAI's "increase the temperature until certain thresholds are hit"
+    // (`transcript/fallback.rs`), unless the model's `temperatureFallback` is false.
+    let fallback = form.temperature == 0.0 && m.config.temperature_fallback != Some(false);
     // openai-whisper's no-speech probability: `<|nospeech|>` (`<|nocaptions|>` in the
-    // English-only models' older vocabulary) right after `<|startoftranscript|>`.
-    let probe = (form.format == Format::VerboseJson)
+    // English-only models' older vocabulary) right after `<|startoftranscript|>`, for
+    // `verbose_json` and for the fallback's silence test.
+    let probe = (form.format == Format::VerboseJson || fallback)
         .then(|| {
             let sot = special(&ready, "<|startoftranscript|>")?;
             let at = prompt.iter().position(|&t| t == sot)?;
@@ -256,6 +260,8 @@ async fn transcribe(
         seconds: decoded.seconds,
         window,
         rate,
+        fallback,
+        live: form.stream,
         _guard: guard,
     };
     if form.stream {
@@ -286,7 +292,7 @@ async fn transcribe(
                 "usage": usage,
             });
             if form.segments {
-                v["segments"] = transcript::verbose(&segments, form.temperature).into();
+                v["segments"] = transcript::verbose(&segments).into();
             }
             if form.words {
                 v["words"] = transcript::words_json(segs());
@@ -295,120 +301,6 @@ async fn transcribe(
         }
     };
     Ok((model, axum::Json(body).into_response()))
-}
-
-/// One request's decoding: its audio, window after window, each a scheduler job (requests'
-/// windows batch together in the scheduler; one request's follow one another, since where a
-/// window starts depends on what the one before it said).
-struct Decoder {
-    ready: Arc<crate::node::ReadyModel>,
-    prompt: Vec<i32>,
-    max_tokens: u32,
-    first_timestamp: Option<i32>,
-    sampling: Sampling,
-    /// Word times asked for: each window's tokens are aligned with its audio.
-    align: bool,
-    /// The no-speech probability asked for (`verbose_json`): after how many prompt tokens,
-    /// and the token.
-    probe: Option<(usize, i32)>,
-    timeout: Option<std::time::Duration>,
-    samples: Vec<f32>,
-    seconds: f64,
-    window: usize,
-    rate: u32,
-    _guard: InflightGuard,
-}
-
-impl Decoder {
-    /// Every window's segments with its `seek` (mel frames); each token's text (and the text
-    /// tokens it completes) handed to `on_text` as it comes when the audio is one window (with
-    /// several, a window's last words may be decoded again by the next), else each kept
-    /// segment's text and tokens.
-    async fn run(
-        &self,
-        mut on_text: impl FnMut(&str, &[TokenLogprob]),
-    ) -> Result<Vec<(usize, Segment)>, ApiError> {
-        let single = self.samples.len() <= self.window;
-        let mut out = Vec::new();
-        let mut seek = 0;
-        while seek < self.samples.len() {
-            let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
-            let rx = self.submit(chunk)?;
-            let (tokens, tail, no_speech) = collect(rx, |t, lp| {
-                if single {
-                    on_text(t, lp)
-                }
-            })
-            .await
-            .map_err(|mut e| {
-                // What the engine refuses of a request for word times is the word times
-                // (a checkpoint without alignment heads, an engine that cannot align).
-                if self.align && e.status == 400 && e.param.is_none() {
-                    e.param = Some("timestamp_granularities".into());
-                }
-                e
-            })?;
-            let read = transcript::read_window(
-                (&tokens, tail),
-                self.first_timestamp,
-                seek as f64 / f64::from(self.rate),
-                (chunk.len(), self.rate),
-                self.seconds,
-            );
-            let frame = (seek as u64 * 100 / u64::from(self.rate.max(1))) as usize;
-            for mut s in read.segments {
-                s.no_speech_prob = no_speech;
-                if !single {
-                    on_text(&s.text, &s.logprobs);
-                }
-                out.push((frame, s));
-            }
-            seek += read.advance.max(1);
-        }
-        Ok(out)
-    }
-
-    fn submit(&self, chunk: &[f32]) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
-        submit(
-            &self.ready,
-            (&self.prompt, self.max_tokens),
-            (&self.sampling, self.align, self.probe),
-            self.timeout,
-            chunk,
-        )
-    }
-}
-
-/// One window as a scheduler job: `prompt` and at most `max_tokens` sampled after it, the
-/// window's audio given to the engine when its sequence opens.
-fn submit(
-    ready: &crate::node::ReadyModel,
-    (prompt, max_tokens): (&[i32], u32),
-    (sampling, align, probe): (&Sampling, bool, Option<(usize, i32)>),
-    timeout: Option<std::time::Duration>,
-    chunk: &[f32],
-) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    ready.scheduler.submit(Job::Generate(GenerateJob {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: sampling.clone(),
-        stop: Vec::new(),
-        logprobs: Some(0),
-        deadline: timeout.map(|d| Instant::now() + d),
-        fresh: true,
-        grammar: None,
-        arrived: Instant::now(),
-        events: tx,
-        retried: false,
-        forks: Vec::new(),
-        speculate: false,
-        adapter: None,
-        audio: Some(Arc::new(chunk.to_vec())),
-        align,
-        probe,
-    }))?;
-    Ok(rx)
 }
 
 /// The language of `audio` (a window) as the model hears it: one token sampled after a bare
@@ -444,54 +336,6 @@ async fn detect_language(
                 "language detection: the model answered {text:?}, not a language token (its engine does not detect languages)"
             ))
         })
-}
-
-/// A window's tokens, each token's text handed to `on_text` as it comes with the text tokens
-/// since the last text (a token that ends inside a UTF-8 character gives its text with the
-/// next); with word times, each token's time and the time after the last token; the
-/// probability the job asked for.
-async fn collect(
-    mut rx: mpsc::UnboundedReceiver<GenEvent>,
-    mut on_text: impl FnMut(&str, &[TokenLogprob]),
-) -> Result<(Vec<Token>, Option<f32>, Option<f32>), ApiError> {
-    let mut tail = None;
-    let mut probe = None;
-    let mut tokens = Vec::new();
-    let mut unsent = 0;
-    loop {
-        match rx.recv().await {
-            Some(GenEvent::Token { text, logprob }) => {
-                if let Some(lp) = logprob {
-                    tokens.push(Token {
-                        id: lp.token,
-                        bytes: lp.bytes,
-                        logprob: lp.logprob,
-                        time: None,
-                    });
-                }
-                if !text.is_empty() {
-                    on_text(&text, &TokenLogprob::of(&tokens[unsent..]));
-                    unsent = tokens.len();
-                }
-            }
-            // One time per sampled token: the visible ones, then the end of text's (where the
-            // text ends).
-            Some(GenEvent::Times(times)) => {
-                for (t, at) in tokens.iter_mut().zip(&times) {
-                    t.time = Some(*at);
-                }
-                tail = times.get(tokens.len()).copied();
-            }
-            Some(GenEvent::Probe(p)) => probe = Some(p),
-            Some(GenEvent::Done { .. }) => return Ok((tokens, tail, probe)),
-            Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
-            None => {
-                return Err(ApiError::internal(
-                    "the scheduler ended the transcription without an answer",
-                ));
-            }
-        }
-    }
 }
 
 /// The answer's `text`: the segments' texts, trimmed, one space apart.
