@@ -4,7 +4,7 @@
     bench/gpu_decode.py OUT_DIR SUMMARY.json
 
 Reads native-gemma.json and the native engine's variants (native-gemma-nographs.json,
--nogemv, -warpattn, -gemvsplit; native-llama8b-nogemv.json, -warpattn, -gemvsplit) (engines/native/examples/decode_bench.rs),
+-nogemv, -gemvsplit; native-llama8b-nogemv.json, -gemvsplit) (engines/native/examples/decode_bench.rs),
 torch-gemma.json and the llama8b pair (bench/torch_decode.py) where they exist, and writes a
 row per concurrency with each side's figures under the key that names it: `native`, `torch`
 (`graph`, `compiled`, and the better of the two), `llama_cpp` (null: not part of this check),
@@ -49,7 +49,7 @@ def side(row):
 
 def rows_for(native, torch, variants=None):
     """variants: {key: report} of the native engine run otherwise (graphs off, products on
-    cuBLAS, the other attention kernel, gemv unsplit), each put in the row of its concurrency under its key."""
+    cuBLAS, gemv unsplit), each put in the row of its concurrency under its key."""
     nat, tor = by_batch(native), torch_rows(torch)
     var = {k: by_batch(v) for k, v in (variants or {}).items()}
     out = []
@@ -136,11 +136,9 @@ def main():
         "gemma3_270m": rows_for(load(out_dir / "native-gemma.json"), tg, {
             "native_no_graphs": load(out_dir / "native-gemma-nographs.json"),
             "native_products_on_cublas": load(out_dir / "native-gemma-nogemv.json"),
-            "native_warp_attention": load(out_dir / "native-gemma-warpattn.json"),
             "native_gemv_unsplit": load(out_dir / "native-gemma-gemvsplit.json")}),
         "llama3_8b": rows_for(load(out_dir / "native-llama8b.json"), load(out_dir / "torch-llama8b.json"), {
             "native_products_on_cublas": load(out_dir / "native-llama8b-nogemv.json"),
-            "native_warp_attention": load(out_dir / "native-llama8b-warpattn.json"),
             "native_gemv_unsplit": load(out_dir / "native-llama8b-gemvsplit.json")}),
     }
     summary.write_text(json.dumps(report, indent=2) + "\n")

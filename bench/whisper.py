@@ -85,9 +85,11 @@ def seconds_of(path: Path) -> float:
 
 # The faster-whisper side, run by its own virtualenv's Python.
 
-def peer(ct2_dir: str, speech: str, threads: int, workers: int, compute_type: str):
+def peer(ct2_dir: str, speech: str, threads: int, workers: int, compute_type: str, fallback: bool):
     """One WhisperModel kept loaded: per line on stdin, {"c": C, "passes": P} runs that workload
-    once and prints {"wall_s", "latencies", "texts"}; EOF ends it."""
+    once and prints {"wall_s", "latencies", "texts"}; EOF ends it. `fallback`: faster-whisper's
+    default temperature fallback and silence skip (temperatures 0.0 to 1.0, best of 5,
+    thresholds 2.4 / -1.0 / 0.6) instead of plain greedy decoding."""
     import numpy as np
     import ctranslate2
     import faster_whisper
@@ -101,12 +103,16 @@ def peer(ct2_dir: str, speech: str, threads: int, workers: int, compute_type: st
             assert w.getframerate() == 16000 and w.getnchannels() == 1 and w.getsampwidth() == 2, n
             audio[n] = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768.0
 
+    decoding = (dict(temperature=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], best_of=5, no_speech_threshold=0.6,
+                     log_prob_threshold=-1.0, compression_ratio_threshold=2.4) if fallback else
+                dict(temperature=0.0, best_of=1, no_speech_threshold=None, log_prob_threshold=None,
+                     compression_ratio_threshold=None))
+
     def transcribe(name):
         segments, _info = model.transcribe(
-            audio[name], language="en", task="transcribe", beam_size=1, best_of=1,
-            temperature=0.0, condition_on_previous_text=False, without_timestamps=True,
-            vad_filter=False, word_timestamps=False, no_speech_threshold=None,
-            log_prob_threshold=None, compression_ratio_threshold=None)
+            audio[name], language="en", task="transcribe", beam_size=1,
+            condition_on_previous_text=False, without_timestamps=True,
+            vad_filter=False, word_timestamps=False, **decoding)
         return "".join(s.text for s in segments)
 
     print(json.dumps({"ready": True, "faster_whisper": faster_whisper.__version__,
@@ -228,11 +234,12 @@ def ensure_ct2(py: Path, ct2_dir: Path) -> Path:
 class Peer:
     """A faster-whisper process (`peer`), kept running."""
 
-    def __init__(self, py, ct2_dir, speech, threads, workers, compute_type):
+    def __init__(self, py, ct2_dir, speech, threads, workers, compute_type, fallback):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads * workers),
                    OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen(
-            [str(py), __file__, "peer", str(ct2_dir), str(speech), str(threads), str(workers), compute_type],
+            [str(py), __file__, "peer", str(ct2_dir), str(speech), str(threads), str(workers), compute_type,
+             "fallback" if fallback else "greedy"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line:
@@ -288,7 +295,7 @@ def stats(xs):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "peer":
-        peer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+        peer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7] == "fallback")
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--node", default=str(ROOT / "target" / "release" / "gantry-node"))
@@ -304,6 +311,10 @@ def main():
     ap.add_argument("--venv", default=str(cache() / "venv-faster-whisper"))
     ap.add_argument("--ct2-dir", default=str(cache() / "models" / "whisper-tiny-en-ct2"))
     ap.add_argument("--machine-note", default="nothing else ran on the machine")
+    ap.add_argument("--fallback", action="store_true",
+                    help="both sides with their temperature fallback and silence skip on (Gantry's "
+                         "default at temperature 0, faster-whisper's default thresholds) instead of "
+                         "plain greedy decoding")
     args = ap.parse_args()
     t_start = time.perf_counter()
     speech = Path(os.environ["GANTRY_SPEECH_DIR"])
@@ -321,9 +332,10 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench-whisper-"))
     config = work / "node.json"
     # Plain greedy decoding on both sides: faster-whisper runs without its fallback and silence
-    # skip (temperature=0.0, thresholds None), so Gantry's model has its fallback off.
+    # skip (temperature=0.0, thresholds None), so Gantry's model has its fallback off; with
+    # --fallback, both have theirs on.
     node_json = {"models": [{"id": MODEL_ID, "path": str(model_dir), "format": "safetensors",
-                             "temperatureFallback": False}],
+                             "temperatureFallback": args.fallback}],
                  "scheduler": {"responseCacheRamFraction": 0.0}}
     config.write_text(json.dumps(node_json))
     port = free_port()
@@ -332,10 +344,10 @@ def main():
             "--threads", str(args.threads), "--plugins-dir", plugins]
     os.environ["GANTRY_NATIVE_PREFIX_CACHE"] = "0"
 
-    peers = {"faster_whisper": Peer(py, ct2_dir, speech, args.threads, 1, args.compute_type)}
+    peers = {"faster_whisper": Peer(py, ct2_dir, speech, args.threads, 1, args.compute_type, args.fallback)}
     variant = f"faster_whisper_{args.threads}x1"
     if args.fw_variant and args.threads > 1 and any(c > 1 for c in levels):
-        peers[variant] = Peer(py, ct2_dir, speech, 1, args.threads, args.compute_type)
+        peers[variant] = Peer(py, ct2_dir, speech, 1, args.threads, args.compute_type, args.fallback)
     info = peers["faster_whisper"].info
     print(f"faster-whisper {info['faster_whisper']}, ctranslate2 {info['ctranslate2']}, "
           f"compute type {info['compute_type']}", flush=True)
@@ -427,10 +439,15 @@ def main():
                            "main": {"cpu_threads": args.threads, "num_workers": 1},
                            **({"variant": {"name": variant, "cpu_threads": 1, "num_workers": args.threads}}
                               if variant in peers else {}),
-                           "transcribe": {"language": "en", "beam_size": 1, "best_of": 1, "temperature": 0.0,
+                           "transcribe": {"language": "en", "beam_size": 1,
                                           "condition_on_previous_text": False, "without_timestamps": True,
-                                          "vad_filter": False, "no_speech_threshold": None,
-                                          "log_prob_threshold": None, "compression_ratio_threshold": None}},
+                                          "vad_filter": False,
+                                          **(dict(temperature=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], best_of=5,
+                                                  no_speech_threshold=0.6, log_prob_threshold=-1.0,
+                                                  compression_ratio_threshold=2.4) if args.fallback else
+                                             dict(temperature=0.0, best_of=1, no_speech_threshold=None,
+                                                  log_prob_threshold=None, compression_ratio_threshold=None))}},
+        "decoding": "temperature fallback and silence skip on both sides" if args.fallback else "plain greedy on both sides",
         "workload": {"recordings": {n: round(seconds[n], 3) for n in names},
                      "audio_s_per_pass": sum(seconds.values()), "passes_per_round": args.passes,
                      "request": "one recording per request; c client threads pull from one shared queue"},

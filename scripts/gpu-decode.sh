@@ -15,17 +15,13 @@
 # `run` unpacks them, links the machine's CUDA libraries (scripts/cuda-libs.sh), and runs the
 # PHASES named (comma-separated; default all):
 #   tests     the CUDA tests with --include-ignored (tests/cuda.rs, tests/cuda_sampling.rs and the CUDA test of tests/speculation.rs;
-#             the real Gemma 3 270M test is skipped: no real weights travel), then tests/cuda.rs
-#             again with the other attention kernel (GANTRY_NATIVE_CUDA_ATTENTION=warp)
+#             the real Gemma 3 270M test is skipped: no real weights travel)
 #   gemma     the native engine on Gemma 3 270M's shapes (random bf16 weights written by
 #             decode_bench, no download), c = 1, 2, 4, 8, 64, 256: native-gemma.json
 #   torch     bench/torch_decode.py on the same shapes, CUDA graph and torch.compile + graph:
 #             torch-gemma.json
 #   llama8b   both on Llama 3 8B's shapes at c = 1 and 64 (16 GB of random weights made
 #             there): native-llama8b.json, torch-llama8b.json
-#   warpattn  the native engine with GANTRY_NATIVE_CUDA_ATTENTION=warp (attention a position
-#             at a time per warp, merged by a second launch) at c = 1, 8, 64, 256 (and the 8B
-#             shape at 1 and 64 within llama8b)
 #   gemvsplit the native engine with GANTRY_NATIVE_CUDA_GEMV_SPLIT=1 (no product's columns split
 #             over warps) at c = 1, 2 (and the 8B shape at c = 1 within llama8b)
 #   nographs  the native engine with GANTRY_NATIVE_CUDA_GRAPHS=0 at c = 1 and 64
@@ -83,7 +79,7 @@ esac
 
 dir="${2:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
 out="${3:?usage: scripts/gpu-decode.sh run DIR OUT [PHASES]}"
-phases="${4:-tests,gemma,warpattn,gemvsplit,profile,nographs,nogemv,ncu,torch,llama8b}"
+phases="${4:-tests,gemma,gemvsplit,profile,nographs,nogemv,ncu,torch,llama8b}"
 torch_modes="${GANTRY_TORCH_MODES:-graph,compiled}"
 want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out"
@@ -108,16 +104,14 @@ if want tests; then
      && bounded 150 "$work/bin/cuda_sampling" --include-ignored --nocapture --test-threads 1 \
        >> "$out/tests.txt" 2>&1 \
      && bounded 120 "$work/bin/speculation" --ignored --nocapture on_cuda \
-       >> "$out/tests.txt" 2>&1 \
-     && GANTRY_NATIVE_CUDA_ATTENTION=warp bounded 150 "$work/bin/cuda" --include-ignored \
-       --nocapture --skip gemma_on_cuda_answers_paris >> "$out/tests.txt" 2>&1; then
+       >> "$out/tests.txt" 2>&1; then
     status tests passed
   else
     status tests failed
   fi
 fi
 gemma="$work/models/gemma3-270m"
-if want gemma || want warpattn || want gemvsplit || want nographs || want nogemv || want ncu || want profile; then
+if want gemma || want gemvsplit || want nographs || want nogemv || want ncu || want profile; then
   [ -s "$gemma/model.safetensors" ] || "$bench" write --shape gemma3-270m "$gemma" 2>> "$out/bench.log"
 fi
 if want gemma; then
@@ -126,15 +120,6 @@ if want gemma; then
     status gemma passed
   else
     status gemma failed
-  fi
-fi
-if want warpattn; then
-  if GANTRY_NATIVE_CUDA_ATTENTION=warp bounded 150 "$bench" run --model "$gemma" --batches 1,8,64,256 \
-       --prompt 128 --gen 128 --label native-warp-attention --out "$out/native-gemma-warpattn.json" \
-       2>> "$out/bench.log"; then
-    status warpattn passed
-  else
-    status warpattn failed
   fi
 fi
 if want gemvsplit; then
@@ -209,11 +194,6 @@ if want llama8b; then
   else
     status llama8b-native failed
   fi
-  if want warpattn; then
-    GANTRY_NATIVE_CUDA_ATTENTION=warp bounded 120 "$bench" run --model "$llama" --batches 1,64 \
-      --prompt 128 --gen 64 --label native-warp-attention --out "$out/native-llama8b-warpattn.json" \
-      2>> "$out/bench.log" || log "the 8B run with warp attention failed"
-  fi
   if want gemvsplit; then
     GANTRY_NATIVE_CUDA_GEMV_SPLIT=1 bounded 90 "$bench" run --model "$llama" --batches 1 \
       --prompt 128 --gen 64 --label native-gemv-unsplit --out "$out/native-llama8b-gemvsplit.json" \
@@ -244,7 +224,7 @@ fi
 "$python" bench/gpu_decode.py "$out" "$out/gpu-decode.json" || log "no summary"
 mkdir -p "$work/small"
 for f in nvidia-smi.txt bundle.txt phases.txt native-gemma-nographs.json native-gemma-nogemv.json \
-  native-gemma-warpattn.json native-llama8b-warpattn.json native-gemma-gemvsplit.json \
+  native-gemma-gemvsplit.json \
   native-llama8b-gemvsplit.json native-llama8b-nogemv.json native-gemma-profile.json ncu-gemma-c1.csv ncu-gemma-c64.csv \
   ncu-llama8b-c1.csv; do
   [ -e "$out/$f" ] && mv "$out/$f" "$work/small/"

@@ -83,7 +83,9 @@ fn a_piper_voice_speaks_sentence_by_sentence() {
     assert_eq!(pieces.len(), 3, "one piece per sentence");
     for p in &pieces {
         let secs = p.len() as f32 / 22_050.0;
-        assert!((0.5..6.0).contains(&secs), "a sentence of {secs} s");
+        // "Was it?" is about half a second; the voice samples its durations (noise on), so
+        // it runs from about 0.45 s.
+        assert!((0.3..6.0).contains(&secs), "a sentence of {secs} s");
         let peak = p.iter().fold(0f32, |a, x| a.max(x.abs()));
         assert!((peak - 1.0).abs() < 1e-6, "peak-normalised, got {peak}");
     }

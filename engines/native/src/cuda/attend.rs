@@ -1,15 +1,12 @@
-//! Native engine, CUDA backend, in the step: attention's launches for one layer, between the
+//! Native engine, CUDA backend, in the step: attention's launch for one layer, between the
 //! QKV kernel (`qkv_rope_store`, which appended this step's K/V) and the output product.
 //!
-//! Two kernels compute the same thing (`kernels/attention.cu`), both split over the key span
-//! (flash-decoding) so that a decode step of a few sequences still fills the GPU:
-//! - `attention_tiled`, the default: the block loads a tile of K/V rows into shared memory with
-//!   all its loads in flight, and the last piece of a split merges the pieces in the same
-//!   launch;
-//! - `attention` + `attention_merge` (`GANTRY_NATIVE_CUDA_ATTENTION=warp`): each warp walks its
-//!   positions one at a time, and a second launch merges. Kept to compare against.
+//! `attention_tiled` (`kernels/attention.cu`) is split over the key span (flash-decoding) so
+//! that a decode step of a few sequences still fills the GPU; a block loads a tile of K/V rows
+//! into shared memory with all its loads in flight, and the last piece of a split merges the
+//! pieces in the same launch. This module sizes the split and the tiles.
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gantry_engine_abi::EngineError;
 
 use super::{CudaBackend, cuda_err, int};
@@ -65,26 +62,6 @@ pub(super) fn attention_tile(head_dim: usize) -> usize {
     tile
 }
 
-/// The attention kernels, loaded, and which one the backend launches.
-pub(super) struct AttentionKernels {
-    pub tiled: CudaFunction,
-    pub warp: CudaFunction,
-    pub merge: CudaFunction,
-    /// `attention_tiled` (the default) rather than `attention` + `attention_merge`.
-    pub use_tiled: bool,
-}
-
-impl AttentionKernels {
-    pub fn new(tiled: CudaFunction, warp: CudaFunction, merge: CudaFunction) -> Self {
-        Self {
-            tiled,
-            warp,
-            merge,
-            use_tiled: std::env::var("GANTRY_NATIVE_CUDA_ATTENTION").map_or(true, |v| v != "warp"),
-        }
-    }
-}
-
 /// One layer's attention: where its K/V cache is and how it reads it.
 pub(super) struct LayerAttention {
     pub k_cache: u64,
@@ -110,84 +87,41 @@ impl CudaBackend {
         let splits32 = int(splits)?;
         let softcap = c.attn_softcap.unwrap_or(0.0);
         let (kvdt, act) = (self.kv_dt, self.act_dt);
-        let grid = (n as u32, blocks as u32, splits as u32);
-        let k = &self.k.attention;
-        if k.use_tiled {
-            let tile = attention_tile(hd);
-            let (tile32, stride32) = (int(tile)?, int(tiled_stride(hd))?);
-            let cfg = LaunchConfig {
-                grid_dim: grid,
-                block_dim: (ATTN_THREADS, 1, 1),
-                // The dynamic part: the flag is the kernel's static shared memory.
-                shared_mem_bytes: (tiled_smem(hd, tile) - 16) as u32,
-            };
-            let mut lb = self.stream.launch_builder(&k.tiled);
-            lb.arg(&b.qkv)
-                .arg(&q_stride)
-                .arg(&a.k_cache)
-                .arg(&a.v_cache)
-                .arg(&kvdt)
-                .arg(&b.input)
-                .arg(&b.attn_part)
-                .arg(&b.attn_done)
-                .arg(&b.att)
-                .arg(&act)
-                .arg(&nh32)
-                .arg(&nkv32)
-                .arg(&hd32)
-                .arg(&bs32)
-                .arg(&a.window)
-                .arg(&c.attn_scale)
-                .arg(&softcap)
-                .arg(&splits32)
-                .arg(&tile32)
-                .arg(&stride32);
-            // SAFETY: q rows of qkv hold n x nh x hd values, attn_part n x nh x splits pieces
-            // (sized by attention_splits), attn_done n x nh zeroed counters that the kernel
-            // leaves zeroed, att n x nh x hd values; each token's positions are covered by its
-            // sequence's block table (the step grew it first); the shared memory is
-            // tiled_smem's, within the default limit.
-            unsafe { lb.launch(cfg) }.map_err(cuda_err("attention_tiled"))?;
-        } else {
-            let cfg = LaunchConfig {
-                grid_dim: grid,
-                block_dim: (ATTN_THREADS, 1, 1),
-                shared_mem_bytes: (ATTN_HEADS * (ATTN_THREADS as usize / 32) * (2 + hd) * 4) as u32,
-            };
-            let mut lb = self.stream.launch_builder(&k.warp);
-            lb.arg(&b.qkv)
-                .arg(&q_stride)
-                .arg(&a.k_cache)
-                .arg(&a.v_cache)
-                .arg(&kvdt)
-                .arg(&b.input)
-                .arg(&b.attn_part)
-                .arg(&nh32)
-                .arg(&nkv32)
-                .arg(&hd32)
-                .arg(&bs32)
-                .arg(&a.window)
-                .arg(&c.attn_scale)
-                .arg(&softcap)
-                .arg(&splits32);
-            // SAFETY: as above, without the counters and the output.
-            unsafe { lb.launch(cfg) }.map_err(cuda_err("attention"))?;
-            let cfg = LaunchConfig {
-                grid_dim: (n as u32, nh as u32, 1),
-                block_dim: (ATTN_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut lb = self.stream.launch_builder(&k.merge);
-            lb.arg(&b.attn_part)
-                .arg(&b.input)
-                .arg(&b.att)
-                .arg(&act)
-                .arg(&nh32)
-                .arg(&hd32)
-                .arg(&splits32);
-            // SAFETY: attn_part holds the pieces written above, att n x nh x hd values.
-            unsafe { lb.launch(cfg) }.map_err(cuda_err("attention_merge"))?;
-        }
+        let tile = attention_tile(hd);
+        let (tile32, stride32) = (int(tile)?, int(tiled_stride(hd))?);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, blocks as u32, splits as u32),
+            block_dim: (ATTN_THREADS, 1, 1),
+            // The dynamic part: the flag is the kernel's static shared memory.
+            shared_mem_bytes: (tiled_smem(hd, tile) - 16) as u32,
+        };
+        let mut lb = self.stream.launch_builder(&self.k.attention);
+        lb.arg(&b.qkv)
+            .arg(&q_stride)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache)
+            .arg(&kvdt)
+            .arg(&b.input)
+            .arg(&b.attn_part)
+            .arg(&b.attn_done)
+            .arg(&b.att)
+            .arg(&act)
+            .arg(&nh32)
+            .arg(&nkv32)
+            .arg(&hd32)
+            .arg(&bs32)
+            .arg(&a.window)
+            .arg(&c.attn_scale)
+            .arg(&softcap)
+            .arg(&splits32)
+            .arg(&tile32)
+            .arg(&stride32);
+        // SAFETY: q rows of qkv hold n x nh x hd values, attn_part n x nh x splits pieces
+        // (sized by attention_splits), attn_done n x nh zeroed counters that the kernel leaves
+        // zeroed, att n x nh x hd values; each token's positions are covered by its sequence's
+        // block table (the step grew it first); the shared memory is tiled_smem's, within the
+        // default limit.
+        unsafe { lb.launch(cfg) }.map_err(cuda_err("attention_tiled"))?;
         self.profile.mark("attention", &self.stream);
         Ok(())
     }

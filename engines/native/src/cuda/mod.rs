@@ -574,7 +574,7 @@ impl Backend for CudaBackend {
     fn describe(&self) -> String {
         let (captured, captures, replays) = self.graph_stats();
         format!(
-            "cuda on {} (sm_{}{}, {} multiprocessors), products in the weights' dtype ({}, cuBLAS above), {}-byte activations and K/V, attention {}, sampling on the device, decode graphs {} (buckets {:?}, captured {:?}, {captures} captures, {replays} replays)",
+            "cuda on {} (sm_{}{}, {} multiprocessors), products in the weights' dtype ({}, cuBLAS above), {}-byte activations and K/V, attention by tiles in shared memory, sampling on the device, decode graphs {} (buckets {:?}, captured {:?}, {captures} captures, {replays} replays)",
             self.device_name,
             self.arch.0,
             self.arch.1,
@@ -584,11 +584,6 @@ impl Backend for CudaBackend {
                 n => format!("gemv for up to {n} tokens of 16-bit weights"),
             },
             self.act_size,
-            if self.k.attention.use_tiled {
-                "by tiles in shared memory"
-            } else {
-                "a position at a time per warp"
-            },
             if self.graphs.enabled { "on" } else { "off" },
             graph::BUCKETS,
             captured,

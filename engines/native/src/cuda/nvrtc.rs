@@ -16,7 +16,6 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use gantry_engine_abi::{EngineError, Status};
 
-use super::attend::AttentionKernels;
 use super::cuda_err;
 
 /// The kernels' source, one NVRTC program: the shared prelude, then the files by job.
@@ -29,7 +28,7 @@ pub const KERNELS: &str = concat!(
 );
 
 /// Every kernel the program defines (the backend loads each by name).
-pub const KERNEL_NAMES: [&str; 13] = [
+pub const KERNEL_NAMES: [&str; 11] = [
     "embed_norm",
     "residual_norm",
     "qkv_rope_store",
@@ -37,8 +36,6 @@ pub const KERNEL_NAMES: [&str; 13] = [
     "gather_rows",
     "softcap",
     "copy_u16",
-    "attention",
-    "attention_merge",
     "attention_tiled",
     "gemv1",
     "gemv2",
@@ -171,8 +168,8 @@ pub(super) struct Kernels {
     pub gather_rows: CudaFunction,
     pub softcap: CudaFunction,
     pub copy_u16: CudaFunction,
-    /// `attention_tiled`, `attention`, `attention_merge` (`attend.rs`).
-    pub attention: AttentionKernels,
+    /// `attention_tiled` (`attend.rs`).
+    pub attention: CudaFunction,
     pub sample: CudaFunction,
     /// `gemv1`, `gemv2` (`gemm.rs`).
     pub gemv: [CudaFunction; super::gemm::GEMV_MAX],
@@ -195,11 +192,7 @@ impl Kernels {
             gather_rows: f("gather_rows")?,
             softcap: f("softcap")?,
             copy_u16: f("copy_u16")?,
-            attention: AttentionKernels::new(
-                f("attention_tiled")?,
-                f("attention")?,
-                f("attention_merge")?,
-            ),
+            attention: f("attention_tiled")?,
             sample: f("sample")?,
             gemv: [f("gemv1")?, f("gemv2")?],
         })
