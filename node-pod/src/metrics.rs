@@ -64,6 +64,10 @@ pub struct Metrics {
     pub model_load_refusals: IntCounterVec,
     /// LoRA adapters (node/adapters.rs): loads, refusals and LRU evictions, per adapter id.
     pub adapter_events: IntCounterVec,
+    /// Speech recognition windows by how their answer came (http/audio/decoder.rs): `first`
+    /// (the first decode stood), `fallback` (decoded again at a higher temperature),
+    /// `silence` (no segment: the model heard no speech).
+    pub transcription_windows: IntCounterVec,
     pub memory_used_bytes: GaugeVec,
     pub memory_limit_bytes: GaugeVec,
     /// Time from arrival to admission (or to the deadline, for a request that never left the queue).
@@ -337,6 +341,12 @@ impl Metrics {
                 "LoRA adapter loads (event: loaded), refusals by the engine or the download (refused) and unloads by the memory policy (evicted)",
                 &["adapter", "event"],
             ),
+            transcription_windows: counter(
+                &r,
+                "gantry_transcription_windows_total",
+                "Speech recognition windows by outcome: first (the first decode stood), fallback (decoded again at a higher temperature), silence (dropped: no speech heard)",
+                &["model", "outcome"],
+            ),
             model_load_refusals: counter(
                 &r,
                 "gantry_model_load_refusals_total",
@@ -382,7 +392,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 43] = [
+        let collectors: [&dyn Collector; 44] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -413,6 +423,7 @@ impl Metrics {
             &self.model_unloads,
             &self.model_load_refusals,
             &self.adapter_events,
+            &self.transcription_windows,
             &self.memory_used_bytes,
             &self.memory_limit_bytes,
             &self.queue_seconds,

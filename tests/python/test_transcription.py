@@ -20,12 +20,18 @@ transcripts. Here:
   for the same token, whose bytes spell the text; streamed deltas carry the same ones; another
   `include`, or logprobs with a format other than json, is a 400 naming `include`;
 - a `prompt` is accepted (text before the audio) and the transcript stays right; a 2-hour file
-  is a 400 naming the limit, and the model still answers.
+  is a 400 naming the limit, and the model still answers;
+- temperature 0 falls back as openai-whisper does: audio that reads back as one phrase over and
+  over is decoded again up to temperature 1.0 (seeded: the same answer twice), a temperature
+  asked for is used as is, white noise gives no segment, speech stays at 0; every window is
+  counted in `gantry_transcription_windows_total` by outcome.
 """
 import io
 import json
 import os
+import re
 import sys
+import urllib.request
 import wave
 from pathlib import Path
 
@@ -313,3 +319,10 @@ def test_temperature_zero_falls_back_and_noise_gives_no_segments(tiny_en):
     v = client.audio.transcriptions.create(model="whisper-tiny.en", file=upload(speech, "jfk.wav"),
                                            response_format="verbose_json")
     assert v.segments and all(s.temperature == 0.0 for s in v.segments), v.segments
+    # Each window counted by how its answer came.
+    base = tiny_en[0]
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    counts = {o: float(m.group(1)) for o in ("first", "fallback", "silence")
+              if (m := re.search(r'^gantry_transcription_windows_total\{model="whisper-tiny.en",outcome="%s"\} (\S+)$' % o,
+                                 text, re.M))}
+    assert counts.get("fallback", 0) >= 2 and counts.get("silence", 0) >= 1 and counts.get("first", 0) >= 2, counts

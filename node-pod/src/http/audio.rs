@@ -262,6 +262,8 @@ async fn transcribe(
         rate,
         fallback,
         live: form.stream,
+        windows: state.node.metrics.transcription_windows.clone(),
+        model: model.clone(),
         _guard: guard,
     };
     if form.stream {

@@ -40,6 +40,9 @@ pub(super) struct Decoder {
     /// The text streams token by token (`stream` with audio of one window): what has left
     /// cannot be taken back, so that window is not decoded again or skipped.
     pub live: bool,
+    /// `gantry_transcription_windows_total`, and the model's id for its label.
+    pub windows: prometheus::IntCounterVec,
+    pub model: String,
     pub _guard: InflightGuard,
 }
 
@@ -73,7 +76,16 @@ impl Decoder {
                     }
                     e
                 })?;
-            if self.fallback && !live && attempt.is_silence() {
+            let silent = self.fallback && !live && attempt.is_silence();
+            let outcome = match (silent, attempt.temperature > self.sampling.temperature) {
+                (true, _) => "silence",
+                (false, true) => "fallback",
+                (false, false) => "first",
+            };
+            self.windows
+                .with_label_values(&[&self.model, outcome])
+                .inc();
+            if silent {
                 seek += chunk.len();
                 continue;
             }
