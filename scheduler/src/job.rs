@@ -108,6 +108,10 @@ pub enum GenEvent {
     /// The probability [`GenerateJob::probe`] asked for (ABI 1.11 `seq_token_prob`). Sent just
     /// before `Done`.
     Probe(f32),
+    /// The log-probability of the end-of-generation token that ended a job with `audio` and
+    /// `logprobs` (speech recognition counts it in a window's average log-probability, as
+    /// openai-whisper does). Sent just before `Done`.
+    StopLogprob(f32),
     /// The job failed; no more events follow.
     Error(GenError),
 }

@@ -60,6 +60,8 @@ pub(crate) struct Running {
     pub(crate) context: Vec<i32>,
     /// Its sequence in the draft model's engine, once it drafted with one.
     pub(crate) draft: Option<crate::draft_model::DraftSeq>,
+    /// The end-of-generation token's log-probability, kept for [`GenEvent::StopLogprob`].
+    pub(crate) stop_logprob: Option<f32>,
 }
 
 impl Running {
@@ -87,6 +89,7 @@ impl Running {
             shared: 0,
             context,
             draft: None,
+            stop_logprob: None,
         }
     }
 

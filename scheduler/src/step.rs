@@ -339,6 +339,9 @@ impl<E: Engine> Scheduler<E> {
                 .map(GenEvent::Probe)
         });
         self.engine.seq_release(r.seq);
+        if let Some(lp) = r.stop_logprob {
+            let _ = r.job.events.send(GenEvent::StopLogprob(lp));
+        }
         for ev in [times, probe].into_iter().flatten() {
             match ev {
                 Ok(ev) => {
@@ -416,6 +419,9 @@ impl<E: Engine> Output<'_, E> {
         r.first_token_at.get_or_insert(now);
         r.last_token_at = Some(now);
         if self.eog.contains(&tok.token) {
+            if r.job.audio.is_some() && r.job.logprobs.is_some() && tok.logprob.is_finite() {
+                r.stop_logprob = Some(tok.logprob);
+            }
             return Some(FinishReason::Stop);
         }
         let mut grammar_done = false;

@@ -230,7 +230,8 @@ async fn transcribe(
     // openai-whisper's no-speech probability: `<|nospeech|>` (`<|nocaptions|>` in the
     // English-only models' older vocabulary) right after `<|startoftranscript|>`, for
     // `verbose_json` and for the fallback's silence test.
-    let probe = (form.format == Format::VerboseJson || fallback)
+    let live_single = form.stream && decoded.samples.len() <= window;
+    let probe = (form.format == Format::VerboseJson || (fallback && !live_single))
         .then(|| {
             let sot = special(&ready, "<|startoftranscript|>")?;
             let at = prompt.iter().position(|&t| t == sot)?;
@@ -240,9 +241,12 @@ async fn transcribe(
         })
         .flatten();
     let dec = Decoder {
+        // At most half the decoder's context, as openai-whisper's `sample_len` (224 tokens
+        // for Whisper; 30 s of speech is about 100), so a runaway sample ends there.
         max_tokens: info
             .context_length
             .saturating_sub(prompt.len() as u32)
+            .min(info.context_length / 2)
             .max(1),
         prompt,
         // Timestamps are the tokens after `<|notimestamps|>`.
@@ -319,8 +323,17 @@ async fn detect_language(
         want_logprob: true,
         ..Sampling::greedy()
     };
-    let rx = submit(ready, (&[sot], 1), (&sampling, false, None), timeout, audio)?;
-    let (tokens, _, _) = collect(rx, |_, _| {}).await?;
+    let deadline = timeout.map(|d| std::time::Instant::now() + d);
+    let rx = submit(
+        ready,
+        (&[sot], 1),
+        std::slice::from_ref(&sampling),
+        (false, None),
+        deadline,
+        audio,
+    )?
+    .remove(0);
+    let tokens = collect(rx, |_, _| {}).await?.tokens;
     let token = tokens
         .first()
         .ok_or_else(|| ApiError::internal("language detection sampled nothing"))?;

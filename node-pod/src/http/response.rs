@@ -342,7 +342,7 @@ async fn collect_response(
             }
             Next::Event(GenEvent::Error(e)) => return Err(ApiError::from(e)),
             // Only a transcription asks for times and probabilities.
-            Next::Event(GenEvent::Times(_) | GenEvent::Probe(_)) => {}
+            Next::Event(GenEvent::Times(_) | GenEvent::Probe(_) | GenEvent::StopLogprob(_)) => {}
             Next::Stalled => {
                 state.node.metrics.finished_by_http(&meta.model, "stall");
                 return Err(if seen_first {

@@ -239,7 +239,12 @@ pub fn warm_up(ready: &ReadyModel) -> Result<(), String> {
                     break;
                 }
                 Ok(GenEvent::Error(e)) => return Err(format!("warm-up failed: {e}")),
-                Ok(GenEvent::Token { .. } | GenEvent::Times(_) | GenEvent::Probe(_)) => {}
+                Ok(
+                    GenEvent::Token { .. }
+                    | GenEvent::Times(_)
+                    | GenEvent::Probe(_)
+                    | GenEvent::StopLogprob(_),
+                ) => {}
                 Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
                     return Err("warm-up: the scheduler stopped".into());
                 }

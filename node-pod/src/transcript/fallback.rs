@@ -5,12 +5,15 @@
 //!
 //! A window is decoded greedily first. Its answer is decoded again at the next temperature of
 //! [`TEMPERATURES`] when its text repeats itself (compression ratio above 2.4) or the model
-//! doubts it (average log-probability below -1), unless the model heard no speech there
-//! (no-speech probability above 0.6). Above zero, [`BEST_OF`] samples are drawn and the one
-//! with the highest log-probability per token kept. The last temperature's answer stands
-//! whatever it scores. A window whose answer (after the fallback) has a no-speech probability
-//! above 0.6 and an average log-probability below -1 is silence: it gives no segment, and the
-//! next window starts after it.
+//! doubts it (average log-probability below -1), unless it is silence: a no-speech probability
+//! above 0.6 with an average log-probability below -1. Above zero, [`BEST_OF`] samples are
+//! drawn and the one with the highest log-probability per token kept. The last temperature's
+//! answer stands whatever it scores (openai-whisper's rule; faster-whisper keeps the best of
+//! the failed answers instead). A window whose final answer is silence gives no segment, and
+//! the next window starts after it.
+//!
+//! The log-probabilities are openai-whisper's: every sampled token's, the end of text's
+//! included (the scheduler reports it for audio jobs, `GenEvent::StopLogprob`).
 
 use super::{Token, compression_ratio};
 
@@ -30,19 +33,21 @@ pub struct Attempt {
     pub tokens: Vec<Token>,
     pub tail: Option<f32>,
     pub no_speech: Option<f32>,
+    /// The end of text's log-probability, when the decode ended on it.
+    pub stop_logprob: Option<f32>,
     pub temperature: f32,
 }
 
 impl Attempt {
-    /// openai-whisper's `avg_logprob` of a decode: the sampled tokens' log-probabilities over
-    /// their count plus one (the end of text, whose log-probability is not reported here and
-    /// counts as 0).
+    /// openai-whisper's `avg_logprob` of a decode: the sampled tokens' log-probabilities, the
+    /// end of text's included, over their count plus one (the end of text).
     pub fn avg_logprob(&self) -> f32 {
         self.sum_logprob() / (self.tokens.len() + 1) as f32
     }
 
+    /// openai-whisper's `sum_logprobs`: every sampled token's, the end of text's included.
     fn sum_logprob(&self) -> f32 {
-        self.tokens.iter().map(|t| t.logprob).sum()
+        self.tokens.iter().map(|t| t.logprob).sum::<f32>() + self.stop_logprob.unwrap_or(0.0)
     }
 
     /// The text of its text tokens (timestamps and special tokens have no bytes).
@@ -55,11 +60,11 @@ impl Attempt {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// Whether the next temperature should be tried.
+    /// Whether the next temperature should be tried: a poor answer that is not silence.
     pub fn needs_fallback(&self) -> bool {
         let poor = compression_ratio(&self.text()) > COMPRESSION_RATIO_THRESHOLD
             || self.avg_logprob() < LOGPROB_THRESHOLD;
-        poor && !self.no_speech.is_some_and(|p| p > NO_SPEECH_THRESHOLD)
+        poor && !self.is_silence()
     }
 
     /// Whether the window is silence: no segment comes of it.
@@ -70,9 +75,13 @@ impl Attempt {
 }
 
 /// The best of several samples at one temperature: the highest log-probability per token
-/// (openai-whisper's ranking without a length penalty); `None` for none.
+/// (openai-whisper's ranking without a length penalty, where a sample that ends at once
+/// divides by a length of 0 and ranks last); `None` for none.
 pub fn best(samples: Vec<Attempt>) -> Option<Attempt> {
-    let score = |a: &Attempt| a.sum_logprob() / a.tokens.len().max(1) as f32;
+    let score = |a: &Attempt| match a.tokens.len() {
+        0 => f32::NEG_INFINITY,
+        n => a.sum_logprob() / n as f32,
+    };
     samples
         .into_iter()
         .max_by(|a, b| score(a).total_cmp(&score(b)))
@@ -95,6 +104,7 @@ mod tests {
                 .collect(),
             tail: None,
             no_speech,
+            stop_logprob: None,
             temperature: 0.0,
         }
     }
@@ -123,6 +133,10 @@ mod tests {
         let doubtful = attempt(&[(" mumble", -2.5), (" words", -1.5)], Some(0.3));
         assert!(doubtful.needs_fallback());
         assert!(!doubtful.is_silence());
+        // Repeating itself confidently where the model hears no speech: tried again (only
+        // silence, no speech and doubt together, is spared).
+        let looping: Vec<(&str, f32)> = std::iter::repeat_n((" you you you", -0.01), 40).collect();
+        assert!(attempt(&looping, Some(0.9)).needs_fallback());
         // The model heard no speech: no retry, and the doubtful text is dropped as silence.
         let silent = attempt(&[(" you", -2.5)], Some(0.95));
         assert!(!silent.needs_fallback());
@@ -138,8 +152,12 @@ mod tests {
         let short = attempt(&[(" a", -0.9)], None);
         let long = attempt(&[(" a", -0.5), (" b", -0.5), (" c", -0.5)], None);
         let worst = attempt(&[(" x", -3.0)], None);
-        let b = best(vec![short, long, worst]).expect("one");
+        let empty = attempt(&[], None);
+        let b = best(vec![short, empty, long, worst]).expect("one");
         assert_eq!(b.tokens.len(), 3);
+        // A sample that ended at once is the last choice, not a perfect score.
+        let b = best(vec![attempt(&[], None), attempt(&[(" x", -3.0)], None)]).expect("one");
+        assert_eq!(b.tokens.len(), 1);
         assert!(best(Vec::new()).is_none());
     }
 }

@@ -10,10 +10,11 @@ use tokio::sync::mpsc;
 
 use super::super::InflightGuard;
 use crate::error::ApiError;
-use crate::scheduler::{GenEvent, GenerateJob, Job};
+use crate::scheduler::{FinishReason, GenEvent, GenerateJob, Job};
 use crate::transcript::fallback::{self, Attempt};
 use crate::transcript::{self, Segment, Token, TokenLogprob};
 use gantry_engine_abi::Sampling;
+use gantry_openai::reply::{deadline_exceeded, queue_timeout};
 
 /// One request's decoding: its audio, window after window, each a scheduler job (requests'
 /// windows batch together in the scheduler; one request's follow one another, since where a
@@ -112,15 +113,27 @@ impl Decoder {
 
     /// One window's answer: at the request's temperature, or with the fallback, greedily and
     /// then at each higher temperature (best of [`fallback::BEST_OF`] samples) until an answer
-    /// passes. `on_text` sees the first decode's tokens as they come.
+    /// passes. `on_text` sees the first decode's tokens as they come. Each decode (a
+    /// temperature's samples together) gets the request's timeout from its start, as each
+    /// window does: a long recording, or a window decoded again, is not cut by one deadline.
     async fn decode_window(
         &self,
         chunk: &[f32],
         on_text: impl FnMut(&str, &[TokenLogprob]),
     ) -> Result<Attempt, ApiError> {
-        let first = self
-            .attempt(chunk, self.sampling.temperature, 0, on_text)
-            .await?;
+        let submit = |draws: &[Sampling], probe| {
+            submit(
+                &self.ready,
+                (&self.prompt, self.max_tokens),
+                draws,
+                (self.align, probe),
+                self.timeout.map(|d| Instant::now() + d),
+                chunk,
+            )
+        };
+        let t0 = self.sampling.temperature;
+        let rx = submit(std::slice::from_ref(&self.sampling), self.probe)?.remove(0);
+        let first = attempt(rx, t0, on_text).await?;
         if !self.fallback || (self.live && self.samples.len() <= self.window) {
             return Ok(first);
         }
@@ -130,13 +143,22 @@ impl Decoder {
             if !answer.needs_fallback() {
                 break;
             }
-            // The samples batch together in the scheduler; each has its own seed, so a
-            // request's answer is the same every time.
-            let mut jobs = Vec::with_capacity(fallback::BEST_OF);
-            for i in 0..fallback::BEST_OF {
-                jobs.push(self.attempt(chunk, t, i as u64 + 1, |_, _| {}));
-            }
-            let samples = futures::future::try_join_all(jobs).await?;
+            // Seeded samples, so that a request's answer is the same every time; one job and
+            // its forks, which start from one evaluation of the prompt (and one encoding of the
+            // audio) where the engine can fork.
+            let draws: Vec<Sampling> = (1..=fallback::BEST_OF as u64)
+                .map(|seed| Sampling {
+                    temperature: t,
+                    seed,
+                    ..self.sampling.clone()
+                })
+                .collect();
+            let samples = futures::future::try_join_all(
+                submit(&draws, None)?
+                    .into_iter()
+                    .map(|rx| attempt(rx, t, |_, _| {})),
+            )
+            .await?;
             if let Some(mut best) = fallback::best(samples) {
                 // The no-speech probability is the first step's, the same at every
                 // temperature: asked for once.
@@ -146,81 +168,81 @@ impl Decoder {
         }
         Ok(answer)
     }
-
-    /// One decode of `chunk` at `temperature` (seeded by `seed` above zero).
-    async fn attempt(
-        &self,
-        chunk: &[f32],
-        temperature: f32,
-        seed: u64,
-        on_text: impl FnMut(&str, &[TokenLogprob]),
-    ) -> Result<Attempt, ApiError> {
-        let sampling = Sampling {
-            temperature,
-            seed,
-            ..self.sampling.clone()
-        };
-        // The no-speech probability is asked for on the first decode only.
-        let probe = self.probe.filter(|_| seed == 0);
-        let rx = submit(
-            &self.ready,
-            (&self.prompt, self.max_tokens),
-            (&sampling, self.align, probe),
-            self.timeout,
-            chunk,
-        )?;
-        let (tokens, tail, no_speech) = collect(rx, on_text).await?;
-        Ok(Attempt {
-            tokens,
-            tail,
-            no_speech,
-            temperature,
-        })
-    }
 }
 
-/// One window as a scheduler job: `prompt` and at most `max_tokens` sampled after it, the
-/// window's audio given to the engine when its sequence opens.
+/// One decode's answer, collected from its job's events.
+async fn attempt(
+    rx: mpsc::UnboundedReceiver<GenEvent>,
+    temperature: f32,
+    on_text: impl FnMut(&str, &[TokenLogprob]),
+) -> Result<Attempt, ApiError> {
+    let mut a = collect(rx, on_text).await?;
+    a.temperature = temperature;
+    Ok(a)
+}
+
+/// One window as a scheduler job per draw: `prompt` and at most `max_tokens` sampled after it,
+/// the window's audio given to the engine when its sequence opens. The first draw is the job
+/// (with the probe, when asked for), the others its forks (`n` > 1's way: they start from the
+/// evaluated prompt where the engine can fork). A receiver per draw, in order.
 pub(super) fn submit(
     ready: &crate::node::ReadyModel,
     (prompt, max_tokens): (&[i32], u32),
-    (sampling, align, probe): (&Sampling, bool, Option<(usize, i32)>),
-    timeout: Option<std::time::Duration>,
+    draws: &[Sampling],
+    (align, probe): (bool, Option<(usize, i32)>),
+    deadline: Option<Instant>,
     chunk: &[f32],
-) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    ready.scheduler.submit(Job::Generate(GenerateJob {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: sampling.clone(),
-        stop: Vec::new(),
-        logprobs: Some(0),
-        deadline: timeout.map(|d| Instant::now() + d),
-        fresh: true,
-        grammar: None,
-        arrived: Instant::now(),
-        events: tx,
-        retried: false,
-        forks: Vec::new(),
-        speculate: false,
-        adapter: None,
-        audio: Some(Arc::new(chunk.to_vec())),
-        align,
-        probe,
-    }))?;
-    Ok(rx)
+) -> Result<Vec<mpsc::UnboundedReceiver<GenEvent>>, ApiError> {
+    let audio = Arc::new(chunk.to_vec());
+    let mut receivers = Vec::with_capacity(draws.len());
+    let mut jobs: Vec<GenerateJob> = draws
+        .iter()
+        .enumerate()
+        .map(|(i, sampling)| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            receivers.push(rx);
+            GenerateJob {
+                prompt: prompt.to_vec(),
+                max_tokens,
+                sampling: sampling.clone(),
+                stop: Vec::new(),
+                logprobs: Some(0),
+                deadline,
+                fresh: true,
+                grammar: None,
+                arrived: Instant::now(),
+                events: tx,
+                retried: false,
+                forks: Vec::new(),
+                speculate: false,
+                adapter: None,
+                audio: Some(Arc::clone(&audio)),
+                align,
+                probe: probe.filter(|_| i == 0),
+            }
+        })
+        .collect();
+    if jobs.is_empty() {
+        return Err(ApiError::internal("a window decoded with no draw"));
+    }
+    let mut job = jobs.remove(0);
+    job.forks = jobs;
+    ready.scheduler.submit(Job::Generate(job))?;
+    Ok(receivers)
 }
 
 /// A window's tokens, each token's text handed to `on_text` as it comes with the text tokens
 /// since the last text (a token that ends inside a UTF-8 character gives its text with the
 /// next); with word times, each token's time and the time after the last token; the
-/// probability the job asked for.
+/// probability the job asked for; the end of text's log-probability. Its temperature is the
+/// caller's to set.
 pub(super) async fn collect(
     mut rx: mpsc::UnboundedReceiver<GenEvent>,
     mut on_text: impl FnMut(&str, &[TokenLogprob]),
-) -> Result<(Vec<Token>, Option<f32>, Option<f32>), ApiError> {
+) -> Result<Attempt, ApiError> {
     let mut tail = None;
     let mut probe = None;
+    let mut stop = None;
     let mut tokens = Vec::new();
     let mut unsent = 0;
     loop {
@@ -248,7 +270,26 @@ pub(super) async fn collect(
                 tail = times.get(tokens.len()).copied();
             }
             Some(GenEvent::Probe(p)) => probe = Some(p),
-            Some(GenEvent::Done { .. }) => return Ok((tokens, tail, probe)),
+            Some(GenEvent::StopLogprob(lp)) => stop = Some(lp),
+            Some(GenEvent::Done {
+                reason: FinishReason::Deadline,
+                completion_tokens,
+                ..
+            }) => return Err(deadline_exceeded(completion_tokens)),
+            Some(GenEvent::Done {
+                reason: FinishReason::QueueTimeout,
+                queued,
+                ..
+            }) => return Err(queue_timeout(queued)),
+            Some(GenEvent::Done { .. }) => {
+                return Ok(Attempt {
+                    tokens,
+                    tail,
+                    no_speech: probe,
+                    stop_logprob: stop,
+                    temperature: 0.0,
+                });
+            }
             Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
             None => {
                 return Err(ApiError::internal(

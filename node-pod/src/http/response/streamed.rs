@@ -174,7 +174,8 @@ impl StreamState {
                     self.end(&mut out);
                 }
                 // Only a transcription asks for times and probabilities.
-                Next::Event(GenEvent::Times(_) | GenEvent::Probe(_)) => {}
+                Next::Event(GenEvent::Times(_) | GenEvent::Probe(_) | GenEvent::StopLogprob(_)) => {
+                }
                 Next::Event(GenEvent::Error(e)) => {
                     let e = ApiError::from(e);
                     out.push(Event::default().data(e.body_json()));
