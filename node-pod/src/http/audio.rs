@@ -265,7 +265,7 @@ async fn transcribe(
         window,
         rate,
         fallback,
-        live: form.stream,
+        live: live_single,
         windows: state.node.metrics.transcription_windows.clone(),
         model: model.clone(),
         _guard: guard,
@@ -323,17 +323,16 @@ async fn detect_language(
         want_logprob: true,
         ..Sampling::greedy()
     };
-    let deadline = timeout.map(|d| std::time::Instant::now() + d);
     let rx = submit(
         ready,
         (&[sot], 1),
         std::slice::from_ref(&sampling),
         (false, None),
-        deadline,
+        timeout,
         audio,
     )?
     .remove(0);
-    let tokens = collect(rx, |_, _| {}).await?.tokens;
+    let tokens = collect(rx, sampling.temperature, |_, _| {}).await?.tokens;
     let token = tokens
         .first()
         .ok_or_else(|| ApiError::internal("language detection sampled nothing"))?;

@@ -20,6 +20,9 @@ const ATTN_HEADS: usize = 4;
 /// Shared memory a block may take without opting in to more.
 const SMEM_LIMIT: usize = 48 * 1024;
 
+/// `attention_tiled`'s static shared memory (its "last piece" flag, rounded up).
+const TILED_STATIC_SMEM: usize = 16;
+
 /// Pieces each token's key span is cut into: enough that the step has about four attention
 /// blocks per multiprocessor (a small decode batch still fills the GPU; a batch that fills it
 /// already is not cut), at most 16, one for a long prompt chunk. `blocks` is the blocks per
@@ -46,17 +49,17 @@ fn tiled_stride(head_dim: usize) -> usize {
     head_dim.next_multiple_of(32) + 4
 }
 
-/// Shared memory of `attention_tiled` for a tile of `tile` positions: the block's queries,
-/// the K and V tiles, the weights per head, the cells, and the kernel's own flag (16 bytes).
+/// Dynamic shared memory of `attention_tiled` for a tile of `tile` positions: the block's
+/// queries, the K and V tiles, the weights per head, the cells.
 fn tiled_smem(head_dim: usize, tile: usize) -> usize {
-    (ATTN_HEADS * head_dim + 2 * tile * tiled_stride(head_dim) + ATTN_HEADS * tile + tile) * 4 + 16
+    (ATTN_HEADS * head_dim + 2 * tile * tiled_stride(head_dim) + ATTN_HEADS * tile + tile) * 4
 }
 
 /// Positions per tile of `attention_tiled`: 32, or 16 or 8 where 32 rows of K and V of this
 /// head size do not fit in [`SMEM_LIMIT`] (16 for 256-wide heads).
 pub(super) fn attention_tile(head_dim: usize) -> usize {
     let mut tile = 32;
-    while tile > 8 && tiled_smem(head_dim, tile) > SMEM_LIMIT {
+    while tile > 8 && tiled_smem(head_dim, tile) + TILED_STATIC_SMEM > SMEM_LIMIT {
         tile /= 2;
     }
     tile
@@ -92,8 +95,7 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (n as u32, blocks as u32, splits as u32),
             block_dim: (ATTN_THREADS, 1, 1),
-            // The dynamic part: the flag is the kernel's static shared memory.
-            shared_mem_bytes: (tiled_smem(hd, tile) - 16) as u32,
+            shared_mem_bytes: tiled_smem(hd, tile) as u32,
         };
         let mut lb = self.stream.launch_builder(&self.k.attention);
         lb.arg(&b.qkv)
@@ -139,7 +141,7 @@ mod tests {
         for hd in [32, 64, 80, 96, 112, 128, 160, 192, 256] {
             let tile = attention_tile(hd);
             assert!(
-                tiled_smem(hd, tile) <= SMEM_LIMIT,
+                tiled_smem(hd, tile) + TILED_STATIC_SMEM <= SMEM_LIMIT,
                 "head_dim {hd}, tile {tile}"
             );
             assert_eq!(32 % tile, 0);

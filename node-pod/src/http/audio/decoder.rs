@@ -39,7 +39,7 @@ pub(super) struct Decoder {
     /// temperature is 0.
     pub fallback: bool,
     /// The text streams token by token (`stream` with audio of one window): what has left
-    /// cannot be taken back, so that window is not decoded again or skipped.
+    /// cannot be taken back, so the window is not decoded again or skipped.
     pub live: bool,
     /// `gantry_transcription_windows_total`, and the model's id for its label.
     pub windows: prometheus::IntCounterVec,
@@ -61,10 +61,9 @@ impl Decoder {
         let mut seek = 0;
         while seek < self.samples.len() {
             let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
-            let live = single && self.live;
             let attempt = self
                 .decode_window(chunk, |t, lp| {
-                    if live {
+                    if self.live {
                         on_text(t, lp)
                     }
                 })
@@ -77,7 +76,7 @@ impl Decoder {
                     }
                     e
                 })?;
-            let silent = self.fallback && !live && attempt.is_silence();
+            let silent = self.fallback && !self.live && attempt.is_silence();
             let outcome = match (silent, attempt.temperature > self.sampling.temperature) {
                 (true, _) => "silence",
                 (false, true) => "fallback",
@@ -127,14 +126,14 @@ impl Decoder {
                 (&self.prompt, self.max_tokens),
                 draws,
                 (self.align, probe),
-                self.timeout.map(|d| Instant::now() + d),
+                self.timeout,
                 chunk,
             )
         };
         let t0 = self.sampling.temperature;
         let rx = submit(std::slice::from_ref(&self.sampling), self.probe)?.remove(0);
-        let first = attempt(rx, t0, on_text).await?;
-        if !self.fallback || (self.live && self.samples.len() <= self.window) {
+        let first = collect(rx, t0, on_text).await?;
+        if !self.fallback || self.live {
             return Ok(first);
         }
         let no_speech = first.no_speech;
@@ -156,7 +155,7 @@ impl Decoder {
             let samples = futures::future::try_join_all(
                 submit(&draws, None)?
                     .into_iter()
-                    .map(|rx| attempt(rx, t, |_, _| {})),
+                    .map(|rx| collect(rx, t, |_, _| {})),
             )
             .await?;
             if let Some(mut best) = fallback::best(samples) {
@@ -170,17 +169,6 @@ impl Decoder {
     }
 }
 
-/// One decode's answer, collected from its job's events.
-async fn attempt(
-    rx: mpsc::UnboundedReceiver<GenEvent>,
-    temperature: f32,
-    on_text: impl FnMut(&str, &[TokenLogprob]),
-) -> Result<Attempt, ApiError> {
-    let mut a = collect(rx, on_text).await?;
-    a.temperature = temperature;
-    Ok(a)
-}
-
 /// One window as a scheduler job per draw: `prompt` and at most `max_tokens` sampled after it,
 /// the window's audio given to the engine when its sequence opens. The first draw is the job
 /// (with the probe, when asked for), the others its forks (`n` > 1's way: they start from the
@@ -190,9 +178,10 @@ pub(super) fn submit(
     (prompt, max_tokens): (&[i32], u32),
     draws: &[Sampling],
     (align, probe): (bool, Option<(usize, i32)>),
-    deadline: Option<Instant>,
+    timeout: Option<std::time::Duration>,
     chunk: &[f32],
 ) -> Result<Vec<mpsc::UnboundedReceiver<GenEvent>>, ApiError> {
+    let deadline = timeout.map(|d| Instant::now() + d);
     let audio = Arc::new(chunk.to_vec());
     let mut receivers = Vec::with_capacity(draws.len());
     let mut jobs: Vec<GenerateJob> = draws
@@ -234,10 +223,11 @@ pub(super) fn submit(
 /// A window's tokens, each token's text handed to `on_text` as it comes with the text tokens
 /// since the last text (a token that ends inside a UTF-8 character gives its text with the
 /// next); with word times, each token's time and the time after the last token; the
-/// probability the job asked for; the end of text's log-probability. Its temperature is the
-/// caller's to set.
+/// probability the job asked for; the end of text's log-probability. `temperature` is the one
+/// the job sampled at.
 pub(super) async fn collect(
     mut rx: mpsc::UnboundedReceiver<GenEvent>,
+    temperature: f32,
     mut on_text: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<Attempt, ApiError> {
     let mut tail = None;
@@ -287,7 +277,7 @@ pub(super) async fn collect(
                     tail,
                     no_speech: probe,
                     stop_logprob: stop,
-                    temperature: 0.0,
+                    temperature,
                 });
             }
             Some(GenEvent::Error(e)) => return Err(ApiError::from(e)),
