@@ -61,7 +61,7 @@ impl Drop for LoraAdapter {
 /// llama.cpp's pointer to `model`, for the calls llama-cpp-2 does not wrap for a shared model
 /// (its `lora_adapter_init` takes `&mut LlamaModel`, which a model shared with tokenizing
 /// threads cannot give).
-fn raw_model(model: &LlamaModel) -> *mut llama_model {
+pub(crate) fn raw_model(model: &LlamaModel) -> *mut llama_model {
     // SAFETY: `LlamaModel` is `#[repr(transparent)]` over `Ptr<llama_model>`, itself
     // `#[repr(transparent)]` over `NonNull<llama_model>`, so the struct's one field is the
     // pointer (the assertion below checks the size against the pinned version).

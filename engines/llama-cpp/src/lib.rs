@@ -23,6 +23,7 @@
 #![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
 
 mod adapters;
+mod backend_sampling;
 mod cpu;
 mod gguf_info;
 mod load;
@@ -30,6 +31,8 @@ mod logging;
 mod sampler;
 mod slots;
 mod step;
+#[cfg(test)]
+mod testing;
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;

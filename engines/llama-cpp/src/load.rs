@@ -210,16 +210,35 @@ impl LlamaLoaded {
             audio_max_samples: 0,
             voices: Vec::new(),
         };
+        let ctx: LlamaContext<'static> = ctx;
+        // Sampling in llama.cpp's graph (`backend_sampling.rs`); not for embedding contexts.
+        let attacher = if !embedding && crate::backend_sampling::enabled(BACKEND) {
+            let a = crate::backend_sampling::attacher(&ctx, model);
+            if a.is_none() {
+                log.log(
+                    LogLevel::Warn,
+                    "backend sampling is off: this llama-cpp-2 does not show its context pointer",
+                );
+            }
+            a
+        } else {
+            None
+        };
         log.log(
             LogLevel::Info,
             &format!(
-                "loaded {} ({arch}, {} params, ctx {per_seq} x {max_seqs} seqs, {} threads)",
+                "loaded {} ({arch}, {} params, ctx {per_seq} x {max_seqs} seqs, {} threads, \
+                 sampling on the {})",
                 desc.model_id,
                 model.n_params(),
-                threads
+                threads,
+                if attacher.is_some() {
+                    "backend where the chain fits"
+                } else {
+                    "host"
+                }
             ),
         );
-        let ctx: LlamaContext<'static> = ctx;
         Ok(Self {
             exec: Mutex::new(Exec {
                 ctx: ManuallyDrop::new(ctx),
@@ -231,6 +250,7 @@ impl LlamaLoaded {
                         tokens: Vec::new(),
                         released_at: 0,
                         adapter: 0,
+                        backend: None,
                     })
                     .collect(),
                 next_id: 1,
@@ -239,6 +259,7 @@ impl LlamaLoaded {
                 adapters: Default::default(),
                 next_adapter: 1,
                 active_adapter: 0,
+                attacher,
             }),
             model,
             info,

@@ -94,8 +94,7 @@ impl SeqSampler {
                 tail.push(LlamaSampler::min_p(p.min_p, 1));
             }
             tail.push(LlamaSampler::temp(p.temperature));
-            // llama.cpp seeds its RNG with 32 bits; fold the 64-bit seed.
-            tail.push(LlamaSampler::dist((p.seed ^ (p.seed >> 32)) as u32));
+            tail.push(LlamaSampler::dist(seed32(p.seed)));
         }
         SeqSampler::Chain(Chain {
             head: LlamaSampler::chain_simple(head),
@@ -157,6 +156,19 @@ impl SeqSampler {
         })
     }
 
+    /// Advance the seeded draw past `n` samples taken elsewhere (a backend chain's, before the
+    /// sequence moved to the host: `backend_sampling.rs`), so the sequence draws on where it
+    /// was. llama.cpp's draw takes one number from its generator per sample, also of a single
+    /// candidate, which is what it is given here.
+    pub(crate) fn skip_draws(&mut self, n: usize) {
+        let SeqSampler::Chain(c) = self else { return };
+        for _ in 0..n {
+            let one = LlamaTokenData::new(LlamaToken(0), 0.0, 0.0);
+            c.tail
+                .apply(&mut LlamaTokenDataArray::new(vec![one], false));
+        }
+    }
+
     /// Forget the samples taken after the tokens at positions `n_keep` and later (ABI 1.5
     /// `seq_truncate`): the penalties' history is rebuilt from the samples kept. The seeded
     /// draw goes on where it was (the header: each sample draws from the generator).
@@ -175,6 +187,11 @@ impl SeqSampler {
             c.head.accept(LlamaToken(t));
         }
     }
+}
+
+/// The seed of llama.cpp's RNG, which takes 32 bits: the 64-bit seed folded.
+pub(crate) fn seed32(seed: u64) -> u32 {
+    (seed ^ (seed >> 32)) as u32
 }
 
 /// The k of a chain whose first step is top-k: no bias and no penalties run before it.

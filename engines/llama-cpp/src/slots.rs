@@ -22,6 +22,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::adapters::LoraAdapter;
+use crate::backend_sampling::{Attacher, BackendChain};
 use crate::sampler::SeqSampler;
 use crate::{logging, oom};
 
@@ -33,6 +34,12 @@ pub(crate) struct Seq {
     /// Tokens in this sequence's KV cells, in order.
     pub(crate) history: Vec<i32>,
     pub(crate) sampler: Option<SeqSampler>,
+    /// Its chain in llama.cpp's backend, when it samples there (`backend_sampling.rs`): then
+    /// `sampler` stays `None`.
+    pub(crate) backend: Option<BackendChain>,
+    /// The chain its slot came with (`FreeSlot::backend`), until its first sample keeps or
+    /// replaces it (`Exec::choose_samplers`).
+    pub(crate) inherited: Option<BackendChain>,
     /// Leading tokens of the first chunk taken from a warm slot (ABI 1.4 `seq_cached_tokens`);
     /// set by `bind`.
     pub(crate) cached: Option<usize>,
@@ -48,6 +55,10 @@ pub(crate) struct FreeSlot {
     pub(crate) released_at: u64,
     /// The adapter `tokens`' cells were computed under (0 = the base model).
     pub(crate) adapter: u64,
+    /// The backend chain of the sequence that last held the slot, still attached: detaching
+    /// it would make llama.cpp reserve its graph again, so it waits for the next sequence,
+    /// which keeps it (greedy) or replaces it in one reservation (`backend_sampling.rs`).
+    pub(crate) backend: Option<BackendChain>,
 }
 
 /// A warm slot whose history goes on longer than this past a new sequence's prefix is shared
@@ -79,6 +90,8 @@ pub(crate) struct Exec {
     pub(crate) adapters: std::collections::HashMap<u64, LoraAdapter>,
     pub(crate) next_adapter: u64,
     pub(crate) active_adapter: u64,
+    /// Attaches backend sampler chains to slots; `None` = every sequence samples on the host.
+    pub(crate) attacher: Option<Attacher>,
 }
 
 impl Exec {
@@ -183,6 +196,7 @@ impl Exec {
             .get_mut(&seq)
             .ok_or_else(|| EngineError::internal("binding an unknown sequence"))?;
         s.slot = Some(slot.id);
+        s.inherited = slot.backend;
         s.n_past = reuse as i32;
         s.history = tokens[..reuse].to_vec();
         s.cached = Some(reuse);
@@ -209,6 +223,8 @@ impl Exec {
                 n_past: 0,
                 history: Vec::new(),
                 sampler: None,
+                backend: None,
+                inherited: None,
                 cached: None,
                 adapter: 0,
             },
@@ -219,15 +235,18 @@ impl Exec {
     /// Close a sequence. Its cells stay warm for prefix reuse; they are evicted the moment
     /// anyone needs the room (see `step.rs`).
     pub(crate) fn release(&mut self, seq: u64) {
-        if let Some(s) = self.seqs.remove(&seq)
-            && let Some(id) = s.slot
-        {
+        let Some(s) = self.seqs.remove(&seq) else {
+            return;
+        };
+        if let Some(id) = s.slot {
             self.clock += 1;
             self.free_slots.push(FreeSlot {
                 id,
                 tokens: s.history,
                 released_at: self.clock,
                 adapter: s.adapter,
+                // Left attached (see `FreeSlot::backend`).
+                backend: s.backend.or(s.inherited),
             });
         }
     }
@@ -258,7 +277,11 @@ impl Exec {
                 (f.tokens.is_empty(), std::cmp::Reverse(f.released_at))
             })
             .ok_or_else(|| oom("no free sequence slot to fork into".to_string()))?;
-        let slot = self.free_slots.swap_remove(best).id;
+        let FreeSlot {
+            id: slot,
+            backend: inherited,
+            ..
+        } = self.free_slots.swap_remove(best);
         let _ = self.ctx.clear_kv_cache_seq(Some(slot as u32), None, None);
         self.ctx
             .copy_kv_cache_seq(from, slot, None, None)
@@ -272,6 +295,8 @@ impl Exec {
                 n_past,
                 history,
                 sampler: None,
+                backend: None,
+                inherited,
                 // Its first entry is evaluated whole: nothing of it comes from a cache.
                 cached: Some(0),
                 // The shared cells were computed under the source's adapter.
@@ -447,57 +472,12 @@ unsafe impl Send for Exec {}
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
-    use gantry_engine_abi::sdk::{Engine, HostLog, Model};
-    use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor, Sampling, StepEntry};
-
-    use crate::LlamaEngine;
-
-    /// Gemma 3 270M, whose sliding-window layers attend to the last 512 positions
-    /// (scripts/fetch-model.sh; without it this fails with instructions).
-    fn gemma() -> PathBuf {
-        let p = std::env::var_os("GANTRY_GEMMA_GGUF")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
-            })
-            .expect("HOME or GANTRY_GEMMA_GGUF");
-        assert!(
-            p.is_file(),
-            "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
-            p.display()
-        );
-        p
-    }
+    use gantry_engine_abi::sdk::Model;
+    use gantry_engine_abi::{Sampling, StepEntry};
 
     #[test]
     fn a_truncation_that_finds_window_cells_gone_evaluates_the_kept_tokens_again() {
-        let path = gemma();
-        let engine = LlamaEngine::create(
-            EngineConfig {
-                n_threads: 2,
-                max_batch_size: 1,
-                context_length: 1024,
-                ..EngineConfig::default()
-            },
-            HostLog::discard(),
-        )
-        .expect("engine");
-        let model = engine
-            .load_model(&ModelDescriptor {
-                model_id: "gemma".into(),
-                model_dir: path.parent().expect("dir").to_path_buf(),
-                primary_file: path.clone(),
-                format: Format::Gguf,
-                quantization: None,
-                mmproj: None,
-                context_length: 0,
-                max_sequences: 0,
-                device_ids: Vec::new(),
-            })
-            .expect("load gemma");
+        let model = crate::testing::load_gemma(1, 1024);
         assert_eq!(model.exec().n_swa, 512, "Gemma 3's window");
         let mut text = String::from("Notes on the rivers of France.");
         let prompt = loop {

@@ -234,6 +234,8 @@ impl LlamaLoaded {
                 Some(at)
             })
             .collect();
+        // Each sampling entry's sampler: in the backend where its chain fits there.
+        ex.choose_samplers(entries, self.n_vocab, self.info.context_length);
         // One decode per adapter, the base first, then by adapter id: a fixed order, since
         // where a group's cells land in the cache depends on the groups decoded before it.
         let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
@@ -270,6 +272,7 @@ impl LlamaLoaded {
         out: &mut [Option<SampledToken>],
     ) -> Result<(), EngineError> {
         let mut jobs: Vec<Job<'_>> = Vec::new();
+        let mut failed = None;
         for (&n, at) in group.members.iter().zip(logits_at) {
             let (e, k) = (&entries[n], group.skip[n]);
             let seq = ex
@@ -283,6 +286,21 @@ impl LlamaLoaded {
             let (Some(params), Some(at)) = (e.sample, at.clone()) else {
                 continue;
             };
+            if let Some(chain) = &mut seq.backend {
+                // Sampled in the decode: the token alone came back (`backend_sampling.rs`).
+                out[group.first_slot[n]] = match chain.take(&ex.ctx, at.start) {
+                    Ok(token) => Some(SampledToken {
+                        token,
+                        logprob: f32::NAN,
+                        top: Vec::new(),
+                    }),
+                    Err(e) => {
+                        failed = failed.or(Some(e));
+                        None
+                    }
+                };
+                continue;
+            }
             let first_pos = n_past - at.len();
             let sampler = seq
                 .sampler
@@ -301,7 +319,6 @@ impl LlamaLoaded {
             });
         }
         let results = sample_jobs(&mut jobs, self.sample_threads);
-        let mut failed = None;
         for (j, rs) in jobs.into_iter().zip(results) {
             if let Some(seq) = ex.seqs.get_mut(&j.seq) {
                 seq.sampler = Some(j.sampler);
