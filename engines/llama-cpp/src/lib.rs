@@ -4,7 +4,7 @@
 //! per open Gantry sequence and a unified KV cache shared by all slots. `step`
 //! packs every entry's tokens into one `llama_batch` (one per LoRA adapter in use),
 //! decodes it once and samples each sequence that asked for a token with its own
-//! sampler chain. Releasing
+//! sampler chain, in llama.cpp's backend or on the host. Releasing
 //! a sequence removes its cells from the KV cache at once.
 //!
 //! ABI 1.5: `seq_fork` opens a sequence sharing its source's cells (a prompt evaluated once
@@ -18,7 +18,8 @@
 //! By job: `load.rs` (the GGUF file into a model and context), `slots.rs` (sequences, the
 //! warm slots of prefix reuse, fork and truncate), `step.rs` (the batches, the decodes,
 //! sampling the rows in parallel, verification entries), `adapters.rs` (LoRA adapters),
-//! `sampler.rs` (one sequence's sampler), `cpu.rs` and `logging.rs` (llama.cpp's CPU variants
+//! `sampler.rs` (one sequence's sampler on the host), `backend_sampling.rs` (its chain in
+//! llama.cpp's graph instead, where it fits), `cpu.rs` and `logging.rs` (llama.cpp's CPU variants
 //! and log lines).
 #![allow(unsafe_code)] // An engine crate: llama.cpp is C, reached through FFI. Each block has a SAFETY note.
 
