@@ -401,6 +401,13 @@ pub struct EngineConfig {
     /// text so far, verified in one engine step) where the engine supports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<Speculation>,
+    /// Speech recognition at temperature 0: a window whose text repeats itself or whose
+    /// tokens the model doubts is decoded again at higher temperatures, and a silent window
+    /// gives no text, as OpenAI's API and openai-whisper do. Defaults to on; `false` decodes
+    /// each window once, greedily. Only for Models that declare the `transcription` modality
+    /// or declare none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_fallback: Option<bool>,
 }
 
 /// The volume node pods download weights into.

@@ -109,6 +109,7 @@ pub fn model_config(model: &ValidModel) -> ModelConfig {
             gantry_crd::LoadPolicy::Lazy => gantry_api::LoadPolicy::Lazy,
         },
         speculation: speculation(model.engine_config.speculation.as_ref()),
+        temperature_fallback: model.engine_config.temperature_fallback,
         adapters: model.adapters.iter().map(adapter_config).collect(),
         ..ModelConfig::default()
     }

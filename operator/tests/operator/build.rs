@@ -509,3 +509,21 @@ fn a_models_speculation_settings_reach_its_node_config_over_the_defaults() {
     let plain = &built("cpu").config_map.data.expect("data")["models.yaml"];
     assert!(!plain.contains("speculation"), "{plain}");
 }
+
+#[test]
+fn a_models_temperature_fallback_reaches_its_node_config_only_when_set() {
+    let mut m = fixture_model("cpu");
+    m.spec.modalities = vec![gantry_crd::engine_plugin::Modality::Transcription];
+    m.spec
+        .engine_config
+        .get_or_insert_default()
+        .temperature_fallback = Some(false);
+    let o = built_model(&m);
+    let config = &o.config_map.data.as_ref().expect("data")["models.yaml"];
+    let parsed: gantry_api::NodeConfig = serde_yaml::from_str(config).expect("node config parses");
+    assert_eq!(parsed.models[0].temperature_fallback, Some(false));
+    assert!(config.contains("temperatureFallback: false"), "{config}");
+    // Unset, the node's default (on) applies and nothing is rendered.
+    let plain = &built("cpu").config_map.data.expect("data")["models.yaml"];
+    assert!(!plain.contains("temperatureFallback"), "{plain}");
+}

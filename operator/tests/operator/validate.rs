@@ -12,7 +12,7 @@ use crate::support::{fixture_model, t0};
 type Mutation = fn(&mut Model);
 
 /// (what is wrong, how to break the CPU fixture, the field the failure must name)
-const CASES: [(&str, Mutation, &str); 28] = [
+const CASES: [(&str, Mutation, &str); 29] = [
     (
         "name that is not a DNS-1035 label",
         |m| m.metadata.name = Some("3-gemma".into()),
@@ -126,6 +126,17 @@ const CASES: [(&str, Mutation, &str); 28] = [
                 })
         },
         "spec.engineConfig.speculation.draftModel",
+    ),
+    (
+        "a temperature fallback for a Model without speech recognition",
+        |m| {
+            m.spec.modalities = vec![gantry_crd::engine_plugin::Modality::Completion];
+            m.spec
+                .engine_config
+                .get_or_insert_default()
+                .temperature_fallback = Some(false);
+        },
+        "spec.engineConfig.temperatureFallback",
     ),
     (
         "PVC cache without size",

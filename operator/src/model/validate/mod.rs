@@ -226,6 +226,18 @@ pub fn validate(model: &Model, settings: &Settings) -> Result<ValidModel, Vec<In
         }
     }
 
+    if engine_config.temperature_fallback.is_some()
+        && !spec.modalities.is_empty()
+        && !spec
+            .modalities
+            .contains(&gantry_crd::engine_plugin::Modality::Transcription)
+    {
+        problems.push(Invalid::new(
+            "spec.engineConfig.temperatureFallback",
+            "applies to speech recognition: the Model's modalities do not include transcription",
+        ));
+    }
+
     let cache = spec.cache.clone().unwrap_or_default();
     if cache.type_ == CacheType::PersistentVolumeClaim && cache.size.is_none() {
         problems.push(Invalid::new(
