@@ -1,29 +1,9 @@
 //! llama.cpp engine, test support: the real model the in-crate tests load.
 
-use std::path::PathBuf;
-
 use gantry_engine_abi::sdk::{Engine, HostLog};
 use gantry_engine_abi::{EngineConfig, Format, ModelDescriptor};
 
 use crate::{LlamaEngine, LlamaLoaded};
-
-/// Gemma 3 270M, whose sliding-window layers attend to the last 512 positions
-/// (scripts/fetch-model.sh; without it this fails with instructions).
-pub(crate) fn gemma() -> PathBuf {
-    let p = std::env::var_os("GANTRY_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
-        })
-        .expect("HOME or GANTRY_GEMMA_GGUF");
-    assert!(
-        p.is_file(),
-        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
-}
 
 /// A loaded model with the engine that loaded it, dropped after it.
 pub(crate) struct Loaded {
@@ -40,7 +20,8 @@ impl std::ops::Deref for Loaded {
 
 /// Gemma loaded on 2 threads with `max_seqs` sequences of `context` tokens each.
 pub(crate) fn load_gemma(max_seqs: u32, context: u32) -> Loaded {
-    let path = gemma();
+    // Gemma 3 270M, whose sliding-window layers attend to the last 512 positions.
+    let path = gantry_testkit::gemma_gguf();
     let engine = LlamaEngine::create(
         EngineConfig {
             n_threads: 2,

@@ -331,22 +331,9 @@ pub fn decode_together(
     outs
 }
 
-/// The real Gemma 3 270M GGUF. scripts/setup.sh provides it; without it a test fails with
-/// instructions rather than passing silently.
+/// The real Gemma 3 270M GGUF (`gantry_testkit::gemma_gguf`).
 pub fn gemma_path() -> PathBuf {
-    let p = std::env::var_os("GANTRY_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/gantry/models/gemma-3-270m-q4_k_m.gguf"))
-        })
-        .expect("HOME or GANTRY_GEMMA_GGUF");
-    assert!(
-        p.is_file(),
-        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh (scripts/test.sh does)",
-        p.display()
-    );
-    p
+    gantry_testkit::gemma_gguf()
 }
 
 /// One greedy step of `tokens` as the first entry of a new sequence of `exec`: its id and the
