@@ -1,5 +1,5 @@
 """Speculative decoding (prompt lookup) through the official `openai` client, on both engines:
-at temperature 0 the text is the same with and without it, drafts are really verified (the
+at temperature 0 the text is the same with and without it (on llama.cpp, but for a near tie), drafts are really verified (the
 node's `gantry_speculative_*_tokens_total` grow, and some drafted tokens are kept), a request
 can opt out (`speculation: false`, nothing is drafted for it), and a wrong value is a 400
 naming the field.
@@ -38,24 +38,50 @@ def counters(node, model):
     return val("gantry_speculative_draft_tokens_total"), val("gantry_speculative_accepted_tokens_total")
 
 
+# llama.cpp's CPU kernels round a verification batch of several tokens differently from one
+# token at a time, so where the two best tokens are this close (in log-probability) a greedy
+# choice may go either way with speculation (docs/engines.md): the most two runs may differ by.
+NEAR_TIE = 0.1
+
+
 def greedy(client, model, prompt, **extra):
     # A `seed` makes the node evaluate the whole prompt (no prefix from a warm slot), so both
     # runs start from the same numbers: a prefix evaluated in another batch shape can change a
     # near tie at temperature 0 on its own, with or without speculation (docs/node.md).
     r = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=64,
-        temperature=0, seed=0, extra_body=extra or None)
+        temperature=0, seed=0, logprobs=True, top_logprobs=2, extra_body=extra or None)
     c = r.choices[0]
-    return c.message.content, c.finish_reason, r.usage.completion_tokens
+    return (c.message.content, c.finish_reason, r.usage.completion_tokens), c.logprobs.content
+
+
+def first_divergence(on, off):
+    """The first position where the two runs' tokens differ, and the gap between the two best
+    log-probabilities there in the run without drafts (None when the runs agree)."""
+    for i, (a, b) in enumerate(zip(on, off)):
+        if a.token != b.token:
+            top = sorted((t.logprob for t in b.top_logprobs), reverse=True)
+            named = {t.token for t in b.top_logprobs}
+            return i, (top[0] - top[1]) if a.token in named and len(top) > 1 else float("inf")
+    return None
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_greedy_text_is_the_same_with_and_without_speculation(client, node, model):
     drafted0, accepted0 = counters(node, model)
+    ties = 0
     for prompt in PROMPTS:
-        on = greedy(client, model, prompt)
-        off = greedy(client, model, prompt, speculation=False)
-        assert on == off, f"{model}: {prompt[:40]!r}\nwith:    {on}\nwithout: {off}"
+        (on, on_lp), (off, off_lp) = greedy(client, model, prompt), greedy(client, model, prompt, speculation=False)
+        if on == off:
+            continue
+        where = first_divergence(on_lp, off_lp)
+        # The native engine verifies exactly; on llama.cpp only a near tie may part them, and
+        # only once in the five prompts.
+        assert model != "smollm2-native" and where is not None and where[1] < NEAR_TIE, \
+            f"{model}: {prompt[:40]!r} parts at {where}\nwith:    {on}\nwithout: {off}"
+        print(f"{model}: {prompt[:40]!r} parts at token {where[0]}, a near tie ({where[1]:.4f})")
+        ties += 1
+    assert ties <= 1, f"{model}: {ties} of {len(PROMPTS)} prompts parted at near ties"
     drafted, accepted = counters(node, model)
     assert drafted > drafted0, f"{model}: nothing was drafted"
     assert accepted > accepted0, f"{model}: no drafted token was ever kept"
