@@ -23,7 +23,9 @@ use std::ptr::NonNull;
 
 use gantry_engine_abi::{Backend, EngineError, Sampling, StepEntry};
 use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
 use llama_cpp_sys_2::{llama_context, llama_sampler};
 
 use crate::sampler::SeqSampler;
@@ -83,6 +85,48 @@ impl Attacher {
     /// take it (the host then samples the sequence).
     pub(crate) fn attach(&self, slot: i32, p: &Sampling, n_vocab: i32) -> Option<BackendChain> {
         BackendChain::attach(self.ctx, slot, p, n_vocab)
+    }
+
+    /// Whether this backend samples every chain `attach` builds: one decode of one token per
+    /// kind of chain (the longest seeded one and greedy with biases) on slot 0 of an idle
+    /// context, which must come back with a token. A backend that lacks an op of one of them
+    /// (llama.cpp then runs the chain only up to it, and the token is left to the host) would
+    /// otherwise fail every request it takes; the caller samples on the host instead. The
+    /// slot's cells are cleared afterwards.
+    pub(crate) fn probe(&self, ctx: &mut LlamaContext<'_>, n_vocab: i32) -> Result<(), String> {
+        let seeded = Sampling {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            seed: 1,
+            logit_bias: vec![(0, -1.0)],
+            ..Sampling::greedy()
+        };
+        let greedy = Sampling {
+            logit_bias: vec![(0, -1.0)],
+            ..Sampling::greedy()
+        };
+        let mut batch = LlamaBatch::new(1, 1);
+        for p in [&seeded, &greedy] {
+            let chain = self
+                .attach(0, p, n_vocab)
+                .ok_or_else(|| format!("llama.cpp does not take the chain of {p:?}"))?;
+            batch.clear();
+            let outcome = batch
+                .add(LlamaToken(0), 0, &[0], true)
+                .map_err(|e| e.to_string())
+                .and_then(|()| ctx.decode(&mut batch).map_err(|e| e.to_string()))
+                .and_then(|()| {
+                    ctx.sampled_token_ith(0)
+                        .map(drop)
+                        .ok_or_else(|| format!("the backend sampled no token with {p:?}"))
+                });
+            let _ = ctx.clear_kv_cache_seq(Some(0), None, None);
+            self.detach(chain);
+            outcome?;
+        }
+        Ok(())
     }
 
     /// Detach `chain` from its slot; it is freed as it drops.

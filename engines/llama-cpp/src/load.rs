@@ -210,17 +210,18 @@ impl LlamaLoaded {
             audio_max_samples: 0,
             voices: Vec::new(),
         };
-        let ctx: LlamaContext<'static> = ctx;
+        let mut ctx: LlamaContext<'static> = ctx;
         // Sampling in llama.cpp's graph (`backend_sampling.rs`); not for embedding contexts.
         let attacher = if !embedding && crate::backend_sampling::enabled(BACKEND) {
-            let a = crate::backend_sampling::attacher(&ctx, model);
-            if a.is_none() {
-                log.log(
-                    LogLevel::Warn,
-                    "backend sampling is off: this llama-cpp-2 does not show its context pointer",
-                );
+            let found = crate::backend_sampling::attacher(&ctx, model)
+                .ok_or_else(|| "this llama-cpp-2 does not show its context pointer".to_string());
+            match found.and_then(|a| a.probe(&mut ctx, n_vocab).map(|()| a)) {
+                Ok(a) => Some(a),
+                Err(why) => {
+                    log.log(LogLevel::Warn, &format!("backend sampling is off: {why}"));
+                    None
+                }
             }
-            a
         } else {
             None
         };

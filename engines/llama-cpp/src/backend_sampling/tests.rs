@@ -25,9 +25,11 @@ fn gemma(n: u32, backend: bool) -> Loaded {
     {
         let mut ex = model.exec();
         ex.attacher = if backend {
-            let a = super::attacher(&ex.ctx, model.model.model);
-            assert!(a.is_some(), "the context pointer is readable");
-            a
+            let a = super::attacher(&ex.ctx, model.model.model).expect("the pointer is readable");
+            // The CPU backend samples every chain this plugin builds.
+            a.probe(&mut ex.ctx, model.n_vocab)
+                .expect("the probe passes");
+            Some(a)
         } else {
             None
         };
