@@ -16,8 +16,9 @@
 //! chains change as seldom as they can: a released sequence leaves its chain attached to its
 //! slot (an idle slot's chain costs nothing in a decode), and the next sequence there keeps
 //! it when it is greedy with the same biases, replaces it in one reservation, or detaches it
-//! when it samples on the host. A steady greedy load reserves nothing after its first steps. `GANTRY_LLAMA_BACKEND_SAMPLING` (`0` / `1`)
-//! overrides the default (on for a CUDA build, off for a CPU build: see `enabled`).
+//! when it samples on the host. A steady greedy load reserves nothing after its first steps.
+//! `GANTRY_LLAMA_BACKEND_SAMPLING` (`0` / `1`) overrides the default (on for a CUDA build, off
+//! for a CPU build: see `enabled`).
 
 use std::ptr::NonNull;
 
@@ -42,7 +43,7 @@ pub(crate) fn enabled(build: Backend) -> bool {
 }
 
 /// Whether `entry`, a sampling entry, can be sampled by a backend chain.
-pub(crate) fn fits(p: &Sampling, entry: &StepEntry<'_>) -> bool {
+fn fits(p: &Sampling, entry: &StepEntry<'_>) -> bool {
     !p.has_penalties()
         && !p.want_logprob
         && p.top_logprobs == 0
@@ -84,7 +85,20 @@ impl Attacher {
     /// The chain for `p` (which [`fits`]), attached to `slot`; `None` when llama.cpp does not
     /// take it (the host then samples the sequence).
     pub(crate) fn attach(&self, slot: i32, p: &Sampling, n_vocab: i32) -> Option<BackendChain> {
-        BackendChain::attach(self.ctx, slot, p, n_vocab)
+        let raw = new_chain(p, n_vocab)?;
+        // Owned from here: a chain llama.cpp does not take is freed on return.
+        let chain = BackendChain {
+            raw,
+            slot,
+            draws: 0,
+            greedy_bias: p.is_greedy().then(|| p.logit_bias.clone()),
+        };
+        // SAFETY: `ctx` is the live context; the chain outlives its attachment (it is freed
+        // only once detached, replaced by another chain, or once the context is gone: see its
+        // `Drop`), as llama.h asks.
+        let taken =
+            unsafe { llama_cpp_sys_2::llama_set_sampler(self.ctx.as_ptr(), slot, raw.as_ptr()) };
+        taken.then_some(chain)
     }
 
     /// Whether this backend samples every chain `attach` builds: one decode of one token per
@@ -139,13 +153,13 @@ impl Attacher {
     }
 }
 
-/// The top-p that orders a top-k chain's candidates (see `BackendChain::attach`): the largest
+/// The top-p that orders a top-k chain's candidates (see `new_chain`): the largest
 /// f32 below 1.
 const ORDER_TOP_P: f32 = 1.0 - f32::EPSILON / 2.0;
 
 /// One sequence's chain of backend samplers, attached to its slot until [`Attacher::detach`]
-/// or another chain's attachment replaces it; `draws` counts the tokens it sampled (each a draw of its RNG when
-/// it is not greedy).
+/// or another chain's attachment replaces it; `draws` counts the tokens it sampled (each a
+/// draw of its RNG when it is not greedy).
 pub(crate) struct BackendChain {
     raw: NonNull<llama_sampler>,
     slot: i32,
@@ -160,63 +174,53 @@ pub(crate) struct BackendChain {
 // the same lock).
 unsafe impl Send for BackendChain {}
 
-impl BackendChain {
-    fn attach(ctx: NonNull<llama_context>, slot: i32, p: &Sampling, n_vocab: i32) -> Option<Self> {
-        use llama_cpp_sys_2 as sys;
-        // SAFETY: every sampler is created here and handed to the chain, which owns it from
-        // `llama_sampler_chain_add` on; the bias array is copied by `init_logit_bias`.
-        let raw = unsafe {
-            let chain = sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params());
-            let add = |s: *mut llama_sampler| sys::llama_sampler_chain_add(chain, s);
-            if !p.logit_bias.is_empty() {
-                let biases: Vec<sys::llama_logit_bias> = p
-                    .logit_bias
-                    .iter()
-                    .map(|&(token, bias)| sys::llama_logit_bias { token, bias })
-                    .collect();
-                add(sys::llama_sampler_init_logit_bias(
-                    n_vocab,
-                    biases.len() as i32,
-                    biases.as_ptr(),
-                ));
+/// A new llama.cpp chain of backend samplers for `p` (which [`fits`]), owned by the caller.
+fn new_chain(p: &Sampling, n_vocab: i32) -> Option<NonNull<llama_sampler>> {
+    use llama_cpp_sys_2 as sys;
+    // SAFETY: every sampler is created here and handed to the chain, which owns it from
+    // `llama_sampler_chain_add` on; the bias array is copied by `init_logit_bias`.
+    unsafe {
+        let chain = sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params());
+        let add = |s: *mut llama_sampler| sys::llama_sampler_chain_add(chain, s);
+        if !p.logit_bias.is_empty() {
+            let biases: Vec<sys::llama_logit_bias> = p
+                .logit_bias
+                .iter()
+                .map(|&(token, bias)| sys::llama_logit_bias { token, bias })
+                .collect();
+            add(sys::llama_sampler_init_logit_bias(
+                n_vocab,
+                biases.len() as i32,
+                biases.as_ptr(),
+            ));
+        }
+        if p.is_greedy() {
+            add(sys::llama_sampler_init_greedy());
+        } else {
+            if p.top_k > 0 {
+                add(sys::llama_sampler_init_top_k(p.top_k));
             }
-            if p.is_greedy() {
-                add(sys::llama_sampler_init_greedy());
-            } else {
-                if p.top_k > 0 {
-                    add(sys::llama_sampler_init_top_k(p.top_k));
-                }
-                if p.top_p < 1.0 {
-                    add(sys::llama_sampler_init_top_p(p.top_p, 1));
-                } else if p.top_k > 0 {
-                    // ggml's top-k returns its k tokens in no particular order, and the draw
-                    // walks the candidates in order: the same seed would pick another token
-                    // than the host's top-k, which sorts them. A top-p just below 1 sorts them
-                    // (descending, as the host) and keeps them all but a tail that float
-                    // rounding puts past it (the last ~1e-6 of the mass at most).
-                    add(sys::llama_sampler_init_top_p(ORDER_TOP_P, 1));
-                }
-                if p.min_p > 0.0 {
-                    add(sys::llama_sampler_init_min_p(p.min_p, 1));
-                }
-                add(sys::llama_sampler_init_temp(p.temperature));
-                add(sys::llama_sampler_init_dist(crate::sampler::seed32(p.seed)));
+            if p.top_p < 1.0 {
+                add(sys::llama_sampler_init_top_p(p.top_p, 1));
+            } else if p.top_k > 0 {
+                // ggml's top-k returns its k tokens in no particular order, and the draw
+                // walks the candidates in order: the same seed would pick another token
+                // than the host's top-k, which sorts them. A top-p just below 1 sorts them
+                // (descending, as the host) and keeps them all but a tail that float
+                // rounding puts past it (the last ~1e-6 of the mass at most).
+                add(sys::llama_sampler_init_top_p(ORDER_TOP_P, 1));
             }
-            NonNull::new(chain)?
-        };
-        // Owned from here: a chain llama.cpp does not take is freed on return.
-        let chain = BackendChain {
-            raw,
-            slot,
-            draws: 0,
-            greedy_bias: p.is_greedy().then(|| p.logit_bias.clone()),
-        };
-        // SAFETY: `ctx` is the live context; the chain outlives its attachment (it is
-        // detached before it is freed, `detach`), as llama.h asks.
-        let taken = unsafe { llama_cpp_sys_2::llama_set_sampler(ctx.as_ptr(), slot, raw.as_ptr()) };
-        taken.then_some(chain)
+            if p.min_p > 0.0 {
+                add(sys::llama_sampler_init_min_p(p.min_p, 1));
+            }
+            add(sys::llama_sampler_init_temp(p.temperature));
+            add(sys::llama_sampler_init_dist(crate::sampler::seed32(p.seed)));
+        }
+        NonNull::new(chain)
     }
+}
 
+impl BackendChain {
     /// Which chain this is (its address), for tests.
     #[cfg(test)]
     pub(crate) fn id(&self) -> usize {
@@ -248,8 +252,9 @@ impl Drop for BackendChain {
     fn drop(&mut self) {
         // SAFETY: the chain came from `llama_sampler_chain_init` and is freed once, here (with
         // its samplers), when no context reads it: it was never attached, or was detached
-        // (`Exec::release`, `Exec::to_host`), or its context is gone (`LlamaLoaded`'s `Drop`
-        // frees the context before the sequences).
+        // or replaced on its slot (`Exec::choose_samplers`, `Attacher::probe`), or its context
+        // is gone (`LlamaLoaded`'s `Drop` frees the context before the sequences and the free
+        // slots that hold chains).
         unsafe { llama_cpp_sys_2::llama_sampler_free(self.raw.as_ptr()) };
     }
 }
