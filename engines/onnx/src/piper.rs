@@ -145,7 +145,7 @@ impl VoiceConfig {
 }
 
 /// Drop espeak-ng's language-switch flags: `(en)` … `(fr)` around foreign words.
-fn strip_language_flags(s: &str) -> String {
+pub(crate) fn strip_language_flags(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(open) = rest.find('(') {

@@ -3,70 +3,16 @@
 //! Runtime's Python reference and the Whisper round trip are checked end to end through the
 //! node (tests/python/test_speech.py).
 
-use std::path::PathBuf;
+mod common;
 
-use gantry_engine_abi::sdk::{Engine, HostLog, Model};
-use gantry_engine_abi::{
-    Backend, EngineConfig, Format, ModelDescriptor, SpeechRequest, Status, ffi,
-};
-use gantry_engine_onnx::{OnnxEngine, OnnxModel};
-
-fn env_path(var: &str) -> PathBuf {
-    let p = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-        panic!("{var} is not set: run scripts/setup.sh (scripts/test.sh exports it)")
-    });
-    assert!(p.exists(), "{var}={} does not exist", p.display());
-    p
-}
+use common::{env_path, speak};
+use gantry_engine_abi::sdk::Model;
+use gantry_engine_abi::{SpeechRequest, Status, ffi};
+use gantry_engine_onnx::OnnxModel;
 
 fn load() -> OnnxModel {
     let dir = env_path("GANTRY_PIPER_VOICE_DIR");
-    for var in [
-        "GANTRY_ONNXRUNTIME_LIB",
-        "GANTRY_ESPEAK_LIB",
-        "GANTRY_ESPEAK_DATA",
-    ] {
-        env_path(var);
-    }
-    let engine = OnnxEngine::create(
-        EngineConfig {
-            backend: Backend::Cpu,
-            n_threads: 2,
-            ..EngineConfig::default()
-        },
-        HostLog::discard(),
-    )
-    .expect("create");
-    engine
-        .load_model(&ModelDescriptor {
-            model_id: "joe".into(),
-            model_dir: dir.clone(),
-            primary_file: dir.join("en_US-joe-medium.onnx"),
-            format: Format::Onnx,
-            quantization: None,
-            mmproj: None,
-            context_length: 0,
-            max_sequences: 0,
-            device_ids: Vec::new(),
-        })
-        .expect("load the voice")
-}
-
-/// Every piece of one speech, in order.
-fn speak(m: &OnnxModel, text: &str, voice: Option<&str>, speed: f32) -> Vec<Vec<f32>> {
-    let id = m
-        .speech_open(&SpeechRequest { text, voice, speed })
-        .expect("open");
-    let mut pieces = Vec::new();
-    loop {
-        let p = m.speech_next(id).expect("next");
-        pieces.push(p.samples);
-        if p.done {
-            break;
-        }
-    }
-    m.speech_close(id);
-    pieces
+    common::load("joe", &dir.join("en_US-joe-medium.onnx"))
 }
 
 #[test]

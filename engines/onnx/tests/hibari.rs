@@ -1,0 +1,99 @@
+//! The ONNX plugin on a real Hibari voice ("heart", the Kokoro-distilled model in the PyPI
+//! package `hibari-tts`): load, the voice's facts, the phonemes its text becomes, speech cut
+//! into sentence pieces, pace, the same audio for the same text, and refusals. The audio
+//! against the package's own Python pipeline and the Whisper round trip are checked end to end
+//! through the node (tests/python/test_speech.py).
+
+mod common;
+
+use common::{env_path, speak};
+use gantry_engine_abi::sdk::Model;
+use gantry_engine_abi::{SpeechRequest, Status, ffi};
+use gantry_engine_onnx::OnnxModel;
+
+fn load() -> OnnxModel {
+    common::load("heart", &env_path("GANTRY_HIBARI_DIR").join("hibari.onnx"))
+}
+
+fn secs(pieces: &[Vec<f32>]) -> f32 {
+    pieces.iter().map(Vec::len).sum::<usize>() as f32 / 24_000.0
+}
+
+#[test]
+fn a_hibari_voice_speaks_sentence_by_sentence() {
+    let m = load();
+    let info = m.info();
+    assert_eq!(info.architecture, "HibariVoice");
+    assert_eq!(info.modalities, ffi::GANTRY_MODALITY_SPEECH);
+    assert_eq!(info.audio_sample_rate, 24_000);
+    assert_eq!(info.voices, ["heart"]);
+
+    let text = "The quick brown fox jumps over the lazy dog. It was not amused! Was it?";
+    let pieces = speak(&m, text, Some("heart"), 1.0);
+    assert_eq!(pieces.len(), 3, "one piece per sentence");
+    for p in &pieces {
+        let s = p.len() as f32 / 24_000.0;
+        assert!((0.3..6.0).contains(&s), "a sentence of {s} s");
+        let peak = p.iter().fold(0f32, |a, x| a.max(x.abs()));
+        assert!(
+            (0.05..=1.0).contains(&peak),
+            "audible and in range, peak {peak}"
+        );
+    }
+    let total = secs(&pieces);
+    assert!((3.0..10.0).contains(&total), "{total} s for 15 words");
+    // The noise is seeded by the text: the same text, the same audio.
+    assert_eq!(speak(&m, text, None, 1.0), pieces);
+    let fast = secs(&speak(&m, text, None, 2.0));
+    let ratio = fast / total;
+    assert!(
+        (0.4..0.7).contains(&ratio),
+        "speed 2 gave {ratio} of the length"
+    );
+}
+
+#[test]
+fn text_becomes_misaki_phonemes() {
+    let m = load();
+    let ps = |t: &str| {
+        m.sentence_phonemes(t)
+            .expect("a Hibari voice")
+            .expect("phonemes")
+    };
+    // espeak-ng's reading in the voice's alphabet; the voice's own phonemiser writes
+    // "həlˈO, wˈɜɹld!" and "hˌW ɑɹ ju tədˈA?".
+    assert_eq!(
+        ps("Hello, world! How are you today?"),
+        ["həlˈO, wˈɜɹld!", "hˌW ɑɹ ju tədˈA?"]
+    );
+    // Markup speaks its phonemes as written, in the sentence around it.
+    assert_eq!(ps("Say [Kokoro](/kˈOkəɹO/) twice."), ["sˈA kˈOkəɹO twˈIs."]);
+    let ids = m.sentence_ids("Hello.").expect("ids");
+    assert_eq!(ids.len(), 1);
+    assert_eq!(
+        (ids[0][0], *ids[0].last().expect("ids")),
+        (0, 0),
+        "padded with 0"
+    );
+    // h ə l ˈ O . in the voice's vocab.json.
+    assert_eq!(ids[0], [0, 50, 83, 54, 156, 31, 4, 0]);
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_reason() {
+    let m = load();
+    let err = |text: &str, voice: Option<&str>, speed: f32| {
+        m.speech_open(&SpeechRequest { text, voice, speed })
+            .expect_err("refused")
+    };
+    let e = err("Hello.", Some("joe"), 1.0);
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(
+        e.message.contains("\"joe\"") && e.message.contains("heart"),
+        "{e}"
+    );
+    assert!(err("   ", None, 1.0).message.contains("empty"));
+    assert!(err("Hello.", None, 0.1).message.contains("[0.25, 4]"));
+    assert!(err("...", None, 1.0).message.contains("nothing to speak"));
+    assert_eq!(speak(&m, "Still here.", None, 1.0).len(), 1);
+}
