@@ -94,12 +94,18 @@ pub struct Read {
 /// last cut is unfinished (speech running past the window), is dropped, and the next window
 /// starts at the last cut, so that text is decoded whole. Without a cut, the whole window is
 /// one segment, up to its last timestamp if it has one.
+///
+/// When the tokens have times (word timestamps asked for), the window's words are timed and
+/// adjusted together ([`words::window_words`]) and each segment's bounds move to its words';
+/// `last_speech` is where the speech before this window ended, and afterwards where this
+/// window's did.
 pub fn read_window(
     (tokens, tail): (&[Token], Option<f32>),
     first_timestamp: Option<i32>,
     start: f64,
     (len, rate): (usize, u32),
     end: f64,
+    last_speech: &mut f64,
 ) -> Read {
     let pos = |id: i32| first_timestamp.filter(|&f| id >= f).map(|f| id - f);
     let at = |p: i32| (start + f64::from(p) * 0.02).min(end);
@@ -109,54 +115,69 @@ pub fn read_window(
     let mut cuts: Vec<usize> = (1..n)
         .filter(|&i| is_ts(&tokens[i - 1]) && is_ts(&tokens[i]))
         .collect();
-    let mut segments = Vec::new();
-    if cuts.is_empty() {
+    // Each segment's tokens and bounds.
+    let mut parts: Vec<(std::ops::Range<usize>, f64, f64)> = Vec::new();
+    let advance = if cuts.is_empty() {
         let stop = match tokens.iter().rev().find_map(|t| pos(t.id)) {
             Some(p) if p > 0 => at(p),
             _ => (start + len as f64 / f64::from(rate)).min(end),
         };
-        segments.extend(segment((tokens, 0..n, tail, start), start, stop, &is_ts));
-        return Read {
-            segments,
-            advance: len,
-        };
-    }
-    if single_ending {
-        cuts.push(n);
-    }
-    let mut last = 0;
-    for &cut in &cuts {
-        let slice = &tokens[last..cut];
-        let from = pos(slice[0].id).map_or(start, at);
-        let to = pos(slice[slice.len() - 1].id).map_or(from, at);
-        segments.extend(segment((tokens, last..cut, tail, start), from, to, &is_ts));
-        last = cut;
-    }
-    let advance = if single_ending {
+        parts.push((0..n, start, stop));
         len
     } else {
-        // From the window's start to the last cut's time, in samples.
-        let p = pos(tokens[last - 1].id).unwrap_or(0);
-        ((f64::from(p) * 0.02 * f64::from(rate)).round() as usize).clamp(1, len)
+        if single_ending {
+            cuts.push(n);
+        }
+        let mut last = 0;
+        for &cut in &cuts {
+            let slice = &tokens[last..cut];
+            let from = pos(slice[0].id).map_or(start, at);
+            let to = pos(slice[slice.len() - 1].id).map_or(from, at);
+            parts.push((last..cut, from, to));
+            last = cut;
+        }
+        if single_ending {
+            len
+        } else {
+            // From the window's start to the last cut's time, in samples.
+            let p = pos(tokens[last - 1].id).unwrap_or(0);
+            ((f64::from(p) * 0.02 * f64::from(rate)).round() as usize).clamp(1, len)
+        }
     };
+    let mut bounds: Vec<words::WindowSegment> = parts
+        .iter()
+        .map(|(range, from, to)| words::WindowSegment {
+            text: range.clone().filter(|&i| !is_ts(&tokens[i])).collect(),
+            from: *from,
+            to: *to,
+        })
+        .collect();
+    let mut words = if tokens.iter().any(|t| t.time.is_some()) {
+        words::window_words(tokens, &mut bounds, tail, start, last_speech)
+    } else {
+        Vec::new()
+    };
+    words.resize(parts.len(), Vec::new());
+    let segments = parts
+        .into_iter()
+        .zip(bounds)
+        .zip(words)
+        .filter_map(|(((range, _, _), b), words)| {
+            segment(&tokens[range], b.from, b.to, words, &is_ts)
+        })
+        .collect();
     Read { segments, advance }
 }
 
-/// The segment of the text of the window's tokens in `range`, from `from` to `to` (with its
-/// words when the tokens have times, which count from the window's `start`); `None` when the
+/// The segment of the text of `tokens`, from `from` to `to`, with its `words`; `None` when the
 /// text is blank.
 fn segment(
-    (all, range, tail, start): (&[Token], std::ops::Range<usize>, Option<f32>, f64),
+    tokens: &[Token],
     from: f64,
     to: f64,
+    words: Vec<Word>,
     is_ts: &impl Fn(&Token) -> bool,
 ) -> Option<Segment> {
-    let tokens = &all[range.clone()];
-    let at: Vec<usize> = range.filter(|&i| !is_ts(&all[i])).collect();
-    let words = match tokens.iter().any(|t| t.time.is_some()) {
-        true => words::words(all, &at, tail, start, (from, to)),
-        false => Vec::new(),
-    };
     let text: Vec<&Token> = tokens.iter().filter(|t| !is_ts(t)).collect();
     let bytes: Vec<u8> = text.iter().flat_map(|t| t.bytes.iter().copied()).collect();
     let s = String::from_utf8_lossy(&bytes).to_string();
@@ -304,7 +325,7 @@ mod tests {
             (6, " world"),
             (TS + 125, ""),
         ]);
-        let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 60.0);
+        let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 60.0, &mut 0.0);
         let s = &r.segments;
         assert_eq!(s.len(), 2);
         assert_eq!(
@@ -333,7 +354,7 @@ mod tests {
             (TS + 1000, ""),
             (6, " two"),
         ]);
-        let r = read_window((&t, None), Some(TS), 0.0, (WINDOW, RATE), 45.0);
+        let r = read_window((&t, None), Some(TS), 0.0, (WINDOW, RATE), 45.0, &mut 0.0);
         assert_eq!(r.segments.len(), 1);
         assert_eq!((r.segments[0].end, r.advance), (20.0, 20 * 16_000));
     }
@@ -343,14 +364,28 @@ mod tests {
         // Text after one timestamp: from the window's start to that time (openai-whisper's
         // reading); text after `<|0.00|>` alone: to the window's end, or the audio's.
         let t = toks(&[(TS + 50, ""), (5, " cut"), (6, " off")]);
-        let r = read_window((&t, None), Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
+        let r = read_window(
+            (&t, None),
+            Some(TS),
+            0.0,
+            (7 * 16_000 + 8000, RATE),
+            100.0,
+            &mut 0.0,
+        );
         assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 1.0));
         let t = toks(&[(TS, ""), (5, " cut"), (6, " off")]);
-        let r = read_window((&t, None), Some(TS), 0.0, (7 * 16_000 + 8000, RATE), 100.0);
+        let r = read_window(
+            (&t, None),
+            Some(TS),
+            0.0,
+            (7 * 16_000 + 8000, RATE),
+            100.0,
+            &mut 0.0,
+        );
         assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 7.5));
         // A text closed by one timestamp ends there.
         let t = toks(&[(5, " x"), (TS + 150, "")]);
-        let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 100.0);
+        let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 100.0, &mut 0.0);
         assert_eq!(
             (r.segments[0].start, r.segments[0].end, r.advance),
             (30.0, 33.0, WINDOW)
@@ -362,6 +397,7 @@ mod tests {
             30.0,
             (WINDOW, RATE),
             41.0,
+            &mut 0.0,
         );
         assert_eq!(
             (plain.segments[0].start, plain.segments[0].end),
@@ -374,6 +410,7 @@ mod tests {
             0.0,
             (WINDOW, RATE),
             3.0,
+            &mut 0.0,
         );
         assert!(r.segments.is_empty() && r.advance > 0);
         assert_eq!(clock(3723.4567, ','), "01:02:03,457");

@@ -59,6 +59,8 @@ impl Decoder {
         let single = self.samples.len() <= self.window;
         let mut out = Vec::new();
         let mut seek = 0;
+        // Where the last segment with words ended (the word pass's pause rule).
+        let mut last_speech = 0.0;
         while seek < self.samples.len() {
             let chunk = &self.samples[seek..(seek + self.window).min(self.samples.len())];
             let attempt = self
@@ -95,6 +97,7 @@ impl Decoder {
                 seek as f64 / f64::from(self.rate),
                 (chunk.len(), self.rate),
                 self.seconds,
+                &mut last_speech,
             );
             let frame = (seek as u64 * 100 / u64::from(self.rate.max(1))) as usize;
             for mut s in read.segments {
