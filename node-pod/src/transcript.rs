@@ -117,7 +117,7 @@ pub fn read_window(
         .collect();
     // Each segment's tokens and bounds.
     let mut parts: Vec<(std::ops::Range<usize>, f64, f64)> = Vec::new();
-    let advance = if cuts.is_empty() {
+    let mut advance = if cuts.is_empty() {
         let stop = match tokens.iter().rev().find_map(|t| pos(t.id)) {
             Some(p) if p > 0 => at(p),
             _ => (start + len as f64 / f64::from(rate)).min(end),
@@ -152,12 +152,27 @@ pub fn read_window(
             to: *to,
         })
         .collect();
-    let mut words = if tokens.iter().any(|t| t.time.is_some()) {
+    let timed = tokens.iter().any(|t| t.time.is_some());
+    let mut words = if timed {
         words::window_words(tokens, &mut bounds, tail, start, last_speech)
     } else {
         Vec::new()
     };
     words.resize(parts.len(), Vec::new());
+    // With word times, a window whose text runs on past its last timestamp is read again from
+    // where its last word ends (the last segment's end when no word has a time), on the
+    // 10 ms grid, as openai-whisper does.
+    if timed && !single_ending {
+        let last_end = words
+            .iter()
+            .rev()
+            .find_map(|w| w.last().map(|w| w.end))
+            .or_else(|| bounds.last().map(|b| b.to));
+        if let Some(e) = last_end.filter(|&e| e > start) {
+            let at = (e * 100.0).round() / 100.0;
+            advance = (((at - start) * f64::from(rate)).round() as usize).clamp(1, len);
+        }
+    }
     let segments = parts
         .into_iter()
         .zip(bounds)
@@ -357,6 +372,37 @@ mod tests {
         let r = read_window((&t, None), Some(TS), 0.0, (WINDOW, RATE), 45.0, &mut 0.0);
         assert_eq!(r.segments.len(), 1);
         assert_eq!((r.segments[0].end, r.advance), (20.0, 20 * 16_000));
+    }
+
+    #[test]
+    fn with_word_times_an_unfinished_window_is_read_again_from_its_last_word() {
+        // <|0.00|> one <|2.00|><|2.00|> two (cut off): the next window starts where "one"
+        // ends (1.234 s on the 10 ms grid: 1.23 s), not at the cut (2 s).
+        let mut t = toks(&[
+            (TS, ""),
+            (5, " one"),
+            (TS + 100, ""),
+            (TS + 100, ""),
+            (6, " two"),
+        ]);
+        for (tok, time) in t.iter_mut().zip([0.0, 0.5, 1.234, 1.234, 1.5]) {
+            tok.time = Some(time);
+        }
+        let mut last = 0.0;
+        let r = read_window(
+            (&t, Some(1.8)),
+            Some(TS),
+            0.0,
+            (WINDOW, RATE),
+            45.0,
+            &mut last,
+        );
+        assert_eq!(r.segments.len(), 1);
+        let w = &r.segments[0].words;
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(r.advance, (1.23 * f64::from(RATE)).round() as usize);
+        // The segment took its word's bounds; the last speech is its end.
+        assert!((r.segments[0].end - 1.234).abs() < 1e-6 && (last - 1.234).abs() < 1e-6);
     }
 
     #[test]
