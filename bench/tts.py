@@ -202,6 +202,8 @@ def main():
     ap.add_argument("--node", default="target/release/gantry-node")
     ap.add_argument("--plugins", default="target/release/engines")
     ap.add_argument("--voice", choices=["piper", "hibari"], default="piper")
+    ap.add_argument("--gantry-threads", type=int, default=None,
+                    help="threads of Gantry's engine, when not --threads (with --replicas: per replica)")
     ap.add_argument("--replicas", type=int, default=1,
                     help="engine instances of the voice in Gantry's node (each makes one piece at a time)")
     ap.add_argument("--out", default=None,
@@ -231,7 +233,7 @@ def main():
     port = free_port()
     log = work / "node.log"
     node = subprocess.Popen([args.node, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}",
-                             "--threads", str(args.threads), "--plugins-dir", args.plugins],
+                             "--threads", str(args.gantry_threads or args.threads), "--plugins-dir", args.plugins],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", proc=node, log=log)
@@ -260,7 +262,7 @@ def main():
             for f in ["wav"] + formats:
                 by_format[f].append(run_workload(gantry_side(port, f, model)[0], 1, args.passes))
         report = {"benchmark": "tts", "voice": voice_label, "peer": peer, "threads": args.threads,
-                  "gantry_replicas": args.replicas,
+                  "gantry_replicas": args.replicas, "gantry_threads": args.gantry_threads or args.threads,
                   "passes": args.passes, "rounds": args.rounds, "sentences": len(SENTENCES), **extra,
                   "results": {}}
         for c in levels:
