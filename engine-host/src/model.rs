@@ -71,6 +71,8 @@ pub(crate) trait ExecCalls: Send {
     fn seq_token_times(&mut self, seq: u64, first: usize) -> Result<Vec<f32>, EngineError>;
     /// ABI 1.11 `seq_token_prob`; `Unsupported` when the plugin lacks it.
     fn seq_token_prob(&mut self, seq: u64, n_fed: usize, token: i32) -> Result<f32, EngineError>;
+    /// ABI 1.12 `model_counters`; none when the plugin lacks it.
+    fn counters(&mut self) -> Result<Vec<(String, u64)>, EngineError>;
     /// One vector per input, in order (ABI 1.8 `embed_batch`, or `embed` once per input where
     /// the plugin lacks it). `dims` is the model's embedding size, the first guess of one
     /// vector's length.
@@ -298,6 +300,12 @@ impl ModelExec {
         token: i32,
     ) -> Result<f32, EngineError> {
         self.calls.seq_token_prob(seq, n_fed, token)
+    }
+
+    /// The model's event counters, cumulative since load (ABI 1.12); none when the plugin
+    /// keeps none.
+    pub fn counters(&mut self) -> Result<Vec<(String, u64)>, EngineError> {
+        self.calls.counters()
     }
 
     /// The embedding of one input.

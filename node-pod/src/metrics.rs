@@ -74,6 +74,9 @@ pub struct Metrics {
     pub queue_seconds: HistogramVec,
     /// How each generation ended: stop, length, deadline, stall, queue_timeout, error, cancelled.
     pub finished: IntCounterVec,
+    /// The engines' own event counters (ABI 1.12 `model_counters`), by model and event: the
+    /// llama.cpp plugin's graph builds and reuses, for one.
+    pub engine_events: IntCounterVec,
     /// Config reloads (node/reload.rs) by result: `applied` or `refused`.
     pub config_reloads: IntCounterVec,
     /// Engine worker crashes (`process` isolation), by model, plugin and reason
@@ -378,6 +381,12 @@ impl Metrics {
                 "Generations by how they ended: stop, length, deadline, stall, queue_timeout, error, cancelled",
                 &["model", "reason"],
             ),
+            engine_events: counter(
+                &r,
+                "gantry_engine_events_total",
+                "Events the model's engine counts itself (ABI 1.12 model_counters), by event: for the llama.cpp plugin graph_builds and graph_reuses (on CUDA, graph captures and replays), ubatches, sampler_attaches",
+                &["model", "event"],
+            ),
             config_reloads,
             engine_crashes,
             crash_retries,
@@ -392,7 +401,7 @@ impl Metrics {
     /// The name of every metric family registered here, also those with no sample yet (which
     /// `/metrics` leaves out); the dashboard test checks its queries against these.
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 44] = [
+        let collectors: [&dyn Collector; 45] = [
             &self.requests_waiting,
             &self.requests_running,
             &self.kv_cache_usage,
@@ -428,6 +437,7 @@ impl Metrics {
             &self.memory_limit_bytes,
             &self.queue_seconds,
             &self.finished,
+            &self.engine_events,
             &self.config_reloads,
             &self.engine_crashes,
             &self.crash_retries,
@@ -542,6 +552,7 @@ impl Metrics {
             constraint_batch: self.constraint_batch_seconds.with_label_values(&m),
             engine_hung: self.engine_hung.clone(),
             finish: self.finished.clone(),
+            engine_events: self.engine_events.clone(),
             model: model.to_string(),
         }
     }

@@ -88,6 +88,11 @@ impl Engine for PluginEngine {
     fn speech_close(&mut self, speech: u64) {
         self.0.speech_close(speech)
     }
+
+    fn counters(&mut self) -> Vec<(String, u64)> {
+        // A failed read leaves the series where they were; the next read tries again.
+        self.0.counters().unwrap_or_default()
+    }
     fn embed_batch(&mut self, inputs: &[Vec<i32>]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.0.embed_batch(inputs)
     }

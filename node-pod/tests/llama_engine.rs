@@ -303,3 +303,47 @@ fn gemma_3_270m_greedily_answers_paris() {
         String::from_utf8_lossy(&shared.detokenize(&out, false).expect("detok")).into_owned();
     assert!(text.starts_with(" Paris"), "got {text:?}");
 }
+
+#[test]
+fn the_plugin_counts_its_ubatches_and_the_graphs_it_built_and_reused() {
+    // ABI 1.12 `model_counters`: a steady batch reuses llama.cpp's graph from step to step; a
+    // batch of another size builds one again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), &TinyModelSpec::default());
+    let plugin = llama_plugin(4, 256);
+    let (shared, mut exec) = plugin.load_model(&desc("tiny", &path)).expect("load");
+    let count = |exec: &mut ModelExec| -> std::collections::HashMap<String, u64> {
+        exec.counters().expect("counters").into_iter().collect()
+    };
+    let before = count(&mut exec);
+    let ps = prompts(&shared);
+    // Two sequences: one prefill step, then 15 steps of two tokens each.
+    generate_batched(&mut exec, &ps[..2], 16);
+    let two = count(&mut exec);
+    let grew = |k: &str,
+                a: &std::collections::HashMap<String, u64>,
+                b: &std::collections::HashMap<String, u64>| {
+        b.get(k).copied().unwrap_or(0) - a.get(k).copied().unwrap_or(0)
+    };
+    assert_eq!(grew("ubatches", &before, &two), 16, "{two:?}");
+    assert_eq!(
+        grew("graph_reuses", &before, &two) + grew("graph_builds", &before, &two),
+        16,
+        "every ubatch's graph is built or reused: {two:?}"
+    );
+    // The decode steps of a steady batch reuse the graph (llama.cpp rebuilds when its KV view
+    // grows, at most once here: 16 tokens of 2 sequences stay within one 256-cell view).
+    assert!(grew("graph_reuses", &before, &two) >= 13, "{two:?}");
+    // Three sequences: a new shape, built again, then reused.
+    generate_batched(&mut exec, &ps[2..5], 8);
+    let three = count(&mut exec);
+    assert!(
+        grew("graph_builds", &two, &three) >= 2,
+        "prefill and the first decode: {three:?}"
+    );
+    assert!(grew("graph_reuses", &two, &three) >= 5, "{three:?}");
+    // Counters never go down.
+    for (k, v) in &two {
+        assert!(three[k] >= *v, "{k}: {v} then {}", three[k]);
+    }
+}

@@ -100,6 +100,11 @@ pub trait Engine: Send + 'static {
             "the engine does not report a token's probability",
         ))
     }
+    /// The engine's event counters, cumulative since load (ABI 1.12 `model_counters`); none
+    /// by default. Asked between steps about once a second.
+    fn counters(&mut self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
     /// Prompt tokens the sequence took from the engine's prefix cache, when it says.
     fn seq_cached_tokens(&mut self, seq: u64) -> Option<u64>;
     /// One vector per input, in order, in one engine call where the engine can batch them.

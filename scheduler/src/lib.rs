@@ -24,6 +24,7 @@
 
 mod adapters;
 pub mod batch;
+mod counters;
 pub mod draft;
 mod draft_model;
 mod engine;
@@ -116,6 +117,7 @@ pub fn spawn<E: Engine>(
         draft,
         audio_rate: limits.audio_sample_rate,
         speeches: VecDeque::new(),
+        counters: Default::default(),
     };
     let name = if replica == 0 {
         format!("sched-{model}")

@@ -30,6 +30,8 @@ pub struct SchedulerMetrics {
     pub engine_hung: IntGauge,
     /// `gantry_request_finish_total` by model and reason.
     pub finish: IntCounterVec,
+    /// `gantry_engine_events_total` by model and event (the engine's own counters).
+    pub engine_events: IntCounterVec,
     pub model: String,
 }
 

@@ -139,6 +139,8 @@ pub(crate) struct Scheduler<E: Engine> {
     pub(crate) audio_rate: u32,
     /// Speech syntheses taking turns between steps (`speech.rs`).
     pub(crate) speeches: VecDeque<crate::speech::Speaking>,
+    /// The engine's counters as last read (`counters.rs`).
+    pub(crate) counters: crate::counters::Polled,
 }
 
 impl<E: Engine> Scheduler<E> {
@@ -157,6 +159,9 @@ impl<E: Engine> Scheduler<E> {
             if !self.speeches.is_empty() {
                 self.speak();
                 self.publish();
+            }
+            if self.crashed.is_none() {
+                self.counters.poll(&mut self.engine, &self.metrics);
             }
         }
         self.end_speeches(None);

@@ -5,13 +5,16 @@ The node is this module's own, so its cache starts cold. The same long prompt go
 the first time every prompt token is evaluated, the second time all but the last come from
 the warm slot the first one left (the last is evaluated again for its logits). The response's
 `usage.prompt_tokens_details.cached_tokens` and the node's `gantry_prompt_tokens_cached_total`
-and `gantry_prompt_tokens_evaluated_total` say so, and /metrics stays valid for promtool.
+and `gantry_prompt_tokens_evaluated_total` say so, and /metrics stays valid for promtool. The
+llama.cpp plugin's own counters (ABI 1.12) reach /metrics as `gantry_engine_events_total`:
+every ubatch's graph built or reused, and a generation's decode steps reusing it.
 """
 import json
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -109,3 +112,55 @@ def test_metrics_with_the_prompt_cache_counters_pass_promtool(gemma_node):
     complaints = [line for line in (out.stdout + out.stderr).splitlines()
                   if line.strip() and not (line.startswith("vllm:") and "should not contain ':'" in line)]
     assert not complaints, "\n".join(complaints)
+
+
+def engine_events(text):
+    """`gantry_engine_events_total` of the gemma model, by event."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gantry_engine_events_total{") and 'model="gemma"' in line:
+            event = re.search(r'event="([^"]+)"', line).group(1)
+            out[event] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gemma_worker_node():
+    """The same model in a worker process: the counters cross the worker's pipe."""
+    work = Path(tempfile.mkdtemp(prefix="gantry-engine-events-"))
+    (work / "node.yaml").write_text(
+        f"models:\n  - {{id: gemma, path: {_gemma()}, format: gguf, contextLength: 2048, maxBatchSize: 2}}\n"
+        "scheduler: {responseCacheRamFraction: 0.0}\n"
+        "isolation: {default: process}\n"
+    )
+    with serving(work / "node.yaml", work) as base:
+        yield base
+
+
+@pytest.mark.parametrize("where", ["in_process", "worker"])
+def test_the_engine_counts_the_graphs_it_built_and_reused(where, request):
+    gemma_node = request.getfixturevalue("gemma_node" if where == "in_process" else "gemma_worker_node")
+    # The scheduler reads the engine's counters about once a second, between steps.
+    # Without speculation: verifying drafts of varying length gives each step another shape.
+    body = {"model": "gemma", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 24, "temperature": 0,
+            "speculation": False}
+    time.sleep(1.5)
+    before = engine_events(metrics(gemma_node))
+    n = json.loads(post(gemma_node, "/v1/completions", body))["usage"]["completion_tokens"]
+    assert n >= 16, n
+    deadline = time.monotonic() + 10
+    while True:
+        after = engine_events(metrics(gemma_node))
+        grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        if grew.get("ubatches", 0) >= n or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    print(f"engine events over one {n}-token completion:", grew)
+    # One prefill and a decode step of one token for each token after the first.
+    assert grew["ubatches"] >= n, grew
+    assert after["ubatches"] == after["graph_builds"] + after["graph_reuses"], after
+    # The decode steps have one shape: llama.cpp builds their graph once (again where its KV
+    # view grows) and reuses it.
+    assert grew["graph_reuses"] >= n - 4, grew
+    text = metrics(gemma_node)
+    assert "# TYPE gantry_engine_events_total counter" in text

@@ -59,6 +59,8 @@ pub(super) struct Vtable {
     /// ABI 1.11, optional.
     pub(super) seq_token_times: Option<ffi::SeqTokenTimesFn>,
     pub(super) seq_token_prob: Option<ffi::SeqTokenProbFn>,
+    /// ABI 1.12, optional.
+    pub(super) model_counters: Option<ffi::ModelCountersFn>,
 }
 
 /// The vtable as ABI 1.0 laid it out (every slot before `seq_cached_tokens`): the least a
@@ -122,6 +124,7 @@ impl Vtable {
             speech_close: later!(speech_close),
             seq_token_times: later!(seq_token_times),
             seq_token_prob: later!(seq_token_prob),
+            model_counters: later!(model_counters),
         })
     }
 }

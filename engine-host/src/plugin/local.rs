@@ -411,6 +411,37 @@ impl ExecCalls for LocalModel {
         media::seq_token_prob(self, seq, n_fed, token)
     }
 
+    fn counters(&mut self) -> Result<Vec<(String, u64)>, EngineError> {
+        let h = &self.0;
+        let Some(f) = h.plugin.vt.model_counters else {
+            return Ok(Vec::new());
+        };
+        let mut array: *const ffi::gantry_counter_t = std::ptr::null();
+        let mut n = 0usize;
+        let mut err = new_err();
+        // SAFETY: live handle, host-owned out pointers; `&mut` on the model keeps exec calls
+        // exclusive.
+        let status = unsafe { f(h.raw, &mut array, &mut n, err.as_mut()) };
+        if status != ffi::GANTRY_OK {
+            return Err(read_err(status, &err));
+        }
+        if array.is_null() || n == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin keeps `n` counters at `array`, each name NUL-terminated, until
+        // its next `model_counters` call (header rule); they are copied out now.
+        let counters = unsafe { std::slice::from_raw_parts(array, n) };
+        Ok(counters
+            .iter()
+            .filter(|c| !c.name.is_null())
+            .map(|c| {
+                // SAFETY: non-null, NUL-terminated (header rule), alive until the next call.
+                let name = unsafe { std::ffi::CStr::from_ptr(c.name) };
+                (name.to_string_lossy().into_owned(), c.value)
+            })
+            .collect())
+    }
+
     fn speech_close(&mut self, speech: u64) {
         media::speech_close(self, speech)
     }

@@ -270,6 +270,13 @@ impl ExecCalls for RemoteExec {
         self.exec_call(&w.buf)?.f32()
     }
 
+    fn counters(&mut self) -> Result<Vec<(String, u64)>, EngineError> {
+        let w = Writer::op(Op::ModelCounters);
+        let mut r = self.exec_call(&w.buf)?;
+        let n = r.u32()? as usize;
+        (0..n).map(|_| Ok((r.string()?, r.u64()?))).collect()
+    }
+
     fn speech_close(&mut self, speech: u64) {
         let mut w = Writer::op(Op::SpeechClose);
         w.u64(speech);

@@ -252,6 +252,13 @@ fn handle(
             let token = r.i32()?;
             w.f32(exec(state)?.seq_token_prob(seq, n_fed, token)?);
         }
+        Op::ModelCounters => {
+            let counters = exec(state)?.counters()?;
+            w.u32(counters.len() as u32);
+            for (name, value) in &counters {
+                w.str(name).u64(*value);
+            }
+        }
         Op::SeqTokenTimes => {
             let seq = r.u64()?;
             let first = r.u64()? as usize;

@@ -66,6 +66,8 @@ pub enum Op {
     SeqTokenTimes = 21,
     /// ABI 1.11: a sequence, a count of fed tokens and a token; the reply is its probability.
     SeqTokenProb = 22,
+    /// ABI 1.12: nothing; the reply is a count, then each counter's name and value.
+    ModelCounters = 23,
 }
 
 impl Op {
@@ -94,6 +96,7 @@ impl Op {
             SpeechClose,
             SeqTokenTimes,
             SeqTokenProb,
+            ModelCounters,
         ]
         .into_iter()
         .find(|o| *o as u8 == b)

@@ -77,7 +77,7 @@ extern "C" {
 #endif
 
 #define GANTRY_ABI_MAJOR 1
-#define GANTRY_ABI_MINOR 11
+#define GANTRY_ABI_MINOR 12
 
 /* Name of the one exported symbol. */
 #define GANTRY_ENGINE_ENTRY_SYMBOL "gantry_engine_entry"
@@ -387,6 +387,12 @@ typedef struct gantry_step_result {
     gantry_token_logprob_t top[GANTRY_MAX_TOP_LOGPROBS];
 } gantry_step_result_t;
 
+/* Since 1.12: one of a model's event counters (`model_counters`). */
+typedef struct gantry_counter {
+    const char* name; /* NUL-terminated, plugin-owned */
+    uint64_t value;
+} gantry_counter_t;
+
 /* The function table. `struct_size` is sizeof(gantry_engine_vtable_t) as the
  * plugin was compiled; slots beyond it do not exist. */
 typedef struct gantry_engine_vtable {
@@ -568,6 +574,16 @@ typedef struct gantry_engine_vtable {
      * `<|startoftranscript|>`). `n_fed` is at least 1 and at most the tokens fed. */
     gantry_status_t (*seq_token_prob)(gantry_model_t* model, uint64_t seq, size_t n_fed,
                                       int32_t token, float* prob, gantry_error_t* err);
+
+    /* Since 1.12; optional. The model's event counters, each cumulative since the model was
+     * loaded and never decreasing: `*counters` and `*n` receive an array, plugin-owned and
+     * valid until the next `model_counters` call on this model. Names are short snake_case
+     * words (`graph_builds`, `graph_reuses`, ...) that the host reports as
+     * `gantry_engine_events_total{event=...}`; the set may differ between calls, and a name
+     * absent from a call keeps its last value. The host calls it from the thread that runs
+     * the model's steps, between steps, about once a second. */
+    gantry_status_t (*model_counters)(gantry_model_t* model, const gantry_counter_t** counters,
+                                      size_t* n, gantry_error_t* err);
 } gantry_engine_vtable_t;
 
 /* What the entry symbol returns; static, owned by the plugin. */

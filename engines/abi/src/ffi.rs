@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const GANTRY_ABI_MAJOR: u32 = 1;
-pub const GANTRY_ABI_MINOR: u32 = 11;
+pub const GANTRY_ABI_MINOR: u32 = 12;
 /// Name of the one exported symbol (with its NUL, as `dlsym` wants it).
 pub const GANTRY_ENGINE_ENTRY_SYMBOL: &[u8] = b"gantry_engine_entry\0";
 pub const GANTRY_ERROR_MESSAGE_MAX: usize = 1024;
@@ -410,6 +410,21 @@ pub type SeqTokenTimesFn = unsafe extern "C" fn(
     *mut gantry_error_t,
 ) -> gantry_status_t;
 
+/// Since 1.12: one of a model's event counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct gantry_counter_t {
+    pub name: *const c_char,
+    pub value: u64,
+}
+/// Since 1.12: the model's counters (array, n), plugin-owned until the next call.
+pub type ModelCountersFn = unsafe extern "C" fn(
+    *mut gantry_model_t,
+    *mut *const gantry_counter_t,
+    *mut usize,
+    *mut gantry_error_t,
+) -> gantry_status_t;
+
 #[repr(C)]
 pub struct gantry_engine_vtable_t {
     pub struct_size: u32,
@@ -451,6 +466,8 @@ pub struct gantry_engine_vtable_t {
     pub seq_token_times: Option<SeqTokenTimesFn>,
     /// Since 1.11.
     pub seq_token_prob: Option<SeqTokenProbFn>,
+    /// Since 1.12; optional.
+    pub model_counters: Option<ModelCountersFn>,
 }
 
 #[repr(C)]

@@ -153,6 +153,13 @@ pub trait Model: Send + Sync + 'static {
             "this model does not report a token's probability",
         ))
     }
+    /// The model's event counters, each cumulative since load (since ABI 1.12,
+    /// `model_counters`): short snake_case names the host reports as
+    /// `gantry_engine_events_total{event=...}`. Called between steps about once a second, so
+    /// it should only read. The default has none.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// The host's log callback, safe to call from any thread.

@@ -205,9 +205,11 @@ fn rust_layout() -> Vec<(String, usize)> {
             speech_next,
             speech_close,
             seq_token_times,
-            seq_token_prob
+            seq_token_prob,
+            model_counters
         }
     );
+    layout!(rows, gantry_counter_t { name, value });
     layout!(
         rows,
         gantry_engine_entry_t {

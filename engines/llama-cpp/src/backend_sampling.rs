@@ -51,13 +51,33 @@ fn fits(p: &Sampling, entry: &StepEntry<'_>) -> bool {
         && !entry.verifies()
 }
 
-/// llama.cpp's pointer to `ctx`, for `llama_set_sampler`, which llama-cpp-2 does not wrap
-/// (it attaches backend samplers only when it creates a context, for fixed sequence ids,
-/// while a chain here belongs to one request). The wrapper keeps the pointer crate-private;
-/// the one public place it appears is its `Debug` output (`LlamaContext { context: 0x… }`),
-/// read here and checked against the model before use. `None` when the output has another
-/// shape (another llama-cpp-2): backend sampling is then off, and the host samples.
-pub(crate) fn attacher(ctx: &LlamaContext<'_>, model: &LlamaModel) -> Option<Attacher> {
+/// llama.cpp's pointer to a context, for the calls llama-cpp-2 does not wrap:
+/// `llama_set_sampler` (the binding attaches backend samplers only when it creates a context,
+/// for fixed sequence ids, while a chain here belongs to one request) and
+/// `llama_perf_context`'s count of reused graphs (`Exec::counters`). Held in `Exec`, next to
+/// the context.
+#[derive(Clone, Copy)]
+pub(crate) struct RawContext(NonNull<llama_context>);
+
+// SAFETY: the pointer is the context's, which `Exec` holds and which is `Send`; it is only
+// used while the model's exec mutex is held.
+unsafe impl Send for RawContext {}
+
+impl RawContext {
+    /// Graphs llama.cpp reused instead of building since the context was made.
+    pub(crate) fn graphs_reused(&self) -> u64 {
+        // SAFETY: the live context (the caller holds the exec mutex, so no decode runs);
+        // `llama_perf_context` only reads its counters.
+        let data = unsafe { llama_cpp_sys_2::llama_perf_context(self.0.as_ptr()) };
+        data.n_reused.max(0) as u64
+    }
+}
+
+/// The wrapper keeps the context pointer crate-private; the one public place it appears is its
+/// `Debug` output (`LlamaContext { context: 0x… }`), read here and checked against the model
+/// before use. `None` when the output has another shape (another llama-cpp-2): backend
+/// sampling is then off, the host samples, and graph reuse is not counted.
+pub(crate) fn raw_context(ctx: &LlamaContext<'_>, model: &LlamaModel) -> Option<RawContext> {
     let shown = format!("{ctx:?}");
     let hex = shown.split("context: 0x").nth(1)?;
     let hex: String = hex.chars().take_while(char::is_ascii_hexdigit).collect();
@@ -69,12 +89,14 @@ pub(crate) fn attacher(ctx: &LlamaContext<'_>, model: &LlamaModel) -> Option<Att
     // SAFETY: `raw` is the context's own pointer, as the wrapper printed it; the context is
     // alive (borrowed by `ctx`), and `llama_get_model` only reads its model field.
     let owner = unsafe { llama_cpp_sys_2::llama_get_model(raw.as_ptr()) };
-    (owner.cast_mut() == crate::adapters::raw_model(model)).then_some(Attacher { ctx: raw })
+    (owner.cast_mut() == crate::adapters::raw_model(model)).then_some(RawContext(raw))
 }
 
 /// Attaches chains to the slots of one context (held in `Exec`, next to the context).
 pub(crate) struct Attacher {
     ctx: NonNull<llama_context>,
+    /// Chains llama.cpp took (each made it reserve its graphs again).
+    pub(crate) attached: std::cell::Cell<u64>,
 }
 
 // SAFETY: the pointer is the context's, which `Exec` holds and which is `Send`; it is only
@@ -82,6 +104,13 @@ pub(crate) struct Attacher {
 unsafe impl Send for Attacher {}
 
 impl Attacher {
+    pub(crate) fn new(raw: RawContext) -> Attacher {
+        Attacher {
+            ctx: raw.0,
+            attached: std::cell::Cell::new(0),
+        }
+    }
+
     /// The chain for `p` (which [`fits`]), attached to `slot`; `None` when llama.cpp does not
     /// take it (the host then samples the sequence).
     pub(crate) fn attach(&self, slot: i32, p: &Sampling, n_vocab: i32) -> Option<BackendChain> {
@@ -98,6 +127,9 @@ impl Attacher {
         // `Drop`), as llama.h asks.
         let taken =
             unsafe { llama_cpp_sys_2::llama_set_sampler(self.ctx.as_ptr(), slot, raw.as_ptr()) };
+        if taken {
+            self.attached.set(self.attached.get() + 1);
+        }
         taken.then_some(chain)
     }
 

@@ -238,6 +238,10 @@ impl Model for LlamaLoaded {
         self.exec().seqs.get(&seq)?.cached.map(|n| n as u64)
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.exec().counters()
+    }
+
     fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {
         self.exec().fork(src, self.info.max_sequences as usize)
     }

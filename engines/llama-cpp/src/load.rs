@@ -21,6 +21,9 @@ use llama_cpp_2::token::LlamaToken;
 use crate::slots::{Exec, FreeSlot};
 use crate::{BACKEND, LlamaLoaded, backend, ggml_cuda_device, oom};
 
+/// Tokens of one ubatch of a generation context (llama.cpp builds one graph per ubatch).
+const N_UBATCH: u32 = 512;
+
 fn meta(model: &LlamaModel, key: &str) -> Option<String> {
     model.meta_val_str(key).ok().filter(|s| !s.is_empty())
 }
@@ -144,7 +147,7 @@ impl LlamaLoaded {
         let mut cparams = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(n_ctx))
             .with_n_batch(n_batch)
-            .with_n_ubatch(if embedding { n_batch } else { 512 })
+            .with_n_ubatch(if embedding { n_batch } else { N_UBATCH })
             .with_n_seq_max(max_seqs)
             .with_n_threads(to_i32(threads))
             .with_n_threads_batch(to_i32(threads))
@@ -212,8 +215,10 @@ impl LlamaLoaded {
         };
         let mut ctx: LlamaContext<'static> = ctx;
         // Sampling in llama.cpp's graph (`backend_sampling.rs`); not for embedding contexts.
+        let raw = crate::backend_sampling::raw_context(&ctx, model);
         let attacher = if !embedding && crate::backend_sampling::enabled(BACKEND) {
-            let found = crate::backend_sampling::attacher(&ctx, model)
+            let found = raw
+                .map(crate::backend_sampling::Attacher::new)
                 .ok_or_else(|| "this llama-cpp-2 does not show its context pointer".to_string());
             match found.and_then(|a| a.probe(&mut ctx, n_vocab).map(|()| a)) {
                 Ok(a) => Some(a),
@@ -261,6 +266,9 @@ impl LlamaLoaded {
                 next_adapter: 1,
                 active_adapter: 0,
                 attacher,
+                raw,
+                n_ubatch: u64::from(if embedding { n_batch } else { N_UBATCH }),
+                ubatches: 0,
             }),
             model,
             info,

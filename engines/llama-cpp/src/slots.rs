@@ -92,9 +92,39 @@ pub(crate) struct Exec {
     pub(crate) active_adapter: u64,
     /// Attaches backend sampler chains to slots; `None` = every sequence samples on the host.
     pub(crate) attacher: Option<Attacher>,
+    /// llama.cpp's pointer to `ctx`, for its count of reused graphs; `None` when the binding
+    /// does not show it.
+    pub(crate) raw: Option<crate::backend_sampling::RawContext>,
+    /// The context's `n_ubatch`, and the ubatches its decodes have run (`decode`).
+    pub(crate) n_ubatch: u64,
+    pub(crate) ubatches: u64,
 }
 
 impl Exec {
+    /// `llama_decode` of the batch, counted: llama.cpp splits it into ubatches of `n_ubatch`
+    /// tokens, and builds (or reuses) one graph for each.
+    pub(crate) fn decode(&mut self) -> Result<(), llama_cpp_2::DecodeError> {
+        let n = self.batch.n_tokens().max(0) as u64;
+        self.ubatches += n.div_ceil(self.n_ubatch.max(1)).max(1);
+        self.ctx.decode(&mut self.batch)
+    }
+
+    /// The context's counters (ABI 1.12): ubatches computed, graphs built and reused for them
+    /// (on a CUDA backend a reused graph is replayed as a CUDA graph and a built one captured
+    /// again), and backend sampler chains attached (each a reservation of llama.cpp's graphs).
+    pub(crate) fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut out = vec![("ubatches", self.ubatches)];
+        if let Some(raw) = &self.raw {
+            let reused = raw.graphs_reused().min(self.ubatches);
+            out.push(("graph_reuses", reused));
+            out.push(("graph_builds", self.ubatches - reused));
+        }
+        if let Some(a) = &self.attacher {
+            out.push(("sampler_attaches", a.attached.get()));
+        }
+        out
+    }
+
     /// Give `seq` a slot for a first chunk `tokens`; returns how many leading
     /// tokens its KV already holds. `keep_last` leaves the last token to be
     /// evaluated again when the caller needs its logits; `fresh` takes no
@@ -423,7 +453,7 @@ impl Exec {
             }
             let mut evicted = false;
             while result.is_ok() {
-                match self.ctx.decode(&mut self.batch) {
+                match self.decode() {
                     Ok(()) => break,
                     // Full: drop the warm cells of released sequences and try once more.
                     Err(llama_cpp_2::DecodeError::NoKvCacheSlot)

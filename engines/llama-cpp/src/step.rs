@@ -167,7 +167,7 @@ fn decode_group(
         }
         // Switching adapters costs llama.cpp a graph reservation: only when a decode needs it.
         ex.use_adapter(group.adapter)?;
-        match ex.ctx.decode(&mut ex.batch) {
+        match ex.decode() {
             Ok(()) => return Ok(logits_at),
             // Full: drop the warm cells of released sequences and try once more.
             Err(llama_cpp_2::DecodeError::NoKvCacheSlot) if !evicted && ex.evict_warm() => {
@@ -400,8 +400,7 @@ impl LlamaLoaded {
                 next += 1;
             }
             let pass = ex
-                .ctx
-                .decode(&mut ex.batch)
+                .decode()
                 .map_err(|err| EngineError::internal(format!("llama_decode failed: {err}")))
                 .and_then(|()| {
                     slots[..used]

@@ -25,6 +25,9 @@ pub(super) struct ModelBox<M> {
     /// The last piece of each open speech (ABI 1.10), kept until the next `speech_next` for
     /// it or its `speech_close`: the host reads the samples through the pointer it was given.
     pub(super) pieces: std::sync::Mutex<std::collections::HashMap<u64, Vec<f32>>>,
+    /// The last `model_counters` answer (ABI 1.12), kept until the next: the host reads the
+    /// array and its names through the pointer it was given.
+    counters: std::sync::Mutex<(Vec<CString>, Vec<ffi::gantry_counter_t>)>,
 }
 
 /// The static entry a plugin exports; built by [`declare_engine!`](crate::declare_engine).
@@ -66,6 +69,40 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         speech_close: Some(super::media::shim_speech_close::<E::Model>),
         seq_token_times: Some(super::media::shim_seq_token_times::<E::Model>),
         seq_token_prob: Some(super::media::shim_seq_token_prob::<E::Model>),
+        model_counters: Some(shim_model_counters::<E::Model>),
+    }
+}
+
+unsafe extern "C" fn shim_model_counters<M: Model>(
+    model: *mut ffi::gantry_model_t,
+    counters: *mut *const ffi::gantry_counter_t,
+    n: *mut usize,
+    err: *mut ffi::gantry_error_t,
+) -> ffi::gantry_status_t {
+    // SAFETY: live handle; `counters` and `n` are writable (host-owned, per the header). The
+    // array and its names live in the model's box until the next call replaces them.
+    unsafe {
+        guarded(err, || {
+            let m = model_ref::<M>(model)?;
+            if counters.is_null() || n.is_null() {
+                return Err(EngineError::internal("model_counters: null out pointer"));
+            }
+            let now = m.model.counters();
+            let names: Vec<CString> = now.iter().map(|(name, _)| cstring_lossy(name)).collect();
+            let mut kept = m.counters.lock().unwrap_or_else(|p| p.into_inner());
+            let array = names
+                .iter()
+                .zip(now.iter().map(|(_, v)| *v))
+                .map(|(name, value)| ffi::gantry_counter_t {
+                    name: name.as_ptr(),
+                    value,
+                })
+                .collect();
+            *kept = (names, array);
+            *counters = kept.1.as_ptr();
+            *n = kept.1.len();
+            Ok(())
+        })
     }
 }
 
@@ -209,6 +246,7 @@ unsafe extern "C" fn shim_load_model<E: Engine>(
                 model,
                 info,
                 pieces: Default::default(),
+                counters: Default::default(),
             }))
             .cast();
             Ok(())

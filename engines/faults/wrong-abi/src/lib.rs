@@ -70,6 +70,7 @@ static VTABLE: ffi::gantry_engine_vtable_t = ffi::gantry_engine_vtable_t {
     speech_close: None,
     seq_token_times: None,
     seq_token_prob: None,
+    model_counters: None,
 };
 
 static ENTRY: ffi::gantry_engine_entry_t = ffi::gantry_engine_entry_t {

@@ -25,7 +25,9 @@ fn gemma(n: u32, backend: bool) -> Loaded {
     {
         let mut ex = model.exec();
         ex.attacher = if backend {
-            let a = super::attacher(&ex.ctx, model.model.model).expect("the pointer is readable");
+            let raw =
+                super::raw_context(&ex.ctx, model.model.model).expect("the pointer is readable");
+            let a = super::Attacher::new(raw);
             // The CPU backend samples every chain this plugin builds.
             a.probe(&mut ex.ctx, model.n_vocab)
                 .expect("the probe passes");
