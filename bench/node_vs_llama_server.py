@@ -177,6 +177,21 @@ def cold_start(node_bin, model, runs=5):
     return {"runs": runs, "min_s": min(times), "median_s": statistics.median(times), "max_s": max(times)}
 
 
+def engine_events(port):
+    """The node's `gantry_engine_events_total` by event (the engine's graphs built and reused,
+    ABI 1.12), summed over its models; the scheduler refreshes them about once a second."""
+    import re
+    import urllib.request
+
+    out = {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("gantry_engine_events_total{"):
+                event = re.search(r'event="([^"]+)"', line).group(1)
+                out[event] = out.get(event, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--node", required=True)
@@ -221,7 +236,11 @@ def main():
             for peer_cache in (True, False):
                 n = conc * args.requests_per_slot
                 tag = f"c{conc}-{'cache' if peer_cache else 'nocache'}-{time.time_ns()}"
+                before = engine_events(node_port)
                 g = run_load(node_port, "gemma", conc, n, None, args.max_tokens, "g-" + tag)
+                time.sleep(1.3)  # one more read of the engine's counters
+                after = engine_events(node_port)
+                g["engine_events"] = {k: after[k] - before.get(k, 0) for k in after}
                 p = run_load(peer_port, "gemma", conc, n, peer_cache, args.max_tokens, "p-" + tag)
                 row = {
                     "concurrency": conc,
