@@ -75,6 +75,11 @@ pub trait Backend: Send {
     fn bytes_used(&self) -> u64;
     /// One line for logs and the build report.
     fn describe(&self) -> String;
+    /// The backend's event counters, cumulative since load (ABI 1.12 `model_counters`): the
+    /// CUDA backend's decode graphs captured and replayed. None by default.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// Whether this backend runs LoRA adapters (ABI 1.6); the refusal says why not. Asked
     /// before an adapter's files are read.
     fn runs_adapters(&self) -> Result<(), EngineError> {

@@ -392,6 +392,10 @@ impl Model for DecoderModel {
         self.exec().seqs.get(&seq)?.cached.map(|n| n as u64)
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.exec().backend.counters()
+    }
+
     fn adapter_load(&self, desc: &AdapterDescriptor) -> Result<LoadedAdapter, EngineError> {
         self.load_adapter(desc)
     }
@@ -463,6 +467,10 @@ impl Model for NativeModel {
 
     fn seq_cached_tokens(&self, seq: u64) -> Option<u64> {
         each!(self, m => m.seq_cached_tokens(seq))
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        each!(self, m => m.counters())
     }
 
     fn seq_fork(&self, src: u64) -> Result<u64, EngineError> {

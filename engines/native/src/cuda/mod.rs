@@ -571,6 +571,13 @@ impl Backend for CudaBackend {
         Err(EngineError::unsupported(NO_ADAPTERS))
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("graph_captures", self.graphs.captures),
+            ("graph_replays", self.graphs.replays),
+        ]
+    }
+
     fn describe(&self) -> String {
         let (captured, captures, replays) = self.graph_stats();
         format!(
