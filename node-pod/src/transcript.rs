@@ -409,26 +409,26 @@ mod tests {
     fn without_a_cut_the_window_is_one_segment() {
         // Text after one timestamp: from the window's start to that time (openai-whisper's
         // reading); text after `<|0.00|>` alone: to the window's end, or the audio's.
-        let t = toks(&[(TS + 50, ""), (5, " cut"), (6, " off")]);
-        let r = read_window(
-            (&t, None),
-            Some(TS),
-            0.0,
-            (7 * 16_000 + 8000, RATE),
-            100.0,
-            &mut 0.0,
+        // A window of 7.5 s of audio.
+        let short = |t: &[Token]| {
+            let r = read_window(
+                (t, None),
+                Some(TS),
+                0.0,
+                (7 * 16_000 + 8000, RATE),
+                100.0,
+                &mut 0.0,
+            );
+            (r.segments[0].start, r.segments[0].end)
+        };
+        assert_eq!(
+            short(&toks(&[(TS + 50, ""), (5, " cut"), (6, " off")])),
+            (0.0, 1.0)
         );
-        assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 1.0));
-        let t = toks(&[(TS, ""), (5, " cut"), (6, " off")]);
-        let r = read_window(
-            (&t, None),
-            Some(TS),
-            0.0,
-            (7 * 16_000 + 8000, RATE),
-            100.0,
-            &mut 0.0,
+        assert_eq!(
+            short(&toks(&[(TS, ""), (5, " cut"), (6, " off")])),
+            (0.0, 7.5)
         );
-        assert_eq!((r.segments[0].start, r.segments[0].end), (0.0, 7.5));
         // A text closed by one timestamp ends there.
         let t = toks(&[(5, " x"), (TS + 150, "")]);
         let r = read_window((&t, None), Some(TS), 30.0, (WINDOW, RATE), 100.0, &mut 0.0);

@@ -8,48 +8,27 @@ mod common;
 
 use common::{env_path, speak};
 use gantry_engine_abi::sdk::Model;
-use gantry_engine_abi::{SpeechRequest, Status, ffi};
+use gantry_engine_abi::{SpeechRequest, Status};
 use gantry_engine_onnx::OnnxModel;
 
 fn load() -> OnnxModel {
     common::load("heart", &env_path("GANTRY_HIBARI_DIR").join("hibari.onnx"))
 }
 
-fn secs(pieces: &[Vec<f32>]) -> f32 {
-    pieces.iter().map(Vec::len).sum::<usize>() as f32 / 24_000.0
-}
-
 #[test]
 fn a_hibari_voice_speaks_sentence_by_sentence() {
     let m = load();
-    let info = m.info();
-    assert_eq!(info.architecture, "HibariVoice");
-    assert_eq!(info.modalities, ffi::GANTRY_MODALITY_SPEECH);
-    assert_eq!(info.audio_sample_rate, 24_000);
-    assert_eq!(info.voices, ["heart"]);
-
-    let text = "The quick brown fox jumps over the lazy dog. It was not amused! Was it?";
-    let pieces = speak(&m, text, Some("heart"), 1.0);
-    assert_eq!(pieces.len(), 3, "one piece per sentence");
+    let (pieces, _) =
+        common::speaks_three_sentences(&m, ("HibariVoice", 24_000, "heart"), 0.4..0.7);
     for p in &pieces {
-        let s = p.len() as f32 / 24_000.0;
-        assert!((0.3..6.0).contains(&s), "a sentence of {s} s");
         let peak = p.iter().fold(0f32, |a, x| a.max(x.abs()));
         assert!(
             (0.05..=1.0).contains(&peak),
             "audible and in range, peak {peak}"
         );
     }
-    let total = secs(&pieces);
-    assert!((3.0..10.0).contains(&total), "{total} s for 15 words");
     // The noise is seeded by the text: the same text, the same audio.
-    assert_eq!(speak(&m, text, None, 1.0), pieces);
-    let fast = secs(&speak(&m, text, None, 2.0));
-    let ratio = fast / total;
-    assert!(
-        (0.4..0.7).contains(&ratio),
-        "speed 2 gave {ratio} of the length"
-    );
+    assert_eq!(speak(&m, common::THREE, None, 1.0), pieces);
 }
 
 #[test]

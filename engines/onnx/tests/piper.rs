@@ -7,7 +7,7 @@ mod common;
 
 use common::{env_path, speak};
 use gantry_engine_abi::sdk::Model;
-use gantry_engine_abi::{SpeechRequest, Status, ffi};
+use gantry_engine_abi::{SpeechRequest, Status};
 use gantry_engine_onnx::OnnxModel;
 
 fn load() -> OnnxModel {
@@ -18,35 +18,11 @@ fn load() -> OnnxModel {
 #[test]
 fn a_piper_voice_speaks_sentence_by_sentence() {
     let m = load();
-    let info = m.info();
-    assert_eq!(info.architecture, "PiperVoice");
-    assert_eq!(info.modalities, ffi::GANTRY_MODALITY_SPEECH);
-    assert_eq!(info.audio_sample_rate, 22_050);
-    assert_eq!(info.voices, ["joe"]);
-
-    let text = "The quick brown fox jumps over the lazy dog. It was not amused! Was it?";
-    let pieces = speak(&m, text, Some("joe"), 1.0);
-    assert_eq!(pieces.len(), 3, "one piece per sentence");
+    let (pieces, _) = common::speaks_three_sentences(&m, ("PiperVoice", 22_050, "joe"), 0.4..0.75);
     for p in &pieces {
-        let secs = p.len() as f32 / 22_050.0;
-        // "Was it?" is about half a second; the voice samples its durations (noise on), so
-        // it runs from about 0.45 s.
-        assert!((0.3..6.0).contains(&secs), "a sentence of {secs} s");
         let peak = p.iter().fold(0f32, |a, x| a.max(x.abs()));
         assert!((peak - 1.0).abs() < 1e-6, "peak-normalised, got {peak}");
     }
-    // About 2.5 words per second, give or take: the whole text is 15 words.
-    let total: usize = pieces.iter().map(Vec::len).sum();
-    let secs = total as f32 / 22_050.0;
-    assert!((3.0..10.0).contains(&secs), "{secs} s for 15 words");
-
-    // speed 2 about halves the duration (the length scale; pauses and the sampled durations vary).
-    let fast: usize = speak(&m, text, None, 2.0).iter().map(Vec::len).sum();
-    let ratio = fast as f32 / total as f32;
-    assert!(
-        (0.4..0.75).contains(&ratio),
-        "speed 2 gave {ratio} of the length"
-    );
 }
 
 #[test]

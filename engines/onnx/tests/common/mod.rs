@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use gantry_engine_abi::sdk::{Engine, HostLog, Model};
-use gantry_engine_abi::{Backend, EngineConfig, Format, ModelDescriptor, SpeechRequest};
+use gantry_engine_abi::{Backend, EngineConfig, Format, ModelDescriptor, SpeechRequest, ffi};
 use gantry_engine_onnx::{OnnxEngine, OnnxModel};
 
 pub fn env_path(var: &str) -> PathBuf {
@@ -63,4 +63,38 @@ pub fn speak(m: &OnnxModel, text: &str, voice: Option<&str>, speed: f32) -> Vec<
     }
     m.speech_close(id);
     pieces
+}
+
+/// Three sentences of 15 words (one a two-word question).
+pub const THREE: &str = "The quick brown fox jumps over the lazy dog. It was not amused! Was it?";
+
+/// The voice's facts (a speech model of `architecture` at `rate` Hz with the one voice
+/// `voice`), then [`THREE`] spoken with it: one piece per sentence, each 0.3 to 6 s, about 2.5
+/// words a second in all, and `speed` 2 about halving it (between `fast` of the length). The
+/// pieces at speed 1 and their seconds.
+pub fn speaks_three_sentences(
+    m: &OnnxModel,
+    (architecture, rate, voice): (&str, u32, &str),
+    fast: std::ops::Range<f32>,
+) -> (Vec<Vec<f32>>, f32) {
+    let info = m.info();
+    assert_eq!(info.architecture, architecture);
+    assert_eq!(info.modalities, ffi::GANTRY_MODALITY_SPEECH);
+    assert_eq!(info.audio_sample_rate, rate);
+    assert_eq!(info.voices, [voice]);
+    let secs =
+        |pieces: &[Vec<f32>]| pieces.iter().map(Vec::len).sum::<usize>() as f32 / rate as f32;
+    let pieces = speak(m, THREE, Some(voice), 1.0);
+    assert_eq!(pieces.len(), 3, "one piece per sentence");
+    for p in &pieces {
+        // "Was it?" is about half a second.
+        let s = secs(std::slice::from_ref(p));
+        assert!((0.3..6.0).contains(&s), "a sentence of {s} s");
+    }
+    let total = secs(&pieces);
+    assert!((3.0..10.0).contains(&total), "{total} s for 15 words");
+    // Pauses and (with noise) the sampled durations vary: about half, not exactly.
+    let ratio = secs(&speak(m, THREE, None, 2.0)) / total;
+    assert!(fast.contains(&ratio), "speed 2 gave {ratio} of the length");
+    (pieces, total)
 }
