@@ -7,8 +7,6 @@
 mod common;
 
 use common::{env_path, speak};
-use gantry_engine_abi::sdk::Model;
-use gantry_engine_abi::{SpeechRequest, Status};
 use gantry_engine_onnx::OnnxModel;
 
 fn load() -> OnnxModel {
@@ -60,19 +58,5 @@ fn text_becomes_misaki_phonemes() {
 
 #[test]
 fn bad_requests_are_refused_with_the_reason() {
-    let m = load();
-    let err = |text: &str, voice: Option<&str>, speed: f32| {
-        m.speech_open(&SpeechRequest { text, voice, speed })
-            .expect_err("refused")
-    };
-    let e = err("Hello.", Some("joe"), 1.0);
-    assert_eq!(e.status, Status::Unsupported);
-    assert!(
-        e.message.contains("\"joe\"") && e.message.contains("heart"),
-        "{e}"
-    );
-    assert!(err("   ", None, 1.0).message.contains("empty"));
-    assert!(err("Hello.", None, 0.1).message.contains("[0.25, 4]"));
-    assert!(err("...", None, 1.0).message.contains("nothing to speak"));
-    assert_eq!(speak(&m, "Still here.", None, 1.0).len(), 1);
+    common::refuses_bad_requests(&load(), "joe", "heart");
 }

@@ -5,9 +5,7 @@
 
 mod common;
 
-use common::{env_path, speak};
-use gantry_engine_abi::sdk::Model;
-use gantry_engine_abi::{SpeechRequest, Status};
+use common::env_path;
 use gantry_engine_onnx::OnnxModel;
 
 fn load() -> OnnxModel {
@@ -27,27 +25,7 @@ fn a_piper_voice_speaks_sentence_by_sentence() {
 
 #[test]
 fn bad_requests_are_refused_with_the_reason() {
-    let m = load();
-    let err = |text: &str, voice: Option<&str>, speed: f32| {
-        m.speech_open(&SpeechRequest { text, voice, speed })
-            .expect_err("refused")
-    };
-    let e = err("Hello.", Some("alloy"), 1.0);
-    assert_eq!(e.status, Status::Unsupported);
-    assert!(
-        e.message.contains("\"alloy\"") && e.message.contains("joe"),
-        "{e}"
-    );
-    let e = err("   ", None, 1.0);
-    assert!(e.message.contains("empty"), "{e}");
-    let e = err("Hello.", None, 9.0);
-    assert!(e.message.contains("[0.25, 4]"), "{e}");
-    let e = err("...", None, 1.0);
-    assert!(e.message.contains("nothing to speak"), "{e}");
-    let e = m.speech_next(12345).expect_err("no such speech");
-    assert!(e.message.contains("12345"), "{e}");
-    // Nothing above disturbed the model.
-    assert_eq!(speak(&m, "Still here.", None, 1.0).len(), 1);
+    common::refuses_bad_requests(&load(), "alloy", "joe");
 }
 
 #[test]

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use gantry_engine_abi::sdk::{Engine, HostLog, Model};
-use gantry_engine_abi::{Backend, EngineConfig, Format, ModelDescriptor, SpeechRequest, ffi};
+use gantry_engine_abi::{
+    Backend, EngineConfig, Format, ModelDescriptor, SpeechRequest, Status, ffi,
+};
 use gantry_engine_onnx::{OnnxEngine, OnnxModel};
 
 pub fn env_path(var: &str) -> PathBuf {
@@ -97,4 +99,33 @@ pub fn speaks_three_sentences(
     let ratio = secs(&speak(m, THREE, None, 2.0)) / total;
     assert!(fast.contains(&ratio), "speed 2 gave {ratio} of the length");
     (pieces, total)
+}
+
+/// An unknown voice (`other`; the message lists `own`), empty text, a speed out of range, text
+/// with nothing to pronounce and an unknown speech are each refused with the reason, and the
+/// model speaks after them.
+pub fn refuses_bad_requests(m: &OnnxModel, other: &str, own: &str) {
+    let err = |text: &str, voice: Option<&str>, speed: f32| {
+        m.speech_open(&SpeechRequest { text, voice, speed })
+            .expect_err("refused")
+    };
+    let e = err("Hello.", Some(other), 1.0);
+    assert_eq!(e.status, Status::Unsupported);
+    assert!(
+        e.message.contains(&format!("{other:?}")) && e.message.contains(own),
+        "{e}"
+    );
+    for (text, speed, why) in [
+        ("   ", 1.0, "empty"),
+        ("Hello.", 9.0, "[0.25, 4]"),
+        ("Hello.", 0.1, "[0.25, 4]"),
+        ("...", 1.0, "nothing to speak"),
+    ] {
+        let e = err(text, None, speed);
+        assert!(e.message.contains(why), "{text:?} at {speed}: {e}");
+    }
+    let e = m.speech_next(12345).expect_err("no such speech");
+    assert!(e.message.contains("12345"), "{e}");
+    // Nothing above disturbed the model.
+    assert_eq!(speak(m, "Still here.", None, 1.0).len(), 1);
 }
