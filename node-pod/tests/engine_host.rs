@@ -41,6 +41,7 @@ fn toy_desc(stem: &str) -> ModelDescriptor {
         context_length: 0,
         max_sequences: 0,
         device_ids: Vec::new(),
+        n_threads: 0,
     }
 }
 

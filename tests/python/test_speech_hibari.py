@@ -14,7 +14,8 @@ tiny.en on the native engine in the same node to listen to it. Here:
   and 6 of 105), through the node and, for one sentence, through the gateway;
 - the same text gives the same audio; `speed` 2 about halves it; `pcm` streams sentence by
   sentence at the voice's own 24 kHz through the official client;
-- an unknown voice and an empty input are 400s naming the field, and the voice answers after.
+- an unknown voice and an empty input are 400s naming the field, and the voice answers after;
+- a model's own `threads` reaches its engine (one voice on 1 thread, the other on the node's 2).
 """
 import json
 import os
@@ -61,14 +62,16 @@ def node(tmp_path_factory):
     config = work / "node.json"
     config.write_text(json.dumps({
         "models": [
-            {"id": "heart", "path": str(assets / "hibari.onnx"), "format": "onnx"},
+            # One thread for this voice, the node's two for the other: the model's own
+            # `threads` (a Model's `engineConfig.threads`) reaches its engine.
+            {"id": "heart", "path": str(assets / "hibari.onnx"), "format": "onnx", "threads": 1},
             {"id": "heart-exact", "path": str(exact / "hibari.onnx"), "format": "onnx"},
             {"id": "whisper-tiny.en", "path": str(whisper), "format": "safetensors"},
         ],
         "scheduler": {"responseCacheRamFraction": 0.0},
     }))
     with serving(config, work) as base:
-        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0), work
 
 
 def speak(client, text, model="heart", fmt="wav", **kw):
@@ -85,7 +88,7 @@ class _NoNoise:
 def test_the_audio_is_the_packages_own_within_rounding(node):
     from hibari import Hibari
 
-    _, client = node
+    _, client, _ = node
     reference = Hibari(threads=2)
     worst = 0
     for text in SENTENCES:
@@ -102,7 +105,7 @@ def test_the_audio_is_the_packages_own_within_rounding(node):
 
 
 def test_whisper_hears_what_the_voice_says(node):
-    base, client = node
+    base, client, _ = node
     errors = total = 0
     for text in ALL_SENTENCES:
         heard = transcribe(client, speak(client, text))
@@ -119,7 +122,7 @@ def test_whisper_hears_what_the_voice_says(node):
 
 
 def test_same_text_same_audio_speed_and_streaming(node):
-    _, client = node
+    _, client, _ = node
     text = " ".join(SENTENCES[:3])
     wav, rate = samples(speak(client, text))
     assert rate == 24000
@@ -138,7 +141,7 @@ def test_same_text_same_audio_speed_and_streaming(node):
 
 
 def test_bad_requests_are_400s_naming_the_field(node):
-    _, client = node
+    _, client, _ = node
 
     def refused(param, **kw):
         args = {"model": "heart", "voice": "heart", "input": "Hello."} | kw
@@ -152,3 +155,11 @@ def test_bad_requests_are_400s_naming_the_field(node):
     assert "nothing to speak" in refused("input", input="... !!!")
     wav, rate = samples(speak(client, "Still here."))
     assert len(wav) > rate // 2
+
+
+def test_each_voice_runs_on_its_own_threads(node):
+    _, _, work = node
+    log = (work / "node.log").read_text()
+    lines = [line for line in log.splitlines() if "loaded HibariVoice voice" in line]
+    assert any("heart-exact/hibari.onnx" in line and "2 threads" in line for line in lines), lines
+    assert any("assets/hibari.onnx" in line and "1 threads" in line for line in lines), lines

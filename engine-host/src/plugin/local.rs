@@ -43,6 +43,7 @@ pub(super) fn load(
             desc.device_ids.as_ptr()
         },
         n_device_ids: desc.device_ids.len(),
+        n_threads: desc.n_threads,
     };
     let mut handle: *mut ffi::gantry_model_t = std::ptr::null_mut();
     let mut err = new_err();

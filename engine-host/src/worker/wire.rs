@@ -162,7 +162,8 @@ pub fn put_descriptor(w: &mut Writer, d: &ModelDescriptor) {
         .opt_str(d.mmproj.as_deref().map(path_str).as_deref())
         .u32(d.context_length)
         .u32(d.max_sequences)
-        .i32s(&d.device_ids);
+        .i32s(&d.device_ids)
+        .u32(d.n_threads);
 }
 
 pub fn get_descriptor(r: &mut Reader<'_>) -> Result<ModelDescriptor, EngineError> {
@@ -177,6 +178,7 @@ pub fn get_descriptor(r: &mut Reader<'_>) -> Result<ModelDescriptor, EngineError
         context_length: r.u32()?,
         max_sequences: r.u32()?,
         device_ids: r.i32s()?,
+        n_threads: r.u32()?,
     })
 }
 

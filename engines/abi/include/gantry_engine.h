@@ -228,6 +228,9 @@ typedef struct gantry_model_desc {
      * devices. Engines without devices ignore it. */
     const int32_t* device_ids;
     size_t n_device_ids;
+    /* Since 1.12: CPU threads for this model's work; 0 = the engine config's `n_threads`. An
+     * engine that shares one pool among its models may ignore it. */
+    uint32_t n_threads;
 } gantry_model_desc_t;
 
 /* Since 1.6: a LoRA adapter to load next to a model. Host-owned, valid during

@@ -139,6 +139,8 @@ pub struct gantry_model_desc_t {
     pub device_ids: *const i32,
     /// Since 1.3.
     pub n_device_ids: usize,
+    /// Since 1.12: 0 = the engine config's `n_threads`.
+    pub n_threads: u32,
 }
 
 /// Since 1.6.

@@ -318,6 +318,20 @@ pub struct ModelDescriptor {
     /// Since ABI 1.3: the devices the host placed the model on (first = main); empty =
     /// the engine config's `device_ids`.
     pub device_ids: Vec<i32>,
+    /// Since ABI 1.12: CPU threads for this model; 0 = the engine config's `n_threads`.
+    pub n_threads: u32,
+}
+
+impl ModelDescriptor {
+    /// The threads this model's work runs on: its own, else the engine config's (0 = the
+    /// plugin's choice, as in [`EngineConfig::n_threads`]).
+    pub fn threads_in(&self, config: &EngineConfig) -> u32 {
+        if self.n_threads > 0 {
+            self.n_threads
+        } else {
+            config.n_threads
+        }
+    }
 }
 
 /// A LoRA adapter to load next to a model (ABI 1.6 `adapter_load`).

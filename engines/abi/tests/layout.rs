@@ -72,7 +72,8 @@ fn rust_layout() -> Vec<(String, usize)> {
             context_length,
             max_sequences,
             device_ids,
-            n_device_ids
+            n_device_ids,
+            n_threads
         }
     );
     layout!(

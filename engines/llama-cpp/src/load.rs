@@ -139,7 +139,7 @@ impl LlamaLoaded {
             )));
         }
 
-        let threads = match cfg.n_threads {
+        let threads = match desc.threads_in(cfg) {
             0 => std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
             n => n,
         };

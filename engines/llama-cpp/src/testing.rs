@@ -43,6 +43,7 @@ pub(crate) fn load_gemma(max_seqs: u32, context: u32) -> Loaded {
             context_length: 0,
             max_sequences: 0,
             device_ids: Vec::new(),
+            n_threads: 0,
         })
         .expect("load gemma");
     Loaded {

@@ -170,6 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         context_length: 0,
         max_sequences: 0,
         device_ids: Vec::new(),
+        n_threads: 0,
     })?;
     let load = |p: &PathBuf| {
         model.adapter_load(&AdapterDescriptor {

@@ -280,6 +280,7 @@ fn run(args: &[String]) -> Result<(), String> {
             context_length: 0,
             max_sequences: 0,
             device_ids: Vec::new(),
+            n_threads: 0,
         })
         .map_err(|e| e.message)?;
     let load_s = t0.elapsed().as_secs_f64();

@@ -35,6 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         context_length: 0,
         max_sequences: 0,
         device_ids: Vec::new(),
+        n_threads: 0,
     })?;
     println!("load: {:.2} s", t0.elapsed().as_secs_f64());
     let prompt = model.tokenize(

@@ -95,7 +95,7 @@ impl DecoderModel {
             b.reserve(max_seqs as usize, max_seqs as usize + 512)?;
             Box::new(b)
         } else {
-            let threads = match cfg.n_threads {
+            let threads = match desc.threads_in(cfg) {
                 0 => std::thread::available_parallelism().map_or(4, |n| n.get()),
                 n => n as usize,
             };

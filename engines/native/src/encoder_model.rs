@@ -47,7 +47,7 @@ impl EncoderModel {
         let tokenizer = Tokenizer::load(dir, None)?;
         tokenizer.check_vocab(ec.vocab)?;
         let weights = Arc::new(Weights::open(dir, &desc.primary_file)?);
-        let threads = (cfg.n_threads.max(1)) as usize;
+        let threads = (desc.threads_in(cfg).max(1)) as usize;
         let encoder = Encoder::load(ec, weights, threads)?;
         let ec = &encoder.cfg;
         let context = match desc.context_length {

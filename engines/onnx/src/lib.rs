@@ -121,7 +121,7 @@ impl Engine for OnnxEngine {
         // Phonemise once now: a voice espeak-ng lacks fails the load, not the first request.
         espeak::phonemize(voice.espeak_voice(), "a", false)
             .map_err(|e| EngineError::new(Status::LoadFailed, e))?;
-        let threads = self.config.n_threads.max(1) as usize;
+        let threads = desc.threads_in(&self.config).max(1) as usize;
         let ort_err = |e: ort::Error| {
             EngineError::new(
                 Status::LoadFailed,

@@ -66,6 +66,7 @@ pub(super) fn engines_bench(
         context_length: 0,
         max_sequences: 1,
         device_ids: Vec::new(),
+        n_threads: 0,
     };
     let mut results: Vec<_> = ids
         .iter()

@@ -284,7 +284,8 @@ impl Node {
             let names: Vec<String> = mine().map(|d| d.name.clone()).collect();
             format!("cuda/{}", names.join("+"))
         } else {
-            format!("cpu/{}t", self.engine_config.n_threads)
+            let threads = m.config.threads.unwrap_or(self.engine_config.n_threads);
+            format!("cpu/{threads}t")
         };
         let limit = self
             .limits_now()
@@ -520,6 +521,7 @@ pub(super) fn descriptor(m: &ServedModel, primary: &Path, devices: &[u32]) -> Mo
         context_length: m.config.context_length.unwrap_or(0),
         max_sequences: m.config.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH),
         device_ids: devices.iter().map(|d| *d as i32).collect(),
+        n_threads: m.config.threads.unwrap_or(0),
     }
 }
 

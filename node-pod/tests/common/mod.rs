@@ -276,6 +276,7 @@ pub fn desc(id: &str, path: &Path) -> ModelDescriptor {
         context_length: 0,
         max_sequences: 0,
         device_ids: Vec::new(),
+        n_threads: 0,
     }
 }
 

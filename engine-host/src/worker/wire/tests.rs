@@ -102,6 +102,7 @@ fn infos_survive_the_round_trip() {
         context_length: 512,
         max_sequences: 4,
         device_ids: vec![0, 1],
+        n_threads: 3,
     };
     let mut w = Writer::default();
     put_descriptor(&mut w, &desc);

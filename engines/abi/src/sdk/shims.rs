@@ -239,6 +239,14 @@ unsafe extern "C" fn shim_load_model<E: Engine>(
                 } else {
                     Vec::new()
                 },
+                // Only a host of ABI 1.12 or later says a model's threads.
+                n_threads: if d.struct_size as usize
+                    >= std::mem::offset_of!(ffi::gantry_model_desc_t, n_threads) + size_of::<u32>()
+                {
+                    d.n_threads
+                } else {
+                    0
+                },
             };
             let model = engine.load_model(&desc)?;
             let info = CModelInfo::new(model.info());

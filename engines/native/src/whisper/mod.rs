@@ -113,7 +113,7 @@ impl WhisperModel {
         let per_seq =
             ((2 * net::SOURCE_POSITIONS + 2 * wc.max_target) * wc.d_model * wc.decoder_layers * 4)
                 as u64;
-        let threads = match cfg.n_threads {
+        let threads = match desc.threads_in(cfg) {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n as usize,
         };

@@ -47,6 +47,7 @@ pub fn desc(id: &str, dir: &Path, primary: &Path, format: Format) -> ModelDescri
         context_length: 0,
         max_sequences: 0,
         device_ids: Vec::new(),
+        n_threads: 0,
     }
 }
 

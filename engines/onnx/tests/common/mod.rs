@@ -46,6 +46,7 @@ pub fn load(id: &str, graph: &Path) -> OnnxModel {
             context_length: 0,
             max_sequences: 0,
             device_ids: Vec::new(),
+            n_threads: 0,
         })
         .expect("load the voice")
 }
