@@ -60,3 +60,29 @@ fn text_becomes_misaki_phonemes() {
 fn bad_requests_are_refused_with_the_reason() {
     common::refuses_bad_requests(&load(), "joe", "heart");
 }
+
+#[test]
+fn a_sentence_longer_than_the_graph_takes_is_cut_at_its_clauses() {
+    let m = load();
+    let long = "It is a truth universally acknowledged, that a single man in possession of a good \
+                fortune, must be in want of a wife, however little known the feelings or views of \
+                such a man may be on his first entering a neighbourhood, this truth is so well \
+                fixed in the minds of the surrounding families, that he is considered the rightful \
+                property of some one or other of their daughters, and so on and so forth until the \
+                end of the chapter.";
+    let ps = m
+        .sentence_phonemes(long)
+        .expect("a Hibari voice")
+        .expect("phonemes");
+    assert!(ps.len() >= 2, "{ps:?}");
+    assert!(ps.iter().all(|p| p.chars().count() <= 400), "{ps:?}");
+    // Cut at clauses: every piece but the last ends with the comma that ended its clause.
+    assert!(
+        ps[..ps.len() - 1].iter().all(|p| p.ends_with(',')),
+        "{ps:?}"
+    );
+    let pieces = common::speak(&m, long, None, 1.0);
+    assert_eq!(pieces.len(), ps.len());
+    let secs = pieces.iter().map(Vec::len).sum::<usize>() as f32 / 24_000.0;
+    assert!((15.0..50.0).contains(&secs), "{secs} s for 82 words");
+}
