@@ -3,7 +3,8 @@
 //! A plugin implements [`Engine`] and [`Model`] and calls
 //! [`declare_engine!`](crate::declare_engine). The macro exports
 //! `gantry_engine_entry`, whose vtable points at the generic `extern "C"`
-//! shims ([`vtable`], in `sdk/shims.rs`). Every shim runs the trait method inside
+//! shims ([`vtable`], in `sdk/shims.rs`; adapters, media and counters in `sdk/adapters.rs`,
+//! `sdk/media.rs` and `sdk/counters.rs`). Every shim runs the trait method inside
 //! `catch_unwind` (`sdk/guard.rs`), so a panic becomes `GANTRY_INTERNAL` with the panic
 //! message and never unwinds into the host (since Rust 1.81 that would abort the whole
 //! node). The C structs are read and written in `sdk/convert.rs`.
@@ -13,7 +14,9 @@ use std::ffi::{CString, c_char, c_void};
 use crate::ffi;
 use crate::types::*;
 
+mod adapters;
 mod convert;
+mod counters;
 mod guard;
 mod media;
 mod shims;

@@ -27,7 +27,7 @@ pub(super) struct ModelBox<M> {
     pub(super) pieces: std::sync::Mutex<std::collections::HashMap<u64, Vec<f32>>>,
     /// The last `model_counters` answer (ABI 1.12), kept until the next: the host reads the
     /// array and its names through the pointer it was given.
-    counters: std::sync::Mutex<(Vec<CString>, Vec<ffi::gantry_counter_t>)>,
+    pub(super) counters: std::sync::Mutex<(Vec<CString>, Vec<ffi::gantry_counter_t>)>,
 }
 
 /// The static entry a plugin exports; built by [`declare_engine!`](crate::declare_engine).
@@ -59,9 +59,9 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         seq_cached_tokens: Some(shim_seq_cached_tokens::<E::Model>),
         seq_fork: Some(shim_seq_fork::<E::Model>),
         seq_truncate: Some(shim_seq_truncate::<E::Model>),
-        adapter_load: Some(shim_adapter_load::<E::Model>),
-        adapter_unload: Some(shim_adapter_unload::<E::Model>),
-        seq_set_adapter: Some(shim_seq_set_adapter::<E::Model>),
+        adapter_load: Some(super::adapters::shim_adapter_load::<E::Model>),
+        adapter_unload: Some(super::adapters::shim_adapter_unload::<E::Model>),
+        seq_set_adapter: Some(super::adapters::shim_seq_set_adapter::<E::Model>),
         embed_batch: Some(shim_embed_batch::<E::Model>),
         seq_set_input: Some(super::media::shim_seq_set_input::<E::Model>),
         speech_open: Some(super::media::shim_speech_open::<E::Model>),
@@ -69,40 +69,7 @@ pub const fn vtable<E: Engine>() -> ffi::gantry_engine_vtable_t {
         speech_close: Some(super::media::shim_speech_close::<E::Model>),
         seq_token_times: Some(super::media::shim_seq_token_times::<E::Model>),
         seq_token_prob: Some(super::media::shim_seq_token_prob::<E::Model>),
-        model_counters: Some(shim_model_counters::<E::Model>),
-    }
-}
-
-unsafe extern "C" fn shim_model_counters<M: Model>(
-    model: *mut ffi::gantry_model_t,
-    counters: *mut *const ffi::gantry_counter_t,
-    n: *mut usize,
-    err: *mut ffi::gantry_error_t,
-) -> ffi::gantry_status_t {
-    // SAFETY: live handle; `counters` and `n` are writable (host-owned, per the header). The
-    // array and its names live in the model's box until the next call replaces them.
-    unsafe {
-        guarded(err, || {
-            let m = model_ref::<M>(model)?;
-            if counters.is_null() || n.is_null() {
-                return Err(EngineError::internal("model_counters: null out pointer"));
-            }
-            let now = m.model.counters();
-            let names: Vec<CString> = now.iter().map(|(name, _)| cstring_lossy(name)).collect();
-            let mut kept = m.counters.lock().unwrap_or_else(|p| p.into_inner());
-            let array = names
-                .iter()
-                .zip(now.iter().map(|(_, v)| *v))
-                .map(|(name, value)| ffi::gantry_counter_t {
-                    name: name.as_ptr(),
-                    value,
-                })
-                .collect();
-            *kept = (names, array);
-            *counters = kept.1.as_ptr();
-            *n = kept.1.len();
-            Ok(())
-        })
+        model_counters: Some(super::counters::shim_model_counters::<E::Model>),
     }
 }
 
@@ -479,62 +446,6 @@ unsafe extern "C" fn shim_seq_truncate<M: Model>(
             let n = usize::try_from(n_keep)
                 .map_err(|_| EngineError::internal("seq_truncate: n_keep out of range"))?;
             m.model.seq_truncate(seq, n)
-        })
-    }
-}
-
-unsafe extern "C" fn shim_adapter_load<M: Model>(
-    model: *mut ffi::gantry_model_t,
-    desc: *const ffi::gantry_adapter_desc_t,
-    out: *mut u64,
-    bytes: *mut u64,
-    err: *mut ffi::gantry_error_t,
-) -> ffi::gantry_status_t {
-    // SAFETY: live handle, host-owned descriptor and out pointers per the header.
-    unsafe {
-        guarded(err, || {
-            let m = model_ref::<M>(model)?;
-            if desc.is_null() || out.is_null() || bytes.is_null() {
-                return Err(EngineError::internal("adapter_load: null argument"));
-            }
-            let d = &*desc;
-            let path =
-                opt_str(d.path).ok_or_else(|| EngineError::internal("adapter_load: null path"))?;
-            let format = Format::from_raw(d.format).ok_or_else(|| {
-                EngineError::unsupported(format!("adapter format {} is unknown", d.format))
-            })?;
-            let loaded = m.model.adapter_load(&AdapterDescriptor {
-                name: opt_str(d.name).unwrap_or_default(),
-                path: path.into(),
-                format,
-                scale: d.scale,
-            })?;
-            *out = loaded.id;
-            *bytes = loaded.bytes;
-            Ok(())
-        })
-    }
-}
-
-unsafe extern "C" fn shim_adapter_unload<M: Model>(model: *mut ffi::gantry_model_t, adapter: u64) {
-    guarded_void(|| {
-        // SAFETY: live handle per the header.
-        if let Ok(m) = unsafe { model_ref::<M>(model) } {
-            m.model.adapter_unload(adapter);
-        }
-    });
-}
-
-unsafe extern "C" fn shim_seq_set_adapter<M: Model>(
-    model: *mut ffi::gantry_model_t,
-    seq: u64,
-    adapter: u64,
-    err: *mut ffi::gantry_error_t,
-) -> ffi::gantry_status_t {
-    // SAFETY: live handle per the header.
-    unsafe {
-        guarded(err, || {
-            model_ref::<M>(model)?.model.seq_set_adapter(seq, adapter)
         })
     }
 }
