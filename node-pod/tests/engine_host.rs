@@ -31,18 +31,7 @@ fn refusal(reg: &EngineRegistry, dir_id: &str) -> String {
 }
 
 fn toy_desc(stem: &str) -> ModelDescriptor {
-    ModelDescriptor {
-        model_id: stem.into(),
-        model_dir: "/nonexistent".into(),
-        primary_file: format!("/nonexistent/{stem}.gguf").into(),
-        format: Format::Gguf,
-        quantization: None,
-        mmproj: None,
-        context_length: 0,
-        max_sequences: 0,
-        device_ids: Vec::new(),
-        n_threads: 0,
-    }
+    ModelDescriptor::new(stem, format!("/nonexistent/{stem}.gguf"), Format::Gguf)
 }
 
 #[test]

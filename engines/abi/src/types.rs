@@ -1,7 +1,7 @@
 //! Engine ABI, safe side: the values the host and plugins exchange, free of raw pointers.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::ffi;
 
@@ -323,6 +323,31 @@ pub struct ModelDescriptor {
 }
 
 impl ModelDescriptor {
+    /// `primary_file` in `format` as `model_id`, in the file's directory, with every other
+    /// choice left to the engine config (context, sequences, devices, threads) and no
+    /// quantization or projector.
+    pub fn new(
+        model_id: impl Into<String>,
+        primary_file: impl Into<PathBuf>,
+        format: Format,
+    ) -> Self {
+        let primary_file = primary_file.into();
+        ModelDescriptor {
+            model_id: model_id.into(),
+            model_dir: primary_file
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            primary_file,
+            format,
+            quantization: None,
+            mmproj: None,
+            context_length: 0,
+            max_sequences: 0,
+            device_ids: Vec::new(),
+            n_threads: 0,
+        }
+    }
+
     /// The threads this model's work runs on: its own, else the engine config's (0 = the
     /// plugin's choice, as in [`EngineConfig::n_threads`]).
     pub fn threads_in(&self, config: &EngineConfig) -> u32 {

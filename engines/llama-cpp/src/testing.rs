@@ -33,18 +33,7 @@ pub(crate) fn load_gemma(max_seqs: u32, context: u32) -> Loaded {
     )
     .expect("engine");
     let model = engine
-        .load_model(&ModelDescriptor {
-            model_id: "gemma".into(),
-            model_dir: path.parent().expect("dir").to_path_buf(),
-            primary_file: path.clone(),
-            format: Format::Gguf,
-            quantization: None,
-            mmproj: None,
-            context_length: 0,
-            max_sequences: 0,
-            device_ids: Vec::new(),
-            n_threads: 0,
-        })
+        .load_model(&ModelDescriptor::new("gemma", path.clone(), Format::Gguf))
         .expect("load gemma");
     Loaded {
         model,

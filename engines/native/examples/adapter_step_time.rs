@@ -160,18 +160,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         HostLog::discard(),
     )?;
-    let model = engine.load_model(&ModelDescriptor {
-        model_id: "m".into(),
-        model_dir: dir.clone(),
-        primary_file: dir.join("model.safetensors"),
-        format: Format::Safetensors,
-        quantization: None,
-        mmproj: None,
-        context_length: 0,
-        max_sequences: 0,
-        device_ids: Vec::new(),
-        n_threads: 0,
-    })?;
+    let model = engine.load_model(&ModelDescriptor::new(
+        "m",
+        dir.join("model.safetensors"),
+        Format::Safetensors,
+    ))?;
     let load = |p: &PathBuf| {
         model.adapter_load(&AdapterDescriptor {
             name: p.display().to_string(),

@@ -270,18 +270,11 @@ fn run(args: &[String]) -> Result<(), String> {
     .map_err(|e| e.message)?;
     let t0 = Instant::now();
     let model = engine
-        .load_model(&ModelDescriptor {
-            model_id: "bench".into(),
-            model_dir: model_dir.clone(),
-            primary_file: model_dir.join("model.safetensors"),
-            format: Format::Safetensors,
-            quantization: None,
-            mmproj: None,
-            context_length: 0,
-            max_sequences: 0,
-            device_ids: Vec::new(),
-            n_threads: 0,
-        })
+        .load_model(&ModelDescriptor::new(
+            "bench",
+            model_dir.join("model.safetensors"),
+            Format::Safetensors,
+        ))
         .map_err(|e| e.message)?;
     let load_s = t0.elapsed().as_secs_f64();
     let info = model.info();

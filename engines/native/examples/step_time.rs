@@ -25,18 +25,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         HostLog::discard(),
     )?;
     let t0 = Instant::now();
-    let model = engine.load_model(&ModelDescriptor {
-        model_id: "m".into(),
-        model_dir: dir.clone(),
-        primary_file: dir.join("model.safetensors"),
-        format: Format::Safetensors,
-        quantization: None,
-        mmproj: None,
-        context_length: 0,
-        max_sequences: 0,
-        device_ids: Vec::new(),
-        n_threads: 0,
-    })?;
+    let model = engine.load_model(&ModelDescriptor::new(
+        "m",
+        dir.join("model.safetensors"),
+        Format::Safetensors,
+    ))?;
     println!("load: {:.2} s", t0.elapsed().as_secs_f64());
     let prompt = model.tokenize(
         "Read these notes and summarise them in three sentences. The city council met on Tuesday \

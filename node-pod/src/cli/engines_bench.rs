@@ -57,16 +57,8 @@ pub(super) fn engines_bench(
         devices: None,
     };
     let desc = ModelDescriptor {
-        model_id: "bench".into(),
-        model_dir: primary.parent().unwrap_or(Path::new(".")).to_path_buf(),
-        primary_file: primary.clone(),
-        format,
-        quantization: None,
-        mmproj: None,
-        context_length: 0,
         max_sequences: 1,
-        device_ids: Vec::new(),
-        n_threads: 0,
+        ..ModelDescriptor::new("bench", primary.clone(), format)
     };
     let mut results: Vec<_> = ids
         .iter()

@@ -266,18 +266,7 @@ pub async fn stream(
 
 /// The descriptor of a GGUF model at `path`, loaded as `id`.
 pub fn desc(id: &str, path: &Path) -> ModelDescriptor {
-    ModelDescriptor {
-        model_id: id.into(),
-        model_dir: path.parent().expect("dir").to_path_buf(),
-        primary_file: path.to_path_buf(),
-        format: Format::Gguf,
-        quantization: None,
-        mmproj: None,
-        context_length: 0,
-        max_sequences: 0,
-        device_ids: Vec::new(),
-        n_threads: 0,
-    }
+    ModelDescriptor::new(id, path, Format::Gguf)
 }
 
 pub fn tiny(dir: &Path, spec: &TinyModelSpec) -> PathBuf {

@@ -38,16 +38,8 @@ pub fn plugin(id: &str, max_batch_size: u32, context_length: u32) -> Plugin {
 
 pub fn desc(id: &str, dir: &Path, primary: &Path, format: Format) -> ModelDescriptor {
     ModelDescriptor {
-        model_id: id.into(),
         model_dir: dir.to_path_buf(),
-        primary_file: primary.to_path_buf(),
-        format,
-        quantization: None,
-        mmproj: None,
-        context_length: 0,
-        max_sequences: 0,
-        device_ids: Vec::new(),
-        n_threads: 0,
+        ..ModelDescriptor::new(id, primary, format)
     }
 }
 

@@ -36,18 +36,7 @@ pub fn load(id: &str, graph: &Path) -> OnnxModel {
     )
     .expect("create");
     engine
-        .load_model(&ModelDescriptor {
-            model_id: id.into(),
-            model_dir: graph.parent().expect("a directory").to_path_buf(),
-            primary_file: graph.to_path_buf(),
-            format: Format::Onnx,
-            quantization: None,
-            mmproj: None,
-            context_length: 0,
-            max_sequences: 0,
-            device_ids: Vec::new(),
-            n_threads: 0,
-        })
+        .load_model(&ModelDescriptor::new(id, graph, Format::Onnx))
         .expect("load the voice")
 }
 
