@@ -62,20 +62,29 @@ fn registry_entry(graph: &Path) -> Option<(String, serde_json::Value)> {
     })
 }
 
-/// Whether `graph` is a Hibari voice: its directory's `voices.json` lists it.
-pub fn is_hibari(graph: &Path) -> bool {
-    registry_entry(graph).is_some()
-}
-
 impl HibariVoice {
+    /// The voice whose graph is `graph`, or `None` when no `voices.json` beside it lists it
+    /// (then it is not a Hibari voice).
+    pub fn find(graph: &Path) -> Option<Result<HibariVoice, String>> {
+        registry_entry(graph).map(|(name, entry)| Self::from_entry(graph, name, &entry))
+    }
+
+    /// The voice whose graph is `graph`; refused when no registry lists it.
     pub fn read(graph: &Path) -> Result<HibariVoice, String> {
-        let (name, entry) = registry_entry(graph).ok_or_else(|| {
-            format!(
+        Self::find(graph).unwrap_or_else(|| {
+            Err(format!(
                 "{} does not list {}",
                 graph.with_file_name(REGISTRY).display(),
                 graph.display()
-            )
-        })?;
+            ))
+        })
+    }
+
+    fn from_entry(
+        graph: &Path,
+        name: String,
+        entry: &serde_json::Value,
+    ) -> Result<HibariVoice, String> {
         let british = entry
             .get("british")
             .map(|b| {
@@ -407,7 +416,7 @@ mod tests {
         assert_eq!(heart.ids("əxb;"), [0, 83, 44, 1, 0]);
         let emma = HibariVoice::read(&dir.path().join("bf_emma.int8.onnx")).expect("emma");
         assert_eq!((emma.british, emma.noise_scale), (true, 0.0));
-        assert!(!is_hibari(&dir.path().join("other.onnx")));
+        assert!(HibariVoice::find(&dir.path().join("other.onnx")).is_none());
         let e = HibariVoice::read(&dir.path().join("other.onnx")).expect_err("unlisted");
         assert!(e.contains("does not list"), "{e}");
     }

@@ -110,10 +110,9 @@ impl Engine for OnnxEngine {
             )));
         }
         let graph = &desc.primary_file;
-        let voice = if hibari::is_hibari(graph) {
-            HibariVoice::read(graph).map(Voice::Hibari)
-        } else {
-            VoiceConfig::read(&piper_config_path(graph)).map(Voice::Piper)
+        let voice = match HibariVoice::find(graph) {
+            Some(hibari) => hibari.map(Voice::Hibari),
+            None => VoiceConfig::read(&piper_config_path(graph)).map(Voice::Piper),
         }
         .map_err(|e| EngineError::new(Status::ModelCorrupt, e))?;
         let env = runtime()?;
