@@ -27,6 +27,10 @@ pub struct Speculation {
     pub ngram_max: usize,
     /// No drafts while more sequences than this decode in a step.
     pub max_batch: usize,
+    /// Each prompt-lookup draft's length chosen per step from its sequence's acceptance rate
+    /// and the measured step costs (`draft_len.rs`), `draft_tokens` at most; else always
+    /// `draft_tokens` where the lookup finds that many.
+    pub adaptive: bool,
 }
 
 impl Speculation {
@@ -35,6 +39,7 @@ impl Speculation {
         ngram_min: 1,
         ngram_max: 1,
         max_batch: 0,
+        adaptive: false,
     };
 
     pub fn enabled(&self) -> bool {
@@ -45,6 +50,12 @@ impl Speculation {
 /// The draft for a sequence holding `context` (prompt, then every generated token, the
 /// pending one last): at most `max` tokens that followed the latest earlier occurrence of its
 /// longest tail of `ngram_min..=ngram_max` tokens that occurred before. Empty when none did.
+///
+/// Where the tail occurred twice or more, the draft stops at the first token where the two
+/// latest occurrences went on differently: text that followed the same words with two
+/// different tokens (a counter, a list of months, a changed name) is a guess there, and a
+/// draft rejected at its first token costs a verification for nothing. Copied text, which
+/// occurred once, is drafted whole.
 pub fn prompt_lookup(context: &[i32], ngram_min: usize, ngram_max: usize, max: usize) -> &[i32] {
     let len = context.len();
     if max == 0 || ngram_min == 0 {
@@ -54,12 +65,24 @@ pub fn prompt_lookup(context: &[i32], ngram_min: usize, ngram_max: usize, max: u
         let tail = &context[len - n..];
         // Latest occurrence first: it is the most likely to go on as the text does now.
         // `start + n < len` keeps the tail itself out and leaves at least one token to draft.
-        let found = (0..len - n)
+        let mut found = (0..len - n)
             .rev()
-            .find(|&start| &context[start..start + n] == tail);
-        if let Some(start) = found {
+            .filter(|&start| &context[start..start + n] == tail);
+        if let Some(start) = found.next() {
             let from = start + n;
-            return &context[from..(from + max).min(len)];
+            let draft = &context[from..(from + max).min(len)];
+            let Some(before) = found.next() else {
+                return draft;
+            };
+            let other = &context[before + n..];
+            let agreed = draft.iter().zip(other).take_while(|(a, b)| a == b).count();
+            // The earlier continuation may end first (it runs into the tail): agreeing up to
+            // there is agreeing.
+            return if agreed < draft.len().min(other.len()) {
+                &draft[..agreed]
+            } else {
+                draft
+            };
         }
     }
     &[]
@@ -89,10 +112,18 @@ mod tests {
     }
 
     #[test]
-    fn the_latest_earlier_occurrence_wins() {
-        // "7 8" occurs at 0 (then 1) and at 3 (then 2): the later one is proposed.
+    fn the_latest_earlier_occurrence_drafts_as_far_as_the_one_before_agrees() {
+        // "7 8" occurs at 0 (then 1 5) and at 3 (then 1 6): "1" is drafted, not what differs.
+        let ctx = [7, 8, 1, 5, 7, 8, 1, 6, 7, 8];
+        assert_eq!(prompt_lookup(&ctx, 2, 2, 3), &[1]);
+        // Followed two ways from its first token: nothing is drafted.
         let ctx = [7, 8, 1, 7, 8, 2, 7, 8];
-        assert_eq!(prompt_lookup(&ctx, 2, 2, 1), &[2]);
+        assert!(prompt_lookup(&ctx, 2, 2, 1).is_empty());
+        // The same continuation twice: drafted whole, also where the earlier one ends first.
+        let ctx = [7, 8, 1, 2, 3, 7, 8, 1, 2, 3, 7, 8];
+        assert_eq!(prompt_lookup(&ctx, 2, 2, 4), &[1, 2, 3, 7]);
+        let ctx = [4, 4, 4, 4];
+        assert_eq!(prompt_lookup(&ctx, 2, 2, 4), &[4]);
     }
 
     #[test]
