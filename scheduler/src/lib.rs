@@ -26,6 +26,7 @@ mod adapters;
 pub mod batch;
 mod counters;
 pub mod draft;
+pub mod draft_len;
 mod draft_model;
 mod engine;
 mod handle;
@@ -118,6 +119,8 @@ pub fn spawn<E: Engine>(
         audio_rate: limits.audio_sample_rate,
         speeches: VecDeque::new(),
         counters: Default::default(),
+        step_costs: Default::default(),
+        acceptance: crate::draft_len::Acceptance::NONE,
     };
     let name = if replica == 0 {
         format!("sched-{model}")

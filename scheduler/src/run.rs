@@ -60,6 +60,8 @@ pub(crate) struct Running {
     pub(crate) context: Vec<i32>,
     /// Its sequence in the draft model's engine, once it drafted with one.
     pub(crate) draft: Option<crate::draft_model::DraftSeq>,
+    /// How often its drafted tokens were kept lately (`draft_len.rs`).
+    pub(crate) acceptance: crate::draft_len::Acceptance,
     /// The end-of-generation token's log-probability, kept for [`GenEvent::StopLogprob`].
     pub(crate) stop_logprob: Option<f32>,
 }
@@ -89,6 +91,7 @@ impl Running {
             shared: 0,
             context,
             draft: None,
+            acceptance: crate::draft_len::Acceptance::NONE,
             stop_logprob: None,
         }
     }
@@ -141,6 +144,10 @@ pub(crate) struct Scheduler<E: Engine> {
     pub(crate) speeches: VecDeque<crate::speech::Speaking>,
     /// The engine's counters as last read (`counters.rs`).
     pub(crate) counters: crate::counters::Polled,
+    /// What steps cost by their size, and how often this model's drafts are kept: what the
+    /// drafts' lengths are chosen from (`draft_len.rs`).
+    pub(crate) step_costs: crate::draft_len::StepCosts,
+    pub(crate) acceptance: crate::draft_len::Acceptance,
 }
 
 impl<E: Engine> Scheduler<E> {

@@ -9,6 +9,12 @@ use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
 
 use crate::batch::{Planned, plan_step};
 use crate::draft::{accepted, prompt_lookup};
+use crate::draft_len::{Candidate, choose};
+
+/// The draft length of a seeded request that samples, where lengths are otherwise adaptive
+/// (see `cut_drafts`): what a step of 4 tokens verifies, the cheapest multi-token step on
+/// llama.cpp's CPU kernels.
+const SEEDED_DRAFT_TOKENS: usize = 3;
 use crate::engine::Engine;
 use crate::job::{FinishReason, GenError, GenEvent, TokenLogprob};
 use crate::metrics::SchedulerMetrics;
@@ -67,7 +73,12 @@ impl<E: Engine> Scheduler<E> {
         self.metrics.steps.inc();
         self.metrics.step_tokens.observe(total as f64);
         self.figures.step_began(self.epoch);
+        let began = Instant::now();
         let result = self.engine.step(&entries);
+        if plan.iter().all(|p| p.prompt_tokens == 0) {
+            self.step_costs
+                .observe(total, began.elapsed().as_secs_f64());
+        }
         self.figures.step_ended();
         drop(entries);
 
@@ -97,6 +108,7 @@ impl<E: Engine> Scheduler<E> {
             if p.prompt_tokens == 0 {
                 r.next = None;
                 r.fed_decode += 1 + draft.len();
+                r.acceptance.forget();
             }
             let tokens: Vec<SampledToken> = sampled.into_iter().flatten().collect();
             let emit = if draft.is_empty() {
@@ -112,6 +124,8 @@ impl<E: Engine> Scheduler<E> {
                 }
                 self.metrics.draft_tokens.inc_by(draft.len() as u64);
                 self.metrics.accepted_tokens.inc_by(kept as u64);
+                r.acceptance.verified(draft.len(), kept);
+                self.acceptance.model_verified(draft.len(), kept);
                 let dropped = draft.len() - kept;
                 if dropped > 0 {
                     let keep = r.positions() - dropped;
@@ -179,13 +193,63 @@ impl<E: Engine> Scheduler<E> {
         if self.draft.is_some() {
             return self.model_drafts(plan, &ks);
         }
-        plan.iter()
+        let mut drafts: Vec<Vec<i32>> = plan
+            .iter()
             .zip(&ks)
             .map(|(p, &k)| {
                 let r = &self.running[p.index];
                 prompt_lookup(&r.context, spec.ngram_min, spec.ngram_max, k).to_vec()
             })
-            .collect()
+            .collect();
+        if spec.adaptive {
+            self.cut_drafts(plan, &mut drafts);
+        }
+        drafts
+    }
+
+    /// Cut each draft to the length that makes the most tokens per second of this step, from
+    /// its sequence's acceptance rate and the measured step costs (`draft_len.rs`).
+    ///
+    /// A seeded request that samples keeps a fixed length ([`SEEDED_DRAFT_TOKENS`]): its
+    /// sampler draws once per verified position, so its text depends on the lengths, which
+    /// must then not depend on timing or on other requests.
+    fn cut_drafts(&self, plan: &[Planned], drafts: &mut [Vec<i32>]) {
+        let prior = self.acceptance.model_rate();
+        // The tokens the step carries whatever is chosen: one for each decoding sequence and
+        // the fixed drafts (a prompt chunk's cost is not in the table; its steps are not
+        // measured).
+        let mut base = plan.iter().filter(|p| p.prompt_tokens == 0).count();
+        let mut drafting = Vec::new();
+        for (i, p) in plan.iter().enumerate() {
+            let job = &self.running[p.index].job;
+            if job.fresh && !job.sampling.is_greedy() {
+                drafts[i].truncate(SEEDED_DRAFT_TOKENS);
+                base += drafts[i].len();
+            } else if !drafts[i].is_empty() {
+                drafting.push(i);
+            }
+        }
+        if drafting.is_empty() {
+            return;
+        }
+        let candidates: Vec<Candidate> = drafting
+            .iter()
+            .map(|&i| Candidate {
+                rates: self.running[plan[i].index].acceptance.rates_now(prior),
+                available: drafts[i].len(),
+            })
+            .collect();
+        let ks = choose(base, &candidates, &self.step_costs);
+        tracing::trace!(
+            model = %self.metrics.model,
+            ?candidates,
+            ?ks,
+            costs = ?self.step_costs.measured(),
+            "draft lengths"
+        );
+        for (&i, k) in drafting.iter().zip(ks) {
+            drafts[i].truncate(k);
+        }
     }
 
     /// Release the draft model's sequences whose target sequence ended (however it ended).

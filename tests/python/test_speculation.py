@@ -88,6 +88,31 @@ def test_greedy_text_is_the_same_with_and_without_speculation(client, node, mode
     assert accepted - accepted0 <= drafted - drafted0
 
 
+def step_sizes(node, model):
+    """`gantry_engine_step_tokens` of one model: steps of at most 4 tokens, and all steps."""
+    with urllib.request.urlopen(f"{node}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    m = re.escape(model)
+    small = re.search(rf'^gantry_engine_step_tokens_bucket\{{model="{m}",le="4"\}} (\S+)$', text, re.M)
+    count = re.search(rf'^gantry_engine_step_tokens_count\{{model="{m}"\}} (\S+)$', text, re.M)
+    return float(small.group(1)), float(count.group(1))
+
+
+def test_copied_text_verifies_long_drafts(client, node):
+    # Adaptive draft lengths (the default): text that copies its prompt keeps its drafts, and
+    # the native engine's CPU step of many tokens costs little more than one of a few, so the
+    # scheduler verifies drafts longer than the 3 a fixed length would (steps of 5+ tokens).
+    model = "smollm2-native"
+    small0, all0 = step_sizes(node, model)
+    drafted0, accepted0 = counters(node, model)
+    text, _ = greedy(client, model, PROMPTS[1])
+    small, steps = step_sizes(node, model)
+    drafted, accepted = counters(node, model)
+    long_steps = (steps - all0) - (small - small0)
+    assert long_steps >= 2, f"steps of more than 4 tokens: {long_steps} of {steps - all0}; {text}"
+    assert accepted > accepted0, f"no drafted token kept ({drafted - drafted0} drafted)"
+
+
 @pytest.mark.parametrize("model", ["gemma", "smollm2-native"])
 def test_a_request_that_opts_out_drafts_nothing(client, node, model):
     before = counters(node, model)

@@ -16,8 +16,17 @@ pub struct SpeculationConfig {
     /// draft's own entry); the draft model keeps serving under its own id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_model: Option<String>,
-    /// Most drafted tokens verified per sequence and step (1-16).
-    pub draft_tokens: u32,
+    /// Most drafted tokens verified per sequence and step (1-16); unset: 15 for
+    /// `promptLookup` (the adaptive choice settles on fewer where fewer pay), 3 for
+    /// `draftModel` (each drafted token costs a step of the draft model). See
+    /// [`Self::draft_tokens`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_tokens: Option<u32>,
+    /// With `promptLookup`: each step verifies as many of a draft's tokens as make the most
+    /// tokens per second, chosen from how often the sequence's drafts were kept lately and what
+    /// the model's steps measured by size (up to `draftTokens`). `false`: always `draftTokens`
+    /// where the lookup finds that many.
+    pub adaptive: bool,
     /// The shortest tail of the text whose earlier occurrence proposes a draft (1-8).
     pub ngram_min: u32,
     /// The longest tail tried first (`ngramMin`-8).
@@ -42,10 +51,8 @@ impl Default for SpeculationConfig {
         Self {
             method: SpeculationMethod::PromptLookup,
             draft_model: None,
-            // Four tokens a step: llama.cpp's CPU kernels for repacked weights take four
-            // columns at a time, so a verification of 4 costs little more than a decode
-            // while one of 3 or 5 costs two to three (bench/speculation.py, docs/benchmarks.md).
-            draft_tokens: 3,
+            draft_tokens: None,
+            adaptive: true,
             ngram_min: 2,
             ngram_max: 4,
             max_batch: 2,
@@ -58,14 +65,23 @@ impl SpeculationConfig {
         self == &Self::default()
     }
 
+    /// The most drafted tokens a step verifies per sequence: the setting, or the method's
+    /// default. Prompt lookup drafts for free and its drafts are cut per step (`adaptive`), so
+    /// its bound is high: copied text verifies 15 tokens in a step that, on llama.cpp's CPU
+    /// kernels, costs about 5 decodes. A draft model pays a step of its own per drafted token.
+    pub fn draft_tokens(&self) -> u32 {
+        match (self.draft_tokens, self.method) {
+            (Some(n), _) => n,
+            (None, SpeculationMethod::DraftModel) => 3,
+            (None, _) => 15,
+        }
+    }
+
     /// The first setting out of its range: (field under `speculation`, reason).
     pub fn check(&self) -> Option<(&'static str, String)> {
         let within = |v: u32, lo: u32, hi: u32| (lo..=hi).contains(&v);
-        if !within(self.draft_tokens, 1, 16) {
-            return Some((
-                "draftTokens",
-                format!("must be within [1, 16], got {}", self.draft_tokens),
-            ));
+        if let Some(n) = self.draft_tokens.filter(|&n| !within(n, 1, 16)) {
+            return Some(("draftTokens", format!("must be within [1, 16], got {n}")));
         }
         if !within(self.ngram_min, 1, 8) {
             return Some((
@@ -123,6 +139,14 @@ mod tests {
         cfg.validate()
             .expect("an unknown draft model is the load's business");
         assert_eq!(cfg.models[0].speculation.draft_model.as_deref(), Some("d"));
+        // The bound on a draft by method, unless set: prompt lookup's drafts are cut per step.
+        assert_eq!(cfg.models[0].speculation.draft_tokens(), 3);
+        assert_eq!(SpeculationConfig::default().draft_tokens(), 15);
+        assert!(SpeculationConfig::default().adaptive);
+        let set = "models:\n  - {id: m, path: /m.gguf, format: gguf, speculation: {draftTokens: 5, adaptive: false}}\n";
+        let cfg: NodeConfig = serde_yaml::from_str(set).expect("parses");
+        assert_eq!(cfg.models[0].speculation.draft_tokens(), 5);
+        assert!(!cfg.models[0].speculation.adaptive);
         let off = "models:\n  - {id: m, path: /m.gguf, format: gguf, speculation: {method: off}}\n";
         let cfg: NodeConfig = serde_yaml::from_str(off).expect("parses");
         assert_eq!(cfg.models[0].speculation.method, SpeculationMethod::Off);

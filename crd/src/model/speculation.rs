@@ -21,7 +21,8 @@ pub struct Speculation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub draft_model: Option<String>,
-    /// Most drafted tokens verified per sequence and step (default 3).
+    /// Most drafted tokens verified per sequence and step (default 15 for `PromptLookup`, 3
+    /// for `DraftModel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub draft_tokens: Option<i32>,
@@ -37,6 +38,12 @@ pub struct Speculation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub max_batch: Option<i32>,
+    /// With `PromptLookup`: each step verifies as many drafted tokens as make the most tokens
+    /// per second, from how often the sequence's drafts were kept and what the model's steps
+    /// cost by size (default true); false verifies `draftTokens` whenever the lookup finds
+    /// that many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<bool>,
 }
 
 /// What proposes the drafts.

@@ -571,10 +571,11 @@ fn speculation(c: &gantry_api::config::SpeculationConfig) -> crate::scheduler::d
         SpeculationMethod::Off => crate::scheduler::draft::Speculation::OFF,
         SpeculationMethod::PromptLookup | SpeculationMethod::DraftModel => {
             crate::scheduler::draft::Speculation {
-                draft_tokens: c.draft_tokens as usize,
+                draft_tokens: c.draft_tokens() as usize,
                 ngram_min: c.ngram_min as usize,
                 ngram_max: c.ngram_max as usize,
                 max_batch: c.max_batch as usize,
+                adaptive: c.adaptive && c.method == SpeculationMethod::PromptLookup,
             }
         }
     }

@@ -147,10 +147,13 @@ pub(crate) fn speculation(
         gantry_crd::model::SpeculationMethod::Off => SpeculationMethod::Off,
     };
     c.draft_model = s.draft_model.clone();
-    set(&mut c.draft_tokens, s.draft_tokens);
+    c.draft_tokens = s.draft_tokens.and_then(|v| u32::try_from(v).ok());
     set(&mut c.ngram_min, s.ngram_min);
     set(&mut c.ngram_max, s.ngram_max);
     set(&mut c.max_batch, s.max_batch);
+    if let Some(a) = s.adaptive {
+        c.adaptive = a;
+    }
     c
 }
 

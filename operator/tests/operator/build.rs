@@ -497,6 +497,7 @@ fn a_models_speculation_settings_reach_its_node_config_over_the_defaults() {
         Some(gantry_crd::model::Speculation {
             method: gantry_crd::model::SpeculationMethod::Off,
             draft_tokens: Some(5),
+            adaptive: Some(false),
             ..Default::default()
         });
     let o = built_model(&m);
@@ -504,7 +505,8 @@ fn a_models_speculation_settings_reach_its_node_config_over_the_defaults() {
     let parsed: gantry_api::NodeConfig = serde_yaml::from_str(config).expect("node config parses");
     let s = &parsed.models[0].speculation;
     assert_eq!(s.method, gantry_api::config::SpeculationMethod::Off);
-    assert_eq!((s.draft_tokens, s.ngram_min, s.ngram_max), (5, 2, 4));
+    assert_eq!((s.draft_tokens, s.ngram_min, s.ngram_max), (Some(5), 2, 4));
+    assert!(!s.adaptive, "adaptive: false reaches the node");
     // Without the block the node's defaults apply and nothing is rendered.
     let plain = &built("cpu").config_map.data.expect("data")["models.yaml"];
     assert!(!plain.contains("speculation"), "{plain}");

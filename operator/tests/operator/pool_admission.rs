@@ -246,7 +246,7 @@ fn a_member_drafts_with_another_member_of_its_pool() {
         entry.speculation.draft_model.as_deref(),
         Some(draft.as_str())
     );
-    assert_eq!(entry.speculation.draft_tokens, 4);
+    assert_eq!(entry.speculation.draft_tokens, Some(4));
     assert!(
         config.models.iter().any(|m| m.id == draft),
         "the draft is served by the same pods"
