@@ -27,7 +27,7 @@ and without speculation are identical (they should be, at temperature 0), and th
 rate from the node's `gantry_speculative_*_tokens_total`.
 
 Usage: bench/speculation.py [--node target/release/gantry-node] [--model PATH] [--native]
-           [--draft PATH] [--chat] [--pair qwen-coder]
+           [--draft PATH] [--chat] [--pair qwen-coder] [--draft-tokens N] [--adaptive on|off]
            [--out bench/results/speculation.json] [--rounds 2] [--quick]
 
 Needs `cargo build --release --workspace`. Bounded: --rounds rounds of 12 prompts per variant
@@ -204,6 +204,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--draft-tokens", type=int, default=None, help="the model's speculation.draftTokens")
     ap.add_argument("--max-batch", type=int, default=None, help="the model's speculation.maxBatch")
+    ap.add_argument("--adaptive", choices=["on", "off"], default=None,
+                    help="the model's speculation.adaptive (default: the node's, on)")
     ap.add_argument("--sets", default="input_grounded,open_ended,c8")
     ap.add_argument("--draft", default=None, help="a GGUF the model drafts with (method draftModel)")
     ap.add_argument("--chat", action="store_true", help="chat completions (instruct models)")
@@ -224,6 +226,8 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="gantry-spec-"))
     cfg = work / "node.yaml"
     spec = {k: v for k, v in (("draftTokens", a.draft_tokens), ("maxBatch", a.max_batch)) if v}
+    if a.adaptive:
+        spec["adaptive"] = a.adaptive == "on"
     draft_yaml = ""
     if a.draft:
         spec.update(method="draftModel", draftModel="draft")
@@ -240,7 +244,12 @@ def main():
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", 300, proc, log)
-        chat(port, "Hello", True, 8)  # warm-up
+        # Warm-up, not measured: a short reply, then one input-grounded prompt each way, so
+        # that the engine has run steps of the sizes verification uses before the first
+        # measured request (llama.cpp reserves a graph the first time a batch shape runs).
+        chat(port, "Hello", True, 8)
+        for spec_on in (True, False):
+            chat(port, GROUNDED[-1], spec_on, 48)
         result = {
             "benchmark": "speculation",
             "engine": "native" if a.native else "llama_cpp",
