@@ -10,16 +10,16 @@ use gantry_engine_abi::{EngineError, SampledToken, StepEntry};
 use crate::batch::{Planned, plan_step};
 use crate::draft::{accepted, prompt_lookup};
 use crate::draft_len::{Candidate, choose};
-
-/// The draft length of a seeded request that samples, where lengths are otherwise adaptive
-/// (see `cut_drafts`): what a step of 4 tokens verifies, the cheapest multi-token step on
-/// llama.cpp's CPU kernels.
-const SEEDED_DRAFT_TOKENS: usize = 3;
 use crate::engine::Engine;
 use crate::job::{FinishReason, GenError, GenEvent, TokenLogprob};
 use crate::metrics::SchedulerMetrics;
 use crate::run::{Running, Scheduler};
 use crate::text_stream::StopScan;
+
+/// The draft length of a seeded request that samples, where lengths are otherwise adaptive
+/// (see `cut_drafts`): what a step of 4 tokens verifies, the cheapest multi-token step on
+/// llama.cpp's CPU kernels.
+const SEEDED_DRAFT_TOKENS: usize = 3;
 
 impl<E: Engine> Scheduler<E> {
     pub(crate) fn step(&mut self) {
